@@ -1,0 +1,34 @@
+"""tftrain: TensorFlow's performance machinery around any Keras model.
+
+Import what you need; nothing here imports TensorFlow until you use it:
+
+    from tftrain.runtime import setup, set_threads, configure_devices, set_precision, make_strategy
+    from tftrain.data import load_mnist, build_dataset, resolve_batch_size
+    from tftrain.config import RecipeConfig, RuntimeConfig, DataConfig, TrainConfig
+"""
+
+__version__ = "0.1.0"
+
+from tftrain.config import DataConfig, RecipeConfig, RuntimeConfig, TrainConfig
+from tftrain.errors import (
+    ClusterConfigError,
+    ConfigError,
+    DataError,
+    DeviceError,
+    RunDirError,
+    TftrainError,
+)
+
+__all__ = [
+    "ClusterConfigError",
+    "ConfigError",
+    "DataConfig",
+    "DataError",
+    "DeviceError",
+    "RecipeConfig",
+    "RunDirError",
+    "RuntimeConfig",
+    "TftrainError",
+    "TrainConfig",
+    "__version__",
+]

@@ -1,0 +1,129 @@
+"""Command-line flags for recipes, built from the config dataclasses.
+
+Every field of `RuntimeConfig`, `DataConfig`, `TrainConfig` and the top-level
+`seed` / `run_dir` becomes a flag (`per_replica_batch_size` ->
+`--per-replica-batch-size`), plus `--config FILE` for a recipe file. Flags override
+the recipe file, which overrides the recipe's defaults. This is the only module that
+reads argv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from typing import Optional, Sequence
+
+from tftrain import config as config_lib
+from tftrain.errors import ConfigError
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors raise `ConfigError` instead of printing usage."""
+
+    def error(self, message):  # noqa: D102 (argparse API)
+        raise ConfigError(f"{message}. Run with --help to list the flags.")
+
+
+def flag_name(field_name: str) -> str:
+    """`per_replica_batch_size` -> `--per-replica-batch-size`."""
+    return "--" + field_name.replace("_", "-")
+
+
+def _fields():
+    """Yields (section or None, dataclass field, type hint) for every config field."""
+    hints = typing.get_type_hints(config_lib.RecipeConfig)
+    for f in dataclasses.fields(config_lib.RecipeConfig):
+        if f.name in config_lib.SECTIONS:
+            cls = config_lib.SECTIONS[f.name]
+            sub_hints = typing.get_type_hints(cls)
+            for sub in dataclasses.fields(cls):
+                yield f.name, sub, sub_hints[sub.name]
+        else:
+            yield None, f, hints[f.name]
+
+
+def build_parser(
+    prog: str,
+    defaults: config_lib.RecipeConfig,
+    description: str = "",
+    model_choices: Sequence[str] = (),
+    default_config: Optional[str] = None,
+) -> argparse.ArgumentParser:
+    """Builds the recipe's argument parser.
+
+    Args:
+        prog: program name shown in help, e.g. `python -m tftrain.recipes.mnist`.
+        defaults: the recipe's default config; shown in each flag's help.
+        description: text above the flag list. Defaults to "".
+        model_choices: names accepted by `--model`. Defaults to any name.
+        default_config: recipe file named in `--config`'s help. Defaults to None.
+
+    Returns:
+        An `argparse.ArgumentParser` whose unset flags are absent from the parsed
+        namespace (so they do not override the recipe file), and whose errors raise
+        `ConfigError`.
+    """
+    parser = _Parser(
+        prog=prog,
+        description=description,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="recipe YAML file; flags given on the command line override it"
+        + (f" (e.g. {default_config})" if default_config else ""),
+    )
+    default_dict = defaults.to_dict()
+    for section, f, hint in _fields():
+        kind, _ = config_lib._field_kind(hint)
+        default = default_dict[section][f.name] if section else default_dict[f.name]
+        help_text = f.metadata.get("help", "") + f" (default: {default})"
+        choices = f.metadata.get("choices")
+        if f.name == "model" and model_choices:
+            choices = tuple(model_choices)
+        kwargs = {"help": help_text.replace("%", "%%"), "dest": f.name}
+        if kind is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = kind
+            if choices:
+                kwargs["choices"] = choices
+            else:
+                kwargs["metavar"] = "N" if kind in (int, float) else f.name.split("_")[-1].upper()
+        parser.add_argument(flag_name(f.name), **kwargs)
+    return parser
+
+
+def parse_config(
+    argv: Optional[Sequence[str]],
+    defaults: config_lib.RecipeConfig,
+    prog: str,
+    description: str = "",
+    model_choices: Sequence[str] = (),
+    default_config: Optional[str] = None,
+) -> config_lib.RecipeConfig:
+    """Parses argv into a validated `RecipeConfig` (defaults <- --config file <- flags).
+
+    Args:
+        argv: command-line arguments without the program name; None reads
+            `sys.argv[1:]`.
+        defaults, prog, description, model_choices, default_config: see
+            `build_parser`.
+
+    Returns:
+        The validated `RecipeConfig`.
+
+    Raises:
+        ConfigError: on an unknown flag, a bad value, an unreadable recipe file or
+            an invalid combination (one line, suitable for printing as is).
+    """
+    parser = build_parser(prog, defaults, description, model_choices, default_config)
+    namespace = vars(parser.parse_args(argv))
+    cfg = defaults
+    path = namespace.pop("config", None)
+    if path:
+        cfg = config_lib.from_yaml(path, base=cfg)
+    return cfg.override(namespace)

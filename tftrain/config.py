@@ -1,0 +1,408 @@
+"""One validated configuration tree for a training run.
+
+The tree is four frozen dataclasses: `RuntimeConfig` (threads, devices, precision,
+execution, strategy), `DataConfig` (input pipeline and batch size), `TrainConfig`
+(model, epochs, optimizer) and `RecipeConfig`, which holds the other three plus the
+seed and the run directory. Each dataclass validates itself when it is built, so a
+config that exists is a valid one; bad values raise `tftrain.errors.ConfigError` with
+a one-line message naming the value and the fix.
+
+A recipe file (YAML) has one mapping per section, with the field names as keys:
+
+```yaml
+seed: 0
+run_dir: null
+runtime: {strategy: mirrored, precision: auto, execution: graph}
+data: {batch_size: 128}
+train: {model: mlp, epochs: 10}
+```
+
+Values are merged in this order, later ones winning: the recipe's defaults, the
+recipe file, then command-line flags (see `tftrain.cli`). This module imports no
+TensorFlow, so it is cheap to import and test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from typing import Any, Mapping, Optional
+
+import yaml
+
+from tftrain.errors import ConfigError
+
+STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored")
+"""Strategy names accepted by `RuntimeConfig.strategy`."""
+
+STRATEGY_ALIASES = {"multi_worker": "multi_worker_mirrored"}
+"""Alternative spellings, mapped to their canonical strategy name."""
+
+DEVICES = ("auto", "cpu", "gpu")
+PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+EXECUTIONS = ("eager", "graph", "xla")
+COMMUNICATIONS = ("auto", "ring", "nccl")
+
+
+def _field(default, help, choices=None, minimum=None, flag=None):
+    """A dataclass field carrying its command-line help, choices and lower bound."""
+    metadata = {"help": help, "choices": choices, "minimum": minimum, "flag": flag}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _expect_choice(name, value, choices, fix=""):
+    if value not in choices:
+        raise ConfigError(
+            f"Invalid {name} {value!r}. Expected one of: {', '.join(choices)}. "
+            f"Received: {name}={value!r}.{(' ' + fix) if fix else ''}"
+        )
+
+
+def _validate_fields(obj) -> None:
+    """Checks types, choices and lower bounds declared in each field's metadata."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        kind, optional = _field_kind(hints[f.name])
+        if value is None:
+            if optional:
+                continue
+            raise ConfigError(f"{f.name} must be set. Received: {f.name}=None.")
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+            object.__setattr__(obj, f.name, value)
+        if kind is bool and not isinstance(value, bool) or (
+            kind is not bool and (isinstance(value, bool) or not isinstance(value, kind))
+        ):
+            raise ConfigError(
+                f"{f.name} must be of type {kind.__name__}. "
+                f"Received: {f.name}={value!r} ({type(value).__name__})."
+            )
+        choices = f.metadata.get("choices")
+        if choices:
+            _expect_choice(f.name, value, choices)
+        minimum = f.metadata.get("minimum")
+        if minimum is not None and value < minimum:
+            word = "positive" if minimum == 1 else f">= {minimum}"
+            raise ConfigError(
+                f"{f.name} must be {word}. Received: {f.name}={value!r}. "
+                f"Pass a value >= {minimum}."
+            )
+
+
+def _field_kind(hint):
+    """Returns (base type, is_optional) for `int`, `Optional[int]`, ... hints."""
+    args = typing.get_args(hint)
+    if args and type(None) in args:
+        (base,) = [a for a in args if a is not type(None)]
+        return base, True
+    return hint, False
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    """Threads, devices, precision, execution mode and distribution strategy.
+
+    Attributes:
+        strategy: `tf.distribute` strategy name: one of `STRATEGIES`
+            (`multi_worker` is an alias of `multi_worker_mirrored`). Defaults to
+            `"default"` (TensorFlow's default strategy, one device).
+        device: `"auto"` (GPUs if any, else the CPU), `"cpu"` or `"gpu"`.
+            Defaults to `"auto"`.
+        precision: Keras dtype policy: one of `PRECISIONS`. `"auto"` picks
+            `mixed_float16` on GPUs of compute capability >= 7.0, `mixed_bfloat16`
+            on CPUs with native bfloat16, else `float32`. Defaults to `"auto"`.
+        execution: `"eager"` (`run_eagerly=True`), `"graph"` (`tf.function`) or
+            `"xla"` (`jit_compile=True`). Defaults to `"graph"`.
+        steps_per_execution: optimizer steps run per `tf.function` call
+            (Keras `compile(steps_per_execution=...)`). Defaults to 1.
+        intra_op_threads: threads one op may use; 0 keeps TensorFlow's default
+            (one per core). Defaults to 0.
+        inter_op_threads: ops run concurrently; 0 keeps TensorFlow's default.
+            Defaults to 0.
+        cpu_replicas: number of logical devices to split the CPU into, so
+            `mirrored` can run N replicas without GPUs. Defaults to 1.
+        communication: collective implementation for `multi_worker_mirrored`:
+            `"auto"`, `"ring"` (gRPC ring all-reduce) or `"nccl"`. Defaults to
+            `"auto"`.
+
+    Raises:
+        ConfigError: when a name is unknown or a count is out of range.
+    """
+
+    strategy: str = _field("default", "tf.distribute strategy", STRATEGIES + tuple(STRATEGY_ALIASES))
+    device: str = _field("auto", "devices to train on", DEVICES)
+    precision: str = _field("auto", "Keras dtype policy", PRECISIONS)
+    execution: str = _field("graph", "execution mode", EXECUTIONS)
+    steps_per_execution: int = _field(1, "optimizer steps per tf.function call", minimum=1)
+    intra_op_threads: int = _field(0, "threads per op (0 = TensorFlow default)", minimum=0)
+    inter_op_threads: int = _field(0, "concurrent ops (0 = TensorFlow default)", minimum=0)
+    cpu_replicas: int = _field(1, "split the CPU into N logical devices (replicas)", minimum=1)
+    communication: str = _field("auto", "multi-worker all-reduce implementation", COMMUNICATIONS)
+
+    def __post_init__(self):
+        if self.strategy in STRATEGY_ALIASES:
+            object.__setattr__(self, "strategy", STRATEGY_ALIASES[self.strategy])
+        _validate_fields(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Input pipeline settings.
+
+    Give at most one of `batch_size` (global: all replicas together) and
+    `per_replica_batch_size`; global = per-replica x number of replicas.
+
+    Attributes:
+        data_dir: a folder with the four MNIST-format IDX files, or a Keras-layout
+            `.npz` file; None uses the dataset bundled with the recipe. Defaults
+            to None.
+        train_examples: train on the first N training examples only (smoke runs);
+            None uses all. Defaults to None.
+        batch_size: global batch size (examples per optimizer step, all replicas
+            together). Defaults to None (the recipe picks).
+        per_replica_batch_size: examples per replica per step. Defaults to None.
+        shuffle_buffer: shuffle buffer size in examples; 0 shuffles the whole
+            training set. Defaults to 0.
+        cache: cache the decoded examples in memory after the first epoch.
+            Defaults to True.
+        parallel_map: run the preprocessing map with `num_parallel_calls=AUTOTUNE`.
+            Defaults to True.
+        prefetch: prefetch batches with `buffer_size=AUTOTUNE`. Defaults to True.
+        private_threads: size of the pipeline's private tf.data thread pool; 0
+            uses the shared pool. Defaults to 0.
+
+    Raises:
+        ConfigError: when a size is out of range or both batch sizes are given.
+    """
+
+    data_dir: Optional[str] = _field(None, "IDX folder or .npz file (default: bundled MNIST)")
+    train_examples: Optional[int] = _field(None, "use only the first N training examples", minimum=1)
+    batch_size: Optional[int] = _field(None, "global batch size (all replicas)", minimum=1)
+    per_replica_batch_size: Optional[int] = _field(None, "batch size per replica", minimum=1)
+    shuffle_buffer: int = _field(0, "shuffle buffer in examples (0 = whole set)", minimum=0)
+    cache: bool = _field(True, "cache decoded examples in memory")
+    parallel_map: bool = _field(True, "parallel preprocessing map (AUTOTUNE)")
+    prefetch: bool = _field(True, "prefetch batches (AUTOTUNE)")
+    private_threads: int = _field(0, "private tf.data thread pool size (0 = shared)", minimum=0)
+
+    def __post_init__(self):
+        _validate_fields(self)
+        if self.batch_size is not None and self.per_replica_batch_size is not None:
+            raise ConfigError(
+                "Give either batch_size (global) or per_replica_batch_size, not both. "
+                f"Received: batch_size={self.batch_size}, "
+                f"per_replica_batch_size={self.per_replica_batch_size}."
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Model and optimization settings.
+
+    Attributes:
+        model: model name; the recipe lists the names it knows. Defaults to
+            `"mlp"`.
+        epochs: passes over the training set. Defaults to 10.
+        learning_rate: Adam learning rate. Defaults to 0.001.
+        verbose: Keras `fit` verbosity: 0 silent, 1 progress bar, 2 one line
+            per epoch. Defaults to 1.
+
+    Raises:
+        ConfigError: when a value is out of range.
+    """
+
+    model: str = _field("mlp", "model architecture")
+    epochs: int = _field(10, "passes over the training set", minimum=1)
+    learning_rate: float = _field(1e-3, "Adam learning rate")
+    verbose: int = _field(1, "0 silent, 1 progress bar, 2 one line per epoch", choices=(0, 1, 2))
+
+    def __post_init__(self):
+        _validate_fields(self)
+        if self.learning_rate <= 0:
+            raise ConfigError(
+                f"learning_rate must be positive. Received: learning_rate={self.learning_rate!r}."
+            )
+
+
+SECTIONS = {"runtime": RuntimeConfig, "data": DataConfig, "train": TrainConfig}
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeConfig:
+    """The whole configuration of one run.
+
+    Attributes:
+        runtime: `RuntimeConfig`. Defaults to `RuntimeConfig()`.
+        data: `DataConfig`. Defaults to `DataConfig()`.
+        train: `TrainConfig`. Defaults to `TrainConfig()`.
+        seed: seeds Python, NumPy, TensorFlow and the shuffle order, making runs
+            repeatable; None leaves them random. Defaults to None.
+        run_dir: where the run's config, logs, checkpoint, model and metrics go;
+            None makes `runs/<recipe>-<timestamp>` under the working directory.
+            Defaults to None.
+    """
+
+    runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    seed: Optional[int] = _field(None, "random seed (repeatable runs)", minimum=0)
+    run_dir: Optional[str] = _field(None, "run directory (default: runs/<recipe>-<time>)")
+
+    def __post_init__(self):
+        for name, cls in SECTIONS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(f"{name} must be a {cls.__name__}.")
+        for f in _top_level_fields():
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            kind, _ = _field_kind(typing.get_type_hints(RecipeConfig)[f.name])
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise ConfigError(
+                    f"{f.name} must be of type {kind.__name__}. Received: {f.name}={value!r}."
+                )
+            minimum = f.metadata.get("minimum")
+            if minimum is not None and value < minimum:
+                raise ConfigError(f"{f.name} must be >= {minimum}. Received: {f.name}={value!r}.")
+
+    def to_dict(self) -> dict:
+        """Returns the config as nested plain dicts (the recipe-file layout)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], source: str = "config") -> "RecipeConfig":
+        """Builds a config from nested dicts in the recipe-file layout.
+
+        Args:
+            values: mapping with optional keys `runtime`, `data`, `train` (each a
+                mapping of field names) and `seed`, `run_dir`.
+            source: where the values came from, named in error messages.
+                Defaults to `"config"`.
+
+        Returns:
+            A validated `RecipeConfig`; fields not given keep their defaults.
+
+        Raises:
+            ConfigError: on an unknown key, a wrong type or an invalid value.
+        """
+        return merge(cls(), values, source)
+
+    def override(self, flat: Mapping[str, Any]) -> "RecipeConfig":
+        """Returns a copy with fields replaced by flat `{field_name: value}` pairs.
+
+        Field names are unique across sections, so `{"strategy": "mirrored"}`
+        sets `runtime.strategy`. Setting one of `batch_size` and
+        `per_replica_batch_size` clears the other.
+
+        Raises:
+            ConfigError: on an unknown field name or an invalid value.
+        """
+        nested: dict = {}
+        index = flat_field_index()
+        for key, value in flat.items():
+            if key not in index:
+                raise ConfigError(
+                    f"Unknown config field {key!r}. Expected one of: {', '.join(sorted(index))}."
+                )
+            section = index[key]
+            if section is None:
+                nested[key] = value
+            else:
+                nested.setdefault(section, {})[key] = value
+        return merge(self, nested, "overrides")
+
+
+def _top_level_fields():
+    return [f for f in dataclasses.fields(RecipeConfig) if f.name not in SECTIONS]
+
+
+def flat_field_index() -> dict:
+    """Maps every field name to its section name (None for top-level fields)."""
+    index = {f.name: None for f in _top_level_fields()}
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            index[f.name] = section
+    return index
+
+
+_BATCH_FIELDS = ("batch_size", "per_replica_batch_size")
+
+
+def merge(base: RecipeConfig, values: Mapping[str, Any], source: str) -> RecipeConfig:
+    """Returns `base` with the nested `values` laid over it.
+
+    A layer that sets one of `batch_size` / `per_replica_batch_size` clears the
+    other one from `base`, so a command-line `--per-replica-batch-size` replaces a
+    recipe file's `batch_size` instead of clashing with it.
+
+    Raises:
+        ConfigError: on an unknown section or key, naming `source`.
+    """
+    if values is None:
+        return base
+    if not isinstance(values, Mapping):
+        raise ConfigError(
+            f"{source} must hold a mapping of sections (runtime, data, train). "
+            f"Received: {type(values).__name__}."
+        )
+    top_names = [f.name for f in _top_level_fields()]
+    allowed = list(SECTIONS) + top_names
+    unknown = [k for k in values if k not in allowed]
+    if unknown:
+        raise ConfigError(
+            f"Unknown key {unknown[0]!r} in {source}. Expected one of: {', '.join(allowed)}."
+        )
+    sections = {}
+    for name, cls in SECTIONS.items():
+        current = dataclasses.asdict(getattr(base, name))
+        given = values.get(name) or {}
+        if not isinstance(given, Mapping):
+            raise ConfigError(f"Section {name!r} in {source} must be a mapping. Received: {given!r}.")
+        names = [f.name for f in dataclasses.fields(cls)]
+        bad = [k for k in given if k not in names]
+        if bad:
+            raise ConfigError(
+                f"Unknown key '{name}.{bad[0]}' in {source}. "
+                f"Expected one of: {', '.join(names)}."
+            )
+        if name == "data" and any(k in given for k in _BATCH_FIELDS):
+            for k in _BATCH_FIELDS:
+                current[k] = None
+        current.update(given)
+        sections[name] = cls(**current)
+    top = {k: values[k] if k in values else getattr(base, k) for k in top_names}
+    return RecipeConfig(**sections, **top)
+
+
+def load_yaml(path: str | os.PathLike) -> dict:
+    """Reads a recipe file into nested dicts (not yet validated).
+
+    Raises:
+        ConfigError: when the file is missing or is not valid YAML.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"Recipe file {path!r} does not exist. Pass --config with an existing YAML file.")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"Recipe file {path!r} is not valid YAML{where}: {getattr(e, 'problem', e)}.") from None
+
+
+def from_yaml(path: str | os.PathLike, base: Optional[RecipeConfig] = None) -> RecipeConfig:
+    """Loads a recipe file and lays it over `base` (default: `RecipeConfig()`).
+
+    Raises:
+        ConfigError: when the file is missing, not YAML, or holds bad values.
+    """
+    return merge(base or RecipeConfig(), load_yaml(path), os.fspath(path))
+
+
+def to_yaml(config: RecipeConfig) -> str:
+    """Serialises a config to YAML in the recipe-file layout (readable by `from_yaml`)."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)

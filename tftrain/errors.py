@@ -1,0 +1,31 @@
+"""Typed errors raised by tftrain.
+
+Every error a user can fix by changing their input derives from `ConfigError`
+(itself a `ValueError`), so a command-line driver can catch that one class, print
+its one-line message and exit with code 2. Messages follow Keras's style: what was
+wrong, what was expected, what was received, and how to fix it.
+"""
+
+
+class TftrainError(Exception):
+    """Base class of every error tftrain raises on purpose."""
+
+
+class ConfigError(TftrainError, ValueError):
+    """A configuration value is invalid (bad name, non-positive size, ...)."""
+
+
+class ClusterConfigError(ConfigError):
+    """TF_CONFIG or the SLURM environment does not describe a valid cluster."""
+
+
+class DeviceError(ConfigError):
+    """The requested devices do not exist or can no longer be configured."""
+
+
+class DataError(ConfigError):
+    """A dataset file or folder is missing, corrupt or holds the wrong shapes."""
+
+
+class RunDirError(ConfigError):
+    """A run directory holds files of another run that tftrain will not overwrite."""

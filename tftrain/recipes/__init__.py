@@ -1,0 +1,1 @@
+"""Runnable recipes (`python -m tftrain.recipes.<name>`), sharing one driver."""

@@ -1,0 +1,220 @@
+"""The shared recipe driver: config -> runtime -> data -> model -> fit -> report.
+
+A recipe module declares a `Recipe` (models, data loader, defaults) and calls
+`main(argv, recipe)`. Bad input of any kind (flags, recipe file, TF_CONFIG, data
+folder, run directory) ends with one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from typing import Callable, Mapping, Optional, Sequence
+
+from tftrain import cli
+from tftrain import config as config_lib
+from tftrain.errors import ConfigError
+
+PROG_PREFIX = "python -m tftrain.recipes."
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """What a recipe supplies to the driver.
+
+    Attributes:
+        name: short name, used for the program name and run directories.
+        models: model name -> function `(RecipeConfig) -> keras.Model` (called
+            inside `strategy.scope()`, uncompiled).
+        load_data: function `(data_dir or None) -> ImageClassificationData`.
+        defaults: the recipe's default `RecipeConfig`.
+        preprocess: batch map `(x, y) -> (x, y)` for the tf.data pipeline.
+            Defaults to None (no map).
+        default_config: the recipe file that mirrors `defaults`, named in help.
+            Defaults to None.
+        description: one paragraph shown by `--help`. Defaults to "".
+    """
+
+    name: str
+    models: Mapping[str, Callable]
+    load_data: Callable
+    defaults: config_lib.RecipeConfig
+    preprocess: Optional[Callable] = None
+    default_config: Optional[str] = None
+    description: str = ""
+
+
+def main(argv: Optional[Sequence[str]], recipe: Recipe) -> int:
+    """Runs a recipe from command-line arguments.
+
+    Args:
+        argv: arguments without the program name; None reads `sys.argv[1:]`.
+        recipe: the `Recipe`.
+
+    Returns:
+        The process exit code: 0 on success, 2 on bad input (one line printed to
+        stderr, no traceback), 130 when interrupted with Ctrl-C (the checkpoint in
+        the run directory lets the same command resume).
+    """
+    prog = PROG_PREFIX + recipe.name
+    started = time.perf_counter()
+    try:
+        cfg = cli.parse_config(
+            argv, recipe.defaults, prog, recipe.description, tuple(recipe.models), recipe.default_config
+        )
+        if cfg.train.model not in recipe.models:
+            raise ConfigError(
+                f"Invalid model {cfg.train.model!r}. Expected one of: {', '.join(recipe.models)}. "
+                f"Received: model={cfg.train.model!r}."
+            )
+        return run(cfg, recipe, argv=list(sys.argv[1:] if argv is None else argv), started=started)
+    except ConfigError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted. Rerun the same command with the same --run-dir to resume.", file=sys.stderr)
+        return 130
+
+
+def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), started: Optional[float] = None) -> int:
+    """Trains, evaluates and reports one validated config. See `main`.
+
+    Raises:
+        ConfigError: (and subclasses) on bad input discovered while setting up.
+    """
+    started = time.perf_counter() if started is None else started
+    from tftrain import rundir as rundir_lib
+
+    if cfg.run_dir is None:
+        cfg = dataclasses.replace(cfg, run_dir=str(rundir_lib.default_run_dir(recipe.name)))
+    run_dir = rundir_lib.check_run_dir(cfg.run_dir, cfg.to_dict())
+
+    # Heavy imports only after the cheap checks above.
+    import keras
+
+    from tftrain import reports, runtime
+    from tftrain.data.pipeline import build_dataset, resolve_batch_size
+
+    data = recipe.load_data(cfg.data.data_dir)
+    rt = runtime.setup(cfg.runtime)
+    if cfg.seed is not None:
+        keras.utils.set_random_seed(cfg.seed)
+    batch = resolve_batch_size(cfg.data.batch_size, cfg.data.per_replica_batch_size, rt.num_replicas)
+
+    x_train, y_train = data.x_train, data.y_train
+    if cfg.data.train_examples is not None:
+        x_train, y_train = x_train[: cfg.data.train_examples], y_train[: cfg.data.train_examples]
+    steps_per_epoch = len(x_train) // batch.global_batch_size
+    if steps_per_epoch < 1:
+        raise ConfigError(
+            f"Only {len(x_train)} training examples for a global batch of {batch.global_batch_size}: "
+            "not one full step. Pass a larger --train-examples or a smaller batch size."
+        )
+
+    print(f"== {recipe.name}: effective configuration ==")
+    print(config_lib.to_yaml(cfg).rstrip())
+    print("== runtime ==")
+    for line in rt.describe():
+        print(line)
+    print(
+        f"batch:     global {batch.global_batch_size} = per-replica {batch.per_replica_batch_size} "
+        f"x {batch.num_replicas} replica(s); {steps_per_epoch} steps/epoch on {len(x_train)} examples"
+    )
+    if cfg.runtime.strategy == "mirrored" and rt.devices.kind == "cpu":
+        print(
+            f"note:      no GPU found, so MirroredStrategy runs on the CPU as {rt.num_replicas} "
+            "replica(s)" + ("; pass --cpu-replicas N to split the CPU into N replicas" if rt.num_replicas == 1 else "")
+        )
+    sys.stdout.flush()
+
+    train_ds = build_dataset(
+        (x_train, y_train), batch.global_batch_size, training=True, config=cfg.data,
+        seed=cfg.seed, preprocess=recipe.preprocess,
+    )
+    test_ds = build_dataset(
+        (data.x_test, data.y_test), batch.global_batch_size, training=False, config=cfg.data,
+        preprocess=recipe.preprocess,
+    )
+
+    rundir_lib.create_run_dir(run_dir, config_lib.to_yaml(cfg))
+    if run_dir.resumed_epochs:
+        print(
+            f"resuming: {run_dir.resumed_epochs}/{cfg.train.epochs} epochs done, "
+            f"from the checkpoint in {run_dir.backup_dir}"
+        )
+
+    with rt.strategy.scope():
+        model = runtime.ensure_float32_outputs(recipe.models[cfg.train.model](cfg))
+        model.compile(
+            optimizer=keras.optimizers.Adam(cfg.train.learning_rate),
+            loss=keras.losses.SparseCategoricalCrossentropy(),
+            metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+            **rt.compile_options(),
+        )
+    loss_scaling = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    callbacks = [
+        keras.callbacks.BackupAndRestore(str(run_dir.backup_dir)),
+        keras.callbacks.TensorBoard(str(run_dir.log_dir)),
+    ]
+
+    fit_start = time.perf_counter()
+    history = model.fit(
+        train_ds, epochs=cfg.train.epochs, callbacks=callbacks, verbose=cfg.train.verbose, shuffle=False
+    )
+    fit_time = time.perf_counter() - fit_start
+    epochs_trained = len(history.epoch)
+
+    test_loss, test_accuracy = model.evaluate(test_ds, verbose=0)
+    model.save(run_dir / rundir_lib.MODEL_FILE)
+
+    examples = epochs_trained * steps_per_epoch * batch.global_batch_size
+    metrics = {
+        "recipe": recipe.name,
+        "model": cfg.train.model,
+        "test_accuracy": float(test_accuracy),
+        "test_loss": float(test_loss),
+        "test_examples": int(len(data.x_test)),
+        "train_examples": int(len(x_train)),
+        "epochs": cfg.train.epochs,
+        "epochs_trained": epochs_trained,
+        "resumed_from_epoch": run_dir.resumed_epochs,
+        "steps_per_epoch": steps_per_epoch,
+        "wall_time_s": time.perf_counter() - started,
+        "fit_time_s": fit_time,
+        "examples_per_sec": examples / fit_time if fit_time > 0 else None,
+        "replicas": rt.num_replicas,
+        "global_batch_size": batch.global_batch_size,
+        "per_replica_batch_size": batch.per_replica_batch_size,
+        "strategy": cfg.runtime.strategy,
+        "strategy_class": type(rt.strategy).__name__,
+        "devices": list(rt.devices.devices),
+        "device_kind": rt.devices.kind,
+        "precision": rt.precision.policy,
+        "compute_dtype": rt.precision.compute_dtype,
+        "loss_scaling": loss_scaling,
+        "execution": cfg.runtime.execution,
+        "steps_per_execution": cfg.runtime.steps_per_execution,
+        "threads": dataclasses.asdict(rt.threads),
+        "history": {k: [float(v) for v in vals] for k, vals in history.history.items()},
+        "seed": cfg.seed,
+        "argv": [PROG_PREFIX.split()[0], "-m", f"tftrain.recipes.{recipe.name}", *argv],
+        "versions": reports.versions(),
+    }
+    reports.write_metrics(run_dir.path, metrics)
+    reports.write_report(run_dir.path, metrics, title=f"{recipe.name} ({cfg.train.model})")
+    print(
+        f"== result ==\ntest accuracy {test_accuracy:.4f}, test loss {test_loss:.4f}; "
+        f"{metrics['examples_per_sec']:,.0f} examples/sec over {epochs_trained} epoch(s); "
+        f"wall time {metrics['wall_time_s']:.1f} s"
+    )
+    print(f"run directory: {run_dir.path}")
+    print(f"TensorBoard:   tensorboard --logdir {run_dir.log_dir}")
+    return 0
+
+
+def run_module(recipe: Recipe) -> None:
+    """`if __name__ == "__main__"` helper: runs `main` and exits with its code."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    sys.exit(main(None, recipe))

@@ -1,0 +1,75 @@
+"""Run reports: `metrics.json` for programs, `report.md` for people."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Mapping
+
+from tftrain.rundir import METRICS_FILE, REPORT_FILE, write_text_atomic
+
+_PACKAGES = ("tftrain", "tensorflow", "keras", "numpy", "tensorboard", "tensorboard-plugin-profile")
+
+
+def versions() -> dict:
+    """Versions of Python and the packages a run depends on (None when absent)."""
+    out = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def write_metrics(run_dir, metrics: Mapping) -> Path:
+    """Writes `metrics.json` (sorted keys, 2-space indent) atomically; returns its path."""
+    path = Path(run_dir) / METRICS_FILE
+    write_text_atomic(path, json.dumps(metrics, indent=2, sort_keys=True, default=_jsonable) + "\n")
+    return path
+
+
+def _jsonable(value):
+    if hasattr(value, "item"):  # NumPy / TF scalars
+        return value.item()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+_REPORT_ROWS = (
+    ("test_accuracy", "Test accuracy", "{:.4f}"),
+    ("test_loss", "Test loss", "{:.4f}"),
+    ("epochs_trained", "Epochs trained in this process", "{}"),
+    ("wall_time_s", "Wall time (s)", "{:.1f}"),
+    ("fit_time_s", "fit() time (s)", "{:.1f}"),
+    ("examples_per_sec", "Training examples/sec", "{:,.0f}"),
+    ("replicas", "Replicas", "{}"),
+    ("global_batch_size", "Global batch size", "{}"),
+    ("per_replica_batch_size", "Per-replica batch size", "{}"),
+    ("precision", "Dtype policy", "{}"),
+    ("loss_scaling", "Loss scaling", "{}"),
+    ("execution", "Execution", "{}"),
+    ("strategy", "Strategy", "{}"),
+    ("devices", "Devices", "{}"),
+)
+
+
+def write_report(run_dir, metrics: Mapping, title: str = "Run report") -> Path:
+    """Writes `report.md`: a table of the headline figures of `metrics`; returns its path."""
+    lines = [f"# {title}", "", "| | |", "|---|---|"]
+    for key, label, fmt in _REPORT_ROWS:
+        if metrics.get(key) is not None:
+            lines.append(f"| {label} | {fmt.format(metrics[key])} |")
+    vers = metrics.get("versions") or {}
+    if vers:
+        lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in vers.items() if v)]
+    lines += ["", f"Command: `{' '.join(metrics.get('argv') or [sys.executable])}`", ""]
+    path = Path(run_dir) / REPORT_FILE
+    write_text_atomic(path, "\n".join(lines))
+    return path

@@ -1,0 +1,168 @@
+"""Run directories: one per run, never silently overwritten, resumable.
+
+Layout of a run directory::
+
+    config.yaml     the resolved configuration (rerun or compare with it)
+    logs/           TensorBoard logs (scalars, graphs, profiles)
+    backup/         BackupAndRestore checkpoint while training; removed when done
+    model.keras     the trained model
+    metrics.json    test accuracy, loss, wall time, examples/sec, versions, ...
+    report.md       the same, for people
+
+A directory that already holds a run is only reused to resume that same run: same
+configuration, not finished. Anything else is refused with a `RunDirError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from tftrain.errors import RunDirError
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.json"
+REPORT_FILE = "report.md"
+MODEL_FILE = "model.keras"
+LOG_DIR = "logs"
+BACKUP_DIR = "backup"
+
+_IGNORED_WHEN_RESUMING = (("train", "verbose"), ("run_dir",))
+"""Config fields that may differ between a run and its resumption."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDir:
+    """A prepared run directory.
+
+    Attributes:
+        path: the directory.
+        resumed_epochs: epochs already completed by an interrupted run of the same
+            configuration (from its BackupAndRestore checkpoint); 0 for a new run.
+    """
+
+    path: Path
+    resumed_epochs: int = 0
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def log_dir(self) -> Path:
+        """TensorBoard log directory (`logs/`)."""
+        return self.path / LOG_DIR
+
+    @property
+    def backup_dir(self) -> Path:
+        """BackupAndRestore checkpoint directory (`backup/`)."""
+        return self.path / BACKUP_DIR
+
+
+def default_run_dir(recipe: str, root: str = "runs", now: Optional[datetime.datetime] = None) -> Path:
+    """A new directory name `runs/<recipe>-YYYYmmdd-HHMMSS` (suffixed `-2`, `-3`, ... if taken)."""
+    stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"{recipe}-{stamp}"
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
+
+
+def _strip(config: dict) -> dict:
+    config = json.loads(json.dumps(config))  # deep copy of plain data
+    for keys in _IGNORED_WHEN_RESUMING:
+        node = config
+        for key in keys[:-1]:
+            node = node.get(key, {})
+        node.pop(keys[-1], None)
+    return config
+
+
+def _differences(old, new, prefix="") -> list:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new)):
+            out += _differences(old.get(key), new.get(key), f"{prefix}{key}.")
+        return out
+    return [] if old == new else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
+
+
+def check_run_dir(path, config: dict) -> RunDir:
+    """Checks that `path` may hold this run, without writing anything.
+
+    Args:
+        path: the run directory.
+        config: the run's configuration as nested dicts (`RecipeConfig.to_dict()`).
+
+    Returns:
+        A `RunDir`; `resumed_epochs` > 0 when an interrupted run of the same
+        configuration left a checkpoint there.
+
+    Raises:
+        RunDirError: when `path` is a file; holds files tftrain did not write;
+            holds a finished run (`metrics.json`); or holds another run's
+            configuration or checkpoint. The message names the path and the fix.
+    """
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise RunDirError(f"Run directory {str(p)!r} is a file. Pass --run-dir with a new directory.")
+    if not p.exists() or not any(p.iterdir()):
+        return RunDir(p)
+    if not (p / CONFIG_FILE).is_file():
+        names = ", ".join(sorted(x.name for x in p.iterdir())[:3])
+        raise RunDirError(
+            f"Run directory {str(p)!r} already holds files tftrain did not write ({names}). "
+            "Pass --run-dir with a new or empty directory."
+        )
+    if (p / METRICS_FILE).exists():
+        raise RunDirError(
+            f"Run directory {str(p)!r} holds a finished run ({METRICS_FILE} exists). "
+            "Pass --run-dir with a new directory; tftrain never overwrites a finished run."
+        )
+    try:
+        previous = yaml.safe_load((p / CONFIG_FILE).read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError:
+        previous = None
+    if not isinstance(previous, dict):
+        raise RunDirError(f"Run directory {str(p)!r} holds an unreadable {CONFIG_FILE}. Pass a new --run-dir.")
+    diffs = _differences(_strip(previous), _strip(config))
+    if diffs:
+        shown = "; ".join(diffs[:3]) + ("; ..." if len(diffs) > 3 else "")
+        raise RunDirError(
+            f"Run directory {str(p)!r} holds another run's checkpoint (its config differs: {shown}). "
+            "Pass a new --run-dir, or rerun with that run's settings "
+            f"(--config {p / CONFIG_FILE}) to resume it."
+        )
+    return RunDir(p, resumed_epochs=completed_epochs(p / BACKUP_DIR))
+
+
+def completed_epochs(backup_dir) -> int:
+    """Epochs recorded by a Keras `BackupAndRestore` checkpoint in `backup_dir` (0 if none)."""
+    meta = Path(backup_dir) / "training_metadata.json"
+    try:
+        return int(json.loads(meta.read_text(encoding="utf-8")).get("epoch", 0))
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def create_run_dir(run_dir: RunDir, config_yaml: str) -> None:
+    """Creates the directory and writes `config.yaml` (kept as is when resuming)."""
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    target = run_dir.path / CONFIG_FILE
+    if not target.exists():
+        write_text_atomic(target, config_yaml)
+
+
+def write_text_atomic(path, text: str) -> None:
+    """Writes `text` to `path` through a temporary file and a rename (no half-written files)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

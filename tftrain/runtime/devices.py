@@ -1,0 +1,156 @@
+"""Device choice: CPU or GPUs, GPU memory growth, and logical CPU devices.
+
+All of these change TensorFlow's runtime configuration and therefore only work
+before the runtime initialises (before the first op). Call `configure_devices`
+first thing, or let `tftrain.runtime.setup` do it in the right order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import tensorflow as tf
+
+from tftrain.errors import DeviceError
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    """The devices a run will use.
+
+    Attributes:
+        kind: `"gpu"` or `"cpu"`.
+        devices: logical device names the strategy may place replicas on, e.g.
+            `("/device:GPU:0", "/device:GPU:1")` or `("/device:CPU:0",)`.
+        gpu_names: human-readable names of the visible GPUs (empty on CPU).
+        compute_capabilities: `(major, minor)` per visible GPU (empty on CPU).
+    """
+
+    kind: str
+    devices: tuple
+    gpu_names: tuple = ()
+    compute_capabilities: tuple = ()
+
+    def describe(self) -> str:
+        """One line, e.g. `2 x CPU (logical: /device:CPU:0, /device:CPU:1)`."""
+        if self.kind == "gpu":
+            names = ", ".join(self.gpu_names) or "GPU"
+            return f"{len(self.devices)} x GPU ({names})"
+        return f"{len(self.devices)} x CPU (logical: {', '.join(self.devices)})"
+
+
+def split_cpu(num_devices: int) -> list:
+    """Splits the physical CPU into `num_devices` logical CPU devices.
+
+    Lets `MirroredStrategy` run several replicas on one CPU, for trying a
+    multi-replica set-up on a laptop and for tests. The devices share the same cores,
+    so this does not make training faster.
+
+    Args:
+        num_devices: number of logical CPU devices, >= 1.
+
+    Returns:
+        The logical device names, e.g. `["/device:CPU:0", "/device:CPU:1"]`.
+
+    Raises:
+        ValueError: when `num_devices` < 1.
+        DeviceError: when TensorFlow has already initialised with a different
+            number of logical CPUs (split before any op runs, or use a new process).
+
+    Source: https://www.tensorflow.org/guide/distributed_training (logical devices).
+    """
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
+        raise ValueError(f"num_devices must be an integer >= 1. Received: {num_devices!r}.")
+    (cpu,) = tf.config.list_physical_devices("CPU")[:1]
+    current = tf.config.get_logical_device_configuration(cpu)
+    wanted = [tf.config.LogicalDeviceConfiguration() for _ in range(num_devices)]
+    if num_devices > 1 or current:
+        try:
+            tf.config.set_logical_device_configuration(cpu, wanted)
+        except RuntimeError:
+            logical = tf.config.list_logical_devices("CPU")
+            if len(logical) != num_devices:
+                raise DeviceError(
+                    f"Cannot split the CPU into {num_devices} logical devices: TensorFlow has "
+                    f"already initialised with {len(logical)}. Split the CPU before any "
+                    "TensorFlow op runs, or start a new process."
+                ) from None
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+def _enable_memory_growth(gpus) -> None:
+    for gpu in gpus:
+        try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:
+            pass  # runtime already initialised: growth is whatever was set before
+
+
+def configure_devices(device: str = "auto", cpu_replicas: int = 1) -> DeviceInfo:
+    """Chooses the devices to train on and configures them.
+
+    Args:
+        device: `"auto"` (all GPUs if any, else the CPU), `"gpu"` (GPUs, an error
+            when there are none) or `"cpu"` (hides the GPUs). Defaults to `"auto"`.
+        cpu_replicas: on a CPU run, split the CPU into this many logical devices
+            (see `split_cpu`). Defaults to 1.
+
+    Returns:
+        A `DeviceInfo`. On GPUs, memory growth is switched on, so TensorFlow does
+        not reserve all GPU memory at start.
+
+    Raises:
+        DeviceError: when `device="gpu"` and no GPU is visible, when
+            `cpu_replicas` > 1 on a GPU run, or when TensorFlow has already
+            initialised with other settings.
+        ValueError: when `device` is not one of auto, cpu, gpu.
+    """
+    if device not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"Invalid device {device!r}. Expected one of: auto, cpu, gpu. Received: device={device!r}.")
+    gpus = tf.config.list_physical_devices("GPU")
+    if device == "gpu" and not gpus:
+        raise DeviceError(
+            "device='gpu' was requested but TensorFlow sees no GPU. Check "
+            "`nvidia-smi` and that a CUDA build of TensorFlow is installed "
+            "(pip install 'tensorflow[and-cuda]'), or pass --device cpu."
+        )
+    if device == "cpu" and gpus:
+        try:
+            tf.config.set_visible_devices([], "GPU")
+        except RuntimeError:
+            if tf.config.get_visible_devices("GPU"):
+                raise DeviceError(
+                    "device='cpu' was requested but TensorFlow has already initialised "
+                    "with GPUs visible. Choose the device before any TensorFlow op runs, "
+                    "or set CUDA_VISIBLE_DEVICES=''."
+                ) from None
+        gpus = []
+    if gpus:
+        if cpu_replicas > 1:
+            raise DeviceError(
+                f"cpu_replicas={cpu_replicas} splits the CPU, but this run uses GPUs. "
+                "Pass --device cpu to train on logical CPU devices, or drop --cpu-replicas."
+            )
+        _enable_memory_growth(gpus)
+        names, caps = [], []
+        for gpu in gpus:
+            details = _gpu_details(gpu)
+            names.append(details.get("device_name", gpu.name))
+            caps.append(tuple(details.get("compute_capability", ()) or ()))
+        logical = [d.name for d in tf.config.list_logical_devices("GPU")]
+        return DeviceInfo("gpu", tuple(logical), tuple(names), tuple(caps))
+    return DeviceInfo("cpu", tuple(split_cpu(cpu_replicas)))
+
+
+def _gpu_details(gpu) -> dict:
+    try:
+        return tf.config.experimental.get_device_details(gpu)
+    except Exception:  # details are informative only; never fail a run for them
+        return {}
+
+
+def min_compute_capability(info: DeviceInfo) -> Optional[tuple]:
+    """The lowest `(major, minor)` compute capability among the run's GPUs, or None."""
+    caps = [c for c in info.compute_capabilities if c]
+    return min(caps) if caps else None

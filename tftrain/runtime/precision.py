@@ -1,0 +1,206 @@
+"""Mixed precision: choosing, setting and restoring Keras's global dtype policy.
+
+`mixed_float16` computes in float16 and keeps variables in float32; Keras's
+`Model.compile` wraps the optimizer in a `LossScaleOptimizer` (dynamic loss scaling)
+under that policy, so small float16 gradients do not underflow. `mixed_bfloat16`
+needs no loss scaling (bfloat16 has float32's exponent range). Either way the
+model's final outputs should be float32 for a numerically stable loss and softmax.
+
+Sources: https://www.tensorflow.org/guide/mixed_precision and
+https://keras.io/api/mixed_precision/policy/
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+from typing import Optional
+
+import keras
+
+from tftrain.runtime.devices import DeviceInfo, min_compute_capability
+
+PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+
+_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_has_native_bf16(cpuinfo_path: str = "/proc/cpuinfo") -> bool:
+    """True when the CPU advertises bfloat16 instructions (AVX512-BF16 or AMX-BF16).
+
+    Args:
+        cpuinfo_path: Linux CPU description to read. Defaults to `/proc/cpuinfo`;
+            on other systems (file absent) the answer is False.
+    """
+    try:
+        with open(cpuinfo_path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return any(flag in flags for flag in _BF16_CPU_FLAGS)
+    except OSError:
+        return False
+    return False
+
+
+def resolve_precision(name: str, devices: DeviceInfo, native_bf16: Optional[bool] = None) -> str:
+    """Turns a precision name (possibly `"auto"`) into a Keras dtype policy name.
+
+    `auto` picks `mixed_float16` when every GPU has compute capability >= 7.0
+    (Volta and newer have float16 Tensor Cores), `float32` on older GPUs,
+    `mixed_bfloat16` on a CPU with native bfloat16, else `float32`.
+
+    Args:
+        name: one of `PRECISIONS`.
+        devices: the run's `DeviceInfo`.
+        native_bf16: override for the CPU check (tests). Defaults to None
+            (read the CPU flags).
+
+    Returns:
+        `"float32"`, `"mixed_float16"` or `"mixed_bfloat16"`.
+
+    Raises:
+        ValueError: when `name` is not one of `PRECISIONS`.
+
+    Source: https://www.tensorflow.org/guide/mixed_precision#supported_hardware
+    """
+    if name not in PRECISIONS:
+        raise ValueError(
+            f"Invalid precision {name!r}. Expected one of: {', '.join(PRECISIONS)}. "
+            f"Received: precision={name!r}."
+        )
+    if name != "auto":
+        return name
+    if devices.kind == "gpu":
+        cap = min_compute_capability(devices)
+        return "mixed_float16" if cap is not None and cap >= (7, 0) else "float32"
+    if native_bf16 is None:
+        native_bf16 = cpu_has_native_bf16()
+    return "mixed_bfloat16" if native_bf16 else "float32"
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionInfo:
+    """The dtype policy in force.
+
+    Attributes:
+        policy: Keras policy name, e.g. `"mixed_float16"`.
+        compute_dtype: dtype layers compute in, e.g. `"float16"`.
+        variable_dtype: dtype variables are stored in (`"float32"` for mixed).
+        loss_scaling: True when `Model.compile` will wrap the optimizer in a
+            `LossScaleOptimizer` (policy `mixed_float16`).
+    """
+
+    policy: str
+    compute_dtype: str
+    variable_dtype: str
+    loss_scaling: bool
+
+    def describe(self) -> str:
+        """One line, e.g. `mixed_float16 (compute float16, variables float32, loss scaling on)`."""
+        scaling = "on" if self.loss_scaling else "off"
+        return (
+            f"{self.policy} (compute {self.compute_dtype}, variables {self.variable_dtype}, "
+            f"loss scaling {scaling})"
+        )
+
+
+def set_precision(name: str, devices: Optional[DeviceInfo] = None) -> PrecisionInfo:
+    """Sets Keras's global dtype policy.
+
+    Args:
+        name: one of `PRECISIONS`; `"auto"` needs `devices`.
+        devices: the run's `DeviceInfo`, used by `"auto"` and for the CPU
+            warning. Defaults to None.
+
+    Returns:
+        The `PrecisionInfo` now in force. Models built afterwards use it.
+
+    Raises:
+        ValueError: when `name` is unknown, or is `"auto"` without `devices`.
+
+    Warns:
+        UserWarning: `mixed_float16` on a CPU-only run (CPUs have no fast float16
+            arithmetic, so it is slower than float32).
+    """
+    if name == "auto" and devices is None:
+        raise ValueError("precision='auto' needs the run's DeviceInfo (devices=...).")
+    policy_name = resolve_precision(name, devices or DeviceInfo("cpu", ()))
+    if policy_name == "mixed_float16" and devices is not None and devices.kind == "cpu":
+        warnings.warn(
+            "mixed_float16 on a CPU-only run will be slow: CPUs have no fast float16 "
+            "arithmetic. Use float32 (or mixed_bfloat16 on CPUs with AVX512-BF16/AMX).",
+            UserWarning,
+            stacklevel=2,
+        )
+    keras.mixed_precision.set_global_policy(policy_name)
+    return current_precision()
+
+
+def current_precision() -> PrecisionInfo:
+    """Returns the `PrecisionInfo` of Keras's current global dtype policy."""
+    policy = keras.mixed_precision.global_policy()
+    return PrecisionInfo(
+        policy=policy.name,
+        compute_dtype=policy.compute_dtype,
+        variable_dtype=policy.variable_dtype,
+        loss_scaling=policy.name == "mixed_float16",
+    )
+
+
+@contextlib.contextmanager
+def precision_policy(name: str, devices: Optional[DeviceInfo] = None):
+    """Context manager: sets a dtype policy and restores the previous one on exit.
+
+    Example:
+        >>> with precision_policy("mixed_bfloat16"):
+        ...     model = build_model()
+    """
+    previous = keras.mixed_precision.global_policy()
+    try:
+        yield set_precision(name, devices)
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+def ensure_float32_outputs(model: keras.Model) -> keras.Model:
+    """Makes a functional or Sequential model's outputs float32.
+
+    Under a mixed policy the last layer computes in float16/bfloat16; a softmax or
+    loss in that dtype loses precision. When any output is not float32 this returns a
+    new functional model that appends a float32 linear `Activation` to those outputs
+    (sharing all weights with `model`); otherwise it returns `model` unchanged.
+
+    Args:
+        model: a built Keras model with symbolic `outputs` (functional or Sequential
+            with an `Input`).
+
+    Returns:
+        A model whose outputs are all float32.
+
+    Raises:
+        ValueError: when the model has no symbolic outputs (an unbuilt subclassed
+            model); give its last layer `dtype="float32"` instead.
+
+    Source: https://www.tensorflow.org/guide/mixed_precision#building_the_model
+    """
+    try:
+        outputs = model.outputs
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        outputs = None
+    if not outputs:
+        raise ValueError(
+            f"Cannot check the output dtype of model {model.name!r}: it has no symbolic "
+            "outputs (a subclassed model). Give its last layer dtype='float32'."
+        )
+    if all(str(o.dtype) == "float32" for o in outputs):
+        return model
+    cast = [
+        o if str(o.dtype) == "float32"
+        else keras.layers.Activation("linear", dtype="float32", name=f"float32_output_{i}")(o)
+        for i, o in enumerate(outputs)
+    ]
+    single = not isinstance(model.output, (list, tuple, dict))
+    return keras.Model(inputs, cast[0] if single else cast, name=model.name)
