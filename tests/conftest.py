@@ -17,8 +17,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Quiet TensorFlow's C++ start-up logs in subprocesses; keep Python warnings.
-SUBPROCESS_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+# TensorFlow's C++ warnings stay visible (tests assert some never appear).
+SUBPROCESS_ENV = {"TF_CPP_MIN_LOG_LEVEL": "1", "PYTHONUNBUFFERED": "1"}
 
 SMOKE = ["--train-examples", "1024", "--epochs", "1", "--verbose", "2", "--seed", "0"]
 """Recipe flags for a few-second smoke run."""
@@ -26,8 +26,9 @@ SMOKE = ["--train-examples", "1024", "--epochs", "1", "--verbose", "2", "--seed"
 
 def run_module(module, args, cwd, env=None, timeout=300):
     """Runs `python -m module *args` in `cwd`; returns `subprocess.CompletedProcess` (text)."""
-    full_env = {**os.environ, **SUBPROCESS_ENV, **(env or {})}
-    full_env.pop("TF_CONFIG", None) if env is None or "TF_CONFIG" not in env else None
+    full_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    full_env.update(SUBPROCESS_ENV)
+    full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", module, *map(str, args)],
         cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,

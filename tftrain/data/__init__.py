@@ -1,15 +1,27 @@
-"""Datasets and the tf.data input pipeline."""
+"""Datasets and the tf.data input pipeline.
 
-from tftrain.data.datasets import BUNDLED_MNIST, ImageClassificationData, load_mnist, read_idx
-from tftrain.data.pipeline import BatchSize, build_dataset, resolve_batch_size, scale_pixels
+`tftrain.data.datasets` needs only NumPy; `tftrain.data.pipeline` imports
+TensorFlow. The names below are imported on first use, so loading data or checking
+a data folder does not start TensorFlow.
+"""
 
-__all__ = [
-    "BUNDLED_MNIST",
-    "BatchSize",
-    "ImageClassificationData",
-    "build_dataset",
-    "load_mnist",
-    "read_idx",
-    "resolve_batch_size",
-    "scale_pixels",
-]
+import importlib
+
+_EXPORTS = {
+    "BUNDLED_MNIST": "datasets",
+    "ImageClassificationData": "datasets",
+    "load_mnist": "datasets",
+    "read_idx": "datasets",
+    "BatchSize": "pipeline",
+    "build_dataset": "pipeline",
+    "resolve_batch_size": "pipeline",
+    "scale_pixels": "pipeline",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"tftrain.data.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'tftrain.data' has no attribute {name!r}")

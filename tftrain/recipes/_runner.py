@@ -91,13 +91,14 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
         cfg = dataclasses.replace(cfg, run_dir=str(rundir_lib.default_run_dir(recipe.name)))
     run_dir = rundir_lib.check_run_dir(cfg.run_dir, cfg.to_dict())
 
-    # Heavy imports only after the cheap checks above.
+    data = recipe.load_data(cfg.data.data_dir)
+
+    # TensorFlow starts only after the cheap checks above.
     import keras
 
     from tftrain import reports, runtime
     from tftrain.data.pipeline import build_dataset, resolve_batch_size
 
-    data = recipe.load_data(cfg.data.data_dir)
     rt = runtime.setup(cfg.runtime)
     if cfg.seed is not None:
         keras.utils.set_random_seed(cfg.seed)
