@@ -48,3 +48,14 @@ def _restore_dtype_policy():
     policy = keras.mixed_precision.global_policy()
     yield
     keras.mixed_precision.set_global_policy(policy)
+
+
+def run_python(code, env=None, timeout=180, cwd=None):
+    """Runs `python -c code` in a fresh process (for code that changes TF's start-up
+    settings); returns `subprocess.CompletedProcess` (text)."""
+    full_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    full_env.update(SUBPROCESS_ENV)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
+    )

@@ -14,6 +14,7 @@ from typing import Optional
 import tensorflow as tf
 
 from tftrain.config import RuntimeConfig
+from tftrain.errors import ConfigError
 from tftrain.runtime.cluster import ClusterInfo, parse_tf_config
 from tftrain.runtime.devices import DeviceInfo, configure_devices, split_cpu
 from tftrain.runtime.execution import compile_options
@@ -106,11 +107,18 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None) -> Runtime:
         ClusterConfigError: when TF_CONFIG is malformed (checked before any
             strategy is built).
         DeviceError: when the requested devices are unavailable.
-        ConfigError: on an invalid combination (e.g. `nccl` on CPU).
+        ConfigError: on an invalid combination (`nccl` on CPU, `xla` with more
+            than one replica).
     """
     cluster = parse_tf_config(env=env) if config.strategy == "multi_worker_mirrored" else None
     threads = set_threads(config.intra_op_threads, config.inter_op_threads)
     devices = configure_devices(config.device, config.cpu_replicas)
     precision = set_precision(config.precision, devices)
     strategy = make_strategy(config.strategy, devices, cluster, config.communication)
+    if config.execution == "xla" and strategy.num_replicas_in_sync > 1:
+        raise ConfigError(
+            f"execution='xla' does not work with {strategy.num_replicas_in_sync} replicas: Keras 3 "
+            "compiles the whole cross-replica step with XLA, which cannot span devices. "
+            "Use --execution graph, or train on one replica."
+        )
     return Runtime(config, threads, devices, precision, strategy, cluster)

@@ -76,7 +76,9 @@ def split_cpu(num_devices: int) -> list:
                     f"already initialised with {len(logical)}. Split the CPU before any "
                     "TensorFlow op runs, or start a new process."
                 ) from None
-    return [d.name for d in tf.config.list_logical_devices("CPU")]
+    # Names follow from the configuration; listing logical devices would start the
+    # TensorFlow runtime, which multi-worker strategies want to configure first.
+    return [f"/device:CPU:{i}" for i in range(num_devices)]
 
 
 def _enable_memory_growth(gpus) -> None:
@@ -108,7 +110,7 @@ def configure_devices(device: str = "auto", cpu_replicas: int = 1) -> DeviceInfo
     """
     if device not in ("auto", "cpu", "gpu"):
         raise ValueError(f"Invalid device {device!r}. Expected one of: auto, cpu, gpu. Received: device={device!r}.")
-    gpus = tf.config.list_physical_devices("GPU")
+    gpus = tf.config.get_visible_devices("GPU")
     if device == "gpu" and not gpus:
         raise DeviceError(
             "device='gpu' was requested but TensorFlow sees no GPU. Check "
@@ -138,8 +140,8 @@ def configure_devices(device: str = "auto", cpu_replicas: int = 1) -> DeviceInfo
             details = _gpu_details(gpu)
             names.append(details.get("device_name", gpu.name))
             caps.append(tuple(details.get("compute_capability", ()) or ()))
-        logical = [d.name for d in tf.config.list_logical_devices("GPU")]
-        return DeviceInfo("gpu", tuple(logical), tuple(names), tuple(caps))
+        logical = tuple(f"/device:GPU:{i}" for i in range(len(gpus)))
+        return DeviceInfo("gpu", logical, tuple(names), tuple(caps))
     return DeviceInfo("cpu", tuple(split_cpu(cpu_replicas)))
 
 

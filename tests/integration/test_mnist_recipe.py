@@ -1,0 +1,189 @@
+"""The MNIST recipe end to end, as a user runs it: `python -m tftrain.recipes.mnist ...`.
+
+Five smoke runs on real MNIST cover every strategy, precision and execution mode
+between them; the bad-input tests check the one-line error and exit code 2.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SMOKE, SUBPROCESS_ENV, read_metrics, run_module
+
+pytestmark = pytest.mark.integration
+
+MODULE = "tftrain.recipes.mnist"
+
+RUNS = {
+    "default-graph-float32": (["--strategy", "default", "--execution", "graph", "--precision", "float32"],
+                              dict(replicas=1, precision="float32", execution="graph")),
+    "one_device-xla-auto": (["--strategy", "one_device", "--execution", "xla", "--precision", "auto"],
+                            dict(replicas=1, execution="xla", strategy_class="OneDeviceStrategy")),
+    "mirrored2-graph-bfloat16": (["--strategy", "mirrored", "--cpu-replicas", "2", "--per-replica-batch-size", "32",
+                                  "--precision", "mixed_bfloat16"],
+                                 dict(replicas=2, per_replica_batch_size=32, global_batch_size=64,
+                                      precision="mixed_bfloat16", compute_dtype="bfloat16", loss_scaling=False)),
+    "mwms-float16-spe4": (["--strategy", "multi_worker", "--precision", "mixed_float16",
+                           "--steps-per-execution", "4"],
+                          dict(replicas=1, strategy="multi_worker_mirrored", precision="mixed_float16",
+                               loss_scaling=True, steps_per_execution=4)),
+    "mirrored1-cnn-eager": (["--strategy", "mirrored", "--model", "cnn", "--execution", "eager"],
+                            dict(replicas=1, model="cnn", execution="eager", strategy_class="MirroredStrategy")),
+}
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_recipe_smoke(name, tmp_path):
+    args, expected = RUNS[name]
+    run_dir = tmp_path / "run"
+    r = run_module(MODULE, [*args, *SMOKE, "--run-dir", run_dir], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    m = read_metrics(run_dir)
+    for key, value in expected.items():
+        assert m[key] == value, (key, m[key])
+    assert m["test_examples"] == 10000 and m["train_examples"] == 1024
+    assert 0.0 <= m["test_accuracy"] <= 1.0 and m["examples_per_sec"] > 0
+    assert m["global_batch_size"] == m["per_replica_batch_size"] * m["replicas"]
+    assert f"{m['replicas']} replica(s) in sync" in r.stdout
+    assert "== result ==" in r.stdout
+    # No "cannot shard" / auto-shard fallback warning from tf.data under any strategy.
+    assert "AutoShardPolicy" not in r.stderr and "auto_shard_policy" not in r.stderr
+
+
+def test_default_run_writes_every_artifact(tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_module(MODULE, [*SMOKE, "--run-dir", run_dir], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    names = {p.name for p in run_dir.iterdir()}
+    assert {"config.yaml", "metrics.json", "report.md", "model.keras", "logs"} <= names
+    assert list((run_dir / "logs" / "train").glob("events.out.tfevents.*"))
+    assert not (run_dir / "backup").exists() or not any((run_dir / "backup").iterdir())
+    m = read_metrics(run_dir)
+    for key in ("test_accuracy", "test_loss", "wall_time_s", "examples_per_sec", "replicas", "precision", "versions"):
+        assert key in m
+    assert m["versions"]["tensorflow"]
+    # The saved model loads and agrees with the reported accuracy on the test set.
+    check = (
+        "import json, keras, numpy as np\n"
+        "from tftrain.data import load_mnist\n"
+        f"m = keras.models.load_model({str(run_dir / 'model.keras')!r})\n"
+        "d = load_mnist()\n"
+        "p = m.predict(d.x_test.astype('float32') / 255.0, verbose=0).argmax(-1)\n"
+        "print('ACC', (p == d.y_test).mean())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **SUBPROCESS_ENV})
+    acc = float(out.stdout.split("ACC")[1])
+    assert abs(acc - m["test_accuracy"]) < 1e-3
+    # The run's own config.yaml reproduces it; rerunning into the finished run is refused.
+    r2 = run_module(MODULE, ["--config", run_dir / "config.yaml"], cwd=tmp_path)
+    assert r2.returncode == 2 and "finished run" in r2.stderr
+
+
+def test_mirrored_without_gpu_says_it_runs_on_cpu(tmp_path):
+    # Covered by the "mirrored1-cnn" run's output as well; this checks the wording.
+    r = run_module(MODULE, ["--strategy", "mirrored", *SMOKE, "--train-examples", "256", "--run-dir", tmp_path / "r"],
+                   cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "no GPU found, so MirroredStrategy runs on the CPU as 1 replica(s)" in r.stdout
+    assert "--cpu-replicas N" in r.stdout
+
+
+def _error_line(r):
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("python -m tftrain.recipes.mnist: error:")]
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, env, pattern",
+    [
+        (["--strategy", "mirorred"], None, "invalid choice: 'mirorred'"),
+        (["--precision", "half"], None, "invalid choice: 'half'"),
+        (["--execution", "jit"], None, "invalid choice: 'jit'"),
+        (["--batch-size", "0"], None, "batch_size must be positive"),
+        (["--epochs", "-1"], None, "epochs must be positive"),
+        (["--strategy", "multi_worker_mirrored"], {"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:x"]}'},
+         "TF_CONFIG is not valid JSON"),
+        (["--strategy", "multi_worker_mirrored"],
+         {"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 4}}'},
+         "task.index 4 is out of range"),
+        (["--data-dir", "no-such-folder"], None, "Data path 'no-such-folder' does not exist"),
+        (["--strategy", "mirrored", "--cpu-replicas", "3", "--batch-size", "100"], None,
+         "Global batch size 100 does not divide evenly across 3 replicas"),
+        (["--config", "missing.yaml"], None, "does not exist"),
+        (["--strategy", "mirrored", "--cpu-replicas", "2", "--execution", "xla"], None,
+         "execution='xla' does not work with 2 replicas"),
+    ],
+    ids=["strategy", "precision", "execution", "batch", "epochs", "tf_config_json", "tf_config_index",
+         "data_dir", "indivisible", "config_file", "xla_replicas"],
+)
+def test_bad_input_one_line_exit_2(tmp_path, args, env, pattern):
+    r = run_module(MODULE, [*args, "--run-dir", tmp_path / "run"], cwd=tmp_path, env=env)
+    assert r.returncode == 2
+    assert pattern in _error_line(r)
+    assert not (tmp_path / "run").exists()
+
+
+def test_data_folder_with_wrong_shapes(tmp_path):
+    import numpy as np
+
+    np.savez(tmp_path / "bad.npz", x_train=np.zeros((8, 32, 32), np.uint8), y_train=np.zeros(8, np.uint8),
+             x_test=np.zeros((4, 32, 32), np.uint8), y_test=np.zeros(4, np.uint8))
+    r = run_module(MODULE, ["--data-dir", "bad.npz", "--run-dir", tmp_path / "run"], cwd=tmp_path)
+    assert r.returncode == 2
+    assert "x_train has shape (8, 32, 32)" in _error_line(r)
+
+
+def test_run_dir_of_another_run_is_refused_and_untouched(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("train: {epochs: 99}\n")
+    (run_dir / "backup").mkdir()
+    (run_dir / "backup" / "latest.weights.h5").write_bytes(b"precious")
+    r = run_module(MODULE, [*SMOKE, "--run-dir", run_dir], cwd=tmp_path)
+    assert r.returncode == 2
+    assert "holds another run's checkpoint" in _error_line(r)
+    assert (run_dir / "config.yaml").read_text() == "train: {epochs: 99}\n"
+    assert (run_dir / "backup" / "latest.weights.h5").read_bytes() == b"precious"
+    assert sorted(p.name for p in run_dir.iterdir()) == ["backup", "config.yaml"]
+
+
+def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["--train-examples", "4096", "--per-replica-batch-size", "16", "--epochs", "4", "--verbose", "2",
+            "--seed", "0", "--run-dir", str(run_dir)]
+    env = {**os.environ, **SUBPROCESS_ENV}
+    env.pop("TF_CONFIG", None)
+    proc = subprocess.Popen([sys.executable, "-m", MODULE, *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    meta = run_dir / "backup" / "training_metadata.json"
+    try:
+        deadline = time.monotonic() + 180
+        while not meta.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "run finished before it could be interrupted"
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted. Rerun the same command" in err
+    done = json.loads(meta.read_text())["epoch"]
+    assert 1 <= done < 4
+    assert not (run_dir / "metrics.json").exists()
+
+    r = run_module(MODULE, args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resuming: {done}/4 epochs done" in r.stdout
+    m = read_metrics(run_dir)
+    assert m["resumed_from_epoch"] == done and m["epochs_trained"] == 4 - done

@@ -1,0 +1,93 @@
+import keras
+import numpy as np
+import pytest
+
+from tftrain.runtime import precision as prec
+from tftrain.runtime.devices import DeviceInfo
+
+CPU = DeviceInfo("cpu", ("/device:CPU:0",))
+
+
+def gpu(*caps):
+    return DeviceInfo("gpu", tuple(f"/device:GPU:{i}" for i in range(len(caps))), compute_capabilities=caps)
+
+
+@pytest.mark.parametrize(
+    "devices, bf16, expected",
+    [
+        (gpu((8, 0)), False, "mixed_float16"),
+        (gpu((7, 0), (8, 6)), False, "mixed_float16"),
+        (gpu((6, 1)), False, "float32"),
+        (gpu((8, 0), (6, 0)), False, "float32"),
+        (CPU, False, "float32"),
+        (CPU, True, "mixed_bfloat16"),
+    ],
+)
+def test_auto_choice(devices, bf16, expected):
+    assert prec.resolve_precision("auto", devices, native_bf16=bf16) == expected
+
+
+def test_explicit_names_pass_through_and_bad_name_fails():
+    assert prec.resolve_precision("mixed_bfloat16", CPU) == "mixed_bfloat16"
+    with pytest.raises(ValueError, match="Invalid precision 'fp16'"):
+        prec.resolve_precision("fp16", CPU)
+
+
+def test_cpu_flags_detection(tmp_path):
+    with_bf16 = tmp_path / "a"
+    with_bf16.write_text("processor: 0\nflags\t\t: fpu avx2 avx512_bf16 fma\n")
+    without = tmp_path / "b"
+    without.write_text("processor: 0\nflags\t\t: fpu avx2 fma\n")
+    assert prec.cpu_has_native_bf16(str(with_bf16))
+    assert not prec.cpu_has_native_bf16(str(without))
+    assert not prec.cpu_has_native_bf16(str(tmp_path / "missing"))
+
+
+def test_set_and_restore_policy_records_loss_scaling():
+    before = keras.mixed_precision.global_policy().name
+    with prec.precision_policy("mixed_bfloat16", CPU) as info:
+        assert info.policy == "mixed_bfloat16" and info.compute_dtype == "bfloat16"
+        assert not info.loss_scaling
+        assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+    assert keras.mixed_precision.global_policy().name == before
+
+
+def test_mixed_float16_on_cpu_warns():
+    with pytest.warns(UserWarning, match="slow"):
+        with prec.precision_policy("mixed_float16", CPU) as info:
+            assert info.loss_scaling and info.variable_dtype == "float32"
+
+
+def test_mixed_float16_compile_wraps_optimizer_in_loss_scaling():
+    with pytest.warns(UserWarning):
+        with prec.precision_policy("mixed_float16", CPU):
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+            model.compile(optimizer="adam", loss="mse")
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+def test_ensure_float32_outputs_wraps_low_precision_outputs():
+    with prec.precision_policy("mixed_bfloat16", CPU):
+        inputs = keras.Input((4,))
+        model = keras.Model(inputs, keras.layers.Dense(3)(inputs))
+        assert str(model.outputs[0].dtype) == "bfloat16"
+        fixed = prec.ensure_float32_outputs(model)
+    assert str(fixed.outputs[0].dtype) == "float32"
+    assert fixed.count_params() == model.count_params()
+    out = fixed.predict(np.ones((2, 4), "float32"), verbose=0)
+    assert keras.backend.standardize_dtype(out.dtype) == "float32"
+
+
+def test_ensure_float32_outputs_keeps_float32_model():
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(3)(inputs))
+    assert prec.ensure_float32_outputs(model) is model
+
+
+def test_ensure_float32_outputs_rejects_unbuilt_subclassed_model():
+    class Net(keras.Model):
+        def call(self, x):
+            return x
+
+    with pytest.raises(ValueError, match="dtype='float32'"):
+        prec.ensure_float32_outputs(Net())

@@ -1,0 +1,60 @@
+import textwrap
+
+import pytest
+
+from tests.conftest import run_python
+from tftrain.errors import ClusterConfigError, ConfigError
+from tftrain.runtime.cluster import parse_tf_config
+from tftrain.runtime.devices import DeviceInfo
+
+CPU = DeviceInfo("cpu", ("/device:CPU:0",))
+
+
+def test_strategies_on_two_logical_cpus():
+    r = run_python(textwrap.dedent("""
+        from tftrain.config import RuntimeConfig
+        from tftrain.runtime import setup, make_strategy
+        rt = setup(RuntimeConfig(strategy="mirrored", cpu_replicas=2))
+        print("MIRRORED", type(rt.strategy).__name__, rt.num_replicas)
+        print("DEFAULT", make_strategy("default", rt.devices).num_replicas_in_sync)
+        s = make_strategy("one_device", rt.devices)
+        print("ONE", type(s).__name__, s.num_replicas_in_sync)
+        s = make_strategy("multi_worker", rt.devices)
+        import tensorflow as tf
+        print("MWMS", isinstance(s, tf.distribute.MultiWorkerMirroredStrategy), s.num_replicas_in_sync)
+    """))
+    assert r.returncode == 0, r.stderr
+    assert "MIRRORED MirroredStrategy 2" in r.stdout
+    assert "DEFAULT 1" in r.stdout
+    assert "ONE OneDeviceStrategy 1" in r.stdout
+    assert "MWMS True 1" in r.stdout
+
+
+def test_unknown_strategy_and_communication():
+    from tftrain.runtime import make_strategy
+
+    with pytest.raises(ConfigError, match="Invalid strategy 'mirorred'"):
+        make_strategy("mirorred", CPU)
+    with pytest.raises(ConfigError, match="Invalid communication 'mpi'"):
+        make_strategy("multi_worker_mirrored", CPU, communication="mpi")
+    with pytest.raises(ConfigError, match="nccl"):
+        make_strategy("multi_worker_mirrored", CPU, communication="nccl")
+
+
+def test_multi_worker_refuses_ps_tasks():
+    from tftrain.runtime import make_strategy
+
+    cluster = parse_tf_config(
+        '{"cluster": {"worker": ["127.0.0.1:20001"], "ps": ["127.0.0.1:20002"]},'
+        ' "task": {"type": "worker", "index": 0}}'
+    )
+    with pytest.raises(ClusterConfigError, match="ps tasks"):
+        make_strategy("multi_worker_mirrored", CPU, cluster)
+
+
+def test_setup_validates_tf_config_before_building_the_strategy():
+    from tftrain.config import RuntimeConfig
+    from tftrain.runtime import setup
+
+    with pytest.raises(ClusterConfigError, match="not valid JSON"):
+        setup(RuntimeConfig(strategy="multi_worker_mirrored"), env={"TF_CONFIG": "{oops"})

@@ -1,0 +1,118 @@
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tftrain import config as config_lib
+from tftrain.config import DataConfig, RecipeConfig, RuntimeConfig, TrainConfig
+from tftrain.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_are_valid_and_round_trip_through_yaml(tmp_path):
+    cfg = RecipeConfig(seed=3, data=DataConfig(batch_size=64))
+    path = tmp_path / "c.yaml"
+    path.write_text(config_lib.to_yaml(cfg))
+    assert config_lib.from_yaml(path) == cfg
+
+
+def test_unknown_strategy_names_value_and_choices():
+    with pytest.raises(ConfigError) as e:
+        RuntimeConfig(strategy="mirorred")
+    msg = str(e.value)
+    assert "Invalid strategy 'mirorred'" in msg and "mirrored" in msg and "\n" not in msg
+
+
+def test_multi_worker_alias_is_normalised():
+    assert RuntimeConfig(strategy="multi_worker").strategy == "multi_worker_mirrored"
+
+
+@pytest.mark.parametrize(
+    "cls, field, value",
+    [
+        (RuntimeConfig, "precision", "fp16"),
+        (RuntimeConfig, "execution", "jit"),
+        (RuntimeConfig, "device", "tpu"),
+        (RuntimeConfig, "steps_per_execution", 0),
+        (RuntimeConfig, "cpu_replicas", 0),
+        (RuntimeConfig, "intra_op_threads", -1),
+        (DataConfig, "batch_size", 0),
+        (DataConfig, "per_replica_batch_size", -8),
+        (DataConfig, "train_examples", 0),
+        (TrainConfig, "epochs", 0),
+        (TrainConfig, "learning_rate", 0.0),
+        (TrainConfig, "epochs", "3"),
+        (TrainConfig, "epochs", True),
+    ],
+)
+def test_bad_values_raise_config_error_naming_the_field(cls, field, value):
+    with pytest.raises(ConfigError, match=field):
+        cls(**{field: value})
+
+
+def test_int_accepted_for_float_field():
+    assert TrainConfig(learning_rate=1).learning_rate == 1.0
+
+
+def test_both_batch_sizes_rejected():
+    with pytest.raises(ConfigError, match="either batch_size"):
+        DataConfig(batch_size=64, per_replica_batch_size=32)
+
+
+def test_override_by_flat_field_names():
+    cfg = RecipeConfig().override({"strategy": "mirrored", "epochs": 2, "seed": 5})
+    assert (cfg.runtime.strategy, cfg.train.epochs, cfg.seed) == ("mirrored", 2, 5)
+
+
+def test_override_of_one_batch_size_clears_the_other():
+    cfg = RecipeConfig(data=DataConfig(batch_size=256))
+    cfg = cfg.override({"per_replica_batch_size": 32})
+    assert cfg.data.batch_size is None and cfg.data.per_replica_batch_size == 32
+
+
+def test_override_unknown_field():
+    with pytest.raises(ConfigError, match="Unknown config field 'stratgy'"):
+        RecipeConfig().override({"stratgy": "mirrored"})
+
+
+def test_yaml_unknown_key_names_section_and_key(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("runtime:\n  stratgy: mirrored\n")
+    with pytest.raises(ConfigError, match=r"runtime\.stratgy"):
+        config_lib.from_yaml(path)
+
+
+def test_yaml_invalid_syntax_names_line(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("runtime:\n  strategy: [mirrored\n")
+    with pytest.raises(ConfigError, match="not valid YAML at line"):
+        config_lib.from_yaml(path)
+
+
+def test_yaml_missing_file():
+    with pytest.raises(ConfigError, match="does not exist"):
+        config_lib.from_yaml("no/such/file.yaml")
+
+
+def test_yaml_top_level_must_be_mapping(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        config_lib.from_yaml(path)
+
+
+def test_every_field_has_a_unique_flat_name():
+    index = config_lib.flat_field_index()
+    total = sum(len(dataclasses.fields(c)) for c in config_lib.SECTIONS.values()) + 2
+    assert len(index) == total
+
+
+def test_recipe_file_lists_every_field_with_the_recipe_defaults():
+    from tftrain.recipes.mnist import DEFAULTS
+
+    raw = yaml.safe_load((REPO / "recipes" / "mnist.yaml").read_text())
+    for section, cls in config_lib.SECTIONS.items():
+        assert set(raw[section]) == {f.name for f in dataclasses.fields(cls)}, section
+    assert config_lib.from_yaml(REPO / "recipes" / "mnist.yaml") == DEFAULTS

@@ -1,0 +1,22 @@
+import json
+
+import numpy as np
+
+from tftrain import reports
+
+
+def test_versions_names_the_stack():
+    v = reports.versions()
+    assert v["tensorflow"] and v["keras"] and v["tftrain"] and v["python"].count(".") == 2
+
+
+def test_metrics_json_holds_numpy_scalars_and_report_table(tmp_path):
+    metrics = {"test_accuracy": np.float32(0.98), "replicas": np.int64(2), "devices": ("a", "b"),
+               "examples_per_sec": 1234.5, "argv": ["python", "-m", "x"]}
+    path = reports.write_metrics(tmp_path, metrics)
+    loaded = json.loads(path.read_text())
+    assert abs(loaded["test_accuracy"] - 0.98) < 1e-6 and loaded["replicas"] == 2
+    assert loaded["devices"] == ["a", "b"]
+    text = reports.write_report(tmp_path, metrics, title="t").read_text()
+    assert "| Test accuracy | 0.9800 |" in text and "| Training examples/sec | 1,234 |" in text
+    assert "`python -m x`" in text

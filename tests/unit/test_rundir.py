@@ -1,0 +1,74 @@
+import datetime
+import json
+
+import pytest
+
+from tftrain import config as config_lib
+from tftrain import rundir
+from tftrain.config import RecipeConfig, TrainConfig
+from tftrain.errors import RunDirError
+
+CFG = RecipeConfig(run_dir="x")
+
+
+def started(path, cfg=CFG):
+    run = rundir.check_run_dir(path, cfg.to_dict())
+    rundir.create_run_dir(run, config_lib.to_yaml(cfg))
+    return run
+
+
+def test_new_directory(tmp_path):
+    run = started(tmp_path / "run")
+    assert run.resumed_epochs == 0
+    assert config_lib.from_yaml(tmp_path / "run" / "config.yaml") == CFG
+
+
+def test_same_config_resumes_from_checkpoint_epoch(tmp_path):
+    started(tmp_path / "run")
+    (tmp_path / "run" / "backup").mkdir()
+    (tmp_path / "run" / "backup" / "training_metadata.json").write_text(json.dumps({"epoch": 3, "batch": -1}))
+    verbose_changed = RecipeConfig(run_dir="x", train=TrainConfig(verbose=2))
+    assert rundir.check_run_dir(tmp_path / "run", verbose_changed.to_dict()).resumed_epochs == 3
+
+
+def test_other_runs_checkpoint_is_refused_and_kept(tmp_path):
+    started(tmp_path / "run")
+    before = (tmp_path / "run" / "config.yaml").read_text()
+    other = RecipeConfig(run_dir="x", train=TrainConfig(epochs=3))
+    with pytest.raises(RunDirError, match=r"another run's checkpoint.*train\.epochs: 10 -> 3"):
+        rundir.check_run_dir(tmp_path / "run", other.to_dict())
+    assert (tmp_path / "run" / "config.yaml").read_text() == before
+
+
+def test_finished_run_is_refused(tmp_path):
+    started(tmp_path / "run")
+    (tmp_path / "run" / "metrics.json").write_text("{}")
+    with pytest.raises(RunDirError, match="finished run"):
+        rundir.check_run_dir(tmp_path / "run", CFG.to_dict())
+
+
+def test_foreign_files_are_refused(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirError, match="did not write .*notes.txt"):
+        rundir.check_run_dir(tmp_path / "run", CFG.to_dict())
+
+
+def test_file_instead_of_directory(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(RunDirError, match="is a file"):
+        rundir.check_run_dir(tmp_path / "f", CFG.to_dict())
+
+
+def test_empty_existing_directory_is_fine(tmp_path):
+    (tmp_path / "run").mkdir()
+    assert rundir.check_run_dir(tmp_path / "run", CFG.to_dict()).resumed_epochs == 0
+
+
+def test_default_run_dir_never_reuses_a_name(tmp_path):
+    now = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    first = rundir.default_run_dir("mnist", root=str(tmp_path), now=now)
+    assert first.name == "mnist-20260102-030405"
+    first.mkdir()
+    second = rundir.default_run_dir("mnist", root=str(tmp_path), now=now)
+    assert second.name == "mnist-20260102-030405-2"
