@@ -64,12 +64,8 @@ def main(argv: Optional[Sequence[str]], recipe: Recipe) -> int:
         cfg = cli.parse_config(
             argv, recipe.defaults, prog, recipe.description, tuple(recipe.models), recipe.default_config
         )
-        if cfg.train.model not in recipe.models:
-            raise ConfigError(
-                f"Invalid model {cfg.train.model!r}. Expected one of: {', '.join(recipe.models)}. "
-                f"Received: model={cfg.train.model!r}."
-            )
-        return run(cfg, recipe, argv=list(sys.argv[1:] if argv is None else argv), started=started)
+        run(cfg, recipe, argv=list(sys.argv[1:] if argv is None else argv), started=started)
+        return 0
     except ConfigError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
@@ -78,14 +74,31 @@ def main(argv: Optional[Sequence[str]], recipe: Recipe) -> int:
         return 130
 
 
-def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), started: Optional[float] = None) -> int:
-    """Trains, evaluates and reports one validated config. See `main`.
+def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), started: Optional[float] = None) -> dict:
+    """Trains, evaluates and reports one validated config.
+
+    Args:
+        cfg: the validated `RecipeConfig`.
+        recipe: the `Recipe`.
+        argv: the command line, recorded in `metrics.json`. Defaults to ().
+        started: `time.perf_counter()` at program start, for the wall time.
+            Defaults to now.
+
+    Returns:
+        The metrics dict also written to `<run_dir>/metrics.json` (test accuracy,
+        loss, wall time in seconds, examples/sec, replicas, precision, versions, ...).
 
     Raises:
         ConfigError: (and subclasses) on bad input discovered while setting up.
     """
     started = time.perf_counter() if started is None else started
     from tftrain import rundir as rundir_lib
+
+    if cfg.train.model not in recipe.models:
+        raise ConfigError(
+            f"Invalid model {cfg.train.model!r}. Expected one of: {', '.join(recipe.models)}. "
+            f"Received: model={cfg.train.model!r}."
+        )
 
     if cfg.run_dir is None:
         cfg = dataclasses.replace(cfg, run_dir=str(rundir_lib.default_run_dir(recipe.name)))
@@ -212,7 +225,8 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
     )
     print(f"run directory: {run_dir.path}")
     print(f"TensorBoard:   tensorboard --logdir {run_dir.log_dir}")
-    return 0
+    metrics["run_dir"] = str(run_dir.path)
+    return metrics
 
 
 def run_module(recipe: Recipe) -> None:

@@ -95,6 +95,32 @@ RECIPE = Recipe(
 )
 
 
+def train(config: Optional[RecipeConfig] = None, **overrides) -> dict:
+    """Trains from Python (notebooks, scripts) instead of the command line.
+
+    Args:
+        config: a full `RecipeConfig`. Defaults to the recipe's `DEFAULTS`.
+        **overrides: config fields by name, e.g. `epochs=2, strategy="mirrored"`
+            (the same names as the flags, with underscores).
+
+    Returns:
+        The run's metrics dict (as written to `metrics.json`), plus `run_dir`.
+
+    Raises:
+        ConfigError: on an unknown field or bad value, or any bad input the
+            command line would report with exit code 2.
+
+    Example:
+        >>> from tftrain.recipes import mnist
+        >>> metrics = mnist.train(epochs=1, train_examples=4096, run_dir="runs/try")
+        >>> metrics["test_accuracy"]
+    """
+    from tftrain.recipes._runner import run
+
+    cfg = (config or DEFAULTS).override(overrides)
+    return run(cfg, RECIPE, argv=[f"--{k.replace('_', '-')}={v}" for k, v in overrides.items()])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs the MNIST recipe; returns the exit code (see `tftrain.recipes._runner.main`)."""
     return run_recipe(argv, RECIPE)
