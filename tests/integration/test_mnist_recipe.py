@@ -178,7 +178,7 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, err[-2000:]
-    assert "interrupted. Rerun the same command" in err
+    assert f"interrupted. Rerun the same command with --run-dir {run_dir} to resume" in err
     done = json.loads(meta.read_text())["epoch"]
     assert 1 <= done < 4
     assert not (run_dir / "metrics.json").exists()

@@ -69,8 +69,9 @@ def main(argv: Optional[Sequence[str]], recipe: Recipe) -> int:
     except ConfigError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"\n{prog}: interrupted. Rerun the same command with the same --run-dir to resume.", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        where = f"--run-dir {e.args[0]}" if e.args else "the same --run-dir"
+        print(f"\n{prog}: interrupted. Rerun the same command with {where} to resume.", file=sys.stderr)
         return 130
 
 
@@ -153,6 +154,7 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
     )
 
     rundir_lib.create_run_dir(run_dir, config_lib.to_yaml(cfg))
+    print(f"run directory: {run_dir.path}")
     if run_dir.resumed_epochs:
         print(
             f"resuming: {run_dir.resumed_epochs}/{cfg.train.epochs} epochs done, "
@@ -174,9 +176,12 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
     ]
 
     fit_start = time.perf_counter()
-    history = model.fit(
-        train_ds, epochs=cfg.train.epochs, callbacks=callbacks, verbose=cfg.train.verbose, shuffle=False
-    )
+    try:
+        history = model.fit(
+            train_ds, epochs=cfg.train.epochs, callbacks=callbacks, verbose=cfg.train.verbose, shuffle=False
+        )
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(str(run_dir.path)) from None
     fit_time = time.perf_counter() - fit_start
     epochs_trained = len(history.epoch)
 
