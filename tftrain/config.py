@@ -33,10 +33,10 @@ import yaml
 
 from tftrain.errors import ConfigError
 
-STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored")
+STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
 """Strategy names accepted by `RuntimeConfig.strategy`."""
 
-STRATEGY_ALIASES = {"multi_worker": "multi_worker_mirrored"}
+STRATEGY_ALIASES = {"multi_worker": "multi_worker_mirrored", "ps": "parameter_server"}
 """Alternative spellings, mapped to their canonical strategy name."""
 
 DEVICES = ("auto", "cpu", "gpu")
@@ -106,8 +106,9 @@ class RuntimeConfig:
 
     Attributes:
         strategy: `tf.distribute` strategy name: one of `STRATEGIES`
-            (`multi_worker` is an alias of `multi_worker_mirrored`). Defaults to
-            `"default"` (TensorFlow's default strategy, one device).
+            (`multi_worker` is an alias of `multi_worker_mirrored`, `ps` of
+            `parameter_server`). Defaults to `"default"` (TensorFlow's default
+            strategy, one device).
         device: `"auto"` (GPUs if any, else the CPU), `"cpu"` or `"gpu"`.
             Defaults to `"auto"`.
         precision: Keras dtype policy: one of `PRECISIONS`. `"auto"` picks
@@ -126,6 +127,9 @@ class RuntimeConfig:
         communication: collective implementation for `multi_worker_mirrored`:
             `"auto"`, `"ring"` (gRPC ring all-reduce) or `"nccl"`. Defaults to
             `"auto"`.
+        ps_tasks: ps tasks of a `parameter_server` job laid out from a SLURM
+            job step (rank 0 is the chief, the next `ps_tasks` ranks are ps
+            tasks, the rest workers); TF_CONFIG names its own tasks. Defaults to 1.
 
     Raises:
         ConfigError: when a name is unknown or a count is out of range.
@@ -140,6 +144,7 @@ class RuntimeConfig:
     inter_op_threads: int = _field(0, "concurrent ops (0 = TensorFlow default)", minimum=0)
     cpu_replicas: int = _field(1, "split the CPU into N logical devices (replicas)", minimum=1)
     communication: str = _field("auto", "multi-worker all-reduce implementation", COMMUNICATIONS)
+    ps_tasks: int = _field(1, "ps tasks of a parameter_server job under SLURM", minimum=1)
 
     def __post_init__(self):
         if self.strategy in STRATEGY_ALIASES:

@@ -11,16 +11,25 @@ Layout of a run directory::
 
 A directory that already holds a run is only reused to resume that same run: same
 configuration, not finished. Anything else is refused with a `RunDirError`.
+
+In a multi-worker run only the chief writes the run directory; every other worker
+runs the same saving code (saving can involve collective ops every worker must
+join) into a temporary directory of its own that is removed afterwards, the pattern
+of TensorFlow's multi-worker tutorial (`task_run_dir`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
+import hashlib
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import yaml
 
@@ -158,6 +167,60 @@ def create_run_dir(run_dir: RunDir, config_yaml: str) -> None:
     target = run_dir.path / CONFIG_FILE
     if not target.exists():
         write_text_atomic(target, config_yaml)
+
+
+def worker_scratch_dir(run_dir, task: str) -> Path:
+    """The temporary directory a non-chief `task` (e.g. `worker:1`) of the run in `run_dir` writes to.
+
+    `tftrain-<task>-<hash of the run directory's absolute path>` under the system
+    temporary directory (`tempfile.gettempdir()`, which honours `TMPDIR`): the same
+    name each time the task runs, so a relaunch finds and removes what a killed
+    run left behind.
+    """
+    digest = hashlib.sha1(str(Path(run_dir).resolve()).encode("utf-8")).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"tftrain-{task.replace(':', '')}-{digest}"
+
+
+@contextlib.contextmanager
+def task_run_dir(run_dir: RunDir, config_yaml: str, is_chief: bool = True, task: str = "worker") -> Iterator[RunDir]:
+    """The directory this task writes its logs, checkpoints and model to.
+
+    The chief (or a single process) gets `run_dir` itself, created with its
+    `config.yaml` (see `create_run_dir`). Any other worker gets its temporary
+    directory (`worker_scratch_dir`), emptied first, seeded with a copy of the
+    chief's `backup/` checkpoint so that it resumes from the same epoch as the
+    chief, and removed when the block exits. (A worker killed with SIGKILL cannot
+    remove it; the next run of the same task does.)
+    Source: https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras#model_saving_and_loading
+
+    Args:
+        run_dir: the checked run directory (`check_run_dir`).
+        config_yaml: the resolved config, written by the chief only.
+        is_chief: whether this task writes the real run directory. Defaults to
+            True.
+        task: this task's name (e.g. `worker:1`), used in the temporary
+            directory's name. Defaults to `"worker"`.
+
+    Yields:
+        A `RunDir` to write to, with `run_dir.resumed_epochs`.
+
+    Example:
+        >>> with task_run_dir(run_dir, to_yaml(cfg), cluster.is_chief, cluster.task) as out:
+        ...     model.save(out / MODEL_FILE)
+    """
+    if is_chief:
+        create_run_dir(run_dir, config_yaml)
+        yield run_dir
+        return
+    scratch = worker_scratch_dir(run_dir.path, task)
+    shutil.rmtree(scratch, ignore_errors=True)  # left by a run of this task that was killed
+    scratch.mkdir(parents=True)
+    try:
+        if run_dir.backup_dir.is_dir():
+            shutil.copytree(run_dir.backup_dir, scratch / BACKUP_DIR)
+        yield RunDir(scratch, resumed_epochs=run_dir.resumed_epochs)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def write_text_atomic(path, text: str) -> None:

@@ -3,7 +3,11 @@
 Each step is usable on its own from any Keras script (`set_threads`,
 `configure_devices`, `set_precision`, `make_strategy`, `compile_options`);
 `setup` runs them in the only order TensorFlow accepts, because thread counts and
-logical devices must be fixed before its runtime initialises.
+logical devices must be fixed before its runtime initialises. Multi-process
+strategies also read the cluster first (`resolve_cluster`: TF_CONFIG or SLURM),
+and nothing before the strategy starts the runtime, because
+`MultiWorkerMirroredStrategy` configures collective ops as it starts it. The
+worker and ps tasks of a parameter-server job do not call `setup`: they `serve`.
 """
 
 from __future__ import annotations
@@ -15,8 +19,15 @@ import tensorflow as tf
 
 from tftrain.config import RuntimeConfig
 from tftrain.errors import ConfigError
-from tftrain.runtime.cluster import ClusterInfo, parse_tf_config
-from tftrain.runtime.devices import DeviceInfo, configure_devices, split_cpu
+from tftrain.runtime.cluster import (
+    MULTI_PROCESS_STRATEGIES,
+    ClusterInfo,
+    parse_slurm_step,
+    parse_tf_config,
+    resolve_cluster,
+    slurm_cluster,
+)
+from tftrain.runtime.devices import DeviceInfo, configure_devices, select_devices, split_cpu
 from tftrain.runtime.execution import compile_options
 from tftrain.runtime.precision import (
     PrecisionInfo,
@@ -25,10 +36,12 @@ from tftrain.runtime.precision import (
     precision_policy,
     set_precision,
 )
-from tftrain.runtime.strategy import make_strategy
+from tftrain.runtime.server import serve, start_server
+from tftrain.runtime.strategy import cluster_resolver, make_strategy
 from tftrain.runtime.threads import ThreadSettings, set_threads
 
 __all__ = [
+    "MULTI_PROCESS_STRATEGIES",
     "ClusterInfo",
     "DeviceInfo",
     "PrecisionInfo",
@@ -38,13 +51,20 @@ __all__ = [
     "configure_devices",
     "current_precision",
     "ensure_float32_outputs",
+    "cluster_resolver",
     "make_strategy",
+    "parse_slurm_step",
     "parse_tf_config",
     "precision_policy",
+    "resolve_cluster",
+    "select_devices",
+    "serve",
     "set_precision",
     "set_threads",
     "setup",
+    "slurm_cluster",
     "split_cpu",
+    "start_server",
 ]
 
 
@@ -58,7 +78,8 @@ class Runtime:
         devices: `DeviceInfo` of the devices in use.
         precision: `PrecisionInfo` of the global dtype policy.
         strategy: the `tf.distribute.Strategy`.
-        cluster: parsed TF_CONFIG, or None for a single process.
+        cluster: the cluster (from TF_CONFIG or SLURM), or None for a single
+            process.
     """
 
     config: RuntimeConfig
@@ -89,29 +110,48 @@ class Runtime:
             f"execution: {self.config.execution}, steps_per_execution={self.config.steps_per_execution}",
         ]
         if self.cluster is not None:
-            lines.append(f"cluster:   {self.cluster.task} of {self.cluster.num_workers} worker(s)")
+            ps = f" and {self.cluster.num_ps} ps task(s)" if self.cluster.num_ps else ""
+            lines.append(
+                f"cluster:   {self.cluster.task} of {self.cluster.num_workers} chief/worker task(s){ps} "
+                f"(from {self.cluster.source}); chief: {self.cluster.is_chief}"
+            )
         return lines
 
 
-def setup(config: RuntimeConfig, env: Optional[dict] = None) -> Runtime:
+def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[ClusterInfo] = None) -> Runtime:
     """Configures threads, devices, precision and the strategy, in that order.
 
     Args:
         config: a validated `RuntimeConfig`.
-        env: environment holding TF_CONFIG. Defaults to `os.environ`.
+        env: environment holding TF_CONFIG. Defaults to `os.environ` (where a
+            SLURM job step is also looked for).
+        cluster: the cluster, when the caller already resolved it with
+            `resolve_cluster`; None resolves it here for the multi-process
+            strategies. Defaults to None.
 
     Returns:
         A `Runtime`. Build and compile the model inside `runtime.strategy.scope()`.
 
     Raises:
-        ClusterConfigError: when TF_CONFIG is malformed (checked before any
-            strategy is built).
+        ClusterConfigError: when TF_CONFIG or the SLURM step is malformed or does
+            not suit the strategy (checked before any strategy is built).
         DeviceError: when the requested devices are unavailable.
         ConfigError: on an invalid combination (`nccl` on CPU, `xla` with more
-            than one replica).
+            than one replica, or `cpu_replicas` > 1 with a multi-process
+            strategy).
     """
-    cluster = parse_tf_config(env=env) if config.strategy == "multi_worker_mirrored" else None
+    multi_process = config.strategy in MULTI_PROCESS_STRATEGIES
+    if multi_process and cluster is None:
+        cluster = resolve_cluster(config.strategy, env=env, ps_tasks=config.ps_tasks)
+    if multi_process and config.cpu_replicas > 1:
+        raise ConfigError(
+            f"cpu_replicas={config.cpu_replicas} splits one CPU for the mirrored strategy; "
+            f"{config.strategy} runs one replica per CPU task. Drop --cpu-replicas, or start more "
+            "workers (python -m tftrain.launch --workers N)."
+        )
     threads = set_threads(config.intra_op_threads, config.inter_op_threads)
+    # Nothing so far starts TensorFlow's runtime, so MultiWorkerMirroredStrategy can still
+    # configure collective ops as it starts it.
     devices = configure_devices(config.device, config.cpu_replicas)
     precision = set_precision(config.precision, devices)
     strategy = make_strategy(config.strategy, devices, cluster, config.communication)

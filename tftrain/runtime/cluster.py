@@ -1,7 +1,8 @@
-"""TF_CONFIG parsing and validation (pure Python, no TensorFlow import).
+"""Cluster descriptions: TF_CONFIG and SLURM -> a validated `ClusterInfo`.
 
-A multi-worker job describes its cluster in the `TF_CONFIG` environment variable,
-a JSON object such as::
+A multi-worker job describes its cluster in the `TF_CONFIG` environment variable
+(set by `python -m tftrain.launch`, Kubernetes' TFJob operator, or by hand), a JSON
+object such as::
 
     {"cluster": {"worker": ["127.0.0.1:12345", "127.0.0.1:23456"]},
      "task": {"type": "worker", "index": 0}}
@@ -10,7 +11,19 @@ TensorFlow reads it when a multi-worker strategy is built and fails deep inside
 with an unhelpful message when it is wrong. `parse_tf_config` checks it first and
 names the mistake.
 
-Source: https://www.tensorflow.org/guide/distributed_training#setting_up_the_tf_config_environment_variable
+Under SLURM (`srun`), the cluster comes from the job step's environment
+(`SLURM_PROCID`, `SLURM_STEP_NUM_TASKS`, `SLURM_STEP_NODELIST`,
+`SLURM_STEP_TASKS_PER_NODE`) through TensorFlow's own
+`tf.distribute.cluster_resolver.SlurmClusterResolver`. `parse_slurm_step` and
+`slurm_jobs` check that environment and lay out the task types without TensorFlow;
+`slurm_cluster` hands it to the resolver. `resolve_cluster` picks TF_CONFIG first,
+then SLURM.
+
+Everything here except `slurm_cluster` is pure Python and imports no TensorFlow.
+
+Sources: https://www.tensorflow.org/guide/distributed_training#setting_up_the_tf_config_environment_variable,
+https://www.tensorflow.org/api_docs/python/tf/distribute/cluster_resolver/SlurmClusterResolver,
+https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES
 """
 
 from __future__ import annotations
@@ -18,12 +31,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+import shutil
 from typing import Mapping, Optional
 
 from tftrain.errors import ClusterConfigError
 
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 """Task types TensorFlow's distributed runtime knows."""
+
+MULTI_PROCESS_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
+"""Strategies whose processes form a cluster (TF_CONFIG or SLURM)."""
+
+SLURM_PORT_BASE = 8888
+"""First port of the tasks on each SLURM node (`SlurmClusterResolver`'s default)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,11 +55,14 @@ class ClusterInfo:
         cluster: task type -> list of `host:port` addresses.
         task_type: this process's task type (`chief`, `worker`, `ps`, `evaluator`).
         task_index: this process's index within its task type.
+        source: where the description came from: `"TF_CONFIG"` or `"SLURM"`.
+            Defaults to `"TF_CONFIG"`.
     """
 
     cluster: Mapping[str, tuple]
     task_type: str
     task_index: int
+    source: str = "TF_CONFIG"
 
     @property
     def num_workers(self) -> int:
@@ -59,6 +83,11 @@ class ClusterInfo:
         return "chief" not in self.cluster and self.task_type == "worker" and self.task_index == 0
 
     @property
+    def address(self) -> str:
+        """This task's `host:port`."""
+        return self.cluster[self.task_type][self.task_index]
+
+    @property
     def task(self) -> str:
         """`type:index`, e.g. `worker:1`."""
         return f"{self.task_type}:{self.task_index}"
@@ -73,18 +102,18 @@ class ClusterInfo:
         )
 
 
-def _check_address(task_type: str, i: int, address) -> None:
+def _check_address(task_type: str, i: int, address, source: str = "TF_CONFIG") -> None:
     where = f"cluster.{task_type}[{i}]"
     if not isinstance(address, str) or ":" not in address:
         raise ClusterConfigError(
-            f"TF_CONFIG {where} must be a 'host:port' string. Received: {address!r}."
+            f"{source} {where} must be a 'host:port' string. Received: {address!r}."
         )
     host, _, port = address.rpartition(":")
     if not host:
-        raise ClusterConfigError(f"TF_CONFIG {where} has no host. Received: {address!r}.")
+        raise ClusterConfigError(f"{source} {where} has no host. Received: {address!r}.")
     if not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ClusterConfigError(
-            f"TF_CONFIG {where} has an invalid port {port!r}; expected 1..65535. "
+            f"{source} {where} has an invalid port {port!r}; expected 1..65535. "
             f"Received: {address!r}."
         )
 
@@ -125,49 +154,319 @@ def parse_tf_config(text: Optional[str] = None, env: Optional[Mapping[str, str]]
             "TF_CONFIG has no 'cluster' mapping. Expected e.g. "
             '"cluster": {"worker": ["127.0.0.1:12345", "127.0.0.1:12346"]}.'
         )
-    seen = {}
-    parsed = {}
-    for task_type, addresses in cluster.items():
-        if task_type not in TASK_TYPES:
-            raise ClusterConfigError(
-                f"TF_CONFIG cluster has unknown task type {task_type!r}. "
-                f"Expected one of: {', '.join(TASK_TYPES)}."
-            )
-        if not isinstance(addresses, list) or not addresses:
-            raise ClusterConfigError(
-                f"TF_CONFIG cluster.{task_type} must be a non-empty list of 'host:port'. "
-                f"Received: {addresses!r}."
-            )
-        for i, address in enumerate(addresses):
-            _check_address(task_type, i, address)
-            if address in seen:
-                raise ClusterConfigError(
-                    f"TF_CONFIG lists address {address!r} twice ({seen[address]} and "
-                    f"{task_type}[{i}]); every task needs its own port."
-                )
-            seen[address] = f"{task_type}[{i}]"
-        parsed[task_type] = tuple(addresses)
-    if len(parsed.get("chief", ())) > 1:
-        raise ClusterConfigError(
-            f"TF_CONFIG cluster.chief must list one address. Received: {list(parsed['chief'])}."
-        )
     task = data.get("task")
     if not isinstance(task, dict) or "type" not in task or "index" not in task:
         raise ClusterConfigError(
             'TF_CONFIG has no valid \'task\'. Expected e.g. "task": {"type": "worker", "index": 0}. '
             f"Received: task={task!r}."
         )
-    task_type, task_index = task["type"], task["index"]
+    return validate_cluster(cluster, task["type"], task["index"], source="TF_CONFIG")
+
+
+def validate_cluster(cluster: Mapping, task_type, task_index, source: str = "TF_CONFIG") -> ClusterInfo:
+    """Validates a cluster mapping and this task's place in it.
+
+    Args:
+        cluster: task type -> list of `host:port` strings.
+        task_type: this task's type.
+        task_index: this task's index within `task_type`.
+        source: `"TF_CONFIG"` or `"SLURM"`, named in messages. Defaults to
+            `"TF_CONFIG"`.
+
+    Returns:
+        A `ClusterInfo`.
+
+    Raises:
+        ClusterConfigError: on an unknown task type, an empty or non-list
+            address list, an address that is not `host:port` with a port in
+            1..65535, an address listed twice, more than one chief, or a task
+            type/index not in the cluster.
+    """
+    if not isinstance(cluster, Mapping) or not cluster:
+        raise ClusterConfigError(
+            f"{source} has no 'cluster' mapping. Expected e.g. "
+            '"cluster": {"worker": ["127.0.0.1:12345", "127.0.0.1:12346"]}.'
+        )
+    seen = {}
+    parsed = {}
+    for kind, addresses in cluster.items():
+        if kind not in TASK_TYPES:
+            raise ClusterConfigError(
+                f"{source} cluster has unknown task type {kind!r}. "
+                f"Expected one of: {', '.join(TASK_TYPES)}."
+            )
+        if not isinstance(addresses, list) or not addresses:
+            raise ClusterConfigError(
+                f"{source} cluster.{kind} must be a non-empty list of 'host:port'. "
+                f"Received: {addresses!r}."
+            )
+        for i, address in enumerate(addresses):
+            _check_address(kind, i, address, source)
+            if address in seen:
+                raise ClusterConfigError(
+                    f"{source} lists address {address!r} twice ({seen[address]} and "
+                    f"{kind}[{i}]); every task needs its own port."
+                )
+            seen[address] = f"{kind}[{i}]"
+        parsed[kind] = tuple(addresses)
+    if len(parsed.get("chief", ())) > 1:
+        raise ClusterConfigError(
+            f"{source} cluster.chief must list one address. Received: {list(parsed['chief'])}."
+        )
     if task_type not in parsed:
         raise ClusterConfigError(
-            f"TF_CONFIG task.type {task_type!r} is not in the cluster "
+            f"{source} task.type {task_type!r} is not in the cluster "
             f"(which has: {', '.join(parsed)})."
         )
     if isinstance(task_index, bool) or not isinstance(task_index, int):
-        raise ClusterConfigError(f"TF_CONFIG task.index must be an integer. Received: {task_index!r}.")
+        raise ClusterConfigError(f"{source} task.index must be an integer. Received: {task_index!r}.")
     if not 0 <= task_index < len(parsed[task_type]):
         raise ClusterConfigError(
-            f"TF_CONFIG task.index {task_index} is out of range: cluster.{task_type} has "
+            f"{source} task.index {task_index} is out of range: cluster.{task_type} has "
             f"{len(parsed[task_type])} address(es), so the index must be 0..{len(parsed[task_type]) - 1}."
         )
-    return ClusterInfo(parsed, task_type, task_index)
+    return ClusterInfo(parsed, task_type, task_index, source)
+
+
+def check_cluster(strategy: str, cluster: Optional[ClusterInfo]) -> None:
+    """Checks that a cluster has the tasks a strategy needs.
+
+    Args:
+        strategy: `"multi_worker_mirrored"` or `"parameter_server"` (other names
+            are not checked).
+        cluster: the parsed cluster, or None for a single process.
+
+    Raises:
+        ClusterConfigError: `multi_worker_mirrored` with ps tasks or on a task
+            that is not a chief/worker; `parameter_server` without a cluster, or
+            without exactly one chief, at least one worker and at least one ps.
+    """
+    if strategy == "multi_worker_mirrored" and cluster is not None:
+        if cluster.num_ps:
+            raise ClusterConfigError(
+                f"The {cluster.source} cluster has ps tasks, which multi_worker_mirrored does not use. "
+                "Remove them, or pass --strategy parameter_server."
+            )
+        if cluster.task_type not in ("chief", "worker"):
+            raise ClusterConfigError(
+                f"multi_worker_mirrored runs on chief and worker tasks; this task is {cluster.task}."
+            )
+    if strategy == "parameter_server":
+        if cluster is None:
+            raise ClusterConfigError(
+                "parameter_server needs a cluster of one chief, workers and ps tasks, and neither "
+                "TF_CONFIG nor a SLURM job step describes one. Launch it with e.g. "
+                "`python -m tftrain.launch --chief --workers 2 --ps 1 -- python -m tftrain.recipes.mnist "
+                "--strategy parameter_server`."
+            )
+        missing = [t for t in ("chief", "worker", "ps") if t not in cluster.cluster]
+        if missing:
+            raise ClusterConfigError(
+                f"parameter_server needs chief, worker and ps tasks; the {cluster.source} cluster has no "
+                f"{' and no '.join(missing)} task (it has: {', '.join(cluster.cluster)})."
+            )
+        if cluster.task_type == "evaluator":
+            raise ClusterConfigError("parameter_server runs on chief, worker and ps tasks; this task is an evaluator.")
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmStep:
+    """The part of a SLURM job step's environment that lays out a cluster.
+
+    Attributes:
+        rank: this task's rank, `SLURM_PROCID` (0-based).
+        num_tasks: tasks in the step, `SLURM_STEP_NUM_TASKS`.
+        nodelist: the step's compressed node list, `SLURM_STEP_NODELIST`
+            (e.g. `node[01-04]`).
+        tasks_per_node: tasks on each node in node-list order, expanded from
+            `SLURM_STEP_TASKS_PER_NODE` (`2(x3),1` -> `(2, 2, 2, 1)`).
+    """
+
+    rank: int
+    num_tasks: int
+    nodelist: str
+    tasks_per_node: tuple
+
+    @property
+    def max_tasks_per_node(self) -> int:
+        """The most tasks any one node runs."""
+        return max(self.tasks_per_node)
+
+
+SLURM_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")
+"""The variables `srun` sets that `SlurmClusterResolver` reads."""
+
+_TASKS_PER_NODE = re.compile(r"(\d+)(?:\(x(\d+)\))?$")
+
+
+def in_slurm_step(env: Optional[Mapping[str, str]] = None) -> bool:
+    """True inside an `srun` job step of more than one task (a SLURM cluster).
+
+    Args:
+        env: environment to read. Defaults to `os.environ`.
+    """
+    env = os.environ if env is None else env
+    num = env.get("SLURM_STEP_NUM_TASKS", "")
+    return "SLURM_PROCID" in env and num.isdigit() and int(num) > 1
+
+
+def parse_slurm_step(env: Optional[Mapping[str, str]] = None) -> SlurmStep:
+    """Reads and checks the SLURM job-step variables (pure; no TensorFlow).
+
+    Args:
+        env: environment to read. Defaults to `os.environ`.
+
+    Returns:
+        A `SlurmStep`.
+
+    Raises:
+        ClusterConfigError: when a variable of `SLURM_VARIABLES` is missing or
+            malformed, the rank is outside 0..num_tasks-1, or the tasks per node
+            do not add up to the number of tasks.
+
+    Example:
+        >>> parse_slurm_step({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "4",
+        ...                   "SLURM_STEP_NODELIST": "n[1-2]",
+        ...                   "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}).tasks_per_node
+        (2, 2)
+    """
+    env = os.environ if env is None else env
+    missing = [name for name in SLURM_VARIABLES if not env.get(name)]
+    if missing:
+        raise ClusterConfigError(
+            f"SLURM job step variable(s) {', '.join(missing)} not set. Start every task with "
+            "`srun` (e.g. `srun --ntasks=4 python -m tftrain.recipes.mnist ...`), or set TF_CONFIG."
+        )
+    values = {}
+    for name in ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS"):
+        text = env[name].strip()
+        if not text.isdigit():
+            raise ClusterConfigError(f"{name} must be a non-negative integer. Received: {name}={text!r}.")
+        values[name] = int(text)
+    rank, num_tasks = values["SLURM_PROCID"], values["SLURM_STEP_NUM_TASKS"]
+    if num_tasks < 1 or rank >= num_tasks:
+        raise ClusterConfigError(
+            f"SLURM_PROCID={rank} is outside 0..{num_tasks - 1} (SLURM_STEP_NUM_TASKS={num_tasks})."
+        )
+    per_node = []
+    spec = env["SLURM_STEP_TASKS_PER_NODE"].strip()
+    for part in spec.split(","):
+        match = _TASKS_PER_NODE.match(part.strip())
+        if not match:
+            raise ClusterConfigError(
+                f"SLURM_STEP_TASKS_PER_NODE {spec!r} is malformed; expected counts such as '2(x3),1'."
+            )
+        per_node += [int(match.group(1))] * int(match.group(2) or 1)
+    if sum(per_node) != num_tasks:
+        raise ClusterConfigError(
+            f"SLURM_STEP_TASKS_PER_NODE {spec!r} adds up to {sum(per_node)} tasks, but "
+            f"SLURM_STEP_NUM_TASKS={num_tasks}."
+        )
+    return SlurmStep(rank, num_tasks, env["SLURM_STEP_NODELIST"].strip(), tuple(per_node))
+
+
+def slurm_jobs(num_tasks: int, strategy: str, ps_tasks: int = 1) -> dict:
+    """Splits a SLURM step's tasks into TensorFlow task types.
+
+    `SlurmClusterResolver` hands out ranks to the task types in alphabetical
+    order, so with `parameter_server` rank 0 is the chief, the next `ps_tasks`
+    ranks are ps tasks and the rest are workers.
+
+    Args:
+        num_tasks: tasks in the step (>= 2).
+        strategy: `"multi_worker_mirrored"` (every task a worker; worker 0 acts
+            as chief) or `"parameter_server"`.
+        ps_tasks: ps tasks of a `parameter_server` job. Defaults to 1.
+
+    Returns:
+        Task type -> count, the `jobs` argument of `SlurmClusterResolver`.
+
+    Raises:
+        ClusterConfigError: when a `parameter_server` job leaves no worker.
+    """
+    if strategy != "parameter_server":
+        return {"worker": num_tasks}
+    workers = num_tasks - 1 - ps_tasks
+    if ps_tasks < 1 or workers < 1:
+        raise ClusterConfigError(
+            f"A parameter_server job of {num_tasks} SLURM tasks with {ps_tasks} ps task(s) leaves "
+            f"{workers} worker(s). Run at least {ps_tasks + 2} tasks (srun --ntasks), or pass a "
+            "smaller --ps-tasks."
+        )
+    return {"chief": 1, "ps": ps_tasks, "worker": workers}
+
+
+def _slurm_gpu_arguments(env: Mapping[str, str], step: SlurmStep) -> dict:
+    """GPU arguments for `SlurmClusterResolver`.
+
+    The resolver lists one task per GPU slot and needs at least one slot per task:
+    on CPU nodes (no `nvidia-smi`) and when SLURM already bound GPUs to each task
+    (`CUDA_VISIBLE_DEVICES` set, e.g. by `--gpus-per-task`), tftrain gives it one
+    placeholder slot per task and keeps `CUDA_VISIBLE_DEVICES` as it is; otherwise
+    the resolver splits the node's GPUs between its tasks and sets it.
+    """
+    if "CUDA_VISIBLE_DEVICES" in env or shutil.which("nvidia-smi") is None:
+        return {"gpus_per_node": step.max_tasks_per_node, "gpus_per_task": 1, "auto_set_gpu": False}
+    return {"auto_set_gpu": True}
+
+
+def slurm_cluster(strategy: str = "multi_worker_mirrored", ps_tasks: int = 1, port_base: int = SLURM_PORT_BASE) -> ClusterInfo:
+    """The cluster of this SLURM job step, from TensorFlow's `SlurmClusterResolver`.
+
+    The resolver reads `os.environ` (see `SLURM_VARIABLES`), expands the node list
+    and gives the tasks on each node consecutive ports from `port_base`.
+
+    Args:
+        strategy: decides the task types (see `slurm_jobs`). Defaults to
+            `"multi_worker_mirrored"`.
+        ps_tasks: ps tasks of a `parameter_server` job. Defaults to 1.
+        port_base: first port on each node. Defaults to 8888.
+
+    Returns:
+        A `ClusterInfo` with `source="SLURM"`.
+
+    Raises:
+        ClusterConfigError: when the SLURM variables are missing or inconsistent,
+            or the resolver rejects them (e.g. more tasks per node than GPUs).
+    """
+    step = parse_slurm_step()
+    jobs = slurm_jobs(step.num_tasks, strategy, ps_tasks)
+    import tensorflow as tf
+
+    try:
+        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+            jobs=jobs, port_base=port_base, **_slurm_gpu_arguments(os.environ, step)
+        )
+        spec = resolver.cluster_spec().as_dict()
+        task_type, task_index = resolver.get_task_info()
+    except (RuntimeError, ValueError) as e:
+        raise ClusterConfigError(f"SlurmClusterResolver rejected this SLURM job step: {e}") from None
+    return validate_cluster({k: list(v) for k, v in spec.items()}, task_type, task_index, source="SLURM")
+
+
+def resolve_cluster(strategy: str, env: Optional[Mapping[str, str]] = None, ps_tasks: int = 1) -> Optional[ClusterInfo]:
+    """Finds this process's cluster: TF_CONFIG first, then a SLURM job step.
+
+    Args:
+        strategy: the run's strategy name; only `MULTI_PROCESS_STRATEGIES` look
+            for a cluster.
+        env: environment holding TF_CONFIG. Defaults to `os.environ`. A SLURM
+            job step is only looked for when `env` is None, in `os.environ`, where
+            `SlurmClusterResolver` reads it.
+        ps_tasks: ps tasks of a `parameter_server` job under SLURM. Defaults to 1.
+
+    Returns:
+        A checked `ClusterInfo`, or None for a single process (no TF_CONFIG and
+        no multi-task SLURM step) of `multi_worker_mirrored` or any other strategy.
+
+    Raises:
+        ClusterConfigError: when TF_CONFIG or the SLURM step is malformed, or the
+            cluster does not suit the strategy (see `check_cluster`).
+    """
+    if strategy not in MULTI_PROCESS_STRATEGIES:
+        return None
+    cluster = parse_tf_config(env=env)
+    if cluster is None and env is None and in_slurm_step():
+        cluster = slurm_cluster(strategy, ps_tasks)
+    check_cluster(strategy, cluster)
+    return cluster

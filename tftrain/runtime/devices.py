@@ -89,23 +89,28 @@ def _enable_memory_growth(gpus) -> None:
             pass  # runtime already initialised: growth is whatever was set before
 
 
-def configure_devices(device: str = "auto", cpu_replicas: int = 1) -> DeviceInfo:
-    """Chooses the devices to train on and configures them.
+def select_devices(device: str = "auto", cpu_replicas: int = 1) -> str:
+    """Applies the device choice without initialising TensorFlow's runtime.
+
+    Hides the GPUs for `device="cpu"` and switches on GPU memory growth, using
+    physical-device calls only, so a strategy that must be built before the
+    runtime starts (`MultiWorkerMirroredStrategy` configures collective ops at
+    start-up) can still be built afterwards. `configure_devices` calls it and
+    adds the device names.
 
     Args:
-        device: `"auto"` (all GPUs if any, else the CPU), `"gpu"` (GPUs, an error
-            when there are none) or `"cpu"` (hides the GPUs). Defaults to `"auto"`.
-        cpu_replicas: on a CPU run, split the CPU into this many logical devices
-            (see `split_cpu`). Defaults to 1.
+        device: `"auto"`, `"gpu"` or `"cpu"` (see `configure_devices`).
+            Defaults to `"auto"`.
+        cpu_replicas: logical CPU devices wanted on a CPU run (only checked
+            here). Defaults to 1.
 
     Returns:
-        A `DeviceInfo`. On GPUs, memory growth is switched on, so TensorFlow does
-        not reserve all GPU memory at start.
+        `"gpu"` or `"cpu"`: the kind of device the run will use.
 
     Raises:
         DeviceError: when `device="gpu"` and no GPU is visible, when
             `cpu_replicas` > 1 on a GPU run, or when TensorFlow has already
-            initialised with other settings.
+            initialised with GPUs visible and `device="cpu"`.
         ValueError: when `device` is not one of auto, cpu, gpu.
     """
     if device not in ("auto", "cpu", "gpu"):
@@ -135,12 +140,36 @@ def configure_devices(device: str = "auto", cpu_replicas: int = 1) -> DeviceInfo
                 "Pass --device cpu to train on logical CPU devices, or drop --cpu-replicas."
             )
         _enable_memory_growth(gpus)
+        return "gpu"
+    return "cpu"
+
+
+def configure_devices(device: str = "auto", cpu_replicas: int = 1) -> DeviceInfo:
+    """Chooses the devices to train on and configures them.
+
+    Args:
+        device: `"auto"` (all GPUs if any, else the CPU), `"gpu"` (GPUs, an error
+            when there are none) or `"cpu"` (hides the GPUs). Defaults to `"auto"`.
+        cpu_replicas: on a CPU run, split the CPU into this many logical devices
+            (see `split_cpu`). Defaults to 1.
+
+    Returns:
+        A `DeviceInfo`. On GPUs, memory growth is switched on, so TensorFlow does
+        not reserve all GPU memory at start.
+
+    Raises:
+        DeviceError: when `device="gpu"` and no GPU is visible, when
+            `cpu_replicas` > 1 on a GPU run, or when TensorFlow has already
+            initialised with other settings.
+        ValueError: when `device` is not one of auto, cpu, gpu.
+    """
+    if select_devices(device, cpu_replicas) == "gpu":
         names, caps = [], []
-        for gpu in gpus:
+        for gpu in tf.config.get_visible_devices("GPU"):
             details = _gpu_details(gpu)
             names.append(details.get("device_name", gpu.name))
             caps.append(tuple(details.get("compute_capability", ()) or ()))
-        logical = tuple(f"/device:GPU:{i}" for i in range(len(gpus)))
+        logical = tuple(f"/device:GPU:{i}" for i in range(len(names)))
         return DeviceInfo("gpu", logical, tuple(names), tuple(caps))
     return DeviceInfo("cpu", tuple(split_cpu(cpu_replicas)))
 

@@ -10,8 +10,8 @@ from typing import Optional
 import tensorflow as tf
 
 from tftrain.config import COMMUNICATIONS, STRATEGIES, STRATEGY_ALIASES
-from tftrain.errors import ClusterConfigError, ConfigError
-from tftrain.runtime.cluster import ClusterInfo
+from tftrain.errors import ConfigError
+from tftrain.runtime.cluster import ClusterInfo, check_cluster
 from tftrain.runtime.devices import DeviceInfo
 
 _COMMUNICATION = {
@@ -19,6 +19,58 @@ _COMMUNICATION = {
     "ring": tf.distribute.experimental.CommunicationImplementation.RING,
     "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
 }
+
+
+class KerasMultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+    """`MultiWorkerMirroredStrategy` with a `reduce` that Keras 3's `fit` can use.
+
+    Keras 3's `Model.fit` / `evaluate` call `strategy.reduce` in two ways that
+    TensorFlow's collective reduce rejects once there are several workers
+    (https://github.com/keras-team/keras/issues/20585):
+
+    * on the first `(x, y)` batch, a tuple, before building the model: the
+      collective reduce takes one distributed value, not a structure of them
+      ("Attempt to convert a value (PerReplica...) to a Tensor");
+    * on each step's scalar logs with `axis=0`, which a scalar does not have
+      ("Invalid reduction dimension 0 for input with 0 dimensions").
+
+    This subclass reduces each element of a nested structure on its own, and
+    reduces scalars across replicas (`axis=None`, the only reading `axis=0` can
+    have for them). Everything else is its parent's.
+    """
+
+    def reduce(self, reduce_op, value, axis):
+        """Reduces every element of the (possibly nested) `value`; see `tf.distribute.Strategy.reduce`."""
+        parent = super()
+
+        def reduce_one(v):
+            local = self.experimental_local_results(v)
+            scalar = bool(local) and getattr(local[0], "shape", None) is not None and local[0].shape.rank == 0
+            return parent.reduce(reduce_op, v, None if scalar else axis)
+
+        return tf.nest.map_structure(reduce_one, value)
+
+
+def cluster_resolver(cluster: ClusterInfo, devices: Optional[DeviceInfo] = None):
+    """A `tf.distribute.cluster_resolver.SimpleClusterResolver` for a validated cluster.
+
+    Args:
+        cluster: the `ClusterInfo` (from TF_CONFIG or SLURM).
+        devices: the run's `DeviceInfo`; on a GPU run the resolver reports the
+            visible GPUs as this task's accelerators (`MultiWorkerMirroredStrategy`
+            places one replica on each). Defaults to None (no accelerators).
+
+    Returns:
+        The resolver, with gRPC as its RPC layer.
+    """
+    gpus = len(tf.config.get_visible_devices("GPU")) if devices is not None and devices.kind == "gpu" else 0
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({k: list(v) for k, v in cluster.cluster.items()}),
+        task_type=cluster.task_type,
+        task_id=cluster.task_index,
+        num_accelerators={"GPU": gpus} if gpus else None,
+        rpc_layer="grpc",
+    )
 
 
 def make_strategy(
@@ -33,23 +85,37 @@ def make_strategy(
         name: `"default"` (`tf.distribute.get_strategy()`, no distribution),
             `"one_device"` (`OneDeviceStrategy` on the first device),
             `"mirrored"` (`MirroredStrategy`: one replica per device of `devices`,
-            synchronous all-reduce) or `"multi_worker_mirrored"` (alias
-            `"multi_worker"`; `MultiWorkerMirroredStrategy` over the workers in
-            TF_CONFIG).
-        devices: the run's `DeviceInfo` (from `configure_devices`).
-        cluster: the parsed TF_CONFIG (`parse_tf_config`); only used by
-            `multi_worker_mirrored`, where None means a single worker. Defaults to
-            None.
+            synchronous all-reduce), `"multi_worker_mirrored"` (alias
+            `"multi_worker"`; `MultiWorkerMirroredStrategy`: synchronous
+            all-reduce over every chief/worker task of `cluster`) or
+            `"parameter_server"` (alias `"ps"`; `ParameterServerStrategy`:
+            variables on the ps tasks, round-robin, updated asynchronously by the
+            workers; build it on the chief, which coordinates with
+            `tf.distribute.coordinator.ClusterCoordinator`).
+        devices: the run's `DeviceInfo` (from `configure_devices`, which does
+            not start TensorFlow's runtime: `MultiWorkerMirroredStrategy` must be
+            built before it starts).
+        cluster: the parsed cluster (`tftrain.runtime.cluster.resolve_cluster`);
+            used by the multi-process strategies. None means a single worker for
+            `multi_worker_mirrored` (TensorFlow then reads TF_CONFIG itself) and
+            is an error for `parameter_server`. Defaults to None.
         communication: all-reduce implementation for `multi_worker_mirrored`:
-            `"auto"`, `"ring"` or `"nccl"` (GPUs only). Defaults to `"auto"`.
+            `"auto"`, `"ring"` (gRPC ring all-reduce) or `"nccl"` (GPUs only).
+            Defaults to `"auto"`.
 
     Returns:
-        The strategy. `strategy.num_replicas_in_sync` is the replica count.
+        The strategy. `strategy.num_replicas_in_sync` is the replica count (1
+        for `parameter_server`, whose workers do not step in sync).
 
     Raises:
         ConfigError: on an unknown name or communication, or `nccl` without GPUs.
-        ClusterConfigError: when `cluster` holds ps tasks (use a parameter-server
-            strategy) or this task is not a chief/worker.
+        ClusterConfigError: when `cluster` does not suit the strategy (see
+            `tftrain.runtime.cluster.check_cluster`) or `parameter_server` runs
+            on a task other than the chief.
+
+    Example:
+        >>> strategy = make_strategy("multi_worker_mirrored", DeviceInfo("cpu", ()),
+        ...                          resolve_cluster("multi_worker_mirrored"), "ring")
     """
     name = STRATEGY_ALIASES.get(name, name)
     if name not in STRATEGIES:
@@ -68,18 +134,17 @@ def make_strategy(
         return tf.distribute.OneDeviceStrategy(devices.devices[0])
     if name == "mirrored":
         return tf.distribute.MirroredStrategy(list(devices.devices))
+    check_cluster(name, cluster)
+    if name == "parameter_server":
+        if cluster.task_type != "chief":
+            raise ConfigError(
+                f"ParameterServerStrategy is built on the chief; this task is {cluster.task}. "
+                "Worker and ps tasks run tftrain.runtime.serve(cluster) instead."
+            )
+        return tf.distribute.ParameterServerStrategy(cluster_resolver(cluster, devices))
     # multi_worker_mirrored
     if communication == "nccl" and devices.kind != "gpu":
         raise ConfigError("communication='nccl' needs GPUs; this run is on the CPU. Use 'ring' or 'auto'.")
-    if cluster is not None:
-        if cluster.num_ps:
-            raise ClusterConfigError(
-                "TF_CONFIG has ps tasks, which multi_worker_mirrored does not use. "
-                "Remove them, or use a parameter-server strategy."
-            )
-        if cluster.task_type not in ("chief", "worker"):
-            raise ClusterConfigError(
-                f"multi_worker_mirrored runs on chief and worker tasks; this task is {cluster.task}."
-            )
     options = tf.distribute.experimental.CommunicationOptions(implementation=_COMMUNICATION[communication])
-    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    resolver = cluster_resolver(cluster, devices) if cluster is not None else None
+    return KerasMultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)

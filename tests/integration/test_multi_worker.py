@@ -1,0 +1,183 @@
+"""Multi-process training on 127.0.0.1 through `python -m tftrain.launch` (CPU only).
+
+Budget on 2 shared cores: about 2 minutes for the whole file. Each test bounds its
+processes twice: the launcher's `--timeout` and `subprocess`'s timeout (which
+kills the launcher; its tasks then get SIGKILL from the kernel, PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import REPO, SUBPROCESS_ENV, read_metrics
+
+pytestmark = pytest.mark.integration
+
+PY = sys.executable
+RECIPE = [PY, "-m", "tftrain.recipes.mnist"]
+# 32 steps/epoch of 128: long enough epochs to kill a worker inside one.
+FLAGS = ["--train-examples", "4096", "--epochs", "3", "--verbose", "2", "--seed", "0", "--batch-size", "128"]
+MWMS = ["--strategy", "multi_worker_mirrored", "--communication", "ring"]
+
+
+def _env(tmp_dir):
+    """Task environment: no inherited cluster, and a private TMPDIR to check for leftovers."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
+    tmp_dir.mkdir(exist_ok=True)
+    return {**env, **SUBPROCESS_ENV, "TMPDIR": str(tmp_dir)}
+
+
+def _launcher(launch_args, recipe_args, timeout_s):
+    return [PY, "-m", "tftrain.launch", *launch_args, "--timeout", str(timeout_s), "--grace", "3", "--",
+            *RECIPE, *recipe_args]
+
+
+def _started_pids(text: str) -> dict:
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"started (\S+) \(pid (\d+)\)", text)}
+
+
+def _alive(pids) -> list:
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def _run(cmd, env, timeout):
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    """One uninterrupted 2-worker MultiWorkerMirrored run (shared by two tests)."""
+    root = tmp_path_factory.mktemp("mwms")
+    run_dir = root / "run"
+    result = _run(_launcher(["--workers", "2"], [*MWMS, *FLAGS, "--run-dir", run_dir], 240),
+                  _env(root / "tmp"), timeout=300)
+    return result, run_dir, root / "tmp"
+
+
+@pytest.mark.timeout(320)
+def test_two_workers_multi_worker_mirrored(two_workers):
+    result, run_dir, tmp_dir = two_workers
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = read_metrics(run_dir)
+    assert metrics["strategy_class"] == "KerasMultiWorkerMirroredStrategy"
+    assert metrics["replicas"] == 2 and metrics["workers"] == 2 and metrics["cluster_source"] == "TF_CONFIG"
+    assert metrics["global_batch_size"] == 128 and metrics["per_replica_batch_size"] == 64
+    assert metrics["epochs_trained"] == 3 and metrics["test_accuracy"] > 0.85
+    # Only the chief (worker 0) wrote the run directory; worker 1's temporary one is gone.
+    assert (run_dir / "model.keras").is_file() and (run_dir / "logs").is_dir()
+    assert not (run_dir / "backup").exists()  # BackupAndRestore removes it after a finished fit
+    assert "[worker:1] note:      worker:1 is not the chief" in result.stdout
+    assert list(tmp_dir.glob("tftrain-*")) == []
+    # Both workers evaluated the same synchronised model.
+    accuracies = re.findall(r"\[worker:(\d)\] test accuracy ([\d.]+)", result.stdout)
+    assert len(accuracies) == 2 and accuracies[0][1] == accuracies[1][1]
+    assert _alive(_started_pids(result.stderr).values()) == []
+
+
+@pytest.mark.timeout(320)
+def test_chief_two_workers_and_one_ps(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["--strategy", "parameter_server", *FLAGS[:2], "--epochs", "2", *FLAGS[4:], "--run-dir", run_dir]
+    result = _run(_launcher(["--chief", "--workers", "2", "--ps", "1"], args, 240), _env(tmp_path / "tmp"), 300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "job finished; stopping worker:0, worker:1, ps:0" in result.stderr
+    for task in ("worker:0", "worker:1", "ps:0"):
+        assert f"[{task}] {task}: serving the parameter-server job" in result.stdout
+    metrics = read_metrics(run_dir)
+    assert metrics["strategy_class"] == "ParameterServerStrategyV2"
+    assert metrics["workers"] == 2 and metrics["ps_tasks"] == 1 and metrics["epochs_trained"] == 2
+    assert set(metrics["history"]) == {"accuracy", "loss"} and len(metrics["history"]["loss"]) == 2
+    assert metrics["history"]["loss"][1] < metrics["history"]["loss"][0]
+    assert metrics["test_accuracy"] > 0.85
+    assert (run_dir / "model.keras").is_file()
+    assert _alive(_started_pids(result.stderr).values()) == []
+
+
+@pytest.mark.timeout(120)
+def test_malformed_tf_config_is_one_line_and_exit_2(tmp_path):
+    env = {**_env(tmp_path / "tmp"), "TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:2222"]}, "task": {"type": "worker"}}'}
+    result = _run([*RECIPE, *MWMS, *FLAGS, "--run-dir", tmp_path / "run"], env, 120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "python -m tftrain.recipes.mnist: error: TF_CONFIG has no valid 'task'. Expected e.g. "
+        '"task": {"type": "worker", "index": 0}. Received: task={\'type\': \'worker\'}.'
+    )
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(120)
+def test_crashing_worker_ends_the_job_and_leaves_no_process(tmp_path):
+    # worker:1 crashes while worker:0 runs the real recipe, which would wait for its peer forever.
+    wrapper = tmp_path / "task.py"
+    wrapper.write_text(
+        "import json, os, sys, time\n"
+        "if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 1:\n"
+        "    time.sleep(2)\n"
+        "    sys.exit('worker 1: simulated crash')\n"
+        "os.execv(sys.executable, [sys.executable, '-m', 'tftrain.recipes.mnist', *sys.argv[1:]])\n"
+    )
+    cmd = [PY, "-m", "tftrain.launch", "--workers", "2", "--timeout", "100", "--grace", "3", "--",
+           PY, str(wrapper), *MWMS, *FLAGS, "--run-dir", str(tmp_path / "run")]
+    started = time.monotonic()
+    result = _run(cmd, _env(tmp_path / "tmp"), 120)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1
+    assert "worker:1 exited with code 1; stopping worker:0" in result.stderr
+    assert elapsed < 30, f"{elapsed:.1f} s"
+    assert _alive(_started_pids(result.stderr).values()) == []
+
+
+@pytest.mark.timeout(400)
+def test_killed_worker_resumes_from_the_last_checkpoint(two_workers, tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = _launcher(["--workers", "2"], [*MWMS, *FLAGS, "--run-dir", run_dir], 200)
+    env = _env(tmp_path / "tmp")
+    launcher = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pids, killed, lines = {}, False, []
+    try:
+        deadline = time.monotonic() + 240
+        for line in launcher.stdout:
+            lines.append(line)
+            match = re.search(r"started (\S+) \(pid (\d+)\)", line)
+            if match:
+                pids[match.group(1)] = int(match.group(2))
+            if not killed and line.startswith("[worker:0] Epoch 2/3"):
+                time.sleep(0.5)  # into epoch 2: epoch 1's checkpoint is written
+                os.kill(pids["worker:1"], signal.SIGKILL)
+                killed = True
+            if time.monotonic() > deadline:
+                break
+        launcher.wait(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    output = "".join(lines)
+    assert killed, output[-3000:]
+    assert launcher.returncode == 128 + signal.SIGKILL
+    assert "worker:1 was killed by SIGKILL (exit code 137); stopping worker:0" in output
+    assert _alive(pids.values()) == []
+    assert not (run_dir / "metrics.json").exists()
+    done = json.loads((run_dir / "backup" / "training_metadata.json").read_text())["epoch"]
+    assert 1 <= done < 3
+
+    result = _run(cmd, env, 300)  # the same command resumes
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"[worker:0] resuming: {done}/3 epochs done" in result.stdout
+    assert f"[worker:1] resuming: {done}/3 epochs done" in result.stdout
+    metrics = read_metrics(run_dir)
+    assert metrics["resumed_from_epoch"] == done and metrics["epochs_trained"] == 3 - done
+    uninterrupted = read_metrics(two_workers[1])["test_accuracy"]
+    # Same model, data and epochs; only the shuffle order after the restart differs.
+    assert abs(metrics["test_accuracy"] - uninterrupted) < 0.03, (metrics["test_accuracy"], uninterrupted)
+    assert list((tmp_path / "tmp").glob("tftrain-*")) == []

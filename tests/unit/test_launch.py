@@ -1,0 +1,192 @@
+"""Tests of the local launcher (tftrain/launch.py) with tiny Python tasks (no TensorFlow)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from tftrain import launch
+from tftrain.runtime.cluster import parse_tf_config
+
+from tests.conftest import REPO, SUBPROCESS_ENV
+
+PY = sys.executable
+
+
+def _launch(args, timeout=60, **kwargs):
+    env = {**os.environ, **SUBPROCESS_ENV}
+    env.pop("TF_CONFIG", None)
+    return subprocess.run(
+        [PY, "-m", "tftrain.launch", *map(str, args)], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=timeout, **kwargs,
+    )
+
+
+def _started_pids(stderr: str) -> dict:
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"started (\S+) \(pid (\d+)\)", stderr)}
+
+
+def _alive_in_groups(pgids) -> list:
+    """Live (non-zombie) processes whose process group is one of `pgids`."""
+    alive = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) in pgids and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return alive
+
+
+def _task_script(tmp_path, body: str) -> str:
+    """A Python task that knows its task type/index from TF_CONFIG."""
+    path = tmp_path / "task.py"
+    path.write_text(
+        "import json, os, sys, time\n"
+        "task = json.loads(os.environ['TF_CONFIG'])['task']\n"
+        "name = f\"{task['type']}:{task['index']}\"\n" + textwrap.dedent(body)
+    )
+    return str(path)
+
+
+def test_make_cluster_gives_each_task_its_own_loopback_port():
+    cluster = launch.make_cluster(2, ps=1, chief=True)
+    assert list(cluster) == ["chief", "worker", "ps"]
+    addresses = [a for v in cluster.values() for a in v]
+    assert len(addresses) == 4 and len(set(addresses)) == 4
+    assert all(a.startswith("127.0.0.1:") for a in addresses)
+
+
+def test_task_tf_config_round_trips_through_the_validator():
+    cluster = launch.make_cluster(2, ps=1, chief=True, pick_port=iter(range(20000, 20010)).__next__)
+    tasks = launch.tasks_of(cluster)
+    assert [t.task for t in tasks] == ["chief:0", "worker:0", "worker:1", "ps:0"]
+    info = parse_tf_config(tasks[2].to_tf_config())
+    assert info.task == "worker:1" and info.address == "127.0.0.1:20002" and info.num_ps == 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--workers", "0", "--", PY], "--workers must be an integer >= 1"),
+        (["--workers", "1", "--ps", "1", "--", PY], "needs --chief"),
+        (["--workers", "2"], "No command given"),
+        (["--workers", "two", "--", PY], "invalid int value"),
+        (["--workers", "1", "--timeout", "0", "--", PY], "--timeout must be a positive"),
+        (["--workers", "1", "--", "no-such-program-tftrain"], "Cannot start 'no-such-program-tftrain'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    assert launch.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_every_task_runs_with_its_own_tf_config_and_prefixed_output(tmp_path):
+    script = _task_script(tmp_path, """
+        print(f"hello from {name}")
+        print("to stderr", file=sys.stderr)
+    """)
+    result = _launch(["--workers", "2", "--chief", "--", PY, script])
+    assert result.returncode == 0, result.stderr
+    for task in ("chief:0", "worker:0", "worker:1"):
+        assert f"[{task}] hello from {task}" in result.stdout
+        assert f"[{task}] to stderr" in result.stderr
+    assert "job finished" in result.stderr
+
+
+def test_crashing_worker_stops_the_job_within_seconds_and_leaves_no_process(tmp_path):
+    # worker:1 crashes; the others would wait forever (as a real worker waits for its peers).
+    script = _task_script(tmp_path, """
+        if name == "worker:1":
+            time.sleep(0.5)
+            sys.exit(3)
+        time.sleep(300)
+    """)
+    started = time.monotonic()
+    result = _launch(["--workers", "3", "--grace", "2", "--", PY, script])
+    elapsed = time.monotonic() - started
+    assert result.returncode == 3, result.stderr
+    assert "worker:1 exited with code 3; stopping worker:0, worker:2" in result.stderr
+    assert elapsed < 30, f"launcher took {elapsed:.1f} s to stop the job"
+    pids = _started_pids(result.stderr)
+    assert len(pids) == 3
+    assert _alive_in_groups(set(pids.values())) == []
+
+
+def test_task_killed_by_a_signal_reports_it_as_128_plus_n(tmp_path):
+    script = _task_script(tmp_path, """
+        if name == "worker:0":
+            os.kill(os.getpid(), 9)
+        time.sleep(300)
+    """)
+    result = _launch(["--workers", "2", "--grace", "2", "--", PY, script])
+    assert result.returncode == 137
+    assert "worker:0 was killed by SIGKILL (exit code 137)" in result.stderr
+
+
+def test_timeout_names_the_stalled_task_and_tears_down_its_children(tmp_path):
+    # Every task starts a grandchild in its own process group; worker:1 then stalls silently.
+    script = _task_script(tmp_path, """
+        import subprocess
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        while True:
+            if name != "worker:1":
+                print("step", flush=True)
+            time.sleep(0.2)
+    """)
+    result = _launch(["--workers", "2", "--timeout", "3", "--grace", "2", "--", PY, script])
+    assert result.returncode == launch.EXIT_TIMEOUT
+    assert re.search(r"timeout: 3 s passed; worker:1 stalled \(no output for [\d.]+ s\)", result.stderr), result.stderr
+    pids = _started_pids(result.stderr)
+    assert _alive_in_groups(set(pids.values())) == []
+
+
+def test_parameter_server_job_ends_when_the_chief_exits(tmp_path):
+    # Worker and ps tasks serve until stopped; the chief's exit ends the job with its code.
+    script = _task_script(tmp_path, """
+        if name == "chief:0":
+            time.sleep(0.5)
+            print("chief done", flush=True)
+            sys.exit(0)
+        time.sleep(300)
+    """)
+    result = _launch(["--chief", "--workers", "2", "--ps", "1", "--grace", "2", "--", PY, script])
+    assert result.returncode == 0, result.stderr
+    assert "job finished; stopping worker:0, worker:1, ps:0" in result.stderr
+    assert _alive_in_groups(set(_started_pids(result.stderr).values())) == []
+
+
+def test_ctrl_c_stops_every_task(tmp_path):
+    script = _task_script(tmp_path, """
+        print("ready", flush=True)
+        time.sleep(300)
+    """)
+    env = {**os.environ, **SUBPROCESS_ENV}
+    env.pop("TF_CONFIG", None)
+    proc = subprocess.Popen(
+        [PY, "-m", "tftrain.launch", "--workers", "2", "--grace", "2", "--", PY, script],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        ready = 0
+        while ready < 2:  # both tasks are up
+            line = proc.stdout.readline()
+            assert line, "launcher ended early"
+            ready += "ready" in line
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    assert "got SIGINT; stopping 2 task(s)" in err
+    assert _alive_in_groups(set(_started_pids(err).values())) == []

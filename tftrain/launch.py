@@ -1,0 +1,460 @@
+"""Local multi-process launcher: one process per task, each with its own TF_CONFIG.
+
+Runs a multi-worker job on one machine over loopback, the way a cluster manager
+(SLURM, Kubernetes' TFJob) would run it on several::
+
+    python -m tftrain.launch --workers 2 -- \\
+        python -m tftrain.recipes.mnist --strategy multi_worker_mirrored
+    python -m tftrain.launch --chief --workers 2 --ps 1 -- \\
+        python -m tftrain.recipes.mnist --strategy parameter_server
+
+Every task (`chief:0`, `worker:0`, `worker:1`, `ps:0`, ...) gets a free
+`127.0.0.1` port (picked with `portpicker`) and a `TF_CONFIG` naming the whole
+cluster and its own place in it. Each line a task prints is prefixed with the
+task (`[worker:1] ...`), on the stream it was written to.
+
+The job ends when every chief and worker task has exited; with ps tasks (a
+parameter-server job, whose workers and ps tasks serve until stopped) it ends when
+the chief exits. The launcher then stops what is left and returns the first
+non-zero exit code (a task killed by signal N counts as 128 + N, as in a shell).
+When any task fails, on Ctrl-C (SIGINT), SIGTERM or SIGHUP, or when `--timeout`
+seconds pass (exit code 124, naming the task that stalled), it tears every task
+down: each task runs in its own process group, which gets SIGTERM, then SIGKILL
+after a grace period. On Linux each task also gets SIGKILL from the kernel if the
+launcher itself dies (`PR_SET_PDEATHSIG`), so no task outlives it.
+
+Bad launcher input ends with one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, List, Mapping, Optional, Sequence, TextIO
+
+from tftrain.errors import ConfigError
+
+PROG = "python -m tftrain.launch"
+
+LOOPBACK = "127.0.0.1"
+
+EXIT_BAD_INPUT = 2
+EXIT_TIMEOUT = 124
+"""Exit code when `--timeout` passes (the code coreutils' `timeout` uses)."""
+
+DEFAULT_GRACE_S = 5.0
+"""Seconds between SIGTERM and SIGKILL when tearing tasks down."""
+
+_POLL_S = 0.05
+
+
+class LaunchError(ConfigError):
+    """The launcher was given bad input (counts, timeout, command)."""
+
+
+class _Stop(Exception):
+    """Raised in the main thread by the launcher's signal handlers."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def make_cluster(
+    workers: int,
+    ps: int = 0,
+    chief: bool = False,
+    host: str = LOOPBACK,
+    pick_port: Optional[Callable[[], int]] = None,
+) -> dict:
+    """Builds a cluster spec with one free port per task.
+
+    Args:
+        workers: number of `worker` tasks, >= 1.
+        ps: number of `ps` (parameter server) tasks, >= 0; needs `chief`.
+            Defaults to 0.
+        chief: add one `chief` task (the coordinator of a parameter-server job;
+            in a MultiWorkerMirrored job it trains like a worker and writes the
+            run directory). Defaults to False.
+        host: address every task binds to. Defaults to `"127.0.0.1"`.
+        pick_port: function returning a free TCP port. Defaults to
+            `portpicker.pick_unused_port`.
+
+    Returns:
+        `{"chief": [...], "worker": [...], "ps": [...]}` (absent types left out),
+        each a list of `host:port` strings; the layout of TF_CONFIG's `cluster`.
+
+    Raises:
+        LaunchError: when a count is out of range or `ps` > 0 without `chief`.
+
+    Example:
+        >>> make_cluster(2)
+        {'worker': ['127.0.0.1:21043', '127.0.0.1:17611']}
+    """
+    for name, value, minimum in (("workers", workers, 1), ("ps", ps, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise LaunchError(f"--{name} must be an integer >= {minimum}. Received: {name}={value!r}.")
+    if ps and not chief:
+        raise LaunchError(
+            f"--ps {ps} needs --chief: a parameter-server job is coordinated by the chief task. "
+            "Add --chief."
+        )
+    if pick_port is None:
+        import portpicker
+
+        pick_port = portpicker.pick_unused_port
+    cluster = {}
+    for task_type, count in (("chief", int(chief)), ("worker", workers), ("ps", ps)):
+        if count:
+            cluster[task_type] = [f"{host}:{pick_port()}" for _ in range(count)]
+    return cluster
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """One task of a local cluster.
+
+    Attributes:
+        cluster: task type -> list of `host:port` (the whole cluster).
+        task_type: `chief`, `worker` or `ps`.
+        task_index: index within its type.
+    """
+
+    cluster: Mapping[str, Sequence[str]]
+    task_type: str
+    task_index: int
+
+    @property
+    def task(self) -> str:
+        """`type:index`, e.g. `worker:1`."""
+        return f"{self.task_type}:{self.task_index}"
+
+    @property
+    def address(self) -> str:
+        """This task's `host:port`."""
+        return self.cluster[self.task_type][self.task_index]
+
+    def to_tf_config(self) -> str:
+        """This task's `TF_CONFIG` JSON (the layout `tftrain.runtime.cluster.parse_tf_config` reads)."""
+        return json.dumps(
+            {
+                "cluster": {k: list(v) for k, v in self.cluster.items()},
+                "task": {"type": self.task_type, "index": self.task_index},
+            }
+        )
+
+
+def tasks_of(cluster: Mapping[str, Sequence[str]]) -> List[TaskSpec]:
+    """One `TaskSpec` per task of `cluster`: chief first, then workers, then ps."""
+    order = [t for t in ("chief", "worker", "ps", "evaluator") if t in cluster]
+    return [TaskSpec(cluster, t, i) for t in order for i in range(len(cluster[t]))]
+
+
+@dataclasses.dataclass
+class _Task:
+    info: TaskSpec
+    proc: subprocess.Popen
+    readers: list
+    last_output: float
+    returncode: Optional[int] = None
+
+    @property
+    def name(self) -> str:
+        return self.info.task
+
+
+def _exit_code(returncode: int) -> int:
+    """Popen's negative return code for signal N -> 128 + N (the shell's convention)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name} (exit code {128 - returncode})"
+    return f"exited with code {returncode}"
+
+
+def _parent_death_signal():
+    """A `preexec_fn` that asks Linux to SIGKILL the child when the launcher dies."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+    pr_set_pdeathsig = 1
+
+    def preexec():  # runs in the child between fork and exec
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+    return preexec
+
+
+class _Output:
+    """Serialises prefixed lines from the tasks' reader threads onto the streams."""
+
+    def __init__(self, out: TextIO, err: TextIO):
+        self.out, self.err = out, err
+        self.lock = threading.Lock()
+
+    def write(self, stream: TextIO, text: str) -> None:
+        with self.lock:
+            stream.write(text)
+            stream.flush()
+
+    def say(self, message: str) -> None:
+        """A launcher message, on stderr."""
+        self.write(self.err, f"tftrain.launch: {message}\n")
+
+
+def _pump(pipe, stream: TextIO, prefix: str, output: _Output, task: "_Task") -> None:
+    for raw in iter(pipe.readline, b""):
+        task.last_output = time.monotonic()
+        line = raw.decode("utf-8", errors="replace")
+        output.write(stream, prefix + (line if line.endswith("\n") else line + "\n"))
+    pipe.close()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def teardown(tasks: Sequence["_Task"], grace_s: float = DEFAULT_GRACE_S) -> None:
+    """Stops every task's process group: SIGTERM, then SIGKILL after `grace_s` seconds.
+
+    Groups whose leader already exited are signalled too, so processes a task
+    started cannot outlive it.
+    """
+    for task in tasks:
+        _signal_group(task.proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        for task in tasks:
+            task.proc.poll()
+        if not any(_group_alive(t.proc.pid) for t in tasks):
+            break
+        time.sleep(_POLL_S)
+    for task in tasks:
+        if _group_alive(task.proc.pid):
+            _signal_group(task.proc.pid, signal.SIGKILL)
+    for task in tasks:
+        try:
+            task.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:  # pragma: no cover (SIGKILL cannot be ignored)
+            pass
+        if task.returncode is None:
+            task.returncode = task.proc.returncode
+
+
+def launch(
+    command: Sequence[str],
+    workers: int,
+    ps: int = 0,
+    chief: bool = False,
+    timeout: Optional[float] = None,
+    grace_s: float = DEFAULT_GRACE_S,
+    env: Optional[Mapping[str, str]] = None,
+    out: Optional[TextIO] = None,
+    err: Optional[TextIO] = None,
+) -> int:
+    """Runs `command` once per task of a local cluster and waits for the job.
+
+    Args:
+        command: the program and its arguments, run unchanged by every task,
+            e.g. `["python", "-m", "tftrain.recipes.mnist", "--strategy",
+            "multi_worker_mirrored"]`.
+        workers: number of worker tasks, >= 1.
+        ps: number of parameter-server tasks (needs `chief`). Defaults to 0.
+        chief: add a chief task. Defaults to False.
+        timeout: seconds the whole job may run before every task is stopped;
+            None waits forever. Defaults to None.
+        grace_s: seconds between SIGTERM and SIGKILL when tearing down.
+            Defaults to 5.0.
+        env: base environment of the tasks; each also gets its own `TF_CONFIG`
+            and `PYTHONUNBUFFERED=1`. Defaults to `os.environ`.
+        out: stream for the tasks' prefixed stdout. Defaults to `sys.stdout`.
+        err: stream for their prefixed stderr and the launcher's messages.
+            Defaults to `sys.stderr`.
+
+    Returns:
+        0 when the job succeeded; otherwise the first non-zero exit code of a
+        task (128 + N for a task killed by signal N), 124 on timeout, or
+        128 + N when the launcher got signal N (130 for Ctrl-C).
+
+    Raises:
+        LaunchError: on bad counts, a non-positive timeout, an empty command or
+            a program that cannot be started.
+
+    Example:
+        >>> launch([sys.executable, "-m", "tftrain.recipes.mnist",
+        ...         "--strategy", "multi_worker_mirrored"], workers=2, timeout=600)
+    """
+    if not command:
+        raise LaunchError(f"No command given. Usage: {PROG} --workers N -- python -m tftrain.recipes.mnist ...")
+    if timeout is not None and not timeout > 0:
+        raise LaunchError(f"--timeout must be a positive number of seconds. Received: timeout={timeout!r}.")
+    cluster = make_cluster(workers, ps, chief)
+    output = _Output(out or sys.stdout, err or sys.stderr)
+    base_env = dict(os.environ if env is None else env)
+    preexec = _parent_death_signal()
+
+    tasks: List[_Task] = []
+    previous = {}
+
+    def on_signal(signum, frame):
+        raise _Stop(signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[signum] = signal.signal(signum, on_signal)
+    started = time.monotonic()
+    try:
+        try:
+            for info in tasks_of(cluster):
+                task_env = {**base_env, "TF_CONFIG": info.to_tf_config(), "PYTHONUNBUFFERED": "1"}
+                try:
+                    proc = subprocess.Popen(
+                        list(command), env=task_env, stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        start_new_session=True, preexec_fn=preexec,
+                    )
+                except OSError as e:
+                    raise LaunchError(f"Cannot start {command[0]!r}: {e.strerror or e}. Check the command after --.") from None
+                tasks.append(_Task(info, proc, [], time.monotonic()))
+                output.say(f"started {info.task} (pid {proc.pid}) at {info.address}")
+            for task in tasks:
+                for pipe, stream in ((task.proc.stdout, output.out), (task.proc.stderr, output.err)):
+                    reader = threading.Thread(
+                        target=_pump, args=(pipe, stream, f"[{task.name}] ", output, task), daemon=True
+                    )
+                    reader.start()
+                    task.readers.append(reader)
+            return _wait(tasks, cluster, timeout, started, output)
+        except _Stop as stop:
+            name = signal.Signals(stop.signum).name
+            output.say(f"got {name}; stopping {len(tasks)} task(s)")
+            return 128 + stop.signum
+        except KeyboardInterrupt:
+            output.say(f"interrupted; stopping {len(tasks)} task(s)")
+            return 128 + signal.SIGINT
+        finally:
+            for signum in previous:  # a second Ctrl-C must not cut the teardown short
+                signal.signal(signum, signal.SIG_IGN)
+            teardown(tasks, grace_s)
+            for task in tasks:
+                for reader in task.readers:
+                    reader.join(timeout=grace_s)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _wait(tasks: List[_Task], cluster: Mapping, timeout: Optional[float], started: float, output: _Output) -> int:
+    """Polls the tasks until the job is done, one fails, or the timeout passes."""
+    parameter_server_job = "ps" in cluster
+    while True:
+        for task in tasks:
+            if task.returncode is None and task.proc.poll() is not None:
+                task.returncode = task.proc.returncode
+                if task.returncode != 0:
+                    others = [t.name for t in tasks if t is not task and t.proc.poll() is None]
+                    output.say(
+                        f"{task.name} {_describe_exit(task.returncode)}; stopping "
+                        + (", ".join(others) if others else "nothing else (no task left)")
+                    )
+                    return _exit_code(task.returncode)
+        if parameter_server_job:
+            done = all(t.returncode is not None for t in tasks if t.info.task_type == "chief")
+        else:
+            done = all(t.returncode is not None for t in tasks if t.info.task_type in ("chief", "worker"))
+        if done:
+            left = [t.name for t in tasks if t.returncode is None]
+            output.say("job finished" + (f"; stopping {', '.join(left)}" if left else ""))
+            return 0
+        now = time.monotonic()
+        if timeout is not None and now - started > timeout:
+            running = [t for t in tasks if t.returncode is None]
+            stalled = min(running, key=lambda t: t.last_output)
+            output.say(
+                f"timeout: {timeout:g} s passed; {stalled.name} stalled (no output for "
+                f"{now - stalled.last_output:.1f} s); stopping {', '.join(t.name for t in running)}"
+            )
+            return EXIT_TIMEOUT
+        time.sleep(_POLL_S)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # noqa: D102 (argparse API)
+        raise LaunchError(f"{message}. Run {PROG} --help for usage.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The launcher's argument parser (errors raise `LaunchError`)."""
+    parser = _Parser(
+        prog=PROG,
+        usage=f"{PROG} --workers N [--ps M] [--chief] [--timeout S] -- COMMAND [ARG ...]",
+        description="Run COMMAND once per task of a local TensorFlow cluster on 127.0.0.1, "
+        "each task with its own TF_CONFIG; prefix its output with the task; stop every task "
+        "when one fails, on Ctrl-C, or at the timeout.",
+    )
+    parser.add_argument("--workers", type=int, required=True, metavar="N", help="worker tasks (>= 1)")
+    parser.add_argument("--ps", type=int, default=0, metavar="M", help="parameter-server tasks (needs --chief)")
+    parser.add_argument("--chief", action="store_true", help="add a chief task (coordinator of a ps job)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="S",
+                        help="stop every task after S seconds (exit code 124)")
+    parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, metavar="S",
+                        help="seconds between SIGTERM and SIGKILL when stopping tasks")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Command-line entry point; returns the exit code (see `launch`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if "--" in argv:
+            cut = argv.index("--")
+            own, command = argv[:cut], argv[cut + 1:]
+        else:
+            own, command = argv, []
+        args = build_parser().parse_args(own)
+        if not command:
+            raise LaunchError(
+                f"No command given after '--'. Usage: {PROG} --workers 2 -- "
+                "python -m tftrain.recipes.mnist --strategy multi_worker_mirrored"
+            )
+        if not args.grace >= 0:
+            raise LaunchError(f"--grace must be >= 0 seconds. Received: grace={args.grace!r}.")
+        return launch(command, args.workers, args.ps, args.chief, args.timeout, args.grace)
+    except LaunchError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

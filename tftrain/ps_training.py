@@ -1,0 +1,216 @@
+"""A Keras training loop for `ParameterServerStrategy`, driven by `ClusterCoordinator`.
+
+Keras 3's `Model.fit` does not drive `tf.distribute.ParameterServerStrategy`, so
+this module provides the loop TensorFlow's parameter-server tutorial prescribes,
+around a Keras model, its Keras optimizer and Keras metrics:
+
+* the model is built and compiled (optimizer, loss) inside `strategy.scope()` on
+  the chief, so its variables live on the ps tasks (placed round-robin);
+* the chief (coordinator) `schedule`s a `tf.function` that runs
+  `steps_per_execution` training steps on whichever worker is free, reading a
+  per-worker dataset (`ClusterCoordinator.create_per_worker_dataset`); the workers
+  update the variables asynchronously;
+* at each epoch end the coordinator `join`s, reads the metrics (whose variables
+  live on the ps tasks too) and runs Keras callbacks (`History`, progress bar,
+  `BackupAndRestore`, `TensorBoard`, `EarlyStopping`, ...). Batch-level hooks fire
+  once per epoch, after its last step, because steps run asynchronously on the
+  workers;
+* `evaluate` runs on the chief, reading the variables from the ps tasks, so every
+  test example is seen exactly once.
+
+`variable_partitioner` (sharding one variable across ps tasks) is not used:
+Keras 3's optimizer creates its slot variables with
+`strategy.extended.colocate_vars_with(variable)`, which a `ShardedVariable`
+refuses ("ShardedVariable doesn't support being used as a reference"), and
+`GradientTape` cannot watch a Keras variable that wraps one. Whole variables are
+spread over the ps tasks instead.
+
+Source: https://www.tensorflow.org/tutorials/distribute/parameter_server_training
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import keras
+import tensorflow as tf
+
+
+def _check_model(model: keras.Model) -> None:
+    if getattr(model, "optimizer", None) is None or getattr(model, "loss", None) is None:
+        raise ValueError(
+            f"Model {model.name!r} must be compiled with an optimizer and a loss inside "
+            "strategy.scope() before parameter-server training. Call model.compile(optimizer=..., loss=...)."
+        )
+
+
+def _loss(model: keras.Model, y, y_pred):
+    """The compiled loss (mean over the batch) plus the model's regularization losses."""
+    loss = model.loss(y, y_pred)
+    if model.losses:
+        loss = loss + tf.add_n([tf.cast(x, loss.dtype) for x in model.losses])
+    return loss
+
+
+def fit(
+    model: keras.Model,
+    per_worker_dataset_fn: Callable,
+    *,
+    epochs: int,
+    steps_per_epoch: int,
+    metrics: Sequence[keras.metrics.Metric] = (),
+    callbacks: Sequence[keras.callbacks.Callback] = (),
+    initial_epoch: int = 0,
+    verbose: int = 1,
+    steps_per_execution: int = 1,
+    strategy: Optional[tf.distribute.Strategy] = None,
+    coordinator: Optional[tf.distribute.coordinator.ClusterCoordinator] = None,
+) -> keras.callbacks.History:
+    """Trains a compiled Keras model with `ParameterServerStrategy`.
+
+    Args:
+        model: a Keras model built and compiled (optimizer and loss) inside the
+            strategy's scope. The loss must average over the batch (the Keras
+            default, `"sum_over_batch_size"`): each step runs one whole batch on
+            one worker.
+        per_worker_dataset_fn: function `(tf.distribute.InputContext) ->
+            tf.data.Dataset` run on every worker; it should shard by
+            `input_context.input_pipeline_id`, batch by
+            `input_context.get_per_replica_batch_size(global_batch_size)` and
+            repeat forever (workers take steps as they become free, so one may
+            read more than its share in an epoch).
+        epochs: last epoch to train (as in `Model.fit`).
+        steps_per_epoch: optimizer steps per epoch, all workers together.
+        metrics: Keras metrics updated on the workers with `(y, y_pred)`;
+            create them inside `strategy.scope()`. Their names become the log
+            keys. Defaults to none (only `"loss"` is logged).
+        callbacks: Keras callbacks. Defaults to none.
+        initial_epoch: epoch to start from (e.g. restored from a checkpoint);
+            `BackupAndRestore` may move it further. Defaults to 0.
+        verbose: 0 silent, 1 or 2: one progress line per epoch. Defaults to 1.
+        steps_per_execution: training steps per scheduled function; larger values
+            cut the coordinator's per-step RPC overhead. Defaults to 1.
+        strategy: the `ParameterServerStrategy`. Defaults to the model's
+            (`model.distribute_strategy`).
+        coordinator: a `ClusterCoordinator` to reuse. Defaults to a new one.
+
+    Returns:
+        The `keras.callbacks.History` of the epochs trained here (`history.epoch`,
+        `history.history["loss"]`, one list per metric name).
+
+    Raises:
+        ValueError: when the model is not compiled, the strategy is not a
+            `ParameterServerStrategy`, or a count is not positive.
+
+    Example:
+        >>> with strategy.scope():
+        ...     model = make_model()
+        ...     model.compile(optimizer=keras.optimizers.Adam(), loss="sparse_categorical_crossentropy")
+        ...     accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+        >>> history = fit(model, dataset_fn, epochs=3, steps_per_epoch=468, metrics=[accuracy])
+    """
+    _check_model(model)
+    strategy = strategy or model.distribute_strategy
+    if not isinstance(strategy, tf.distribute.ParameterServerStrategy):
+        raise ValueError(
+            f"fit() here drives ParameterServerStrategy; the model's strategy is {type(strategy).__name__}. "
+            "Use model.fit for other strategies."
+        )
+    for name, value in (("epochs", epochs), ("steps_per_epoch", steps_per_epoch),
+                        ("steps_per_execution", steps_per_execution)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}.")
+    coordinator = coordinator or tf.distribute.coordinator.ClusterCoordinator(strategy)
+    optimizer = model.optimizer
+    metrics = list(metrics)
+    with strategy.scope():
+        # Slot variables must exist on the ps tasks before a callback (BackupAndRestore)
+        # restores them, and cannot be created inside the scheduled function.
+        optimizer.build(model.trainable_variables)
+        loss_tracker = keras.metrics.Mean(name="loss")
+    iterator = iter(coordinator.create_per_worker_dataset(
+        strategy.distribute_datasets_from_function(per_worker_dataset_fn)
+    ))
+
+    def train_step(batch):
+        x, y = batch
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = _loss(model, y, y_pred)
+            scaled = optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        loss_tracker.update_state(loss, sample_weight=tf.shape(y)[0])
+        for metric in metrics:
+            metric.update_state(y, y_pred)
+
+    @tf.function
+    def worker_fn(iterator, num_steps):
+        for _ in tf.range(num_steps):
+            strategy.run(train_step, args=(next(iterator),))
+
+    history = keras.callbacks.History()
+    callback_list = keras.callbacks.CallbackList(
+        [*callbacks, history], add_history=False, add_progbar=verbose != 0,
+        model=model, verbose=verbose, epochs=epochs, steps=steps_per_epoch,
+    )
+    model.stop_training = False
+    callback_list.on_train_begin()
+    # BackupAndRestore reports the epoch it restored this way; Model.fit reads it the same way.
+    initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
+    logs = {}
+    for epoch in range(initial_epoch, epochs):
+        for metric in (loss_tracker, *metrics):
+            metric.reset_state()
+        callback_list.on_epoch_begin(epoch)
+        done = 0
+        while done < steps_per_epoch:
+            steps = min(steps_per_execution, steps_per_epoch - done)
+            coordinator.schedule(worker_fn, args=(iterator, tf.constant(steps)))
+            done += steps
+        coordinator.join()
+        logs = {m.name: float(m.result()) for m in (loss_tracker, *metrics)}
+        callback_list.on_train_batch_end(steps_per_epoch - 1, logs)
+        callback_list.on_epoch_end(epoch, logs)
+        if model.stop_training:
+            break
+    callback_list.on_train_end(logs)
+    return history
+
+
+def evaluate(model: keras.Model, dataset: tf.data.Dataset, metrics: Sequence[keras.metrics.Metric] = ()) -> dict:
+    """Evaluates a parameter-server model on the chief (the coordinator).
+
+    The chief runs the forward pass itself, reading the variables from the ps
+    tasks, so every example of `dataset` counts exactly once.
+
+    Args:
+        model: the compiled model (its loss is reported as `"loss"`).
+        dataset: batches of `(x, y)`, not distributed.
+        metrics: fresh Keras metrics created outside `strategy.scope()` (their
+            variables then live on the chief). Defaults to none.
+
+    Returns:
+        `{"loss": float, <metric name>: float, ...}`, averaged over all examples.
+
+    Raises:
+        ValueError: when the model is not compiled.
+
+    Example:
+        >>> evaluate(model, test_ds, [keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
+        {'loss': 0.071, 'accuracy': 0.9779}
+    """
+    _check_model(model)
+    loss_tracker = keras.metrics.Mean(name="loss")
+    metrics = list(metrics)
+
+    @tf.function
+    def eval_step(x, y):
+        y_pred = model(x, training=False)
+        loss_tracker.update_state(_loss(model, y, y_pred), sample_weight=tf.shape(y)[0])
+        for metric in metrics:
+            metric.update_state(y, y_pred)
+
+    for x, y in dataset:
+        eval_step(x, y)
+    return {m.name: float(m.result()) for m in (loss_tracker, *metrics)}
