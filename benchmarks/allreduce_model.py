@@ -74,9 +74,9 @@ class Link:
 MNIST_MLP_PARAMS = 669_706
 
 # Measured on this repository's 2-core machine (shared with other jobs) by
-# benchmarks/multi_worker_throughput.py: one process, global batch 128, float32,
-# 14,600 examples/sec -> 128 / 14,600 s per step. See docs/scaling.md.
-MNIST_MLP_STEP_S = 128 / 14_600
+# benchmarks/multi_worker_throughput.py: one process, batch 128, float32, last epoch
+# 4,923 examples/sec -> 128 / 4,923 s = 26 ms per step. See docs/scaling.md.
+MNIST_MLP_STEP_S = 128 / 4_923
 
 WORKLOADS = (
     Workload("MNIST MLP (this repo, CPU)", MNIST_MLP_PARAMS, 4, MNIST_MLP_STEP_S,
@@ -90,6 +90,14 @@ WORKLOADS = (
     Workload("VGG-16 (P100, batch 64)", 138_400_000, 4, 64 / 180,
              "Keras Applications params; ~180 img/s/GPU assumed"),
 )
+
+LOOPBACK = Link("loopback gRPC, 2 shared cores (measured here)", 242e6, 3.4e-3)
+"""Fitted to benchmarks/loopback_allreduce.py on this machine: a = 7.2 ms (N=2) and
+19.3 ms (N=4) fixed cost per all-reduce = 2(N-1) x 3.6 / 3.2 ms; 242 / 244 MB/s."""
+
+LOOPBACK_MEASURED_MS = {2: 22.28, 4: 39.44}
+"""Measured ms per all-reduce of the MNIST MLP's 2,678,824 gradient bytes on 127.0.0.1
+(benchmarks/loopback_allreduce.py, median of 30, shared 2-core machine)."""
 
 LINKS = (
     # Horovod's benchmark network (RoCE, 25 Gbit/s); RDMA latency assumed 10 us.
@@ -161,8 +169,15 @@ def main(argv=None) -> None:
     """Prints the tables of docs/scaling.md."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args(argv)
-    print("Ring all-reduce per step and scaling efficiency (no overlap / full overlap)\n")
+    print("Ring all-reduce per step and scaling efficiency (no overlap / full overlap),")
+    print("fixed per-worker batch (weak scaling, as in Horovod's benchmark)\n")
     print(table())
+    mlp = WORKLOADS[0]
+    print("\nThe model against this machine's loopback (MNIST MLP gradients, 2.68 MB):")
+    for n, measured in LOOPBACK_MEASURED_MS.items():
+        t = allreduce_seconds(n, mlp.gradient_bytes, LOOPBACK)
+        print(f"  N={n}: model {t * 1e3:.1f} ms, measured {measured:.1f} ms; efficiency at a 26 ms step: "
+              f"{efficiency(mlp.compute_s, t, False):.0%} (no overlap)")
     print("\nBytes each worker sends per all-reduce, 2(N-1)/N x S, as a multiple of S:")
     print("  " + ", ".join(f"N={n}: {bytes_sent_per_worker(n, 1.0):.3f}" for n in (1, 2, 4, 8, 64, 512)))
     print("\nComparison with Horovod's published 512-GPU efficiency (25 Gbit/s RoCE):")

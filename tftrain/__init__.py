@@ -15,6 +15,7 @@ from tftrain.errors import (
     ConfigError,
     DataError,
     DeviceError,
+    LaunchError,
     RunDirError,
     TftrainError,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "DataConfig",
     "DataError",
     "DeviceError",
+    "LaunchError",
     "RecipeConfig",
     "RunDirError",
     "RuntimeConfig",

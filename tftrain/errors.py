@@ -29,3 +29,7 @@ class DataError(ConfigError):
 
 class RunDirError(ConfigError):
     """A run directory holds files of another run that tftrain will not overwrite."""
+
+
+class LaunchError(ConfigError):
+    """`python -m tftrain.launch` was given bad input (task counts, timeout, command)."""

@@ -41,7 +41,7 @@ import threading
 import time
 from typing import Callable, List, Mapping, Optional, Sequence, TextIO
 
-from tftrain.errors import ConfigError
+from tftrain.errors import LaunchError
 
 PROG = "python -m tftrain.launch"
 
@@ -55,10 +55,6 @@ DEFAULT_GRACE_S = 5.0
 """Seconds between SIGTERM and SIGKILL when tearing tasks down."""
 
 _POLL_S = 0.05
-
-
-class LaunchError(ConfigError):
-    """The launcher was given bad input (counts, timeout, command)."""
 
 
 class _Stop(Exception):
