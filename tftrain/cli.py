@@ -43,6 +43,18 @@ def _fields():
             yield None, f, hints[f.name]
 
 
+def _type_with_special(kind, special):
+    """`kind`, or a converter that also accepts the strings in `special` (e.g. `"auto"`)."""
+    if not special:
+        return kind
+
+    def convert(text):
+        return text if text in special else kind(text)
+
+    convert.__name__ = f"{kind.__name__} or {' or '.join(special)}"  # named in argparse errors
+    return convert
+
+
 def build_parser(
     prog: str,
     defaults: config_lib.RecipeConfig,
@@ -88,7 +100,7 @@ def build_parser(
         if kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
-            kwargs["type"] = kind
+            kwargs["type"] = _type_with_special(kind, f.metadata.get("special") or ())
             if choices:
                 kwargs["choices"] = choices
             else:

@@ -43,11 +43,15 @@ DEVICES = ("auto", "cpu", "gpu")
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 EXECUTIONS = ("eager", "graph", "xla")
 COMMUNICATIONS = ("auto", "ring", "nccl")
+TUNERS = ("random", "hyperband", "bayesian")
+AUTO_BATCH = "auto"
+"""`batch_size: auto` searches the global batch size (`tftrain.tuning.find_batch_size`)."""
 
 
-def _field(default, help, choices=None, minimum=None, flag=None):
-    """A dataclass field carrying its command-line help, choices and lower bound."""
-    metadata = {"help": help, "choices": choices, "minimum": minimum, "flag": flag}
+def _field(default, help, choices=None, minimum=None, flag=None, special=()):
+    """A dataclass field carrying its command-line help, choices, lower bound and
+    `special` string values accepted besides its type (e.g. `"auto"`)."""
+    metadata = {"help": help, "choices": choices, "minimum": minimum, "flag": flag, "special": tuple(special)}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -69,14 +73,18 @@ def _validate_fields(obj) -> None:
             if optional:
                 continue
             raise ConfigError(f"{f.name} must be set. Received: {f.name}=None.")
+        special = f.metadata.get("special") or ()
+        if isinstance(value, str) and value in special:
+            continue
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
             object.__setattr__(obj, f.name, value)
         if kind is bool and not isinstance(value, bool) or (
             kind is not bool and (isinstance(value, bool) or not isinstance(value, kind))
         ):
+            also = "".join(f" or {v!r}" for v in special)
             raise ConfigError(
-                f"{f.name} must be of type {kind.__name__}. "
+                f"{f.name} must be of type {kind.__name__}{also}. "
                 f"Received: {f.name}={value!r} ({type(value).__name__})."
             )
         choices = f.metadata.get("choices")
@@ -166,7 +174,9 @@ class DataConfig:
         train_examples: train on the first N training examples only (smoke runs);
             None uses all. Defaults to None.
         batch_size: global batch size (examples per optimizer step, all replicas
-            together). Defaults to None (the recipe picks).
+            together), or `"auto"` to search it before training
+            (`tftrain.tuning.find_batch_size`, best examples/sec). Defaults to
+            None (the recipe picks).
         per_replica_batch_size: examples per replica per step. Defaults to None.
         shuffle_buffer: shuffle buffer size in examples; 0 shuffles the whole
             training set. Defaults to 0.
@@ -184,7 +194,9 @@ class DataConfig:
 
     data_dir: Optional[str] = _field(None, "IDX folder or .npz file (default: bundled MNIST)")
     train_examples: Optional[int] = _field(None, "use only the first N training examples", minimum=1)
-    batch_size: Optional[int] = _field(None, "global batch size (all replicas)", minimum=1)
+    batch_size: Optional[int] = _field(
+        None, "global batch size (all replicas), or 'auto' to search for the fastest", minimum=1, special=(AUTO_BATCH,)
+    )
     per_replica_batch_size: Optional[int] = _field(None, "batch size per replica", minimum=1)
     shuffle_buffer: int = _field(0, "shuffle buffer in examples (0 = whole set)", minimum=0)
     cache: bool = _field(True, "cache decoded examples in memory")
@@ -213,6 +225,14 @@ class TrainConfig:
         learning_rate: Adam learning rate. Defaults to 0.001.
         verbose: Keras `fit` verbosity: 0 silent, 1 progress bar, 2 one line
             per epoch. Defaults to 1.
+        width: model width (hidden units of the MLP, filters of the CNN's first
+            convolution); None keeps the model's default. Defaults to None.
+        profile: `"START,STOP"`: capture a TensorBoard profile of optimizer
+            steps [START, STOP) (`tftrain.callbacks.ProfilerWindow`); None
+            captures none. Defaults to None.
+        tune: run this many keras-tuner trials over learning rate, width and
+            batch size first, then train the best; 0 is off. Defaults to 0.
+        tuner: keras-tuner algorithm: one of `TUNERS`. Defaults to "random".
 
     Raises:
         ConfigError: when a value is out of range.
@@ -222,6 +242,10 @@ class TrainConfig:
     epochs: int = _field(10, "passes over the training set", minimum=1)
     learning_rate: float = _field(1e-3, "Adam learning rate")
     verbose: int = _field(1, "0 silent, 1 progress bar, 2 one line per epoch", choices=(0, 1, 2))
+    width: Optional[int] = _field(None, "model width: MLP hidden units / CNN first-layer filters", minimum=1)
+    profile: Optional[str] = _field(None, "profile optimizer steps START,STOP into TensorBoard, e.g. 10,15")
+    tune: int = _field(0, "keras-tuner trials over learning rate, width, batch size (0 = off)", minimum=0)
+    tuner: str = _field("random", "keras-tuner algorithm", TUNERS)
 
     def __post_init__(self):
         _validate_fields(self)
@@ -229,6 +253,32 @@ class TrainConfig:
             raise ConfigError(
                 f"learning_rate must be positive. Received: learning_rate={self.learning_rate!r}."
             )
+        if self.profile is not None:
+            parse_profile_window(self.profile)
+
+    @property
+    def profile_window(self) -> Optional[tuple]:
+        """`profile` as `(start, stop)` ints, or None."""
+        return None if self.profile is None else parse_profile_window(self.profile)
+
+
+def parse_profile_window(text: str) -> tuple:
+    """Parses `"START,STOP"` into `(start, stop)` with 0 <= start < stop.
+
+    Raises:
+        ConfigError: naming the value and the expected form.
+    """
+    parts = str(text).replace(" ", "").split(",")
+    try:
+        start, stop = (int(p) for p in parts)
+    except ValueError:
+        start = stop = None
+    if start is None or start < 0 or stop <= start:
+        raise ConfigError(
+            f"Invalid profile {text!r}. Expected START,STOP optimizer steps with 0 <= START < STOP, "
+            f"e.g. --profile 10,15. Received: profile={text!r}."
+        )
+    return start, stop
 
 
 SECTIONS = {"runtime": RuntimeConfig, "data": DataConfig, "train": TrainConfig}

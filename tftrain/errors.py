@@ -33,3 +33,15 @@ class RunDirError(ConfigError):
 
 class LaunchError(ConfigError):
     """`python -m tftrain.launch` was given bad input (task counts, timeout, command)."""
+
+
+class ProfilerError(ConfigError):
+    """A profile could not be captured (plugin missing, window never reached, no trace)."""
+
+
+class BatchSizeSearchError(ConfigError):
+    """The batch-size search found no batch size that fits."""
+
+
+class TuningError(ConfigError):
+    """A hyperparameter search cannot run as configured (e.g. a multi-worker strategy)."""

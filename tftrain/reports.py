@@ -49,6 +49,13 @@ _REPORT_ROWS = (
     ("wall_time_s", "Wall time (s)", "{:.1f}"),
     ("fit_time_s", "fit() time (s)", "{:.1f}"),
     ("examples_per_sec", "Training examples/sec", "{:,.0f}"),
+    ("throughput.examples_per_sec", "Examples/sec after warm-up", "{:,.0f}"),
+    ("throughput.step_time_median_s", "Step time, median (s)", "{:.4f}"),
+    ("throughput.step_time_p90_s", "Step time, 90th percentile (s)", "{:.4f}"),
+    ("throughput.input.verdict", "Input pipeline", "{}"),
+    ("batch_size_search.batch_size", "Batch size found (examples/sec)", "{}"),
+    ("tuning.best", "Tuned hyperparameters", "{}"),
+    ("profile.tensorboard", "Profile (TensorBoard, Profile tab)", "`{}`"),
     ("replicas", "Replicas", "{}"),
     ("global_batch_size", "Global batch size", "{}"),
     ("per_replica_batch_size", "Per-replica batch size", "{}"),
@@ -64,8 +71,9 @@ def write_report(run_dir, metrics: Mapping, title: str = "Run report") -> Path:
     """Writes `report.md`: a table of the headline figures of `metrics`; returns its path."""
     lines = [f"# {title}", "", "| | |", "|---|---|"]
     for key, label, fmt in _REPORT_ROWS:
-        if metrics.get(key) is not None:
-            lines.append(f"| {label} | {fmt.format(metrics[key])} |")
+        value = _lookup(metrics, key)
+        if value is not None:
+            lines.append(f"| {label} | {fmt.format(value)} |")
     vers = metrics.get("versions") or {}
     if vers:
         lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in vers.items() if v)]
@@ -73,3 +81,13 @@ def write_report(run_dir, metrics: Mapping, title: str = "Run report") -> Path:
     path = Path(run_dir) / REPORT_FILE
     write_text_atomic(path, "\n".join(lines))
     return path
+
+
+def _lookup(metrics: Mapping, dotted: str):
+    """`metrics["a"]["b"]` for `"a.b"`; None when any part is missing."""
+    value = metrics
+    for part in dotted.split("."):
+        if not isinstance(value, Mapping) or value.get(part) is None:
+            return None
+        value = value[part]
+    return value

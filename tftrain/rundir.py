@@ -42,7 +42,7 @@ MODEL_FILE = "model.keras"
 LOG_DIR = "logs"
 BACKUP_DIR = "backup"
 
-_IGNORED_WHEN_RESUMING = (("train", "verbose"), ("run_dir",))
+_IGNORED_WHEN_RESUMING = (("train", "verbose"), ("train", "profile"), ("run_dir",))
 """Config fields that may differ between a run and its resumption."""
 
 

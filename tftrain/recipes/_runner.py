@@ -49,6 +49,8 @@ class Recipe:
         default_config: the recipe file that mirrors `defaults`, named in help.
             Defaults to None.
         description: one paragraph shown by `--help`. Defaults to "".
+        widths: model name -> widths `--tune` chooses from (`train.width`).
+            Defaults to None (width not tuned).
     """
 
     name: str
@@ -58,6 +60,7 @@ class Recipe:
     preprocess: Optional[Callable] = None
     default_config: Optional[str] = None
     description: str = ""
+    widths: Optional[Mapping[str, Sequence[int]]] = None
 
 
 def main(argv: Optional[Sequence[str]], recipe: Recipe) -> int:
@@ -116,6 +119,7 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
             f"Received: model={cfg.train.model!r}."
         )
     strategy_name = cfg.runtime.strategy
+    _check_callback_flags(cfg, strategy_name in MULTI_PROCESS_STRATEGIES)
     cluster = resolve_cluster(strategy_name, ps_tasks=cfg.runtime.ps_tasks)
     parameter_server = strategy_name == "parameter_server"
     if parameter_server and cluster.task_type in ("worker", "ps"):
@@ -147,33 +151,30 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
     rt = runtime.setup(cfg.runtime, cluster=cluster)
     if cfg.seed is not None:
         keras.utils.set_random_seed(cfg.seed)
-    batch = resolve_batch_size(cfg.data.batch_size, cfg.data.per_replica_batch_size, rt.num_replicas)
 
     x_train, y_train = data.x_train, data.y_train
     if cfg.data.train_examples is not None:
         x_train, y_train = x_train[: cfg.data.train_examples], y_train[: cfg.data.train_examples]
-    steps_per_epoch = len(x_train) // batch.global_batch_size
-    if steps_per_epoch < 1:
-        raise ConfigError(
-            f"Only {len(x_train)} training examples for a global batch of {batch.global_batch_size}: "
-            "not one full step. Pass a larger --train-examples or a smaller batch size."
-        )
+    # --batch-size auto and --tune choose the batch size later, in the run directory.
+    search_batch = cfg.data.batch_size == config_lib.AUTO_BATCH or bool(cfg.train.tune)
     multi_process = strategy_name in MULTI_PROCESS_STRATEGIES
-    if multi_process:
-        # Every worker must run the same number of steps: keep whole global batches only, so
-        # each worker's shard holds exactly steps_per_epoch of its per-worker batches.
-        used = steps_per_epoch * batch.global_batch_size
-        x_train, y_train = x_train[:used], y_train[:used]
+    batch = steps_per_epoch = None
+    if not search_batch:
+        batch = resolve_batch_size(cfg.data.batch_size, cfg.data.per_replica_batch_size, rt.num_replicas)
+        steps_per_epoch = _steps_per_epoch(len(x_train), batch.global_batch_size)
+        if multi_process:
+            # Every worker must run the same number of steps: keep whole global batches only, so
+            # each worker's shard holds exactly steps_per_epoch of its per-worker batches.
+            used = steps_per_epoch * batch.global_batch_size
+            x_train, y_train = x_train[:used], y_train[:used]
 
     print(f"== {recipe.name}: effective configuration ==")
     print(config_lib.to_yaml(cfg).rstrip())
     print("== runtime ==")
     for line in rt.describe():
         print(line)
-    print(
-        f"batch:     global {batch.global_batch_size} = per-replica {batch.per_replica_batch_size} "
-        f"x {batch.num_replicas} replica(s); {steps_per_epoch} steps/epoch on {len(x_train)} examples"
-    )
+    if batch is not None:
+        _print_batch(batch, steps_per_epoch, len(x_train))
     if parameter_server:
         print(
             f"note:      each step runs one global batch on one of {_training_workers(cluster)} worker(s), "
@@ -188,16 +189,19 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
         print(f"note:      {cluster.task} is not the chief: it writes to a temporary directory, removed at the end")
     sys.stdout.flush()
 
-    def train_dataset(input_context=None):
+    data_cfg = dataclasses.replace(cfg.data, batch_size=None)  # options only; sizes are passed
+
+    def make_train_ds(global_batch_size, input_context=None):
         return build_dataset(
-            (x_train, y_train), batch.global_batch_size, training=True, config=cfg.data,
+            (x_train, y_train), global_batch_size, training=True, config=data_cfg,
             seed=cfg.seed, preprocess=recipe.preprocess, input_context=input_context,
         )
 
-    test_ds = build_dataset(
-        (data.x_test, data.y_test), batch.global_batch_size, training=False, config=cfg.data,
-        preprocess=recipe.preprocess,
-    )
+    def train_dataset(input_context=None):
+        return make_train_ds(batch.global_batch_size, input_context)
+
+    extra_metrics = {}
+    train_cfg = cfg  # cfg with tuned / searched values filled in
     task = cluster.task if cluster is not None else "chief"
     with rundir_lib.task_run_dir(run_dir, config_lib.to_yaml(cfg), is_chief, task) as out_dir:
         print(f"run directory: {run_dir.path}" + ("" if is_chief else f" (the chief's; {task} writes to {out_dir.path})"))
@@ -206,21 +210,64 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
                 f"resuming: {run_dir.resumed_epochs}/{cfg.train.epochs} epochs done, "
                 f"from the checkpoint in {run_dir.backup_dir}"
             )
+        if cfg.train.tune:
+            tuning = _tune(cfg, recipe, rt, x_train, y_train, out_dir, build_dataset)
+            extra_metrics["tuning"] = tuning
+            train_cfg = cfg.override(tuning["best"])
         with rt.strategy.scope():
-            model = runtime.ensure_float32_outputs(recipe.models[cfg.train.model](cfg))
+            model = runtime.ensure_float32_outputs(recipe.models[train_cfg.train.model](train_cfg))
             model.compile(
-                optimizer=keras.optimizers.Adam(cfg.train.learning_rate),
+                optimizer=keras.optimizers.Adam(train_cfg.train.learning_rate),
                 loss=keras.losses.SparseCategoricalCrossentropy(),
                 metrics=None if parameter_server else [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
                 **({} if parameter_server else rt.compile_options()),
             )
             train_metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")] if parameter_server else []
+        if cfg.data.batch_size == config_lib.AUTO_BATCH:
+            from tftrain.tuning.batch_size import find_batch_size
+
+            # At most a tenth of the examples per batch: at least 10 steps per epoch.
+            max_val = max(rt.num_replicas, len(x_train) // AUTO_BATCH_MIN_STEPS // rt.num_replicas * rt.num_replicas)
+            print(f"== batch size search (objective: examples/sec, at most {max_val}) ==")
+            search = find_batch_size(
+                model, make_train_ds, objective="throughput", init_val=min(32 * rt.num_replicas, max_val),
+                max_val=max_val, verbose=1,
+            )
+            extra_metrics["batch_size_search"] = search.to_dict()
+            train_cfg = train_cfg.override({"batch_size": search.batch_size})
+        if batch is None:
+            batch = resolve_batch_size(
+                train_cfg.data.batch_size, train_cfg.data.per_replica_batch_size, rt.num_replicas
+            )
+            steps_per_epoch = _steps_per_epoch(len(x_train), batch.global_batch_size)
+            _print_batch(batch, steps_per_epoch, len(x_train))
+        test_ds = build_dataset(
+            (data.x_test, data.y_test), batch.global_batch_size, training=False, config=data_cfg,
+            preprocess=recipe.preprocess,
+        )
+
+        from tftrain.callbacks import ProfilerWindow, ThroughputMonitor
+
+        profiler = monitor = None
+        if cfg.train.profile_window is not None:
+            from tftrain.callbacks.profiler import check_window_fits
+
+            start, stop = cfg.train.profile_window
+            check_window_fits(start, stop, cfg.train.epochs * steps_per_epoch)
+            profiler = ProfilerWindow(out_dir.log_dir, start, stop)
+        if not parameter_server:  # the coordinator loop has no per-step hooks to time
+            monitor = ThroughputMonitor(
+                batch.global_batch_size, log_dir=out_dir.log_dir,
+                # The input check times this process's pipeline; a worker of a multi-worker job
+                # reads only its shard, so it is skipped there.
+                input_data=None if multi_process else train_dataset(),
+            )
         loss_scaling = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
         callbacks = [
             # double_checkpoint keeps the previous epoch's state in case a task dies mid-save.
             keras.callbacks.BackupAndRestore(str(out_dir.backup_dir), double_checkpoint=True),
             keras.callbacks.TensorBoard(str(out_dir.log_dir)),
-        ]
+        ] + [cb for cb in (monitor, profiler) if cb is not None]
 
         fit_start = time.perf_counter()
         try:
@@ -238,6 +285,14 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
         else:
             test_loss, test_accuracy = model.evaluate(test_ds, verbose=0)
         model.save(out_dir / rundir_lib.MODEL_FILE)
+        extra_metrics["throughput"] = monitor.result() if monitor is not None else None
+        if profiler is not None:
+            extra_metrics["profile"] = {
+                "window": list(cfg.train.profile_window),
+                "captured": list(profiler.captured) if profiler.captured else None,
+                "trace_files": [str(p.relative_to(out_dir.path)) for p in profiler.trace_files],
+                "tensorboard": f"tensorboard --logdir {run_dir.log_dir}",
+            }
 
     examples = epochs_trained * steps_per_epoch * batch.global_batch_size
     metrics = {
@@ -275,6 +330,9 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
         "seed": cfg.seed,
         "argv": [PROG_PREFIX.split()[0], "-m", f"tftrain.recipes.{recipe.name}", *argv],
         "versions": reports.versions(),
+        "learning_rate": train_cfg.train.learning_rate,
+        "width": train_cfg.train.width,
+        **extra_metrics,
     }
     if is_chief:
         reports.write_metrics(run_dir.path, metrics)
@@ -284,11 +342,146 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
         f"{metrics['examples_per_sec']:,.0f} examples/sec over {epochs_trained} epoch(s); "
         f"wall time {metrics['wall_time_s']:.1f} s"
     )
+    throughput = extra_metrics["throughput"]
+    if throughput and throughput["step_time_median_s"] is not None:
+        print(
+            f"throughput: {throughput['examples_per_sec']:,.0f} examples/sec after warm-up; step time "
+            f"median {throughput['step_time_median_s'] * 1e3:.2f} ms, p90 {throughput['step_time_p90_s'] * 1e3:.2f} ms"
+        )
+    if throughput and throughput["input"]:
+        print(f"input:      {throughput['input']['verdict']}")
     if is_chief:
         print(f"run directory: {run_dir.path}")
-        print(f"TensorBoard:   tensorboard --logdir {run_dir.log_dir}")
+        print(f"TensorBoard:   tensorboard --logdir {run_dir.log_dir}" + ("  (profile: Profile tab)" if profiler else ""))
     metrics["run_dir"] = str(run_dir.path)
     return metrics
+
+
+_STRATEGY_CLASSES = {"multi_worker_mirrored": "MultiWorkerMirroredStrategy", "parameter_server": "ParameterServerStrategy"}
+
+
+def _check_callback_flags(cfg, multi_process: bool) -> None:
+    """Refuses --tune / --batch-size auto / --profile combinations that cannot work, before any work."""
+    auto = cfg.data.batch_size == config_lib.AUTO_BATCH
+    strategy = cfg.runtime.strategy
+    if cfg.train.tune and auto:
+        raise ConfigError(
+            "--tune searches the batch size itself; drop --batch-size auto (or drop --tune to only search the batch size)."
+        )
+    if cfg.train.tune and multi_process:
+        raise ConfigError(
+            f"keras-tuner runs each trial on one worker; it cannot use {_STRATEGY_CLASSES[strategy]}. "
+            "Tune with a single-worker strategy (--strategy mirrored, one_device or default), "
+            "then train the best configuration multi-worker."
+        )
+    if auto and multi_process:
+        raise ConfigError(
+            f"--batch-size auto searches in one process; with --strategy {strategy} every worker would have to run "
+            "the same trials in lockstep. Search on one machine (--batch-size auto --strategy mirrored), "
+            "then pass the result with --batch-size N."
+        )
+    if cfg.train.profile is not None and strategy == "parameter_server":
+        raise ConfigError(
+            "--profile needs Model.fit's per-step hooks; parameter_server trains with a coordinator loop. "
+            "Profile a single-worker run instead."
+        )
+
+
+def _steps_per_epoch(num_examples: int, global_batch_size: int) -> int:
+    steps = num_examples // global_batch_size
+    if steps < 1:
+        raise ConfigError(
+            f"Only {num_examples} training examples for a global batch of {global_batch_size}: "
+            "not one full step. Pass a larger --train-examples or a smaller batch size."
+        )
+    return steps
+
+
+def _print_batch(batch, steps_per_epoch: int, num_examples: int) -> None:
+    print(
+        f"batch:     global {batch.global_batch_size} = per-replica {batch.per_replica_batch_size} "
+        f"x {batch.num_replicas} replica(s); {steps_per_epoch} steps/epoch on {num_examples} examples"
+    )
+    sys.stdout.flush()
+
+
+AUTO_BATCH_MIN_STEPS = 10
+"""`--batch-size auto` tries batches up to train_examples / this, so an epoch keeps this many steps."""
+
+TUNE_BATCH_SIZES = (32, 64, 128, 256, 512)
+"""Global batch sizes `--tune` chooses from (those that fit the data and replicas)."""
+
+TUNE_LEARNING_RATES = (1e-4, 1e-2)
+"""Adam learning-rate range `--tune` searches, on a log scale."""
+
+
+def _tune(cfg, recipe, rt, x_train, y_train, out_dir, build_dataset) -> dict:
+    """Runs `cfg.train.tune` keras-tuner trials; returns the figures and best values.
+
+    Trials train on the first 90% of the training examples and are scored on
+    the last 10% (never on the test set). keras-tuner keeps its trials under
+    `<run_dir>/tuning`, so a resumed run reuses finished trials.
+    """
+    from tftrain import runtime
+    from tftrain.tuning.keras_tuner import TrainingHyperModel, make_tuner
+
+    replicas = rt.num_replicas
+    n_val = max(replicas, len(x_train) // 10)
+    x_fit, y_fit, x_val, y_val = x_train[:-n_val], y_train[:-n_val], x_train[-n_val:], y_train[-n_val:]
+    batch_sizes = [b for b in TUNE_BATCH_SIZES if b % replicas == 0 and b <= len(x_fit)]
+    if not batch_sizes:
+        raise ConfigError(
+            f"--tune needs at least {TUNE_BATCH_SIZES[0]} training examples per trial; "
+            f"{len(x_fit)} remain after holding out {n_val} for validation. Pass a larger --train-examples."
+        )
+    data_cfg = dataclasses.replace(cfg.data, batch_size=None)
+
+    def model_fn(width):
+        c = cfg.override({"width": width}) if width else cfg
+        return runtime.ensure_float32_outputs(recipe.models[cfg.train.model](c))
+
+    def make_dataset(global_batch_size):
+        return build_dataset((x_fit, y_fit), global_batch_size, training=True, config=data_cfg,
+                             seed=cfg.seed, preprocess=recipe.preprocess)
+
+    val_ds = build_dataset((x_val, y_val), max(batch_sizes), training=False, config=data_cfg,
+                           preprocess=recipe.preprocess)
+    hypermodel = TrainingHyperModel(
+        model_fn, make_dataset, val_ds,
+        learning_rate=TUNE_LEARNING_RATES,
+        widths=(recipe.widths or {}).get(cfg.train.model),
+        batch_sizes=batch_sizes,
+        compile_options=rt.compile_options(),
+    )
+    directory = out_dir.path / "tuning"
+    tuner = make_tuner(
+        hypermodel, directory=directory, algorithm=cfg.train.tuner, max_trials=cfg.train.tune,
+        strategy=rt.strategy, seed=cfg.seed, max_epochs=cfg.train.epochs,
+    )
+    print(f"== tuning: {cfg.train.tune} {cfg.train.tuner} trial(s) over learning rate, width, batch size ==")
+    sys.stdout.flush()
+    tuner.search(epochs=cfg.train.epochs, verbose=cfg.train.verbose)
+    trials = tuner.oracle.get_best_trials(cfg.train.tune)
+    if not trials:
+        raise ConfigError("keras-tuner finished no trial; see its messages above.")
+    best = trials[0].hyperparameters.values
+    best_values = {"learning_rate": float(best["learning_rate"]), "batch_size": int(best["batch_size"])}
+    if "width" in best:
+        best_values["width"] = int(best["width"])
+    print(f"tuning:    best {tuner.oracle.objective.name} {trials[0].score:.4f} with {best_values}")
+    return {
+        "algorithm": cfg.train.tuner,
+        "trials": len(tuner.oracle.trials),
+        "objective": tuner.oracle.objective.name,
+        "best_score": trials[0].score,
+        "best": best_values,
+        "validation_examples": int(n_val),
+        "directory": str(directory),
+        "ranking": [
+            {"trial_id": t.trial_id, "score": t.score, "hyperparameters": dict(t.hyperparameters.values)}
+            for t in trials
+        ],
+    }
 
 
 def _fit(model, cfg, rt, train_dataset, callbacks, steps_per_epoch, train_metrics, resumed_epochs):

@@ -24,11 +24,16 @@ NUM_CLASSES = 10
 IMAGE_SHAPE = (28, 28)
 
 
+def _width(cfg: Optional[RecipeConfig], default: int) -> int:
+    return cfg.train.width if cfg is not None and cfg.train.width else default
+
+
 def mlp(cfg: Optional[RecipeConfig] = None):
     """784-512-512-10 multilayer perceptron with ReLU and dropout 0.2.
 
     Args:
-        cfg: the run's config (unused; part of the recipe model signature).
+        cfg: the run's config; `cfg.train.width` replaces the 512 hidden units.
+            Defaults to None (512).
 
     Returns:
         An uncompiled functional `keras.Model`: input float32 `(batch, 28, 28)`
@@ -39,7 +44,7 @@ def mlp(cfg: Optional[RecipeConfig] = None):
     inputs = keras.Input(IMAGE_SHAPE, name="image")
     x = keras.layers.Flatten()(inputs)
     for i in range(2):
-        x = keras.layers.Dense(512, activation="relu", name=f"dense_{i}")(x)
+        x = keras.layers.Dense(_width(cfg, 512), activation="relu", name=f"dense_{i}")(x)
         x = keras.layers.Dropout(0.2)(x)
     x = keras.layers.Dense(NUM_CLASSES, name="logits")(x)
     outputs = keras.layers.Activation("softmax", dtype="float32", name="probabilities")(x)
@@ -52,6 +57,10 @@ def cnn(cfg: Optional[RecipeConfig] = None):
     The Keras "Simple MNIST convnet" example architecture
     (https://keras.io/examples/vision/mnist_convnet/), 34,826 parameters.
 
+    Args:
+        cfg: the run's config; `cfg.train.width` replaces the 32 filters of the
+            first convolution (the second has twice as many). Defaults to None.
+
     Returns:
         An uncompiled functional `keras.Model`: input float32 `(batch, 28, 28)`,
         output float32 `(batch, 10)` class probabilities.
@@ -60,9 +69,10 @@ def cnn(cfg: Optional[RecipeConfig] = None):
 
     inputs = keras.Input(IMAGE_SHAPE, name="image")
     x = keras.layers.Reshape(IMAGE_SHAPE + (1,))(inputs)
-    x = keras.layers.Conv2D(32, 3, activation="relu")(x)
+    width = _width(cfg, 32)
+    x = keras.layers.Conv2D(width, 3, activation="relu")(x)
     x = keras.layers.MaxPooling2D(2)(x)
-    x = keras.layers.Conv2D(64, 3, activation="relu")(x)
+    x = keras.layers.Conv2D(2 * width, 3, activation="relu")(x)
     x = keras.layers.MaxPooling2D(2)(x)
     x = keras.layers.Flatten()(x)
     x = keras.layers.Dropout(0.5)(x)
@@ -91,6 +101,7 @@ RECIPE = Recipe(
     defaults=DEFAULTS,
     preprocess=_scale_pixels,
     default_config="recipes/mnist.yaml",
+    widths={"mlp": (128, 256, 512), "cnn": (16, 32, 64)},
     description="Train an MLP or CNN on the real MNIST digits and evaluate on the 10,000 test images.",
 )
 

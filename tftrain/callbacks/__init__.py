@@ -1,0 +1,31 @@
+"""Callbacks that drop into any Keras 3 `model.fit`, with or without a strategy.
+
+    from tftrain.callbacks import ProfilerWindow, ThroughputMonitor, BatchSizeFinder
+
+Each one only wires Keras hooks; the algorithms are plain code tested alone:
+`tftrain.metering` (throughput math), `tftrain.callbacks.profiler.StepWindow`
+(profile window), `tftrain.tuning` (batch-size search). Names are imported on
+first use, so importing one submodule does not pull in the others.
+"""
+
+__all__ = ["BatchSizeFinder", "ProfileSteps", "ProfilerWindow", "ThroughputMonitor", "start_profiler_server"]
+
+_LAZY = {
+    "BatchSizeFinder": "tftrain.callbacks.batch_size",
+    "ProfileSteps": "tftrain.callbacks.profiler",
+    "ProfilerWindow": "tftrain.callbacks.profiler",
+    "start_profiler_server": "tftrain.callbacks.profiler",
+    "ThroughputMonitor": "tftrain.callbacks.throughput",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tftrain.callbacks' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

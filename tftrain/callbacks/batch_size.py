@@ -1,0 +1,66 @@
+"""BatchSizeFinder: run the batch-size search from inside `model.fit`.
+
+The search itself is `tftrain.tuning.find_batch_size`; this callback only calls
+it when training begins. Keras fixes the dataset (and so the batch size) before
+any callback runs, so the callback cannot switch the running `fit` to the new
+size: by default it stops that `fit` after the search, undoing the one step Keras
+runs before it notices, and you start the real `fit` with `finder.batch_size`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import keras
+
+from tftrain.tuning.batch_size import BatchSizeResult, ModelState, find_batch_size
+
+
+class BatchSizeFinder(keras.callbacks.Callback):
+    """Finds a global batch size when `fit` begins (see `find_batch_size`).
+
+    Args:
+        data: `(x, y)` arrays or a function `batch_size -> tf.data.Dataset`
+            (batches of exactly that global size), as for `find_batch_size`.
+        stop_training: stop the `fit` this callback runs in once the search is
+            done, leaving the model as it was before it. False lets that `fit`
+            go on at its own batch size. Defaults to True.
+        **search_kwargs: passed to `find_batch_size` (`mode`, `objective`,
+            `init_val`, `max_val`, `steps_per_trial`, `max_trials`, `margin`,
+            `min_gain`, `memory_budget`, `trial_timeout_s`,
+            `scale_learning_rate`, `base_batch_size`, `verbose`, ...).
+
+    Attributes:
+        result: the `BatchSizeResult` (None before `fit`).
+        batch_size: `result.batch_size` (None before `fit`).
+
+    Example:
+        >>> finder = BatchSizeFinder(make_dataset, mode="binsearch")
+        >>> model.fit(make_dataset(32), epochs=1, callbacks=[finder])   # searches, then stops
+        >>> model.fit(make_dataset(finder.batch_size), epochs=10)
+    """
+
+    def __init__(self, data: Union[tuple, Callable], *, stop_training: bool = True, **search_kwargs):
+        super().__init__()
+        self.data = data
+        self.stop_after_search = stop_training
+        self.search_kwargs = search_kwargs
+        self.result: Optional[BatchSizeResult] = None
+        self._state: Optional[ModelState] = None
+
+    @property
+    def batch_size(self) -> Optional[int]:
+        """The chosen global batch size, or None before the search ran."""
+        return None if self.result is None else self.result.batch_size
+
+    def on_train_begin(self, logs=None):
+        self.result = find_batch_size(self.model, self.data, **self.search_kwargs)
+        if self.stop_after_search:
+            # Keras runs one step before it checks stop_training; undo it at the end.
+            self._state = ModelState(self.model)
+            self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        if self._state is not None:
+            self._state.restore()
+            self._state = None

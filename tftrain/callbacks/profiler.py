@@ -1,0 +1,544 @@
+"""ProfilerWindow: a TensorBoard profile of training steps [start, stop).
+
+Keras's own `TensorBoard(profile_batch=...)` counts executions (batch hooks), not
+optimizer steps, so under `steps_per_execution` > 1 it profiles the wrong steps; and
+when the profile plugin is missing or the window is never reached it fails silently.
+`ProfilerWindow` counts real optimizer steps, skips the first steps (tracing and
+compilation) by default, and fails loudly with the cause and the fix.
+
+Three entry points, one mechanism (`ProfileSteps`):
+
+- `ProfilerWindow(log_dir, start, stop)`: a Keras callback for `model.fit`.
+- `ProfileSteps(log_dir, start, stop)`: a context manager for custom training loops.
+- `ProfilerWindow.on_demand(port, ...)` / `start_profiler_server`: start TensorFlow's
+  profiler server so TensorBoard's "Capture profile" button can trace a running job.
+
+The trace lands in `<log_dir>/<subdir>/plugins/profile/<timestamp>/<host>.xplane.pb`,
+where TensorBoard's Profile tab finds it (`tensorboard --logdir <log_dir>`).
+
+Source: https://www.tensorflow.org/guide/profiler
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import keras
+import tensorflow as tf
+
+from tftrain.callbacks._steps import optimizer_steps, steps_per_execution
+from tftrain.errors import ProfilerError
+
+PLUGIN_PACKAGES = ("tensorboard_plugin_profile", "xprof")
+"""Python packages that provide TensorBoard's Profile tab (either one)."""
+
+PLUGIN_INSTALL = "pip install tensorboard-plugin-profile"
+
+
+def profile_plugin_installed() -> bool:
+    """True when TensorBoard's profile plugin (`tensorboard-plugin-profile`) is importable."""
+    return any(importlib.util.find_spec(name) is not None for name in PLUGIN_PACKAGES)
+
+
+def check_profile_plugin() -> None:
+    """Raises `ProfilerError` when TensorBoard's profile plugin is not installed.
+
+    Raises:
+        ProfilerError: naming the package to install.
+    """
+    if not profile_plugin_installed():
+        raise ProfilerError(
+            "TensorBoard's profile plugin is not installed, so TensorBoard would show no Profile tab. "
+            f"Run `{PLUGIN_INSTALL}` in this environment (or pass require_plugin=False to capture anyway)."
+        )
+
+
+def tensorboard_command(log_dir) -> str:
+    """The shell command that opens `log_dir` in TensorBoard (Profile tab included)."""
+    return f"tensorboard --logdir {os.fspath(log_dir)}"
+
+
+def xplane_files(log_dir) -> List[Path]:
+    """Every `.xplane.pb` trace under `log_dir` (any run, any depth), sorted."""
+    root = Path(log_dir)
+    return sorted(root.glob("**/plugins/profile/*/*.xplane.pb")) if root.is_dir() else []
+
+
+def check_window_fits(start: int, stop: int, total_steps: Optional[int]) -> None:
+    """Raises `ProfilerError` when a run of `total_steps` never reaches step `start`.
+
+    Args:
+        start, stop: the profile window `[start, stop)`.
+        total_steps: optimizer steps the run will take; None (unknown) passes.
+
+    Raises:
+        ProfilerError: naming the run length and a window that fits.
+    """
+    if total_steps is not None and start >= total_steps:
+        first = min(2, max(0, total_steps - 1))
+        raise ProfilerError(
+            f"The profile window [{start}, {stop}) starts after the end of training, which runs "
+            f"{total_steps} optimizer step(s). Pass a window inside the run "
+            f"(e.g. --profile {first},{min(total_steps, first + 5)}) or train longer."
+        )
+
+
+class StepWindow:
+    """Decides when to start and stop tracing, given optimizer steps done.
+
+    Pure bookkeeping, no TensorFlow: the caller says how many steps are done
+    before each execution and how many that execution will run. An execution
+    cannot be split, so a window that does not fall on execution boundaries is
+    widened to the executions that overlap it (see `captured`).
+
+    Args:
+        start: first step to trace (0-based, counted from the start of training).
+        stop: first step not traced; `stop` > `start`.
+
+    Raises:
+        ProfilerError: when `start` < 0 or `stop` <= `start`.
+
+    Example:
+        >>> w = StepWindow(4, 12)
+        >>> w.should_start(steps_done=0, next_steps=4), w.should_start(4, 4)
+        (False, True)
+    """
+
+    def __init__(self, start: int, stop: int):
+        for name, value in (("start", start), ("stop", stop)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ProfilerError(f"Profile window {name} must be an integer step. Received: {name}={value!r}.")
+        if start < 0 or stop <= start:
+            raise ProfilerError(
+                f"Invalid profile window [{start}, {stop}). Expected 0 <= start < stop, e.g. --profile 10,15. "
+                f"Received: start={start}, stop={stop}."
+            )
+        self.start = start
+        self.stop = stop
+        self.started_at: Optional[int] = None
+        self.stopped_at: Optional[int] = None
+
+    @property
+    def active(self) -> bool:
+        """True between `mark_started` and `mark_stopped`."""
+        return self.started_at is not None and self.stopped_at is None
+
+    @property
+    def done(self) -> bool:
+        """True once the window has been traced."""
+        return self.stopped_at is not None
+
+    def should_start(self, steps_done: int, next_steps: int) -> bool:
+        """Whether to start before an execution of `next_steps` steps that follows `steps_done`."""
+        return (
+            self.started_at is None
+            and steps_done < self.stop
+            and steps_done + max(1, next_steps) > self.start
+        )
+
+    def should_stop(self, steps_done: int) -> bool:
+        """Whether to stop after an execution that brought the count to `steps_done`."""
+        return self.active and steps_done >= self.stop
+
+    def mark_started(self, steps_done: int) -> None:
+        """Records that tracing started before step `steps_done`."""
+        self.started_at = steps_done
+
+    def mark_stopped(self, steps_done: int) -> None:
+        """Records that tracing stopped after step `steps_done - 1`."""
+        self.stopped_at = steps_done
+
+    @property
+    def captured(self) -> Optional[Tuple[int, int]]:
+        """Steps `[first, stop)` actually traced, or None before the window closes."""
+        if self.started_at is None or self.stopped_at is None:
+            return None
+        return self.started_at, self.stopped_at
+
+
+class ProfileSteps:
+    """Profiles optimizer steps `[start, stop)` of any training loop.
+
+    Use it as a context manager around a custom training loop and wrap each call
+    that runs training steps in `step()`; `ProfilerWindow` drives the same object
+    from Keras callback hooks.
+
+    Args:
+        log_dir: TensorBoard log directory (the one you pass to
+            `tensorboard --logdir`).
+        start: first step to trace (0-based). Defaults to 10, which skips the
+            first steps (tracing, compilation, buffer fill).
+        stop: first step not traced. Defaults to 15.
+        host_tracer_level: CPU activity detail: 1 user-annotated events only
+            (`tf.profiler.experimental.Trace`), 2 also high-level ops, 3 also
+            low-level ops. Defaults to 2.
+        python_tracer_level: 1 traces Python function calls (slower; for
+            input-pipeline or Python overhead hunts), 0 off. Defaults to 0.
+        device_tracer_level: 1 traces GPU/TPU kernels, 0 off. Defaults to 1.
+        subdir: TensorBoard run the trace belongs to, under `log_dir`; "train"
+            matches Keras's `TensorBoard` callback. Defaults to "train".
+        require_plugin: raise `ProfilerError` when TensorBoard's profile plugin
+            is not installed. Defaults to True.
+        step_markers: wrap each traced execution in a
+            `tf.profiler.experimental.Trace("train", step_num=..., _r=1)` step
+            marker, which the Profile tab uses for its step-time breakdown.
+            Defaults to True.
+        verbose: 1 prints where the trace went and the TensorBoard command, 0
+            is silent. Defaults to 1.
+
+    Raises:
+        ProfilerError: on an invalid window or a missing plugin.
+
+    Example:
+        >>> with ProfileSteps("logs", start=10, stop=15) as prof:
+        ...     for step, batch in enumerate(dataset):
+        ...         with prof.step():
+        ...             train_step(batch)
+    """
+
+    def __init__(
+        self,
+        log_dir,
+        start: int = 10,
+        stop: int = 15,
+        *,
+        host_tracer_level: int = 2,
+        python_tracer_level: int = 0,
+        device_tracer_level: int = 1,
+        subdir: str = "train",
+        require_plugin: bool = True,
+        step_markers: bool = True,
+        verbose: int = 1,
+    ):
+        self.window = StepWindow(start, stop)
+        for name, value, top in (
+            ("host_tracer_level", host_tracer_level, 3),
+            ("python_tracer_level", python_tracer_level, 1),
+            ("device_tracer_level", device_tracer_level, 1),
+        ):
+            if value not in range(top + 1):
+                raise ProfilerError(f"{name} must be one of {list(range(top + 1))}. Received: {name}={value!r}.")
+        if require_plugin:
+            check_profile_plugin()
+        self.log_dir = Path(log_dir)
+        self.trace_dir = self.log_dir / subdir if subdir else self.log_dir
+        self.options = tf.profiler.experimental.ProfilerOptions(
+            host_tracer_level=host_tracer_level,
+            python_tracer_level=python_tracer_level,
+            device_tracer_level=device_tracer_level,
+        )
+        self.step_markers = step_markers
+        self.verbose = verbose
+        self.steps_done = 0
+        self.trace_files: List[Path] = []
+        self._before: set = set()
+        self._marker = None
+        self._pending_steps = 1
+
+    # -- the two calls around each execution -----------------------------------
+    def begin(self, num_steps: int = 1) -> None:
+        """Call before an execution that runs `num_steps` optimizer steps."""
+        self._pending_steps = max(1, int(num_steps))
+        if self.window.should_start(self.steps_done, self._pending_steps):
+            self._start()
+        if self.window.active and self.step_markers:
+            self._marker = tf.profiler.experimental.Trace("train", step_num=self.steps_done, _r=1)
+            self._marker.__enter__()
+
+    def end(self, steps_done: Optional[int] = None) -> None:
+        """Call after the execution.
+
+        Args:
+            steps_done: optimizer steps done so far, counted from this object's
+                step 0 (e.g. from `optimizer.iterations`); None adds the
+                `num_steps` given to `begin`. Defaults to None.
+        """
+        if self._marker is not None:
+            self._marker.__exit__(None, None, None)
+            self._marker = None
+        self.steps_done = self.steps_done + self._pending_steps if steps_done is None else int(steps_done)
+        if self.window.should_stop(self.steps_done):
+            self._stop()
+
+    @contextlib.contextmanager
+    def step(self, num_steps: int = 1):
+        """Context manager around one call that runs `num_steps` training steps."""
+        self.begin(num_steps)
+        try:
+            yield self
+        finally:
+            self.end()
+
+    @property
+    def needs_steps(self) -> bool:
+        """False once the window is done: callers may stop counting steps."""
+        return not self.window.done
+
+    # -- start / stop ----------------------------------------------------------
+    def _start(self) -> None:
+        self._before = set(xplane_files(self.trace_dir))
+        try:
+            tf.profiler.experimental.start(str(self.trace_dir), options=self.options)
+        except (tf.errors.AlreadyExistsError, tf.errors.UnavailableError) as e:
+            raise ProfilerError(
+                f"Could not start the profiler: another profiling session is running in this process ({e.message}). "
+                "Stop it first (tf.profiler.experimental.stop()), or remove the other profiler "
+                "(e.g. TensorBoard(profile_batch=...)); TensorFlow allows one session at a time."
+            ) from None
+        self.window.mark_started(self.steps_done)
+        if self.window.start != self.steps_done:
+            warnings.warn(
+                f"Profile window [{self.window.start}, {self.window.stop}) starts inside an execution "
+                f"of several steps (steps_per_execution); tracing from step {self.steps_done}.",
+                stacklevel=3,
+            )
+
+    def _stop(self) -> None:
+        if self._marker is not None:
+            self._marker.__exit__(None, None, None)
+            self._marker = None
+        tf.profiler.experimental.stop()
+        self.window.mark_stopped(self.steps_done)
+        self.trace_files = [p for p in xplane_files(self.trace_dir) if p not in self._before]
+        if not self.trace_files:
+            raise ProfilerError(
+                f"The profiler stopped but wrote no .xplane.pb file under {self.trace_dir}/plugins/profile. "
+                "Check that the log directory is writable and has free space, and that nothing else "
+                "stopped the profiler (one session per process)."
+            )
+        if self.verbose:
+            first, stop = self.window.captured
+            print(
+                f"profile:   traced steps [{first}, {stop}) into {self.trace_files[0].parent}\n"
+                f"           open it with: {tensorboard_command(self.log_dir)}  (Profile tab)",
+                file=sys.stdout,
+            )
+
+    def close(self, planned_steps: Optional[int] = None) -> None:
+        """Ends profiling: stops a trace still running, checks the window was reached.
+
+        Args:
+            planned_steps: steps the loop ran, named in the error message.
+                Defaults to `steps_done`.
+
+        Raises:
+            ProfilerError: when training ended before the window's start step, or
+                the trace wrote no `.xplane.pb` file.
+        """
+        if self.window.active:
+            if self.window.stop > self.steps_done:
+                warnings.warn(
+                    f"Training ended at step {self.steps_done}, inside the profile window "
+                    f"[{self.window.start}, {self.window.stop}); traced steps "
+                    f"[{self.window.started_at}, {self.steps_done}).",
+                    stacklevel=2,
+                )
+            self._stop()
+        if self.window.started_at is None:
+            ran = self.steps_done if planned_steps is None else planned_steps
+            first = min(2, max(0, ran - 1))
+            raise ProfilerError(
+                f"The profile window [{self.window.start}, {self.window.stop}) was never reached: training ran "
+                f"only {ran} optimizer step(s), so nothing was traced. Pass a window inside the run "
+                f"(e.g. --profile {first},{max(first + 1, min(ran, first + 5))}) or train longer."
+            )
+
+    def __enter__(self) -> "ProfileSteps":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            if self.window.active:
+                self._marker = None
+                tf.profiler.experimental.stop()
+                self.window.mark_stopped(self.steps_done)
+            return
+        self.close()
+
+
+class ProfilerWindow(keras.callbacks.Callback):
+    """Captures a TensorBoard profile of optimizer steps `[start, stop)` of `fit`.
+
+    Steps are real optimizer steps counted from the start of this `fit` call,
+    read from `model.optimizer.iterations`, so the window is right under
+    `steps_per_execution` > 1 too (where Keras's `profile_batch` counts
+    executions). A window that does not fall on execution boundaries is widened
+    to them, with a warning. The trace goes to `<log_dir>/train/plugins/profile/`,
+    next to the scalars of a `keras.callbacks.TensorBoard(log_dir)` callback.
+
+    Args:
+        log_dir: TensorBoard log directory. Defaults to "logs".
+        start: first step to trace. Defaults to 10, skipping the first steps,
+            which trace and compile the training function.
+        stop: first step not traced. Defaults to 15.
+        host_tracer_level, python_tracer_level, device_tracer_level, subdir,
+            require_plugin, step_markers, verbose: see `ProfileSteps`.
+
+    Raises:
+        ProfilerError: at construction on an invalid window or a missing
+            profile plugin; at the start of `fit` when the run is shorter than
+            the window's start; at its end when the window was never reached or
+            no `.xplane.pb` was written.
+
+    Example:
+        >>> model.fit(ds, epochs=2, callbacks=[
+        ...     keras.callbacks.TensorBoard("logs"),
+        ...     ProfilerWindow("logs", start=10, stop=15)])
+        profile:   traced steps [10, 15) into logs/train/plugins/profile/2026_...
+                   open it with: tensorboard --logdir logs  (Profile tab)
+    """
+
+    def __init__(
+        self,
+        log_dir="logs",
+        start: int = 10,
+        stop: int = 15,
+        *,
+        host_tracer_level: int = 2,
+        python_tracer_level: int = 0,
+        device_tracer_level: int = 1,
+        subdir: str = "train",
+        require_plugin: bool = True,
+        step_markers: bool = True,
+        verbose: int = 1,
+    ):
+        super().__init__()
+        self._kwargs = dict(
+            host_tracer_level=host_tracer_level,
+            python_tracer_level=python_tracer_level,
+            device_tracer_level=device_tracer_level,
+            subdir=subdir,
+            require_plugin=require_plugin,
+            step_markers=step_markers,
+            verbose=verbose,
+        )
+        self.log_dir = log_dir
+        self.start, self.stop = start, stop
+        self.profile = ProfileSteps(log_dir, start, stop, **self._kwargs)  # validates early
+        self.server_port: Optional[int] = None
+        self._base = 0
+
+    @classmethod
+    def on_demand(cls, port: int, *, listen_on_all_interfaces: bool = False, verbose: int = 1) -> "ProfilerWindow":
+        """A callback that starts TensorFlow's profiler server when `fit` begins.
+
+        Capture then happens from TensorBoard (Profile tab -> "Capture profile",
+        address `localhost:<port>`) while training runs. See
+        `start_profiler_server` for why `listen_on_all_interfaces` is required.
+
+        Args:
+            port: TCP port for the profiler server, 1..65535.
+            listen_on_all_interfaces: must be True; acknowledges that
+                TensorFlow's server listens on every network interface.
+                Defaults to False.
+            verbose: 1 prints the capture address. Defaults to 1.
+
+        Returns:
+            A `ProfilerWindow` in on-demand mode (no fixed window).
+
+        Raises:
+            ProfilerError: on a bad port or without `listen_on_all_interfaces`.
+        """
+        _check_server_request(port, listen_on_all_interfaces)
+        window = cls.__new__(cls)
+        keras.callbacks.Callback.__init__(window)
+        window.profile = None
+        window.server_port = port
+        window._listen_all = listen_on_all_interfaces
+        window._kwargs = {"verbose": verbose}
+        window._base = 0
+        return window
+
+    def on_train_begin(self, logs=None):
+        if self.server_port is not None:
+            start_profiler_server(
+                self.server_port, listen_on_all_interfaces=self._listen_all, verbose=self._kwargs["verbose"]
+            )
+            return
+        if self.profile.window.started_at is not None:  # a second fit(): fresh window
+            self.profile = ProfileSteps(self.log_dir, self.start, self.stop, **self._kwargs)
+        steps, epochs = self.params.get("steps"), self.params.get("epochs")
+        check_window_fits(self.start, self.stop, steps * epochs if steps and epochs else None)
+        self._base = optimizer_steps(self.model)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.profile is not None and self.profile.needs_steps:
+            self.profile.begin(steps_per_execution(self.model))
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.profile is not None and self.profile.needs_steps:
+            self.profile.end(optimizer_steps(self.model) - self._base)
+
+    def on_train_end(self, logs=None):
+        if self.profile is not None:
+            self.profile.close()
+
+    @property
+    def captured(self) -> Optional[Tuple[int, int]]:
+        """Steps `[first, stop)` traced by the last `fit`, or None."""
+        return None if self.profile is None else self.profile.window.captured
+
+    @property
+    def trace_files(self) -> List[Path]:
+        """The `.xplane.pb` files the last capture wrote."""
+        return [] if self.profile is None else list(self.profile.trace_files)
+
+
+def _check_server_request(port, listen_on_all_interfaces) -> None:
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ProfilerError(f"Profiler server port must be an integer in 1..65535. Received: port={port!r}.")
+    if not listen_on_all_interfaces:
+        raise ProfilerError(
+            "TensorFlow's profiler server listens on every network interface ([::]:PORT) and cannot be "
+            "bound to 127.0.0.1, so anyone who can reach this machine could pull traces from it. "
+            "Pass listen_on_all_interfaces=True on a trusted network, or profile a fixed window "
+            "(ProfilerWindow(log_dir, start, stop)), which opens no port."
+        )
+
+
+_SERVERS: dict = {}
+
+
+def start_profiler_server(port: int, *, listen_on_all_interfaces: bool = False, verbose: int = 1) -> str:
+    """Starts TensorFlow's profiler server for on-demand capture from TensorBoard.
+
+    TensorFlow's server (`tf.profiler.experimental.server.start`) listens on
+    `[::]:port`, every network interface, and offers no way to bind it to
+    127.0.0.1; it also cannot be stopped before the process exits. tftrain
+    therefore starts it only when the caller acknowledges that with
+    `listen_on_all_interfaces=True`. Starting it twice on the same port is a
+    no-op.
+
+    Args:
+        port: TCP port, 1..65535.
+        listen_on_all_interfaces: must be True (see above). Defaults to False.
+        verbose: 1 prints the address to enter in TensorBoard. Defaults to 1.
+
+    Returns:
+        The address to enter in TensorBoard's "Capture profile" dialog,
+        e.g. `"localhost:6009"`.
+
+    Raises:
+        ProfilerError: on a bad port, without `listen_on_all_interfaces`, or when
+            the port is taken.
+    """
+    _check_server_request(port, listen_on_all_interfaces)
+    address = f"localhost:{port}"
+    if port not in _SERVERS:
+        try:
+            tf.profiler.experimental.server.start(port)
+        except Exception as e:  # noqa: BLE001 - TF raises various types for a taken port
+            raise ProfilerError(f"Could not start the profiler server on port {port}: {e}. Pick a free port.") from None
+        _SERVERS[port] = address
+        if verbose:
+            print(
+                f"profile:   profiler server on port {port} (all interfaces); in TensorBoard's Profile tab "
+                f"click 'Capture profile' and enter {address}"
+            )
+    return address

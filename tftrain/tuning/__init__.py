@@ -1,0 +1,38 @@
+"""Batch-size search and the keras-tuner adapter.
+
+    from tftrain.tuning import find_batch_size, search_batch_size, make_tuner, TrainingHyperModel
+
+`search_batch_size` is the algorithm (no TensorFlow; tested with fake trials);
+`find_batch_size` runs it on a real model and restores the model afterwards.
+The keras-tuner names are imported on first use, so `import tftrain.tuning`
+does not need keras-tuner.
+"""
+
+from tftrain.tuning.search import SearchResult, Trial, search_batch_size
+
+__all__ = [
+    "BatchSizeResult",
+    "ModelState",
+    "SearchResult",
+    "TrainingHyperModel",
+    "Trial",
+    "find_batch_size",
+    "make_tuner",
+    "search_batch_size",
+]
+
+_LAZY = {
+    "BatchSizeResult": "tftrain.tuning.batch_size",
+    "ModelState": "tftrain.tuning.batch_size",
+    "find_batch_size": "tftrain.tuning.batch_size",
+    "TrainingHyperModel": "tftrain.tuning.keras_tuner",
+    "make_tuner": "tftrain.tuning.keras_tuner",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tftrain.tuning' has no attribute {name!r}")

@@ -1,0 +1,474 @@
+"""find_batch_size: the largest global batch that fits, and the fastest one.
+
+Each trial trains the real model for a few steps at one batch size and measures
+examples/sec and memory; `tftrain.tuning.search.search_batch_size` decides which
+sizes to try. The model's weights, optimizer state (iterations included) and
+metric state are saved first and restored in `finally:`, so the model leaves
+exactly as it came.
+
+"Fits" means: on accelerators, no `tf.errors.ResourceExhaustedError` (out of
+memory); on the CPU, where running out of memory ends the process instead of
+raising, the trial's peak memory stays under a budget in bytes (default: half the
+memory available when the search starts), and a trial predicted to exceed it from
+the previous one is not run at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import threading
+import time
+from typing import Callable, Optional, Union
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tftrain.callbacks._steps import steps_per_execution
+from tftrain.callbacks.throughput import ThroughputMonitor
+from tftrain.errors import ConfigError
+from tftrain.tuning.search import (
+    NO_DATA,
+    OK,
+    OOM,
+    OVER_BUDGET,
+    TIMEOUT,
+    SearchResult,
+    Trial,
+    search_batch_size,
+    validate_search_args,
+)
+
+DEFAULT_CPU_BUDGET_FRACTION = 0.5
+"""Default CPU memory budget: this fraction of the memory available at the start."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSizeResult(SearchResult):
+    """Outcome of `find_batch_size`: a `SearchResult` plus the run's context.
+
+    Attributes:
+        device_kind: "cpu" or "gpu".
+        memory_budget_bytes: the budget used, in bytes (None: OOM errors only).
+        seconds: wall time of the whole search, in seconds.
+        learning_rate: the learning rate after linear scaling, or None when
+            scaling was off.
+        base_learning_rate: the learning rate before scaling, or None.
+    """
+
+    device_kind: str = "cpu"
+    memory_budget_bytes: Optional[int] = None
+    seconds: float = 0.0
+    learning_rate: Optional[float] = None
+    base_learning_rate: Optional[float] = None
+
+    def describe(self) -> str:
+        """One line: the choice, the figures behind it and the search's limit."""
+        best = (
+            f"best examples/sec at {self.best_throughput} ({self.best_examples_per_sec:,.0f}/s)"
+            if self.best_examples_per_sec else f"best at {self.best_throughput}"
+        )
+        largest = (
+            f"largest fitting {self.largest_fitting}" if self.largest_fitting is not None
+            else f"largest fitting >= {self.largest_tried_ok} (stopped on a throughput plateau)"
+        )
+        lr = (
+            f"; learning rate scaled {self.base_learning_rate:g} -> {self.learning_rate:g} (linear rule)"
+            if self.learning_rate is not None else ""
+        )
+        return (
+            f"batch size {self.batch_size} ({self.objective}, {self.mode}): {best}; {largest}; "
+            f"{len(self.trials)} trials in {self.seconds:.1f} s, growth ended by {self.limit}{lr}"
+        )
+
+
+# -- memory ----------------------------------------------------------------------
+
+def available_memory_bytes() -> int:
+    """Memory available to new allocations on this machine, in bytes (psutil)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def default_memory_budget(fraction: float = DEFAULT_CPU_BUDGET_FRACTION) -> int:
+    """The default CPU budget: `fraction` of the available memory, in bytes."""
+    return int(available_memory_bytes() * fraction)
+
+
+def _rss() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def _read_vm_hwm() -> Optional[int]:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_vm_hwm() -> bool:
+    """Resets Linux's peak-RSS counter (VmHWM) to the current RSS; False if unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return _read_vm_hwm() is not None
+    except OSError:
+        return False
+
+
+class _PeakMemory:
+    """Peak memory of a trial above a fixed baseline, in bytes.
+
+    CPU: the process's peak resident set size. On Linux the kernel's own peak
+    counter (VmHWM) is reset before each trial, which is exact; elsewhere a
+    thread samples the RSS every 5 ms. GPU: TensorFlow's allocator peak
+    (`tf.config.experimental.get_memory_info`), reset per trial.
+    """
+
+    def __init__(self, device_kind: str):
+        self.kind = device_kind
+        self.gpus = [d.name for d in tf.config.list_logical_devices("GPU")] if device_kind == "gpu" else []
+        self.baseline = _rss() if device_kind == "cpu" else 0
+        self._peak = 0
+        self._stop = threading.Event()
+        self._thread = None
+
+    def __enter__(self):
+        if self.kind == "gpu":
+            for name in self.gpus:
+                tf.config.experimental.reset_memory_stats(name)
+        elif not _reset_vm_hwm():
+            self._peak = _rss()
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(0.005):
+            self._peak = max(self._peak, _rss())
+
+    def __exit__(self, *exc):
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        return False
+
+    @property
+    def used(self) -> Optional[int]:
+        """Bytes used above the baseline at the peak of the last trial."""
+        if self.kind == "gpu":
+            peaks = [tf.config.experimental.get_memory_info(name)["peak"] for name in self.gpus]
+            return int(max(peaks)) if peaks else None
+        peak = _read_vm_hwm() if self._peak == 0 else self._peak
+        return None if peak is None else max(0, int(peak) - self.baseline)
+
+
+# -- model state -------------------------------------------------------------------
+
+class ModelState:
+    """Saved values of a model's weights, optimizer state and metric state.
+
+    Covers `model.variables` (trainable and non-trainable weights, random-seed
+    state), `model.optimizer.variables` (slots, `iterations`, loss scale) and
+    `model.metrics_variables`.
+
+    Args:
+        model: a built, compiled Keras model whose optimizer is built.
+
+    Example:
+        >>> state = ModelState(model)
+        >>> model.fit(...)       # changes weights and optimizer state
+        >>> state.restore()      # back to where it was
+    """
+
+    def __init__(self, model):
+        seen, self.variables = set(), []
+        groups = (model.variables, model.optimizer.variables, getattr(model, "metrics_variables", []))
+        for group in groups:
+            for v in group:
+                if id(v) not in seen:
+                    seen.add(id(v))
+                    self.variables.append(v)
+        self.values = [np.array(keras.ops.convert_to_numpy(v), copy=True) for v in self.variables]
+
+    def restore(self) -> None:
+        """Assigns the saved values back."""
+        for v, value in zip(self.variables, self.values):
+            v.assign(value)
+
+
+def _constant_learning_rate(optimizer) -> Optional[float]:
+    value = optimizer.get_config().get("learning_rate")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+# -- trials ----------------------------------------------------------------------
+
+class _TrialMonitor(ThroughputMonitor):
+    """ThroughputMonitor that also stops a trial past its time limit."""
+
+    def __init__(self, batch_size, warmup_steps, timeout_s):
+        super().__init__(batch_size=batch_size, warmup_steps=warmup_steps)
+        self.timeout_s = timeout_s
+        self.timed_out = False
+        self._started = None
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        self._started = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        if self.timeout_s is not None and time.perf_counter() - self._started > self.timeout_s:
+            self.timed_out = True
+            self.model.stop_training = True
+
+
+def _is_oom(error: Exception) -> bool:
+    if isinstance(error, tf.errors.ResourceExhaustedError):
+        return True
+    text = str(error)
+    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "OOM when allocating" in text
+
+
+def _arrays_dataset_fn(x, y) -> Callable[[int], tf.data.Dataset]:
+    base = tf.data.Dataset.from_tensor_slices((x, y)).cache()
+
+    def make(batch_size: int) -> tf.data.Dataset:
+        return base.repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    return make
+
+
+def find_batch_size(
+    model: keras.Model,
+    data: Union[tuple, Callable[[int], "tf.data.Dataset"]],
+    *,
+    mode: str = "power",
+    objective: str = "throughput",
+    init_val: int = 32,
+    max_val: Optional[int] = None,
+    steps_per_trial: int = 5,
+    warmup_steps: Optional[int] = None,
+    max_trials: int = 20,
+    margin: float = 0.05,
+    min_gain: float = 0.05,
+    memory_budget: Union[int, str, None] = "auto",
+    trial_timeout_s: Optional[float] = 60.0,
+    multiple_of: Optional[int] = None,
+    scale_learning_rate: bool = False,
+    base_batch_size: Optional[int] = None,
+    verbose: int = 1,
+) -> BatchSizeResult:
+    """Finds the global batch size that fits and the one with the best examples/sec.
+
+    Trains `model` for `warmup_steps + steps_per_trial` steps per batch size
+    tried (see `tftrain.tuning.search.search_batch_size` for the order), then
+    restores its weights, optimizer state and iterations and metric state.
+
+    Args:
+        model: a compiled, built Keras model (built inside the strategy scope
+            when training distributed; trials run with that strategy).
+        data: `(x, y)` arrays (batched with `drop_remainder=True`, repeated), or a
+            function `batch_size -> tf.data.Dataset` yielding batches of exactly
+            `batch_size` global examples (it is repeated for the trial).
+        mode: `"power"` or `"binsearch"`. Defaults to "power".
+        objective: `"throughput"` or `"largest"`: which result becomes
+            `batch_size`. Defaults to "throughput".
+        init_val: first batch size. Defaults to 32.
+        max_val: largest batch size tried; None uses the number of examples for
+            arrays and no cap for a dataset function. Defaults to None.
+        steps_per_trial: timed steps per trial. Defaults to 5.
+        warmup_steps: untimed steps first (tracing for the new shape); None uses
+            one execution (`steps_per_execution` steps). Defaults to None.
+        max_trials: most trials. Defaults to 20.
+        margin: safety fraction taken off the largest fitting size in binsearch
+            mode. Defaults to 0.05.
+        min_gain: relative examples/sec gain below which a throughput search
+            stops growing. Defaults to 0.05.
+        memory_budget: bytes a trial may use above the memory in use at the
+            start; `"auto"` uses half the available memory on the CPU and
+            none on GPUs (OOM errors decide); None uses no budget. Defaults to
+            "auto".
+        trial_timeout_s: a trial still running after this many seconds stops
+            after its current execution and counts as too slow; None for no
+            limit. Defaults to 60.0.
+        multiple_of: batch sizes are multiples of this; None uses the
+            strategy's replica count. Defaults to None.
+        scale_learning_rate: after the search, set the optimizer's learning
+            rate to `lr * batch_size / base_batch_size`, the linear scaling rule
+            of Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet
+            in 1 Hour" (2017, https://arxiv.org/abs/1706.02677). Defaults to
+            False.
+        base_batch_size: the batch size the current learning rate was chosen
+            for; required with `scale_learning_rate`. Defaults to None.
+        verbose: 1 prints each trial and the result, 0 is silent. Defaults to 1.
+
+    Returns:
+        A `BatchSizeResult` with the choice, both figures and every trial.
+
+    Raises:
+        ConfigError: when the model is not compiled or not built, or on an
+            invalid argument.
+        BatchSizeSearchError: when no batch size fits.
+
+    Example:
+        >>> result = find_batch_size(model, (x_train, y_train), objective="largest", mode="binsearch")
+        >>> model.fit(x_train, y_train, batch_size=result.batch_size)
+    """
+    started = time.perf_counter()
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
+        raise ConfigError("find_batch_size needs a compiled model. Call model.compile(optimizer=..., loss=...) first.")
+    if not model.built:
+        raise ConfigError(
+            "find_batch_size needs a built model (its weights must exist to be restored). "
+            "Call model.build(input_shape) or use a model with an Input layer."
+        )
+    strategy = model.distribute_strategy
+    replicas = strategy.num_replicas_in_sync
+    multiple_of = replicas if multiple_of is None else multiple_of
+    if isinstance(data, tuple) and len(data) == 2 and not callable(data[0]):
+        x, y = data
+        make_dataset = _arrays_dataset_fn(x, y)
+        if max_val is None:
+            max_val = max(multiple_of, (len(x) // multiple_of) * multiple_of)
+    elif callable(data):
+        make_dataset = data
+    else:
+        raise ConfigError(
+            "data must be (x, y) arrays or a function batch_size -> tf.data.Dataset. "
+            f"Received: {type(data).__name__}."
+        )
+    if init_val % multiple_of:
+        init_val = max(multiple_of, (init_val // multiple_of) * multiple_of)
+    if max_val is not None and max_val < init_val:
+        init_val = max(multiple_of, (max_val // multiple_of) * multiple_of)
+    validate_search_args(mode, objective, init_val, max_val, max_trials, margin, min_gain, multiple_of)
+    if steps_per_trial < 1:
+        raise ConfigError(f"steps_per_trial must be >= 1. Received: steps_per_trial={steps_per_trial!r}.")
+    if scale_learning_rate and not base_batch_size:
+        raise ConfigError(
+            "scale_learning_rate needs base_batch_size: the batch size the current learning rate was tuned for."
+        )
+    base_lr = _constant_learning_rate(model.optimizer)
+    if scale_learning_rate and base_lr is None:
+        raise ConfigError(
+            "scale_learning_rate works with a constant learning rate; this optimizer uses a schedule. "
+            "Scale the schedule yourself or pass scale_learning_rate=False."
+        )
+
+    device_kind = "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
+    if memory_budget == "auto":
+        budget = default_memory_budget() if device_kind == "cpu" else None
+    elif memory_budget is None or (isinstance(memory_budget, int) and not isinstance(memory_budget, bool) and memory_budget > 0):
+        budget = memory_budget
+    else:
+        raise ConfigError(
+            f"memory_budget must be 'auto', None or a positive number of bytes. Received: memory_budget={memory_budget!r}."
+        )
+    spe = steps_per_execution(model)
+    warmup = spe if warmup_steps is None else int(warmup_steps)
+    total_steps = warmup + steps_per_trial
+
+    if not model.optimizer.built:
+        with strategy.scope():
+            model.optimizer.build(model.trainable_variables)
+    state = ModelState(model)
+    stop_training = model.stop_training
+    memory = _PeakMemory(device_kind)
+    last_ok: list = []
+
+    def run_trial(batch_size: int) -> Trial:
+        t0 = time.perf_counter()
+        if budget is not None and last_ok and last_ok[-1].peak_memory_bytes:
+            prev = last_ok[-1]
+            predicted = prev.peak_memory_bytes * batch_size / prev.batch_size
+            if predicted > budget:
+                return _report(Trial(batch_size, OVER_BUDGET, note=(
+                    f"predicted {predicted / 2**20:,.0f} MiB from batch {prev.batch_size} > budget "
+                    f"{budget / 2**20:,.0f} MiB; not run")), verbose)
+        dataset = make_dataset(batch_size)
+        if isinstance(dataset, tf.data.Dataset):
+            if int(dataset.cardinality()) == 0:
+                return _report(Trial(batch_size, NO_DATA, note="the dataset yields no batch of this size"), verbose)
+            dataset = dataset.repeat()
+        monitor = _TrialMonitor(batch_size, warmup, trial_timeout_s)
+        status, note = OK, ""
+        try:
+            with memory:
+                model.fit(dataset, epochs=1, steps_per_epoch=total_steps, verbose=0, callbacks=[monitor],
+                          shuffle=False)
+        except Exception as e:  # noqa: BLE001 - OOM arrives as several error types
+            if not _is_oom(e):
+                raise
+            status, note = OOM, str(e).strip().splitlines()[0][:200]
+        finally:
+            model.stop_training = False
+            gc.collect()
+        stats = monitor.meter.stats()
+        used = memory.used if status == OK else None
+        if status == OK:
+            if monitor.timed_out:
+                status, note = TIMEOUT, f"still running after {trial_timeout_s:g} s"
+            elif monitor.meter.total_steps == 0:
+                status, note = NO_DATA, "the dataset yielded no batch"
+            elif budget is not None and used is not None and used > budget:
+                status, note = OVER_BUDGET, f"used {used / 2**20:,.0f} MiB > budget {budget / 2**20:,.0f} MiB"
+        trial = Trial(
+            batch_size,
+            status,
+            examples_per_sec=stats.examples_per_sec if stats else None,
+            step_time_s=stats.step_time_median_s if stats else None,
+            peak_memory_bytes=used,
+            seconds=time.perf_counter() - t0,
+            note=note,
+        )
+        if trial.fits:
+            last_ok.append(trial)
+        return _report(trial, verbose)
+
+    try:
+        search = search_batch_size(
+            run_trial, mode=mode, objective=objective, init_val=init_val, max_val=max_val,
+            max_trials=max_trials, margin=margin, min_gain=min_gain, multiple_of=multiple_of,
+        )
+    finally:
+        state.restore()
+        model.stop_training = stop_training
+
+    learning_rate = None
+    if scale_learning_rate:
+        learning_rate = base_lr * search.batch_size / base_batch_size
+        model.optimizer.learning_rate = learning_rate
+    result = BatchSizeResult(
+        **{f.name: getattr(search, f.name) for f in dataclasses.fields(SearchResult)},
+        device_kind=device_kind,
+        memory_budget_bytes=budget,
+        seconds=time.perf_counter() - started,
+        learning_rate=learning_rate,
+        base_learning_rate=base_lr if scale_learning_rate else None,
+    )
+    if verbose:
+        print(f"batch size search: {result.describe()}")
+    return result
+
+
+def _report(trial: Trial, verbose: int) -> Trial:
+    if verbose:
+        rate = f", {trial.examples_per_sec:,.0f} examples/sec" if trial.examples_per_sec else ""
+        step = f", step {trial.step_time_s * 1e3:.2f} ms" if trial.step_time_s else ""
+        mem = f", +{trial.peak_memory_bytes / 2**20:,.0f} MiB" if trial.peak_memory_bytes is not None else ""
+        note = f" ({trial.note})" if trial.note else ""
+        print(f"  batch {trial.batch_size:>7}: {trial.status}{rate}{step}{mem}{note}")
+    return trial
+

@@ -1,0 +1,300 @@
+"""The batch-size search algorithm, free of TensorFlow (tested with fake trials).
+
+`search_batch_size(run_trial, ...)` grows the batch size by doubling (`power`) and,
+in `binsearch` mode, then bisects between the largest batch that fitted and the
+smallest that did not. `run_trial(batch_size)` is supplied by the caller and
+returns a `Trial`; `tftrain.tuning.find_batch_size` supplies one that trains a real
+model for a few steps. The design follows PyTorch Lightning's batch-size scaler
+(`tuner/batch_size_scaling.py`): the algorithm is a plain function, the callback
+only wires hooks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, List, Optional
+
+from tftrain.errors import BatchSizeSearchError, ConfigError
+
+MODES = ("power", "binsearch")
+OBJECTIVES = ("throughput", "largest")
+
+OK = "ok"
+OOM = "oom"
+OVER_BUDGET = "over_budget"
+TIMEOUT = "timeout"
+NO_DATA = "no_data"
+STATUSES = (OK, OOM, OVER_BUDGET, TIMEOUT, NO_DATA)
+"""Trial outcomes: fitted; out of device memory; over the memory budget (measured
+or predicted); slower than the per-trial time limit; too few examples for one batch."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One batch size tried.
+
+    Attributes:
+        batch_size: global batch size tried.
+        status: one of `STATUSES`; only `"ok"` counts as fitting.
+        examples_per_sec: measured global examples/sec (None unless measured).
+        step_time_s: median step time in seconds (None unless measured).
+        peak_memory_bytes: memory the trial used above the search's baseline,
+            in bytes (None when not measured).
+        seconds: wall time of the trial, in seconds.
+        note: free text (e.g. the error message of an OOM).
+    """
+
+    batch_size: int
+    status: str
+    examples_per_sec: Optional[float] = None
+    step_time_s: Optional[float] = None
+    peak_memory_bytes: Optional[int] = None
+    seconds: float = 0.0
+    note: str = ""
+
+    @property
+    def fits(self) -> bool:
+        """True when the trial ran within memory and time."""
+        return self.status == OK
+
+    def to_dict(self) -> dict:
+        """The trial as plain data (JSON-ready)."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchResult:
+    """Outcome of `search_batch_size`.
+
+    Attributes:
+        batch_size: the choice for the objective: `best_throughput` for
+            `"throughput"`, `largest_fitting` for `"largest"`.
+        largest_fitting: largest batch that fitted, less the safety margin in
+            binsearch mode; None when the search stopped on a throughput plateau
+            before finding the limit.
+        largest_tried_ok: largest batch that fitted, before the margin.
+        best_throughput: the smallest fitting batch whose examples/sec is
+            within `min_gain` of the highest measured (see
+            `best_throughput_trial`).
+        best_examples_per_sec: its examples/sec.
+        limit: what ended growth: "failure" (OOM, budget, time), "max_val",
+            "plateau" (gain under `min_gain`) or "max_trials".
+        mode, objective: as requested.
+        trials: every `Trial`, in the order run.
+    """
+
+    batch_size: int
+    largest_fitting: Optional[int]
+    largest_tried_ok: int
+    best_throughput: int
+    best_examples_per_sec: Optional[float]
+    limit: str
+    mode: str
+    objective: str
+    trials: List[Trial]
+
+    def to_dict(self) -> dict:
+        """The result as plain data (JSON-ready)."""
+        out = dataclasses.asdict(self)
+        out["trials"] = [t.to_dict() for t in self.trials]
+        return out
+
+
+def _round_down(value: int, multiple: int) -> int:
+    return (value // multiple) * multiple
+
+
+def best_throughput_trial(trials: List[Trial], min_gain: float = 0.05) -> Trial:
+    """The smallest batch size whose examples/sec is within `min_gain` of the best.
+
+    A larger batch that is faster by less than `min_gain` (relative) is not worth
+    its cost (fewer updates per epoch, more memory), and such small differences
+    are within timing noise; so the smallest batch on the plateau wins.
+
+    Args:
+        trials: fitting trials (at least one).
+        min_gain: relative tolerance, e.g. 0.05 for 5%. Defaults to 0.05.
+
+    Returns:
+        The chosen `Trial` (the largest batch when none has a measured rate).
+
+    Example:
+        >>> rates = {256: 900.0, 512: 1000.0, 1024: 1030.0}
+        >>> best_throughput_trial([Trial(b, "ok", examples_per_sec=r) for b, r in rates.items()]).batch_size
+        512
+    """
+    measured = [t for t in trials if t.examples_per_sec is not None]
+    if not measured:
+        return max(trials, key=lambda t: t.batch_size)
+    top = max(t.examples_per_sec for t in measured)
+    on_plateau = [t for t in measured if t.examples_per_sec * (1 + min_gain) >= top]
+    return min(on_plateau, key=lambda t: t.batch_size)
+
+
+def validate_search_args(mode, objective, init_val, max_val, max_trials, margin, min_gain, multiple_of) -> None:
+    """Checks the search arguments; raises `ConfigError` naming the bad one."""
+    if mode not in MODES:
+        raise ConfigError(f"Invalid mode {mode!r}. Expected one of: {', '.join(MODES)}. Received: mode={mode!r}.")
+    if objective not in OBJECTIVES:
+        raise ConfigError(
+            f"Invalid objective {objective!r}. Expected one of: {', '.join(OBJECTIVES)}. Received: objective={objective!r}."
+        )
+    for name, value in (("init_val", init_val), ("max_trials", max_trials), ("multiple_of", multiple_of)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer. Received: {name}={value!r}.")
+    if max_val is not None and (isinstance(max_val, bool) or not isinstance(max_val, int) or max_val < init_val):
+        raise ConfigError(f"max_val must be an integer >= init_val ({init_val}) or None. Received: max_val={max_val!r}.")
+    if not 0 <= margin < 1:
+        raise ConfigError(f"margin must be in [0, 1). Received: margin={margin!r}.")
+    if min_gain < 0:
+        raise ConfigError(f"min_gain must be >= 0. Received: min_gain={min_gain!r}.")
+    if init_val % multiple_of:
+        raise ConfigError(
+            f"init_val={init_val} is not a multiple of {multiple_of} (the replica count). "
+            f"Pass init_val={max(multiple_of, _round_down(init_val, multiple_of))}."
+        )
+
+
+def search_batch_size(
+    run_trial: Callable[[int], Trial],
+    *,
+    mode: str = "power",
+    objective: str = "throughput",
+    init_val: int = 32,
+    max_val: Optional[int] = None,
+    max_trials: int = 20,
+    margin: float = 0.05,
+    min_gain: float = 0.05,
+    multiple_of: int = 1,
+) -> SearchResult:
+    """Searches the global batch size with caller-supplied trials.
+
+    Growth: try `init_val`, then double (capped at `max_val`) while trials fit.
+    With objective `"throughput"` growth also stops when examples/sec improve by
+    less than `min_gain` over the previous fitting trial. If `init_val` itself
+    does not fit, it halves instead until one fits.
+    `binsearch` mode (objective `"largest"` only) then bisects between the largest
+    fitting and the smallest failing batch until they are `multiple_of` apart,
+    and takes `margin` off the result as a safety buffer (as Lightning does,
+    margin applies only in binsearch mode). Every batch size tried is a multiple
+    of `multiple_of` (the replica count, so the global batch splits evenly).
+
+    Args:
+        run_trial: function `batch_size -> Trial`.
+        mode: `"power"` (doubling only) or `"binsearch"`. Defaults to "power".
+        objective: `"throughput"` (best examples/sec) or `"largest"` (largest
+            that fits). Defaults to "throughput".
+        init_val: first batch size tried. Defaults to 32.
+        max_val: largest batch size tried; None for no cap. Defaults to None.
+        max_trials: most trials run in total. Defaults to 20.
+        margin: fraction taken off the largest fitting batch in binsearch mode,
+            in [0, 1). Defaults to 0.05.
+        min_gain: smallest relative examples/sec gain that keeps a throughput
+            search growing (0.05 = 5%). Defaults to 0.05.
+        multiple_of: batch sizes are multiples of this. Defaults to 1.
+
+    Returns:
+        A `SearchResult`.
+
+    Raises:
+        ConfigError: on an invalid argument.
+        BatchSizeSearchError: when not even a batch of `multiple_of` fits.
+
+    Example:
+        >>> fits = lambda b: Trial(b, "ok" if b <= 1000 else "oom", examples_per_sec=float(b))
+        >>> search_batch_size(fits, mode="binsearch", objective="largest", margin=0.0).batch_size
+        1000
+    """
+    validate_search_args(mode, objective, init_val, max_val, max_trials, margin, min_gain, multiple_of)
+    trials: List[Trial] = []
+
+    def attempt(batch_size: int) -> Trial:
+        trial = run_trial(batch_size)
+        trials.append(trial)
+        return trial
+
+    low_ok: Optional[int] = None  # largest fitting
+    high_fail: Optional[int] = None  # smallest failing
+    limit = "max_trials"
+    size = init_val
+    previous_ok: Optional[Trial] = None
+
+    # Shrink until something fits (only when init_val fails).
+    while len(trials) < max_trials:
+        trial = attempt(size)
+        if trial.fits:
+            low_ok, previous_ok = size, trial
+            break
+        high_fail = size
+        smaller = _round_down(size // 2, multiple_of)
+        if smaller < multiple_of or smaller == size:
+            break
+        size = smaller
+    if low_ok is None:
+        tried = ", ".join(f"{t.batch_size} ({t.status})" for t in trials)
+        raise BatchSizeSearchError(
+            f"No batch size fits: tried {tried}. Free memory, raise the memory budget or the per-trial "
+            "time limit, or use a smaller model."
+        )
+
+    # Grow by doubling.
+    if high_fail is not None:
+        limit = "failure"
+    else:
+        while len(trials) < max_trials:
+            if max_val is not None and low_ok >= max_val:
+                limit = "max_val"
+                break
+            size = low_ok * 2 if max_val is None else min(low_ok * 2, _round_down(max_val, multiple_of))
+            if size <= low_ok:
+                limit = "max_val"
+                break
+            trial = attempt(size)
+            if not trial.fits:
+                high_fail, limit = size, "failure"
+                break
+            plateau = (
+                objective == "throughput"
+                and trial.examples_per_sec is not None
+                and previous_ok.examples_per_sec
+                and trial.examples_per_sec < previous_ok.examples_per_sec * (1 + min_gain)
+            )
+            low_ok, previous_ok = size, trial
+            if plateau:
+                limit = "plateau"
+                break
+
+    # Bisect between the largest fitting and the smallest failing size.
+    if mode == "binsearch" and objective == "largest" and high_fail is not None:
+        while len(trials) < max_trials and high_fail - low_ok > multiple_of:
+            mid = _round_down((low_ok + high_fail) // 2, multiple_of)
+            if mid <= low_ok:
+                break
+            if attempt(mid).fits:
+                low_ok = mid
+            else:
+                high_fail = mid
+
+    largest_tried_ok = low_ok
+    if limit == "plateau":
+        largest_fitting = None
+    elif mode == "binsearch":
+        largest_fitting = max(multiple_of, _round_down(int(low_ok * (1 - margin)), multiple_of))
+    else:
+        largest_fitting = low_ok
+    best = best_throughput_trial([t for t in trials if t.fits], min_gain)
+    if objective == "throughput":
+        chosen = best.batch_size
+    else:
+        chosen = largest_fitting
+    return SearchResult(
+        batch_size=chosen,
+        largest_fitting=largest_fitting,
+        largest_tried_ok=largest_tried_ok,
+        best_throughput=best.batch_size,
+        best_examples_per_sec=best.examples_per_sec,
+        limit=limit,
+        mode=mode,
+        objective=objective,
+        trials=trials,
+    )
