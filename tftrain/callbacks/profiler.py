@@ -40,6 +40,12 @@ PLUGIN_PACKAGES = ("tensorboard_plugin_profile", "xprof")
 
 PLUGIN_INSTALL = "pip install tensorboard-plugin-profile"
 
+TRACER_DEFAULTS = (2, 0, 1)
+"""TensorFlow's default (host, python, device) tracer levels."""
+
+_IGNORES_LEVELS = ("2.21.",)
+"""TensorFlow versions measured to ignore `ProfilerOptions` tracer levels in-process."""
+
 
 def profile_plugin_installed() -> bool:
     """True when TensorBoard's profile plugin (`tensorboard-plugin-profile`) is importable."""
@@ -181,6 +187,9 @@ class ProfileSteps:
         python_tracer_level: 1 traces Python function calls (slower; for
             input-pipeline or Python overhead hunts), 0 off. Defaults to 0.
         device_tracer_level: 1 traces GPU/TPU kernels, 0 off. Defaults to 1.
+            Note: TensorFlow 2.21's in-process profiler ignores all three
+            levels (measured: it logs "host_tracer_level expects an i value"
+            and traces at its defaults 2, 0, 1); a warning says so.
         subdir: TensorBoard run the trace belongs to, under `log_dir`; "train"
             matches Keras's `TensorBoard` callback. Defaults to "train".
         require_plugin: raise `ProfilerError` when TensorBoard's profile plugin
@@ -228,11 +237,19 @@ class ProfileSteps:
             check_profile_plugin()
         self.log_dir = Path(log_dir)
         self.trace_dir = self.log_dir / subdir if subdir else self.log_dir
-        self.options = tf.profiler.experimental.ProfilerOptions(
+        levels = (host_tracer_level, python_tracer_level, device_tracer_level)
+        # TensorFlow's defaults are (2, 0, 1); pass options only when they differ.
+        self.options = None if levels == TRACER_DEFAULTS else tf.profiler.experimental.ProfilerOptions(
             host_tracer_level=host_tracer_level,
             python_tracer_level=python_tracer_level,
             device_tracer_level=device_tracer_level,
         )
+        if self.options is not None and tf.__version__.startswith(_IGNORES_LEVELS):
+            warnings.warn(
+                f"TensorFlow {tf.__version__} ignores tracer levels set from Python (it logs "
+                "'host_tracer_level expects an i value') and traces at its defaults: host 2, python 0, device 1.",
+                stacklevel=3,
+            )
         self.step_markers = step_markers
         self.verbose = verbose
         self.steps_done = 0

@@ -174,7 +174,8 @@ class ThroughputMonitor(keras.callbacks.Callback):
         """All figures of the last `fit` as plain data (JSON-ready).
 
         Returns:
-            `{"batch_size", "warmup_steps", "examples_per_sec", "steps_per_sec",
+            `{"batch_size", "warmup_steps", "total_steps" (warm-up included),
+            "examples_per_sec", "steps_per_sec",
             "step_time_median_s", "step_time_p90_s", "steps", "seconds",
             "examples", "window": {...}, "epochs": [...], "input": {...} or None,
             "monitor_overhead_s"}`; the overall figures are None when every step
@@ -184,7 +185,8 @@ class ThroughputMonitor(keras.callbacks.Callback):
         window = self.meter.window_stats()
         keys = ("examples_per_sec", "steps_per_sec", "step_time_median_s", "step_time_p90_s",
                 "steps", "seconds", "examples")
-        out = {"batch_size": self.batch_size, "warmup_steps": self.meter.warmup_steps}
+        out = {"batch_size": self.batch_size, "warmup_steps": self.meter.warmup_steps,
+               "total_steps": self.meter.total_steps}
         out.update({k: (getattr(overall, k) if overall else None) for k in keys})
         out["window"] = window.to_dict() if window else None
         out["epochs"] = list(self.epochs)

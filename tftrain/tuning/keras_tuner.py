@@ -133,7 +133,13 @@ def make_tuner(
     if algorithm == "random":
         return kt.RandomSearch(hypermodel, max_trials=max_trials, **common)
     if algorithm == "bayesian":
-        return kt.BayesianOptimization(hypermodel, max_trials=max_trials, **common)
+        try:
+            return kt.BayesianOptimization(hypermodel, max_trials=max_trials, **common)
+        except ImportError:
+            raise TuningError(
+                "The bayesian tuner needs scipy and scikit-learn. Run `pip install keras-tuner[bayesian]` "
+                "(or `pip install tftrain[bayesian]`), or use --tuner random."
+            ) from None
     tuner = kt.Hyperband(hypermodel, max_epochs=max_epochs, **common)
     tuner.oracle.max_trials = max_trials  # Oracle stops creating trials at this count
     return tuner

@@ -1,0 +1,206 @@
+"""ProfilerWindow / ProfileSteps: the window logic alone, then real traces read back."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.xplane import event_counts, read_xspace, step_markers
+from tftrain.callbacks import ProfilerWindow, ProfileSteps, profiler
+from tftrain.callbacks.profiler import StepWindow, check_window_fits
+from tftrain.errors import ConfigError, ProfilerError
+
+
+# -- the window alone ------------------------------------------------------------
+
+def run_window(window, executions):
+    """Feeds execution sizes to a StepWindow; returns (start, stop) events."""
+    done, events = 0, []
+    for steps in executions:
+        if window.should_start(done, steps):
+            window.mark_started(done)
+            events.append(("start", done))
+        done += steps
+        if window.should_stop(done):
+            window.mark_stopped(done)
+            events.append(("stop", done))
+    return events
+
+
+def test_step_window_aligned_with_steps_per_execution():
+    window = StepWindow(4, 12)
+    assert run_window(window, [4] * 5) == [("start", 4), ("stop", 12)]
+    assert window.captured == (4, 12)
+
+
+def test_step_window_widens_to_execution_boundaries():
+    window = StepWindow(5, 6)
+    run_window(window, [4] * 5)
+    assert window.captured == (4, 8)
+
+
+def test_step_window_one_step_executions_and_partial_last_execution():
+    assert run_window(StepWindow(2, 3), [1] * 5) == [("start", 2), ("stop", 3)]
+    window = StepWindow(8, 20)
+    run_window(window, [4, 4, 2])  # training ends inside the window
+    assert window.active and window.started_at == 8
+
+
+def test_step_window_never_reached():
+    window = StepWindow(50, 60)
+    run_window(window, [4] * 5)
+    assert window.started_at is None and window.captured is None
+
+
+@pytest.mark.parametrize("start, stop", [(-1, 3), (5, 5), (6, 2), (1.5, 3)])
+def test_step_window_rejects_bad_windows(start, stop):
+    with pytest.raises(ProfilerError, match="window"):
+        StepWindow(start, stop)
+
+
+def test_profiler_errors_are_config_errors():
+    assert issubclass(ProfilerError, ConfigError)
+
+
+def test_check_window_fits_names_the_run_length():
+    check_window_fits(10, 15, 11)
+    check_window_fits(10, 15, None)
+    with pytest.raises(ProfilerError, match=r"runs 8 optimizer step\(s\).*--profile 2,7"):
+        check_window_fits(10, 15, 8)
+
+
+# -- real traces -------------------------------------------------------------------
+
+def small_model(steps_per_execution=1):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
+    # Plain SGD: one AssignSubVariableOp per trainable variable per optimizer step.
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  steps_per_execution=steps_per_execution)
+    return model
+
+
+def small_dataset(batches=5, batch_size=16):
+    x = np.random.default_rng(0).random((batches * batch_size, 4)).astype("float32")
+    y = (x[:, 0] > 0.5).astype("int32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size, drop_remainder=True)
+
+
+def optimizer_steps_in_trace(space) -> int:
+    """Optimizer steps in a trace: SGD updates each of the 4 variables once per step."""
+    counts = event_counts(space)
+    updates = {name: n for name, n in counts.items() if "/sgd" in name and name.endswith(":AssignSubVariableOp")}
+    assert len(updates) == 4, updates  # 2 kernels + 2 biases
+    (steps,) = set(updates.values())
+    return steps
+
+
+def test_window_under_steps_per_execution_traces_exactly_the_requested_steps(tmp_path):
+    model = small_model(steps_per_execution=4)
+    window = ProfilerWindow(tmp_path, start=4, stop=12, verbose=0)
+    # 8 steps per epoch = 2 executions of 4; the window spans the epoch boundary at step 8.
+    model.fit(small_dataset(batches=8), epochs=2, callbacks=[window], verbose=0, shuffle=False)
+    assert window.captured == (4, 12)
+    (trace,) = window.trace_files
+    assert trace.name.endswith(".xplane.pb")
+    assert trace.parent.parent == tmp_path / "train" / "plugins" / "profile"
+    space = read_xspace(trace)
+    assert optimizer_steps_in_trace(space) == 8  # steps 4..11: no more, no fewer
+    assert step_markers(space) == [4, 8]  # two executions of 4 steps
+
+
+def test_window_with_one_step_executions(tmp_path):
+    model = small_model()
+    window = ProfilerWindow(tmp_path, start=2, stop=5, verbose=0)
+    model.fit(small_dataset(batches=8), epochs=1, callbacks=[window], verbose=0, shuffle=False)
+    assert window.captured == (2, 5)
+    space = read_xspace(window.trace_files[0])
+    assert optimizer_steps_in_trace(space) == 3
+    assert step_markers(space) == [2, 3, 4]
+
+
+def test_window_past_the_end_of_training_fails_before_training(tmp_path):
+    model = small_model()
+    window = ProfilerWindow(tmp_path, start=20, stop=25, verbose=0)
+    with pytest.raises(ProfilerError, match=r"starts after the end of training, which runs 10 optimizer step"):
+        model.fit(small_dataset(batches=5), epochs=2, callbacks=[window], verbose=0, shuffle=False)
+    assert int(model.optimizer.iterations.numpy()) == 0  # refused before the first step
+    assert not (tmp_path / "train").exists()
+
+
+def test_window_never_reached_on_data_of_unknown_length(tmp_path):
+    ds = small_dataset(batches=3).filter(lambda x, y: True)  # unknown length: Keras cannot tell up front
+    model = small_model()
+    window = ProfilerWindow(tmp_path, start=10, stop=12, verbose=0)
+    with pytest.raises(ProfilerError, match=r"never reached: training ran only 3 optimizer step"):
+        model.fit(ds, epochs=1, callbacks=[window], verbose=0, shuffle=False)
+
+
+def test_training_that_ends_inside_the_window_keeps_the_partial_trace(tmp_path):
+    ds = small_dataset(batches=4).filter(lambda x, y: True)
+    model = small_model()
+    window = ProfilerWindow(tmp_path, start=2, stop=10, verbose=0)
+    with pytest.warns(UserWarning, match=r"inside the profile window"):
+        model.fit(ds, epochs=1, callbacks=[window], verbose=0, shuffle=False)
+    assert window.captured == (2, 4)
+    assert optimizer_steps_in_trace(read_xspace(window.trace_files[0])) == 2
+
+
+def test_custom_training_loop_with_profile_steps(tmp_path):
+    model = small_model()
+    optimizer = keras.optimizers.SGD()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    with ProfileSteps(tmp_path, start=2, stop=4, verbose=0) as prof:
+        for x, y in small_dataset(batches=6):
+            with prof.step():
+                train_step(x, y)
+    assert prof.window.captured == (2, 4)
+    assert step_markers(read_xspace(prof.trace_files[0])) == [2, 3]
+
+
+def test_custom_loop_shorter_than_the_window_raises(tmp_path):
+    with pytest.raises(ProfilerError, match="never reached"):
+        with ProfileSteps(tmp_path, start=5, stop=6, verbose=0) as prof:
+            for _ in range(3):
+                with prof.step():
+                    pass
+
+
+def test_missing_profile_plugin_names_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setattr(profiler, "profile_plugin_installed", lambda: False)
+    with pytest.raises(ProfilerError, match="pip install tensorboard-plugin-profile"):
+        ProfilerWindow(tmp_path)
+    ProfilerWindow(tmp_path, require_plugin=False)  # capture anyway, view elsewhere
+
+
+def test_trace_without_xplane_file_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(profiler, "xplane_files", lambda log_dir: [])
+    with pytest.raises(ProfilerError, match=r"wrote no \.xplane\.pb"):
+        with ProfileSteps(tmp_path, start=0, stop=1, verbose=0) as prof:
+            with prof.step():
+                tf.constant(1.0) + 1.0
+
+
+def test_second_profiler_session_is_refused_clearly(tmp_path):
+    tf.profiler.experimental.start(str(tmp_path / "other"))
+    try:
+        prof = ProfileSteps(tmp_path, start=0, stop=1, verbose=0)
+        with pytest.raises(ProfilerError, match="another profiling session is running"):
+            prof.begin(1)
+    finally:
+        tf.profiler.experimental.stop()
+
+
+def test_on_demand_server_requires_acknowledging_all_interfaces():
+    with pytest.raises(ProfilerError, match="cannot be bound to 127.0.0.1"):
+        ProfilerWindow.on_demand(6009)
+    with pytest.raises(ProfilerError, match="port"):
+        profiler.start_profiler_server(0, listen_on_all_interfaces=True)

@@ -1,0 +1,127 @@
+"""find_batch_size and BatchSizeFinder on a real (small) model: restore, fake OOM, budget, LR scaling."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tftrain.callbacks import BatchSizeFinder
+from tftrain.errors import BatchSizeSearchError, ConfigError
+from tftrain.tuning import find_batch_size
+from tftrain.tuning.batch_size import ModelState, default_memory_budget
+
+
+def data(n=512):
+    rng = np.random.default_rng(0)
+    x = rng.random((n, 8)).astype("float32")
+    return x, (x[:, 0] > 0.5).astype("int32")
+
+
+def trained_model(lr=0.01):
+    """A compiled model that has taken one step, so its optimizer state is not zero."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dropout(0.1), keras.layers.Dense(2),
+    ])
+    model.compile(keras.optimizers.Adam(lr), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    x, y = data(64)
+    model.fit(x, y, batch_size=32, epochs=1, steps_per_epoch=1, verbose=0)
+    return model
+
+
+def state_values(model):
+    return [np.array(v) for v in ModelState(model).values]
+
+
+def assert_same_state(before, after):
+    assert len(before) == len(after)
+    for a, b in zip(before, after):
+        np.testing.assert_array_equal(a, b)
+
+
+def oom_above(model, threshold):
+    """Makes model.fit raise ResourceExhaustedError for batches above `threshold`, as an accelerator would."""
+    real_fit = model.fit
+
+    def fit(dataset, *args, **kwargs):
+        batch = dataset.element_spec[0].shape[0]
+        if batch > threshold:
+            raise tf.errors.ResourceExhaustedError(None, None, f"OOM when allocating tensor for batch {batch}")
+        return real_fit(dataset, *args, **kwargs)
+
+    model.fit = fit
+
+
+def test_search_restores_weights_optimizer_state_and_iterations():
+    model = trained_model()
+    before = state_values(model)
+    weights_before = model.get_weights()
+    iterations = int(model.optimizer.iterations.numpy())
+    result = find_batch_size(model, data(), init_val=16, max_val=64, steps_per_trial=2, verbose=0)
+    assert [t.batch_size for t in result.trials][:3] == [16, 32, 64]
+    assert all(t.status == "ok" and t.examples_per_sec > 0 for t in result.trials)
+    for a, b in zip(weights_before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert_same_state(before, state_values(model))
+    assert int(model.optimizer.iterations.numpy()) == iterations == 1
+
+
+@pytest.mark.parametrize("mode, expected", [("power", 128), ("binsearch", 200)])
+def test_fake_oom_above_a_threshold_picks_the_right_size(mode, expected):
+    model = trained_model()
+    before = state_values(model)
+    oom_above(model, 200)
+    result = find_batch_size(model, data(), mode=mode, objective="largest", init_val=32, max_val=512,
+                             steps_per_trial=1, margin=0.0, multiple_of=8, memory_budget=None, verbose=0)
+    assert result.batch_size == expected == result.largest_fitting
+    statuses = {t.batch_size: t.status for t in result.trials}
+    assert statuses[256] == "oom" and statuses[128] == "ok"
+    assert_same_state(before, state_values(model))  # restored after the OOMs too
+
+
+def test_cpu_memory_budget_in_bytes():
+    model = trained_model()
+    with pytest.raises(BatchSizeSearchError, match=r"over_budget"):
+        find_batch_size(model, data(), init_val=16, max_val=64, steps_per_trial=1, memory_budget=1, verbose=0)
+    assert default_memory_budget() > 0
+    result = find_batch_size(model, data(), init_val=16, max_val=32, steps_per_trial=1, verbose=0)
+    assert result.device_kind == "cpu" and result.memory_budget_bytes > 0  # default: half the free memory
+    assert all(t.peak_memory_bytes is not None for t in result.trials)
+
+
+def test_trial_time_limit_ends_growth():
+    model = trained_model()
+    # Every trial overruns a zero time limit: each stops after one execution, and nothing fits.
+    with pytest.raises(BatchSizeSearchError, match=r"tried 16 \(timeout\), 8 \(timeout\)"):
+        find_batch_size(model, data(), objective="largest", init_val=16, max_val=64, steps_per_trial=3,
+                        trial_timeout_s=0.0, max_trials=2, verbose=0, memory_budget=None)
+
+
+def test_linear_learning_rate_scaling_is_opt_in_and_reported():
+    model = trained_model(lr=0.01)
+    result = find_batch_size(model, data(), init_val=16, max_val=64, steps_per_trial=1, objective="largest",
+                             scale_learning_rate=True, base_batch_size=32, verbose=0)
+    assert result.batch_size == 64
+    assert result.learning_rate == pytest.approx(0.02) and result.base_learning_rate == pytest.approx(0.01)
+    assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.02)
+    assert "learning rate scaled 0.01 -> 0.02" in result.describe()
+    with pytest.raises(ConfigError, match="base_batch_size"):
+        find_batch_size(model, data(), scale_learning_rate=True, verbose=0)
+
+
+def test_uncompiled_model_is_refused():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    with pytest.raises(ConfigError, match="compiled model"):
+        find_batch_size(model, data(), verbose=0)
+
+
+def test_batch_size_finder_callback_searches_then_leaves_the_model_untouched():
+    model = trained_model()
+    before = state_values(model)
+    x, y = data()
+    finder = BatchSizeFinder((x, y), init_val=16, max_val=64, steps_per_trial=1, verbose=0)
+    history = model.fit(x, y, batch_size=16, epochs=3, callbacks=[finder], verbose=0)
+    assert finder.batch_size in (16, 32, 64) and finder.result.trials
+    assert len(history.epoch) == 1  # stopped after the search
+    assert_same_state(before, state_values(model))
