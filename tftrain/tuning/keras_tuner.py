@@ -54,8 +54,12 @@ def check_strategy(strategy: Optional[tf.distribute.Strategy]) -> Optional[tf.di
         return None
     multi_worker = (tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.experimental.ParameterServerStrategy)
     if isinstance(strategy, multi_worker):
+        name = (
+            "MultiWorkerMirroredStrategy" if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            else "ParameterServerStrategy"
+        )
         raise TuningError(
-            f"keras-tuner runs each trial on one worker; it cannot use {type(strategy).__name__}. "
+            f"keras-tuner runs each trial on one worker; it cannot use {name}. "
             "Tune with a single-worker strategy (--strategy mirrored, one_device or default), "
             "then train the best configuration multi-worker."
         )

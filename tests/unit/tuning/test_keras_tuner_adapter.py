@@ -36,7 +36,8 @@ def uninitialised(cls):
     "cls", [tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.experimental.ParameterServerStrategy]
 )
 def test_multi_worker_strategies_are_refused(tmp_path, cls):
-    with pytest.raises(TuningError, match=r"one worker.*--strategy mirrored") as err:
+    expected = r"one worker; it cannot use (MultiWorkerMirrored|ParameterServer)Strategy.*--strategy mirrored"
+    with pytest.raises(TuningError, match=expected) as err:
         make_tuner(hypermodel(), directory=tmp_path, strategy=uninitialised(cls))
     assert isinstance(err.value, ConfigError)
     assert not any(tmp_path.iterdir())
