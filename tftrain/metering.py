@@ -153,6 +153,33 @@ class StepMeter:
         self._executions.append(_Execution(self.epoch, self.total_steps, int(steps), float(seconds)))
         self.total_steps += int(steps)
 
+    def reconcile_epoch(self, epoch: int, steps: int) -> int:
+        """Corrects an epoch's step count to the true one (e.g. from the optimizer).
+
+        Hooks that see only nominal execution sizes over-count the last execution
+        of an epoch when the data runs out inside it; the difference is taken off
+        (or added to) that epoch's last execution.
+
+        Args:
+            epoch: the epoch.
+            steps: its true number of steps.
+
+        Returns:
+            The correction applied (true - recorded), in steps.
+        """
+        indices = [i for i, e in enumerate(self._executions) if e.epoch == epoch]
+        recorded = sum(self._executions[i].steps for i in indices)
+        diff = int(steps) - recorded
+        if diff and indices:
+            last = self._executions[indices[-1]]
+            fixed = last.steps + diff
+            if fixed > 0:
+                self._executions[indices[-1]] = dataclasses.replace(last, steps=fixed)
+            else:
+                del self._executions[indices[-1]]
+            self.total_steps += diff
+        return diff
+
     @property
     def measured_steps(self) -> int:
         """Steps recorded after the warm-up."""

@@ -117,3 +117,20 @@ def test_input_bound_verdict_wording_and_threshold():
         input_bound_verdict(0.1, 0.0)
     with pytest.raises(ValueError):
         input_bound_verdict(0.1, 0.1, threshold=0)
+
+
+def test_reconcile_epoch_corrects_the_last_execution():
+    meter = StepMeter(batch_size=8, warmup_steps=0)
+    meter.start_epoch(0)
+    for _ in range(3):
+        meter.record(4, 0.4)  # nominal: the hooks say 4 steps each
+    assert meter.reconcile_epoch(0, 10) == -2  # the data ran out: the last execution ran 2
+    assert meter.total_steps == 10
+    assert meter.step_times(0) == pytest.approx([0.1] * 8 + [0.2] * 2)
+    meter.start_epoch(1)
+    meter.record(4, 0.4)
+    assert meter.reconcile_epoch(1, 4) == 0
+    meter.start_epoch(2)
+    meter.record(4, 0.4)
+    meter.reconcile_epoch(2, 0)  # nothing really ran: the record goes
+    assert meter.stats(epoch=2) is None and meter.total_steps == 14

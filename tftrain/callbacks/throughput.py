@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 
 from tftrain import metering
-from tftrain.callbacks._steps import optimizer_steps
+from tftrain.callbacks._steps import optimizer_steps, steps_per_execution
 
 SCALAR_PREFIX = "throughput/"
 """TensorBoard scalar names start with this (e.g. `throughput/examples_per_sec`)."""
@@ -25,11 +25,15 @@ class ThroughputMonitor(keras.callbacks.Callback):
     """Measures examples/sec and step time during `fit`, and checks for input-bound.
 
     Each Keras batch hook covers one execution, which under
-    `steps_per_execution` may run several optimizer steps; the monitor counts
-    them from `model.optimizer.iterations` and times each execution from the end
-    of the previous one (so callback and Python overhead between executions are
-    included, as they are in real training). Warm-up steps (tracing, compilation)
-    are left out. Examples are global: steps x `batch_size`, where `batch_size` is
+    `steps_per_execution` may run several optimizer steps. The monitor takes each
+    execution's size from the hook's step indices and, once per epoch, reconciles
+    the epoch's count with `model.optimizer.iterations` (the true count: when the
+    data runs out, the last execution is shorter than its indices say). Reading
+    that variable costs a device round trip, so it is not done per step. Keras 3
+    waits for each execution to finish before calling the batch-end hook, so the
+    hooks time finished work. Each execution is timed from the end of the
+    previous one (callback and Python overhead between executions included, as
+    in real training). Warm-up steps (tracing, compilation) are left out. Examples are global: steps x `batch_size`, where `batch_size` is
     the global batch size (all replicas together), the size of the batches the
     dataset yields to `fit`.
 
@@ -98,7 +102,8 @@ class ThroughputMonitor(keras.callbacks.Callback):
         self.epochs: List[dict] = []
         self.input_check: Optional[metering.InputCheck] = None
         self._writer = None
-        self._steps = 0
+        self._iterations = 0
+        self._begin = 0
         self._t: Optional[float] = None
         self.hook_seconds = 0.0
         """Seconds spent inside this callback's batch hooks (its own overhead)."""
@@ -109,7 +114,7 @@ class ThroughputMonitor(keras.callbacks.Callback):
         self.epochs = []
         self.input_check = None
         self.hook_seconds = 0.0
-        self._steps = optimizer_steps(self.model)
+        self._iterations = optimizer_steps(self.model)
         if self.log_dir is not None and self._writer is None:
             self._writer = tf.summary.create_file_writer(os.path.join(os.fspath(self.log_dir), self.subdir))
 
@@ -118,19 +123,23 @@ class ThroughputMonitor(keras.callbacks.Callback):
         self._t = None
 
     def on_train_batch_begin(self, batch, logs=None):
+        self._begin = batch
         if self._t is None:  # first execution of the epoch: time it from here
             self._t = self.clock()
 
     def on_train_batch_end(self, batch, logs=None):
         now = self.clock()
-        steps = optimizer_steps(self.model)  # also waits for the execution to finish
-        done = self.clock()
-        self.meter.record(steps - self._steps, done - self._t)
-        self._steps = steps
-        self._t = done
+        # Nominal size from the hook indices (Keras 3 passes the execution's first and
+        # last step); on_epoch_end corrects it. Older Keras passed the first step twice.
+        nominal = batch - self._begin + 1 if batch > self._begin else steps_per_execution(self.model)
+        self.meter.record(nominal, now - self._t)
+        self._t = now
         self.hook_seconds += self.clock() - now
 
     def on_epoch_end(self, epoch, logs=None):
+        iterations = optimizer_steps(self.model)
+        self.meter.reconcile_epoch(epoch, iterations - self._iterations)
+        self._iterations = iterations
         stats = self.meter.stats(epoch)
         if stats is None:
             return

@@ -111,3 +111,16 @@ def test_monitor_counts_real_optimizer_steps_under_steps_per_execution():
     assert [e["steps"] for e in result["epochs"]] == [6, 10]
     assert result["input"] is not None and 0 < result["input"]["input_fraction"] <= 1
     assert result["monitor_overhead_s"] >= 0
+
+
+def test_monitor_counts_full_last_executions_with_steps_per_epoch_on_repeated_data():
+    # steps_per_epoch=10 with steps_per_execution=4: Keras runs 3 full executions, 12 steps per epoch.
+    x = np.zeros((64, 4), "float32")
+    ds = tf.data.Dataset.from_tensor_slices((x, np.zeros(64, "int32"))).batch(8, drop_remainder=True).repeat()
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile("sgd", "sparse_categorical_crossentropy", steps_per_execution=4)
+    monitor = ThroughputMonitor(batch_size=8, warmup_steps=0)
+    model.fit(ds, epochs=2, steps_per_epoch=10, callbacks=[monitor], verbose=0, shuffle=False)
+    assert int(model.optimizer.iterations.numpy()) == 24
+    assert monitor.result()["total_steps"] == 24
+    assert [e["steps"] for e in monitor.result()["epochs"]] == [12, 12]
