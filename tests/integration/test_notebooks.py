@@ -39,3 +39,13 @@ def test_notebook_runs(path, tmp_path):
         text = outputs_text(nb)
         assert "test_accuracy:" in text and "metrics.json" in text
         assert (tmp_path / "runs" / "quickstart" / "metrics.json").exists()
+    elif path.stem == "profiling":
+        text = outputs_text(nb)
+        assert "traced steps: (8, 16)" in text
+        assert "tensorboard --logdir runs/profiling-notebook-" in text
+        assert "step time median:" in text and "step time p90:" in text
+        assert "input: input-bound" in text or "input: not input-bound" in text
+        assert "batch size search: batch size " in text and "(throughput, power)" in text
+        assert "weights unchanged by the search: True" in text
+        (run_dir,) = (tmp_path / "runs").iterdir()
+        assert list(run_dir.glob("logs/train/plugins/profile/*/*.xplane.pb"))

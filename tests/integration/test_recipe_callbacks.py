@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from conftest import REPO, SMOKE, read_metrics, run_module
+from tests.conftest import REPO, SMOKE, read_metrics, run_module
 
 pytestmark = pytest.mark.integration
 

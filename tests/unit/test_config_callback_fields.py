@@ -6,7 +6,7 @@ from tftrain import cli, config
 from tftrain.config import DataConfig, RecipeConfig, TrainConfig, from_yaml
 from tftrain.errors import ConfigError
 from tftrain.recipes.mnist import DEFAULTS
-from conftest import REPO
+from tests.conftest import REPO
 
 
 def parse(argv):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from profile_traces import event_counts, read_xspace, step_markers
+from tests.profile_traces import event_counts, read_xspace, step_markers
 from tftrain.callbacks import ProfilerWindow, ProfileSteps, profiler
 from tftrain.callbacks.profiler import StepWindow, check_window_fits
 from tftrain.errors import ConfigError, ProfilerError
