@@ -263,6 +263,7 @@ def find_batch_size(
     max_trials: int = 20,
     margin: float = 0.05,
     min_gain: float = 0.05,
+    patience: int = 2,
     memory_budget: Union[int, str, None] = "auto",
     trial_timeout_s: Optional[float] = 60.0,
     multiple_of: Optional[int] = None,
@@ -294,8 +295,10 @@ def find_batch_size(
         max_trials: most trials. Defaults to 20.
         margin: safety fraction taken off the largest fitting size in binsearch
             mode. Defaults to 0.05.
-        min_gain: relative examples/sec gain below which a throughput search
-            stops growing. Defaults to 0.05.
+        min_gain: relative examples/sec gain below which a trial counts as no
+            improvement. Defaults to 0.05.
+        patience: trials in a row without improvement that end a throughput
+            search. Defaults to 2.
         memory_budget: bytes a trial may use above the memory in use at the
             start; `"auto"` uses half the available memory on the CPU and
             none on GPUs (OOM errors decide); None uses no budget. Defaults to
@@ -441,6 +444,7 @@ def find_batch_size(
         search = search_batch_size(
             run_trial, mode=mode, objective=objective, init_val=init_val, max_val=max_val,
             max_trials=max_trials, margin=margin, min_gain=min_gain, multiple_of=multiple_of,
+            patience=patience,
         )
     finally:
         state.restore()

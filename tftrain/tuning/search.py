@@ -166,12 +166,14 @@ def search_batch_size(
     margin: float = 0.05,
     min_gain: float = 0.05,
     multiple_of: int = 1,
+    patience: int = 2,
 ) -> SearchResult:
     """Searches the global batch size with caller-supplied trials.
 
     Growth: try `init_val`, then double (capped at `max_val`) while trials fit.
-    With objective `"throughput"` growth also stops when examples/sec improve by
-    less than `min_gain` over the previous fitting trial. If `init_val` itself
+    With objective `"throughput"` growth also stops once `patience` trials in a
+    row fail to beat the best examples/sec so far by `min_gain` (one slow trial
+    on a busy machine does not end the search). If `init_val` itself
     does not fit, it halves instead until one fits.
     `binsearch` mode (objective `"largest"` only) then bisects between the largest
     fitting and the smallest failing batch until they are `multiple_of` apart,
@@ -192,6 +194,8 @@ def search_batch_size(
         min_gain: smallest relative examples/sec gain that keeps a throughput
             search growing (0.05 = 5%). Defaults to 0.05.
         multiple_of: batch sizes are multiples of this. Defaults to 1.
+        patience: trials in a row without a `min_gain` improvement that end a
+            throughput search. Defaults to 2.
 
     Returns:
         A `SearchResult`.
@@ -206,6 +210,8 @@ def search_batch_size(
         1000
     """
     validate_search_args(mode, objective, init_val, max_val, max_trials, margin, min_gain, multiple_of)
+    if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+        raise ConfigError(f"patience must be a positive integer. Received: patience={patience!r}.")
     trials: List[Trial] = []
 
     def attempt(batch_size: int) -> Trial:
@@ -217,13 +223,14 @@ def search_batch_size(
     high_fail: Optional[int] = None  # smallest failing
     limit = "max_trials"
     size = init_val
-    previous_ok: Optional[Trial] = None
+    best_rate: Optional[float] = None
+    stale = 0  # trials in a row without a min_gain improvement
 
     # Shrink until something fits (only when init_val fails).
     while len(trials) < max_trials:
         trial = attempt(size)
         if trial.fits:
-            low_ok, previous_ok = size, trial
+            low_ok, best_rate = size, trial.examples_per_sec
             break
         high_fail = size
         smaller = _round_down(size // 2, multiple_of)
@@ -253,14 +260,15 @@ def search_batch_size(
             if not trial.fits:
                 high_fail, limit = size, "failure"
                 break
-            plateau = (
-                objective == "throughput"
-                and trial.examples_per_sec is not None
-                and previous_ok.examples_per_sec
-                and trial.examples_per_sec < previous_ok.examples_per_sec * (1 + min_gain)
-            )
-            low_ok, previous_ok = size, trial
-            if plateau:
+            low_ok = size
+            rate = trial.examples_per_sec
+            if rate is not None and best_rate and rate < best_rate * (1 + min_gain):
+                stale += 1
+            else:
+                stale = 0
+            if rate is not None and (best_rate is None or rate > best_rate):
+                best_rate = rate
+            if objective == "throughput" and stale >= patience:
                 limit = "plateau"
                 break
 

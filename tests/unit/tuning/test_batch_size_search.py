@@ -53,9 +53,20 @@ def test_throughput_objective_stops_on_a_plateau_and_prefers_the_smaller_batch()
     run = fake_oom_above(10**9, rate=lambda b: float(min(b, 256)) * 100)
     result = search_batch_size(run, objective="throughput", init_val=32, min_gain=0.05)
     assert result.limit == "plateau"
-    assert run.calls == [32, 64, 128, 256, 512]  # 512 gained < 5%: stop growing
+    assert run.calls == [32, 64, 128, 256, 512, 1024]  # 512 and 1024 gained < 5%: stop growing
     assert result.batch_size == 256 == result.best_throughput
     assert result.largest_fitting is None  # the memory limit was not searched
+    impatient = fake_oom_above(10**9, rate=lambda b: float(min(b, 256)) * 100)
+    assert search_batch_size(impatient, init_val=32, patience=1).batch_size == 256
+    assert impatient.calls == [32, 64, 128, 256, 512]
+
+
+def test_one_slow_trial_does_not_end_a_throughput_search():
+    rates = {32: 1000.0, 64: 500.0, 128: 3000.0, 256: 3050.0, 512: 3000.0}  # 64 hit a busy moment
+    run = fake_oom_above(10**9, rate=lambda b: rates.get(b, 3000.0))
+    result = search_batch_size(run, init_val=32)
+    assert run.calls == [32, 64, 128, 256, 512]
+    assert result.batch_size == 128
 
 
 def test_max_val_caps_growth():
@@ -99,7 +110,7 @@ def test_best_throughput_trial_picks_the_smallest_on_the_plateau():
 @pytest.mark.parametrize(
     "kwargs",
     [{"mode": "doubling"}, {"objective": "speed"}, {"init_val": 0}, {"max_val": 8, "init_val": 16},
-     {"margin": 1.0}, {"min_gain": -0.1}, {"init_val": 30, "multiple_of": 8}],
+     {"margin": 1.0}, {"min_gain": -0.1}, {"init_val": 30, "multiple_of": 8}, {"patience": 0}],
 )
 def test_invalid_arguments_raise_config_error(kwargs):
     with pytest.raises(ConfigError):
