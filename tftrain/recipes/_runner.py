@@ -175,6 +175,10 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
         print(line)
     if batch is not None:
         _print_batch(batch, steps_per_epoch, len(x_train))
+        if cfg.train.profile_window is not None:  # refuse a window past the end before writing anything
+            from tftrain.callbacks.profiler import check_window_fits
+
+            check_window_fits(*cfg.train.profile_window, cfg.train.epochs * steps_per_epoch)
     if parameter_server:
         print(
             f"note:      each step runs one global batch on one of {_training_workers(cluster)} worker(s), "
