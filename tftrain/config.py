@@ -41,11 +41,12 @@ STRATEGY_ALIASES = {"multi_worker": "multi_worker_mirrored", "ps": "parameter_se
 
 DEVICES = ("auto", "cpu", "gpu")
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
-EXECUTIONS = ("eager", "graph", "xla")
+EXECUTIONS = ("auto", "eager", "graph", "xla")
 COMMUNICATIONS = ("auto", "ring", "nccl")
 TUNERS = ("random", "hyperband", "bayesian")
 AUTO_BATCH = "auto"
 """`batch_size: auto` searches the global batch size (`tftrain.tuning.find_batch_size`)."""
+LR_SCHEDULES = ("constant", "cosine")
 
 
 def _field(default, help, choices=None, minimum=None, flag=None, special=()):
@@ -122,8 +123,11 @@ class RuntimeConfig:
         precision: Keras dtype policy: one of `PRECISIONS`. `"auto"` picks
             `mixed_float16` on GPUs of compute capability >= 7.0, `mixed_bfloat16`
             on CPUs with native bfloat16, else `float32`. Defaults to `"auto"`.
-        execution: `"eager"` (`run_eagerly=True`), `"graph"` (`tf.function`) or
-            `"xla"` (`jit_compile=True`). Defaults to `"graph"`.
+        execution: `"auto"` (time a few training steps of graph and XLA on the
+            run's own model and batch, keep the faster: see
+            `tftrain.runtime.execution.choose_execution`), `"eager"`
+            (`run_eagerly=True`), `"graph"` (`tf.function`) or `"xla"`
+            (`jit_compile=True`). Defaults to `"auto"`.
         steps_per_execution: optimizer steps run per `tf.function` call
             (Keras `compile(steps_per_execution=...)`). Defaults to 1.
         intra_op_threads: threads one op may use; 0 keeps TensorFlow's default
@@ -146,7 +150,7 @@ class RuntimeConfig:
     strategy: str = _field("default", "tf.distribute strategy", STRATEGIES + tuple(STRATEGY_ALIASES))
     device: str = _field("auto", "devices to train on", DEVICES)
     precision: str = _field("auto", "Keras dtype policy", PRECISIONS)
-    execution: str = _field("graph", "execution mode", EXECUTIONS)
+    execution: str = _field("auto", "execution mode (auto: time graph and XLA, keep the faster)", EXECUTIONS)
     steps_per_execution: int = _field(1, "optimizer steps per tf.function call", minimum=1)
     intra_op_threads: int = _field(0, "threads per op (0 = TensorFlow default)", minimum=0)
     inter_op_threads: int = _field(0, "concurrent ops (0 = TensorFlow default)", minimum=0)
@@ -180,8 +184,8 @@ class DataConfig:
         per_replica_batch_size: examples per replica per step. Defaults to None.
         shuffle_buffer: shuffle buffer size in examples; 0 shuffles the whole
             training set. Defaults to 0.
-        cache: cache the decoded examples in memory after the first epoch.
-            Defaults to True.
+        cache: cache the decoded examples in memory after the first epoch
+            (file sources; in-memory arrays need no cache). Defaults to True.
         parallel_map: run the preprocessing map with `num_parallel_calls=AUTOTUNE`.
             Defaults to True.
         prefetch: prefetch batches with `buffer_size=AUTOTUNE`. Defaults to True.
@@ -222,7 +226,12 @@ class TrainConfig:
         model: model name; the recipe lists the names it knows. Defaults to
             `"mlp"`.
         epochs: passes over the training set. Defaults to 10.
-        learning_rate: Adam learning rate. Defaults to 0.001.
+        learning_rate: Adam learning rate (the peak, under a schedule).
+            Defaults to 0.001.
+        lr_schedule: `"constant"`, or `"cosine"`: decay from `learning_rate` to 0
+            over the run's optimizer steps along a half cosine
+            (`keras.optimizers.schedules.CosineDecay`; Loshchilov & Hutter,
+            "SGDR", 2017). Defaults to `"constant"`.
         verbose: Keras `fit` verbosity: 0 silent, 1 progress bar, 2 one line
             per epoch. Defaults to 1.
         width: model width (hidden units of the MLP, filters of the CNN's first
@@ -240,7 +249,8 @@ class TrainConfig:
 
     model: str = _field("mlp", "model architecture")
     epochs: int = _field(10, "passes over the training set", minimum=1)
-    learning_rate: float = _field(1e-3, "Adam learning rate")
+    learning_rate: float = _field(1e-3, "Adam learning rate (peak, under a schedule)")
+    lr_schedule: str = _field("constant", "learning-rate schedule (cosine: decay to 0 over the run)", LR_SCHEDULES)
     verbose: int = _field(1, "0 silent, 1 progress bar, 2 one line per epoch", choices=(0, 1, 2))
     width: Optional[int] = _field(None, "model width: MLP hidden units / CNN first-layer filters", minimum=1)
     profile: Optional[str] = _field(None, "profile optimizer steps START,STOP into TensorBoard, e.g. 10,15")

@@ -62,6 +62,7 @@ _REPORT_ROWS = (
     ("precision", "Dtype policy", "{}"),
     ("loss_scaling", "Loss scaling", "{}"),
     ("execution", "Execution", "{}"),
+    ("execution_auto", "Execution auto choice", "{}"),
     ("strategy", "Strategy", "{}"),
     ("devices", "Devices", "{}"),
 )

@@ -28,11 +28,12 @@ RUNS = {
     "mirrored2-graph-bfloat16": (["--strategy", "mirrored", "--cpu-replicas", "2", "--per-replica-batch-size", "32",
                                   "--precision", "mixed_bfloat16"],
                                  dict(replicas=2, per_replica_batch_size=32, global_batch_size=64,
-                                      precision="mixed_bfloat16", compute_dtype="bfloat16", loss_scaling=False)),
+                                      precision="mixed_bfloat16", compute_dtype="bfloat16", loss_scaling=False,
+                                      execution="graph", execution_requested="auto")),  # no XLA across replicas
     "mwms-float16-spe4": (["--strategy", "multi_worker", "--precision", "mixed_float16",
                            "--steps-per-execution", "4"],
                           dict(replicas=1, strategy="multi_worker_mirrored", precision="mixed_float16",
-                               loss_scaling=True, steps_per_execution=4)),
+                               loss_scaling=True, steps_per_execution=4, execution="graph")),  # auto: no timing
     "mirrored1-cnn-eager": (["--strategy", "mirrored", "--model", "cnn", "--execution", "eager"],
                             dict(replicas=1, model="cnn", execution="eager", strategy_class="MirroredStrategy")),
 }
@@ -68,6 +69,14 @@ def test_default_run_writes_every_artifact(tmp_path):
     m = read_metrics(run_dir)
     for key in ("test_accuracy", "test_loss", "wall_time_s", "examples_per_sec", "replicas", "precision", "versions"):
         assert key in m
+    # --execution auto (the default) timed graph and XLA on this model and batch, and said so.
+    assert m["execution_requested"] == "auto" and m["execution"] in ("graph", "xla")
+    timings = m["execution_choice"]["timings"]
+    assert set(timings) == {"graph", "xla"} and all(t["examples_per_sec"] > 0 for t in timings.values())
+    assert m["execution"] == min(timings, key=lambda mode: timings[mode]["step_time_s"])
+    assert f"execution: auto -> {m['execution']} (graph " in r.stdout
+    assert "Execution auto choice" in (run_dir / "report.md").read_text()
+    assert m["lr_schedule"] == "cosine" and m["steps_per_execution"] == 8
     assert m["versions"]["tensorflow"]
     # The saved model loads and agrees with the reported accuracy on the test set.
     check = (
@@ -75,7 +84,7 @@ def test_default_run_writes_every_artifact(tmp_path):
         "from tftrain.data import load_mnist\n"
         f"m = keras.models.load_model({str(run_dir / 'model.keras')!r})\n"
         "d = load_mnist()\n"
-        "p = m.predict(d.x_test.astype('float32') / 255.0, verbose=0).argmax(-1)\n"
+        "p = m.predict(d.x_test, verbose=0).argmax(-1)\n"  # the models take raw pixels 0..255
         "print('ACC', (p == d.y_test).mean())\n"
     )
     out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120,
@@ -89,7 +98,8 @@ def test_default_run_writes_every_artifact(tmp_path):
 
 def test_mirrored_without_gpu_says_it_runs_on_cpu(tmp_path):
     # Covered by the "mirrored1-cnn" run's output as well; this checks the wording.
-    r = run_module(MODULE, ["--strategy", "mirrored", *SMOKE, "--train-examples", "256", "--run-dir", tmp_path / "r"],
+    r = run_module(MODULE, ["--strategy", "mirrored", *SMOKE, "--train-examples", "256", "--batch-size", "128",
+                            "--run-dir", tmp_path / "r"],
                    cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "no GPU found, so MirroredStrategy runs on the CPU as 1 replica(s)" in r.stdout

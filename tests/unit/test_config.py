@@ -43,6 +43,7 @@ def test_multi_worker_alias_is_normalised():
         (DataConfig, "train_examples", 0),
         (TrainConfig, "epochs", 0),
         (TrainConfig, "learning_rate", 0.0),
+        (TrainConfig, "lr_schedule", "linear"),
         (TrainConfig, "epochs", "3"),
         (TrainConfig, "epochs", True),
     ],

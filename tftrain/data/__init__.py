@@ -14,6 +14,7 @@ _EXPORTS = {
     "read_idx": "datasets",
     "BatchSize": "pipeline",
     "build_dataset": "pipeline",
+    "integer_labels": "pipeline",
     "resolve_batch_size": "pipeline",
     "scale_pixels": "pipeline",
 }

@@ -6,6 +6,14 @@ Order of stages, following the tf.data performance guide
 AUTOTUNE) -> prefetch (AUTOTUNE). Mapping whole batches instead of single examples
 calls the preprocessing function once per batch, which is much cheaper for small
 examples such as MNIST digits.
+
+In-memory arrays take the same path over example *indices*: the pipeline shuffles
+and batches int64 indices, and the batch map gathers the examples of a batch from
+the arrays in one vectorised `tf.gather`. The shuffle buffer then holds 8-byte
+indices instead of whole examples, which matters at every epoch start, when the
+buffer (the whole training set by default) refills before the first batch: for the
+MNIST MLP at batch 512 on 2 cores, this made training fed by the pipeline about 10%
+faster, as fast as training on one batch held in memory (`benchmarks/input_pipeline.py`).
 """
 
 from __future__ import annotations
@@ -82,6 +90,22 @@ def resolve_batch_size(
     return BatchSize(batch_size, batch_size // num_replicas, num_replicas)
 
 
+def integer_labels(features, labels):
+    """Passes features through unchanged (e.g. uint8 pixels) and casts labels to int32.
+
+    The batch map for models that scale their own inputs (a `Rescaling` layer),
+    such as the MNIST recipe's: the pipeline then only gathers raw batches.
+
+    Args:
+        features: tensor of any dtype and shape.
+        labels: integer tensor, e.g. `(batch,)`.
+
+    Returns:
+        `(features, int32 labels)`.
+    """
+    return features, tf.cast(labels, tf.int32)
+
+
 def scale_pixels(images, labels):
     """Maps uint8 pixels 0..255 to float32 0..1; labels pass through as int32.
 
@@ -119,7 +143,8 @@ def build_dataset(
             last partial batch so every step has the same shape; False keeps order
             and every example.
         config: pipeline options (`cache`, `shuffle_buffer`, `parallel_map`,
-            `prefetch`, `private_threads`). Defaults to `DataConfig()`.
+            `prefetch`, `private_threads`; `cache` only applies to file sources,
+            since arrays are in memory already). Defaults to `DataConfig()`.
         seed: shuffle seed; when given, the order is the same on every run
             (and `deterministic` ordering is enforced). Defaults to None.
         preprocess: function `(features, labels) -> (features, labels)` applied to
@@ -158,21 +183,28 @@ def build_dataset(
         x, y = source
         if len(x) != len(y):
             raise ConfigError(f"features and labels differ in length: {len(x)} vs {len(y)}.")
-        ds = tf.data.Dataset.from_tensor_slices((x, y))
         num_examples = len(x)
+        features, labels = tf.constant(x), tf.constant(y)
+        ds = tf.data.Dataset.range(num_examples)  # example indices; see the module docstring
 
     if input_context is not None:
         ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
         batch_size = input_context.get_per_replica_batch_size(batch_size)
     if from_files:
         ds = ds.map(parse_fn, num_parallel_calls=AUTOTUNE if config.parallel_map else None)
-    if config.cache:
-        ds = ds.cache()
+        if config.cache:  # arrays are in memory already: nothing to cache
+            ds = ds.cache()
     if training:
         buffer = config.shuffle_buffer or num_examples or 10_000
         ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
     ds = ds.batch(batch_size, drop_remainder=training if drop_remainder is None else drop_remainder)
-    if preprocess is not None:
+    if not from_files:
+        def gather(indices):
+            batch = (tf.gather(features, indices), tf.gather(labels, indices))
+            return batch if preprocess is None else preprocess(*batch)
+
+        ds = ds.map(gather, num_parallel_calls=AUTOTUNE if config.parallel_map else None)
+    elif preprocess is not None:
         ds = ds.map(preprocess, num_parallel_calls=AUTOTUNE if config.parallel_map else None)
     if config.prefetch:
         ds = ds.prefetch(AUTOTUNE)

@@ -33,6 +33,13 @@ from tftrain.errors import ConfigError
 
 PROG_PREFIX = "python -m tftrain.recipes."
 
+AUTO_PROBE_BATCHES = 16
+"""`--execution auto` times graph and XLA on the first this-many training batches."""
+
+AUTO_PROBE_STEPS = 16
+"""Optimizer steps timed per mode by `--execution auto` (after the compiling warm-up;
+at least 2 executions)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
@@ -51,6 +58,9 @@ class Recipe:
         description: one paragraph shown by `--help`. Defaults to "".
         widths: model name -> widths `--tune` chooses from (`train.width`).
             Defaults to None (width not tuned).
+        batch_sizes: model name -> global batch size used when the config sets
+            neither `batch_size` nor `per_replica_batch_size` (the best batch
+            size differs between models). Defaults to {} (128 per replica).
     """
 
     name: str
@@ -61,6 +71,7 @@ class Recipe:
     default_config: Optional[str] = None
     description: str = ""
     widths: Optional[Mapping[str, Sequence[int]]] = None
+    batch_sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 def main(argv: Optional[Sequence[str]], recipe: Recipe) -> int:
@@ -92,7 +103,13 @@ def main(argv: Optional[Sequence[str]], recipe: Recipe) -> int:
         return 130
 
 
-def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), started: Optional[float] = None) -> dict:
+def run(
+    cfg: config_lib.RecipeConfig,
+    recipe: Recipe,
+    argv: Sequence[str] = (),
+    started: Optional[float] = None,
+    extra_callbacks: Sequence = (),
+) -> dict:
     """Trains, evaluates and reports one validated config.
 
     Args:
@@ -101,10 +118,14 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
         argv: the command line, recorded in `metrics.json`. Defaults to ().
         started: `time.perf_counter()` at program start, for the wall time.
             Defaults to now.
+        extra_callbacks: Keras callbacks added to the training `fit` after the
+            recipe's own (e.g. a benchmark's time-to-accuracy probe). Defaults
+            to ().
 
     Returns:
         The metrics dict also written to `<run_dir>/metrics.json` (test accuracy,
-        loss, wall time in seconds, examples/sec, replicas, precision, versions, ...).
+        loss, wall time in seconds, examples/sec, replicas, precision, execution
+        mode and, for `auto`, both timings, versions, ...).
 
     Raises:
         ConfigError: (and subclasses) on bad input discovered while setting up.
@@ -129,7 +150,7 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server blocks in C++: stop at once
         serve(cluster, cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads)
         return {"served": cluster.task}
-    if parameter_server and cfg.runtime.execution != "graph":
+    if parameter_server and cfg.runtime.execution not in ("graph", "auto"):
         raise ConfigError(
             f"execution={cfg.runtime.execution!r} is not available with parameter_server: the "
             "coordinator schedules tf.functions on the workers. Pass --execution graph."
@@ -160,7 +181,10 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
     multi_process = strategy_name in MULTI_PROCESS_STRATEGIES
     batch = steps_per_epoch = None
     if not search_batch:
-        batch = resolve_batch_size(cfg.data.batch_size, cfg.data.per_replica_batch_size, rt.num_replicas)
+        batch_size = cfg.data.batch_size
+        if batch_size is None and cfg.data.per_replica_batch_size is None:
+            batch_size = recipe.batch_sizes.get(cfg.train.model)  # the model's default; None: 128 per replica
+        batch = resolve_batch_size(batch_size, cfg.data.per_replica_batch_size, rt.num_replicas)
         steps_per_epoch = _steps_per_epoch(len(x_train), batch.global_batch_size)
         if multi_process:
             # Every worker must run the same number of steps: keep whole global batches only, so
@@ -218,15 +242,25 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
             tuning = _tune(cfg, recipe, rt, x_train, y_train, out_dir, build_dataset)
             extra_metrics["tuning"] = tuning
             train_cfg = cfg.override(tuning["best"])
+        def compile_model(model, steps_per_epoch):
+            """Adam (cosine-decayed over the run when asked and the steps are known), loss, metrics."""
+            learning_rate = train_cfg.train.learning_rate
+            if train_cfg.train.lr_schedule == "cosine" and steps_per_epoch is not None:
+                learning_rate = keras.optimizers.schedules.CosineDecay(
+                    learning_rate, decay_steps=cfg.train.epochs * steps_per_epoch
+                )
+            with rt.strategy.scope():
+                model.compile(
+                    optimizer=keras.optimizers.Adam(learning_rate),
+                    loss=keras.losses.SparseCategoricalCrossentropy(),
+                    metrics=None if parameter_server else [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+                    **({} if parameter_server else rt.compile_options()),
+                )
+
         with rt.strategy.scope():
             model = runtime.ensure_float32_outputs(recipe.models[train_cfg.train.model](train_cfg))
-            model.compile(
-                optimizer=keras.optimizers.Adam(train_cfg.train.learning_rate),
-                loss=keras.losses.SparseCategoricalCrossentropy(),
-                metrics=None if parameter_server else [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-                **({} if parameter_server else rt.compile_options()),
-            )
             train_metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")] if parameter_server else []
+        compile_model(model, steps_per_epoch)  # searched batch sizes: constant rate until the search is done
         if cfg.data.batch_size == config_lib.AUTO_BATCH:
             from tftrain.tuning.batch_size import find_batch_size
 
@@ -245,6 +279,16 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
             )
             steps_per_epoch = _steps_per_epoch(len(x_train), batch.global_batch_size)
             _print_batch(batch, steps_per_epoch, len(x_train))
+            if train_cfg.train.lr_schedule == "cosine":
+                compile_model(model, steps_per_epoch)  # now the schedule knows the run's steps
+        execution, choice = cfg.runtime.execution, None
+        if execution == "auto":
+            # The first training batches, uncached (a partly read cache would make tf.data warn).
+            probe = min(len(x_train), batch.global_batch_size * AUTO_PROBE_BATCHES)
+            execution, choice = _auto_execution(model, cfg, rt, build_dataset(
+                (x_train[:probe], y_train[:probe]), batch.global_batch_size, training=True,
+                config=dataclasses.replace(data_cfg, cache=False), seed=cfg.seed, preprocess=recipe.preprocess,
+            ))
         test_ds = build_dataset(
             (data.x_test, data.y_test), batch.global_batch_size, training=False, config=data_cfg,
             preprocess=recipe.preprocess,
@@ -271,7 +315,7 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
             # double_checkpoint keeps the previous epoch's state in case a task dies mid-save.
             keras.callbacks.BackupAndRestore(str(out_dir.backup_dir), double_checkpoint=True),
             keras.callbacks.TensorBoard(str(out_dir.log_dir)),
-        ] + [cb for cb in (monitor, profiler) if cb is not None]
+        ] + [cb for cb in (monitor, profiler) if cb is not None] + list(extra_callbacks)
 
         fit_start = time.perf_counter()
         try:
@@ -327,7 +371,10 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
         "precision": rt.precision.policy,
         "compute_dtype": rt.precision.compute_dtype,
         "loss_scaling": loss_scaling,
-        "execution": cfg.runtime.execution,
+        "execution": execution,
+        "execution_requested": cfg.runtime.execution,
+        "execution_choice": choice.to_dict() if choice is not None else None,
+        "execution_auto": choice.describe() if choice is not None else None,
         "steps_per_execution": cfg.runtime.steps_per_execution,
         "threads": dataclasses.asdict(rt.threads),
         "history": {k: [float(v) for v in vals] for k, vals in history.history.items()},
@@ -335,6 +382,7 @@ def run(cfg: config_lib.RecipeConfig, recipe: Recipe, argv: Sequence[str] = (), 
         "argv": [PROG_PREFIX.split()[0], "-m", f"tftrain.recipes.{recipe.name}", *argv],
         "versions": reports.versions(),
         "learning_rate": train_cfg.train.learning_rate,
+        "lr_schedule": train_cfg.train.lr_schedule,
         "width": train_cfg.train.width,
         **extra_metrics,
     }
@@ -389,6 +437,30 @@ def _check_callback_flags(cfg, multi_process: bool) -> None:
             "--profile needs Model.fit's per-step hooks; parameter_server trains with a coordinator loop. "
             "Profile a single-worker run instead."
         )
+
+
+def _auto_execution(model, cfg, rt, probe_dataset):
+    """`--execution auto`: returns `(execution, ExecutionChoice or None)` and prints the choice.
+
+    Times graph and XLA on `probe_dataset` (the run's first `AUTO_PROBE_BATCHES`
+    training batches) with `choose_execution`, except where only graph is possible:
+    parameter-server and multi-worker runs (every task must run the same program,
+    and each would time its own steps) and several replicas (XLA cannot compile a
+    cross-replica step).
+    """
+    from tftrain.runtime.execution import choose_execution
+
+    strategy = cfg.runtime.strategy
+    if strategy in ("parameter_server", "multi_worker_mirrored"):
+        print(f"execution: auto -> graph ({strategy} runs do not time graph against XLA)")
+        return "graph", None
+    if rt.num_replicas > 1:
+        print(f"execution: auto -> graph (XLA does not run across {rt.num_replicas} replicas)")
+        return "graph", None
+    choice = choose_execution(model, probe_dataset, steps=AUTO_PROBE_STEPS, min_timed_executions=2)
+    print(f"execution: auto -> {choice.describe()}")
+    sys.stdout.flush()
+    return choice.execution, choice
 
 
 def _steps_per_epoch(num_examples: int, global_batch_size: int) -> int:

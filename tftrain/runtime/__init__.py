@@ -28,7 +28,13 @@ from tftrain.runtime.cluster import (
     slurm_cluster,
 )
 from tftrain.runtime.devices import DeviceInfo, configure_devices, select_devices, split_cpu
-from tftrain.runtime.execution import compile_options
+from tftrain.runtime.execution import (
+    ExecutionChoice,
+    StepTiming,
+    choose_execution,
+    compile_options,
+    time_training_steps,
+)
 from tftrain.runtime.precision import (
     PrecisionInfo,
     current_precision,
@@ -44,9 +50,12 @@ __all__ = [
     "MULTI_PROCESS_STRATEGIES",
     "ClusterInfo",
     "DeviceInfo",
+    "ExecutionChoice",
     "PrecisionInfo",
     "Runtime",
+    "StepTiming",
     "ThreadSettings",
+    "choose_execution",
     "compile_options",
     "configure_devices",
     "current_precision",
@@ -65,6 +74,7 @@ __all__ = [
     "slurm_cluster",
     "split_cpu",
     "start_server",
+    "time_training_steps",
 ]
 
 
@@ -95,8 +105,13 @@ class Runtime:
         return self.strategy.num_replicas_in_sync
 
     def compile_options(self) -> dict:
-        """`compile()` keyword arguments for the configured execution mode."""
-        return compile_options(self.config.execution, self.config.steps_per_execution)
+        """`compile()` keyword arguments for the configured execution mode.
+
+        `auto` compiles for graph mode; `choose_execution` then times graph and
+        XLA on the compiled model and keeps the faster.
+        """
+        execution = "graph" if self.config.execution == "auto" else self.config.execution
+        return compile_options(execution, self.config.steps_per_execution)
 
     def describe(self) -> list:
         """Human-readable lines: threads, devices, replicas, precision, execution."""

@@ -25,3 +25,120 @@ def test_options_are_accepted_by_keras_compile():
     model.compile(optimizer="sgd", loss="mse", **compile_options("graph", 2))
     model.fit(np.ones((8, 3)), np.ones((8, 1)), batch_size=2, epochs=1, verbose=0)
     assert int(model.optimizer.iterations.numpy()) == 4
+
+
+# --- time_training_steps and choose_execution (`--execution auto`) ---------------
+
+def _tiny_model(steps_per_execution=1):
+    import keras
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)])
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        **compile_options("graph", steps_per_execution),
+    )
+    return model
+
+
+def _batches(batch_size=16, n=64):
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 4)).astype("float32")
+    y = rng.integers(0, 3, size=n).astype("int32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size, drop_remainder=True)
+
+
+def test_time_training_steps_counts_whole_executions():
+    from tftrain.runtime import time_training_steps
+
+    model = _tiny_model(steps_per_execution=4)
+    timing = time_training_steps(model, _batches(), steps=6)
+    # 6 steps round up to 2 executions of 4, but at least 3 executions are timed.
+    assert timing.timed_steps == 12 and len(timing.execution_times_s) == 3
+    assert timing.batch_size == 16 and timing.steps_per_execution == 4
+    assert timing.step_time_s > 0 and timing.mean_step_time_s > 0 and timing.warmup_s > 0
+    assert timing.examples_per_sec == pytest.approx(16 / timing.step_time_s)
+    # Warm-up execution + 3 timed ones, 4 optimizer steps each.
+    assert int(model.optimizer.iterations.numpy()) == 16
+
+
+@pytest.mark.parametrize("kwargs", [{"steps": 0}, {"warmup_executions": 0}, {"min_timed_executions": 0}])
+def test_time_training_steps_rejects_bad_counts(kwargs):
+    from tftrain.runtime import time_training_steps
+
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        time_training_steps(_tiny_model(), _batches(), **kwargs)
+
+
+def test_choose_execution_restores_state_and_keeps_the_winner_compiled():
+    import numpy as np
+
+    from tftrain.runtime import choose_execution
+
+    model = _tiny_model()
+    model.fit(_batches(), epochs=1, verbose=0, shuffle=False)  # builds the optimizer; 4 steps
+    weights = [w.copy() for w in model.get_weights()]
+    optimizer_state = [v.numpy().copy() for v in model.optimizer.variables]
+
+    choice = choose_execution(model, _batches(), steps=3)
+
+    assert choice.execution in ("graph", "xla") and set(choice.timings) == {"graph", "xla"}
+    assert model.jit_compile == (choice.execution == "xla")
+    assert all(t.examples_per_sec > 0 for t in choice.timings.values())
+    assert "faster than" in choice.reason and choice.execution in choice.describe()
+    for before, after in zip(weights, model.get_weights()):
+        np.testing.assert_array_equal(before, after)
+    for before, variable in zip(optimizer_state, model.optimizer.variables):
+        np.testing.assert_array_equal(before, variable.numpy())
+    assert int(model.optimizer.iterations.numpy()) == 4
+    # The winner's compiled function is reused: fit does not build a new one.
+    function = model.train_function
+    model.fit(_batches(), epochs=1, verbose=0, shuffle=False)
+    assert model.train_function is function
+    assert int(model.optimizer.iterations.numpy()) == 8
+    assert choice.to_dict()["execution"] == choice.execution
+
+
+def test_choose_execution_takes_the_faster_mode(monkeypatch):
+    from tftrain.runtime import execution
+
+    def fake_timing(model, dataset, steps, warmup_executions, min_timed_executions, callbacks=()):
+        step = 0.004 if model.jit_compile else 0.001  # graph 4x faster than XLA here
+        return execution.StepTiming(step, 16 / step, step, 16, 1, steps, 0.1, (step,) * 3)
+
+    monkeypatch.setattr(execution, "time_training_steps", fake_timing)
+    model = _tiny_model()
+    choice = execution.choose_execution(model, _batches())
+    assert choice.execution == "graph" and not model.jit_compile
+    assert choice.reason == "4.00x faster than xla"
+    assert choice.timings["xla"].step_time_s == 0.004
+
+
+def test_choose_execution_with_one_candidate():
+    from tftrain.runtime import choose_execution
+
+    choice = choose_execution(_tiny_model(), _batches(), candidates=("graph",), steps=2)
+    assert choice.execution == "graph" and list(choice.timings) == ["graph"]
+    assert choice.reason == "only graph was timed"
+
+
+@pytest.mark.parametrize("candidates", [(), ("eager",), ("graph", "jit")])
+def test_choose_execution_rejects_bad_candidates(candidates):
+    from tftrain.runtime import choose_execution
+
+    with pytest.raises(ValueError, match="candidates"):
+        choose_execution(_tiny_model(), _batches(), candidates=candidates)
+
+
+def test_choose_execution_rejects_eager_models():
+    import keras
+
+    from tftrain.runtime import choose_execution
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    model.compile(optimizer="sgd", loss="mse", run_eagerly=True)
+    with pytest.raises(ValueError, match="run_eagerly"):
+        choose_execution(model, _batches())

@@ -1,0 +1,171 @@
+"""Runs the benchmark suite: every benchmark in its own process, back to back.
+
+    python -m benchmarks            # the CPU suite, full sizes (about 25 min on 2 cores)
+    python -m benchmarks --quick    # tiny sizes: checks the machinery (a few minutes)
+    python -m benchmarks --gpu      # the GPU suite (about 10 min on one GPU machine)
+    python -m benchmarks --only roofline,threads
+
+Each benchmark writes `<out>/<name>.json`, `.md` and `.png` (the GPU suite
+`gpu-<name>.*`); the runner adds `<out>/summary.md` and `summary.json`: every
+table, and the headline figures against the targets. Exit code 1 when a benchmark
+failed (its error is in the summary), else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks import common
+
+CPU_SUITE = ("time_to_accuracy", "roofline", "execution", "input_pipeline", "threads", "precision")
+"""Benchmarks of the CPU suite, in running order."""
+
+GPU_SUITE = ("time_to_accuracy", "roofline", "execution", "input_pipeline", "precision", "mirrored")
+"""Benchmarks of the GPU suite (thread counts do not bound GPU training: no `threads`)."""
+
+EXPECTED_MINUTES = {
+    # Full sizes on a quiet 2-core CPU, and on one GPU machine; --quick: seconds each.
+    "cpu": {"time_to_accuracy": 9, "roofline": 4, "execution": 3, "input_pipeline": 3, "threads": 4,
+            "precision": 2},
+    "gpu": {"time_to_accuracy": 4, "roofline": 1.5, "execution": 1.5, "input_pipeline": 1, "precision": 1,
+            "mirrored": 0.5},
+}
+"""Expected minutes per benchmark (printed before a run; the timeouts are 3x these)."""
+
+
+def gpu_count() -> int:
+    """GPUs TensorFlow sees, asked in a subprocess (this process stays TensorFlow-free)."""
+    code = "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+        return int(out.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, ValueError, IndexError):
+        return 0
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the machinery")
+    parser.add_argument("--gpu", action="store_true",
+                        help="the GPU suite (gpu-*.json); without a GPU it says so and runs --quick on the CPU")
+    parser.add_argument("--only", default=None, help="comma-separated benchmark names")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output folder (default: benchmarks/results/, --quick: benchmarks/results/quick/)")
+    args = parser.parse_args(argv)
+    return args
+
+
+def headline(summaries: dict) -> list:
+    """Rows `[figure, measured, target, met]` for the targets of issue 5."""
+    rows = []
+    tta = summaries.get("time_to_accuracy", {}).get("models", {})
+    for model_name, figures in tta.items():
+        speedup = figures.get("speedup_of_mean_times")
+        target = "≥ 4x" if model_name == "mlp" else "-"
+        met = "" if speedup is None or model_name != "mlp" else ("yes" if speedup >= 4 else "no")
+        rows.append([f"time to {figures['target']:.1%} ({model_name}): plain Keras / tftrain",
+                     "not reached" if speedup is None else f"{speedup:.2f}x", target, met])
+    roof = summaries.get("roofline", {})
+    for model_name, best in roof.get("best", {}).items():
+        fraction = best["fraction_of_peak"]
+        target = "≥ 50%" if model_name == "mlp" else "-"
+        met = ("yes" if fraction >= 0.5 else "no") if model_name == "mlp" else ""
+        rows.append([f"{model_name} best fraction of matmul peak ({roof['peak_gflops']:.0f} GFLOP/s)",
+                     f"{fraction:.0%} at batch {best['batch_size']} ({best['mode']})", target, met])
+    waits = summaries.get("input_pipeline", {}).get("input_wait_fraction_recipe_defaults", {})
+    for model_name, wait in waits.items():
+        rows.append([f"input wait, recipe defaults ({model_name})", f"{wait:.1%}", "< 5%",
+                     "yes" if wait < 0.05 else "no"])
+    return rows
+
+
+def main(argv=None) -> int:
+    """Runs the suite; returns the exit code."""
+    args = parse_args(argv)
+    suite_kind = "gpu" if args.gpu else "cpu"
+    suite = GPU_SUITE if args.gpu else CPU_SUITE
+    quick = args.quick
+    notes = []
+    if args.gpu:
+        n = gpu_count()
+        if n == 0:
+            print("=" * 78 + "\nNO GPU FOUND: TensorFlow sees no GPU on this machine. The GPU suite runs on the "
+                  "CPU at --quick\nsizes instead, only to check its code paths; every figure it writes is a CPU "
+                  "figure\n(gpu_found: false in each results file).\n" + "=" * 78, flush=True)
+            notes.append("NO GPU FOUND: the GPU suite ran on the CPU at --quick sizes; CPU figures only.")
+            quick = True
+        else:
+            print(f"GPU suite on {n} GPU(s).", flush=True)
+    if args.only:
+        unknown = [n for n in args.only.split(",") if n not in suite]
+        if unknown:
+            print(f"python -m benchmarks: error: unknown benchmark(s) {', '.join(unknown)} for the {suite_kind} "
+                  f"suite. Expected some of: {', '.join(suite)}.", file=sys.stderr)
+            return 2
+        suite = tuple(n for n in suite if n in args.only.split(","))
+    out = args.out or (common.QUICK_DIR if quick else common.RESULTS_DIR)
+    prefix = "gpu-" if args.gpu else ""
+    expected = EXPECTED_MINUTES[suite_kind]
+    if not quick:
+        print(f"Running {len(suite)} benchmark(s): {', '.join(suite)}; expected about "
+              f"{sum(expected[n] for n in suite):.0f} min on a quiet machine.", flush=True)
+
+    started = time.perf_counter()
+    statuses, summaries = {}, {}
+    for name in suite:
+        cmd = [sys.executable, "-m", f"benchmarks.{name}", "--out", str(out), "--prefix", prefix,
+               "--device", "gpu" if args.gpu else "cpu"]
+        if quick:
+            cmd.append("--quick")
+        timeout = 300 if quick else 3 * 60 * expected[name]
+        print(f"\n=== {name} ===", flush=True)
+        t0 = time.perf_counter()
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+        try:
+            proc = subprocess.run(cmd, timeout=timeout, env=env, cwd=Path(__file__).resolve().parents[1])
+            status = "ok" if proc.returncode == 0 else f"failed (exit code {proc.returncode})"
+        except subprocess.TimeoutExpired:
+            status = f"failed (timed out after {timeout:.0f} s)"
+        seconds = time.perf_counter() - t0
+        result_file = out / f"{prefix}{name}.json"
+        if status == "ok" and result_file.exists():
+            summaries[name] = json.loads(result_file.read_text())["summary"]
+        elif status == "ok":
+            status = "failed (no results file)"
+        statuses[name] = {"status": status, "seconds": seconds}
+        print(f"=== {name}: {status} in {seconds:.0f} s ===", flush=True)
+
+    total = time.perf_counter() - started
+    lines = [f"# Benchmark summary ({suite_kind} suite{', quick' if quick else ''})", "",
+             f"{datetime.datetime.now().isoformat(timespec='seconds')}; {common.cpu_model()}, "
+             f"{common.cpu_cores()} core(s); "
+             f"total {total / 60:.1f} min.", ""]
+    lines += [f"- {n}" for n in notes]
+    lines += ["## Targets", "", common.markdown_table(["figure", "measured", "target", "met"], headline(summaries)),
+              "", "## Runs", "",
+              common.markdown_table(["benchmark", "status", "seconds"],
+                                    [[n, s["status"], f"{s['seconds']:.0f}"] for n, s in statuses.items()]), ""]
+    for name in suite:
+        md = out / f"{prefix}{name}.md"
+        if md.exists() and statuses[name]["status"] == "ok":
+            lines += [md.read_text(encoding="utf-8").replace("## ", "### ", 1), ""]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{prefix}summary.md").write_text("\n".join(lines), encoding="utf-8")
+    (out / f"{prefix}summary.json").write_text(json.dumps(
+        {"suite": suite_kind, "quick": quick, "total_s": total, "runs": statuses, "summaries": summaries,
+         "notes": notes}, indent=2) + "\n", encoding="utf-8")
+    print("\n" + "\n".join(lines[:lines.index("## Runs")]), flush=True)
+    print(f"wrote {out / (prefix + 'summary.md')}", flush=True)
+    return 0 if all(s["status"] == "ok" for s in statuses.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""The benchmark suite's machinery, at `--quick` sizes: files, tables and sane values.
+
+One run of `python -m benchmarks --quick` (all six CPU benchmarks, each in its own
+process) is shared by the tests below; they check what it wrote, never speeds.
+A second, shorter run checks that the GPU suite says clearly when there is no GPU.
+"""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, SUBPROCESS_ENV
+
+pytestmark = pytest.mark.integration
+
+CPU_SUITE = ("time_to_accuracy", "roofline", "execution", "input_pipeline", "threads", "precision")
+
+
+def _run(args, timeout):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update(SUBPROCESS_ENV)
+    return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def quick_suite(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    proc = _run(["--quick", "--out", str(out)], timeout=900)
+    return proc, out
+
+
+def _load(out, name):
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def test_quick_suite_runs_every_benchmark(quick_suite):
+    proc, out = quick_suite
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for name in CPU_SUITE:
+        for ext in ("json", "md", "png"):
+            path = out / f"{name}.{ext}"
+            assert path.is_file() and path.stat().st_size > 0, path
+        assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        result = _load(out, name)
+        assert result["quick"] is True and result["benchmark"] == name
+        assert result["table"]["rows"], name
+        assert len(result["table"]["rows"][0]) == len(result["table"]["headers"])
+        md = (out / f"{name}.md").read_text()
+        assert md.startswith("## ") and "| --- |" not in md and "|---|" in md
+        assert f"## {result['title']}" in proc.stdout  # each table is printed too
+    summary = (out / "summary.md").read_text()
+    assert "## Targets" in summary and all(f"=== {n}: ok" in proc.stdout for n in CPU_SUITE)
+    assert json.loads((out / "summary.json").read_text())["runs"]["roofline"]["status"] == "ok"
+
+
+def test_time_to_accuracy_records_both_contenders(quick_suite):
+    _, out = quick_suite
+    result = _load(out, "time_to_accuracy")
+    records = result["data"]["records"]
+    assert {r["contender"] for r in records} == {"keras", "tftrain"}
+    for r in records:
+        assert "error" not in r, r
+        assert 1 <= len(r["epochs"]) <= r["max_epochs"]
+        assert all(0.0 <= e["test_accuracy"] <= 1.0 and e["train_time_s"] > 0 for e in r["epochs"])
+        times = [e["train_time_s"] for e in r["epochs"]]
+        assert times == sorted(times)
+        if r["reached_at"] is not None:
+            assert r["reached_at"]["test_accuracy"] >= r["target"]
+            assert r["reached_at"] == r["epochs"][-1]  # training stops at the target
+    tftrain = next(r for r in records if r["contender"] == "tftrain")
+    assert tftrain["settings"]["execution"] in ("graph", "xla")  # resolved by --execution auto
+    keras = next(r for r in records if r["contender"] == "keras")
+    assert keras["settings"]["batch_size"] == 64
+
+
+def test_roofline_figures_are_consistent(quick_suite):
+    _, out = quick_suite
+    result = _load(out, "roofline")
+    assert result["summary"]["peak_gflops"] > 0
+    assert result["summary"]["training_flops_per_example"] == {"mlp": 3_209_216, "cnn": 14_256_384}
+    peak = result["data"]["peak"]["best_flops"]
+    for p in result["data"]["points"]:
+        best = max(p["examples_per_sec"].values())
+        flops = result["summary"]["training_flops_per_example"][p["model"]]
+        assert best > 0 and p["best_mode"] in p["examples_per_sec"]
+        assert math.isclose(p["fraction_of_peak"], best * flops / peak, rel_tol=1e-9)
+
+
+def test_execution_input_threads_and_precision_values(quick_suite):
+    _, out = quick_suite
+    execution = _load(out, "execution")["data"]["points"]
+    assert {(p["model"], p["execution"]) for p in execution} >= {("mlp", "eager"), ("mlp", "xla"), ("cnn", "graph")}
+    assert all(p["examples_per_sec"] > 0 and p["step_time_s"] > 0 for p in execution)
+    graph1 = [p for p in execution if p["execution"] == "graph" and p["steps_per_execution"] == 1]
+    assert all(p["speedup_vs_graph_1"] == 1.0 for p in graph1)
+
+    pipeline = _load(out, "input_pipeline")
+    for p in pipeline["data"]["points"]:
+        assert 0.0 <= p["input_wait_fraction"] < 1.0
+        assert p["pipeline_examples_per_sec"] > 0 and p["training_examples_per_sec"] > 0
+    assert set(pipeline["summary"]["input_wait_fraction_recipe_defaults"]) == {"mlp", "cnn"}
+
+    threads = _load(out, "threads")
+    assert threads["summary"]["failed_points"] == 0
+    points = {(p["intra_op"], p["inter_op"]) for p in threads["data"]["points"]}
+    assert points == {(0, 0), (1, 1)}
+    assert all(v > 0 for p in threads["data"]["points"] for v in p["examples_per_sec"].values())
+
+    precision = _load(out, "precision")
+    policies = {p["policy"] for p in precision["data"]["points"]}
+    assert policies == {"float32", "mixed_bfloat16", "mixed_float16"}
+    assert all(p["examples_per_sec"] > 0 for p in precision["data"]["points"])
+
+
+def test_gpu_suite_says_when_there_is_no_gpu(tmp_path):
+    proc = _run(["--gpu", "--only", "mirrored", "--out", str(tmp_path)], timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "gpu-mirrored.json").read_text())
+    assert all(p["examples_per_sec"] > 0 for p in result["data"]["points"])
+    if "GPU suite on" in proc.stdout:  # a machine with GPUs: the real thing
+        assert result["device"]["gpu_found"] is True
+        return
+    assert "NO GPU FOUND" in proc.stdout
+    assert result["device"]["gpu_found"] is False and result["quick"] is True
+    assert any("NO GPU FOUND" in n for n in result["notes"])
+    assert "NO GPU FOUND" in (tmp_path / "gpu-summary.md").read_text()
+
+
+def test_unknown_benchmark_name_is_refused():
+    proc = _run(["--only", "rooflin"], timeout=120)
+    assert proc.returncode == 2 and "unknown benchmark(s) rooflin" in proc.stderr
