@@ -57,8 +57,10 @@ def run(args, device) -> common.Result:
             global_batch = per_replica * strategy.num_replicas_in_sync
             ds = common.train_batches(data, global_batch, examples=global_batch * 16)
             for policy in policies:
+                # Keras 3 cannot run several steps per call across replicas (keras-team/keras#19246).
+                steps_per_call = spe if strategy.num_replicas_in_sync == 1 else 1
                 with precision_policy(policy), strategy.scope():
-                    model = common.compile_model(common.build_model(model_name), "graph", spe)
+                    model = common.compile_model(common.build_model(model_name), "graph", steps_per_call)
                 key = (strategy_name, policy)
                 batches[key] = (global_batch, strategy.num_replicas_in_sync)
                 contenders[key] = (lambda m=model, d=ds, n=steps[model_name]:

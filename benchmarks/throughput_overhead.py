@@ -36,13 +36,13 @@ def main(argv=None) -> None:
     import keras
 
     from tftrain.callbacks import ThroughputMonitor
-    from tftrain.data import build_dataset, load_mnist, scale_pixels
+    from tftrain.data import build_dataset, integer_labels, load_mnist
     from tftrain.recipes import mnist
 
     keras.utils.set_random_seed(0)
     data = load_mnist()
     ds = build_dataset((data.x_train, data.y_train), args.batch_size, training=True, seed=0,
-                       preprocess=scale_pixels).repeat()
+                       preprocess=integer_labels).repeat()
     model = getattr(mnist, args.model)()
     model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy",
                   steps_per_execution=args.steps_per_execution)

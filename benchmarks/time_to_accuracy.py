@@ -155,7 +155,7 @@ def run_tftrain(model_name: str, seed: int, max_epochs: int, target: float, trai
         cfg = mnist.DEFAULTS.override(overrides)
         start = time.perf_counter()
         probe = make_probe(x_test, y_test, target, start)
-        run_recipe(cfg, mnist.RECIPE, callbacks=[probe], started=start)
+        run_recipe(cfg, mnist.RECIPE, extra_callbacks=[probe], started=start)
         metrics = json.loads((Path(tmp) / "run" / "metrics.json").read_text())
     return {"epochs": probe.epochs, "reached_at": probe.reached_at,
             "settings": {"batch_size": metrics["global_batch_size"], "execution": metrics["execution"],

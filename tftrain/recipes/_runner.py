@@ -375,7 +375,7 @@ def run(
         "execution_requested": cfg.runtime.execution,
         "execution_choice": choice.to_dict() if choice is not None else None,
         "execution_auto": choice.describe() if choice is not None else None,
-        "steps_per_execution": cfg.runtime.steps_per_execution,
+        "steps_per_execution": cfg.runtime.steps_per_execution if parameter_server else rt.steps_per_execution,
         "threads": dataclasses.asdict(rt.threads),
         "history": {k: [float(v) for v in vals] for k, vals in history.history.items()},
         "seed": cfg.seed,

@@ -104,6 +104,16 @@ class Runtime:
         """Replicas training in sync (all workers together)."""
         return self.strategy.num_replicas_in_sync
 
+    @property
+    def steps_per_execution(self) -> int:
+        """Optimizer steps per `tf.function` call actually used.
+
+        The configured value with one replica; 1 with several, where Keras 3's
+        multi-step loop fails inside a replica context ("You must feed a value for
+        placeholder tensor", https://github.com/keras-team/keras/issues/19246).
+        """
+        return self.config.steps_per_execution if self.num_replicas == 1 else 1
+
     def compile_options(self) -> dict:
         """`compile()` keyword arguments for the configured execution mode.
 
@@ -111,7 +121,7 @@ class Runtime:
         XLA on the compiled model and keeps the faster.
         """
         execution = "graph" if self.config.execution == "auto" else self.config.execution
-        return compile_options(execution, self.config.steps_per_execution)
+        return compile_options(execution, self.steps_per_execution)
 
     def describe(self) -> list:
         """Human-readable lines: threads, devices, replicas, precision, execution."""
@@ -122,7 +132,10 @@ class Runtime:
             f"strategy:  {self.config.strategy} ({type(self.strategy).__name__}), "
             f"{self.num_replicas} replica(s) in sync",
             f"precision: {self.precision.describe()}",
-            f"execution: {self.config.execution}, steps_per_execution={self.config.steps_per_execution}",
+            f"execution: {self.config.execution}, steps_per_execution={self.steps_per_execution}"
+            + ("" if self.steps_per_execution == self.config.steps_per_execution else
+               f" ({self.config.steps_per_execution} requested; Keras 3 runs one step per call across replicas, "
+               "keras-team/keras#19246)"),
         ]
         if self.cluster is not None:
             ps = f" and {self.cluster.num_ps} ps task(s)" if self.cluster.num_ps else ""

@@ -142,3 +142,24 @@ def test_choose_execution_rejects_eager_models():
     model.compile(optimizer="sgd", loss="mse", run_eagerly=True)
     with pytest.raises(ValueError, match="run_eagerly"):
         choose_execution(model, _batches())
+
+
+def test_runtime_runs_one_step_per_call_across_replicas():
+    from types import SimpleNamespace
+
+    from tftrain.config import RuntimeConfig
+    from tftrain.runtime import Runtime
+
+    def runtime(replicas, execution="auto"):
+        parts = dict(threads=SimpleNamespace(describe=lambda: "", applied=True),
+                     devices=SimpleNamespace(describe=lambda: ""), precision=SimpleNamespace(describe=lambda: ""),
+                     strategy=SimpleNamespace(num_replicas_in_sync=replicas), cluster=None)
+        return Runtime(RuntimeConfig(execution=execution, steps_per_execution=8), **parts)
+
+    one, two = runtime(1), runtime(2)
+    assert one.steps_per_execution == 8 and one.compile_options()["steps_per_execution"] == 8
+    # Keras 3's multi-step loop fails across replicas (keras-team/keras#19246).
+    assert two.steps_per_execution == 1 and two.compile_options()["steps_per_execution"] == 1
+    assert any("8 requested" in line and "19246" in line for line in two.describe())
+    # auto compiles for graph; choose_execution decides later.
+    assert one.compile_options()["jit_compile"] is False and runtime(1, "xla").compile_options()["jit_compile"]
