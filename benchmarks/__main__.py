@@ -1,6 +1,6 @@
 """Runs the benchmark suite: every benchmark in its own process, back to back.
 
-    python -m benchmarks            # the CPU suite, full sizes (about 25 min on 2 cores)
+    python -m benchmarks            # the CPU suite, full sizes (about 22 min on 2 quiet cores)
     python -m benchmarks --quick    # tiny sizes: checks the machinery (a few minutes)
     python -m benchmarks --gpu      # the GPU suite (about 10 min on one GPU machine)
     python -m benchmarks --only roofline,threads
@@ -32,8 +32,8 @@ GPU_SUITE = ("time_to_accuracy", "roofline", "execution", "input_pipeline", "pre
 
 EXPECTED_MINUTES = {
     # Full sizes on a quiet 2-core CPU, and on one GPU machine; --quick: seconds each.
-    "cpu": {"time_to_accuracy": 9, "roofline": 4, "execution": 3, "input_pipeline": 3, "threads": 4,
-            "precision": 2},
+    "cpu": {"time_to_accuracy": 9, "roofline": 2.5, "execution": 2.5, "input_pipeline": 3, "threads": 3,
+            "precision": 2.5},
     "gpu": {"time_to_accuracy": 4, "roofline": 1.5, "execution": 1.5, "input_pipeline": 1, "precision": 1,
             "mirrored": 0.5},
 }

@@ -24,7 +24,7 @@ def refused(proc):
 def test_profile_and_throughput_under_steps_per_execution(tmp_path):
     run_dir = tmp_path / "run"
     proc = ok(run_module(RECIPE, [*SMOKE, "--epochs", "2", "--steps-per-execution", "4", "--profile", "4,12",
-                                  "--run-dir", run_dir], cwd=REPO))
+                                  "--batch-size", "128", "--run-dir", run_dir], cwd=REPO))
     metrics = read_metrics(run_dir)
     # The keys the recipe always wrote are still there.
     for key in ("test_accuracy", "test_loss", "examples_per_sec", "global_batch_size", "history", "versions"):
@@ -48,7 +48,8 @@ def test_profile_and_throughput_under_steps_per_execution(tmp_path):
 
 def test_profile_window_past_the_end_is_refused_before_training(tmp_path):
     run_dir = tmp_path / "run"
-    line = refused(run_module(RECIPE, [*SMOKE, "--profile", "50,60", "--run-dir", run_dir], cwd=REPO))
+    line = refused(run_module(RECIPE, [*SMOKE, "--profile", "50,60", "--batch-size", "128", "--run-dir", run_dir],
+                              cwd=REPO))
     assert "starts after the end of training, which runs 8 optimizer step(s)" in line
     assert "--profile 2,7" in line
     assert not run_dir.exists()

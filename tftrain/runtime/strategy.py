@@ -36,7 +36,9 @@ class KerasMultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy
 
     This subclass reduces each element of a nested structure on its own, and
     reduces scalars across replicas (`axis=None`, the only reading `axis=0` can
-    have for them). Everything else is its parent's.
+    have for them). Integer types the collective reduce does not take (such as
+    uint8 images, which that first batch can hold) are reduced as int32 and cast
+    back. Everything else is its parent's.
     """
 
     def reduce(self, reduce_op, value, axis):
@@ -46,9 +48,17 @@ class KerasMultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy
         def reduce_one(v):
             local = self.experimental_local_results(v)
             scalar = bool(local) and getattr(local[0], "shape", None) is not None and local[0].shape.rank == 0
+            dtype = getattr(local[0], "dtype", None) if local else None
+            if dtype in _NARROW_INTEGERS:  # CollectiveReduceV2 takes bfloat16/half/float/double/int32/int64
+                wide = self.run(lambda t: tf.cast(t, tf.int32), args=(v,))
+                return tf.cast(parent.reduce(reduce_op, wide, None if scalar else axis), dtype)
             return parent.reduce(reduce_op, v, None if scalar else axis)
 
         return tf.nest.map_structure(reduce_one, value)
+
+
+_NARROW_INTEGERS = (tf.uint8, tf.int8, tf.uint16, tf.int16)
+"""Integer dtypes `KerasMultiWorkerMirroredStrategy.reduce` widens to int32 first."""
 
 
 def cluster_resolver(cluster: ClusterInfo, devices: Optional[DeviceInfo] = None):
