@@ -60,6 +60,37 @@ class Result:
     plot: Optional[Callable] = None
 
 
+def portable_argv(argv: Optional[list] = None) -> list:
+    """The command-line arguments as recorded in results files: paths inside the
+    repository relative to its root, and flags with an empty value left out, so
+    committed results name no folder of the machine that produced them.
+
+    Args:
+        argv: arguments; None reads `sys.argv[1:]`. Defaults to None.
+
+    Returns:
+        A new list of strings.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    root = Path(__file__).resolve().parents[1]
+    out = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("--") and "=" not in arg and i + 1 < len(args) and args[i + 1] == "":
+            i += 2  # e.g. --prefix "" (the CPU suite's empty prefix)
+            continue
+        path = Path(arg)
+        if path.is_absolute():
+            try:
+                arg = str(path.resolve().relative_to(root))
+            except ValueError:
+                pass
+        out.append(arg)
+        i += 1
+    return out
+
+
 def parse_args(name: str, description: str, argv=None, extra: Optional[Callable] = None) -> argparse.Namespace:
     """The common flags of every benchmark: `--quick`, `--out`, `--device`, `--prefix`.
 
@@ -246,7 +277,7 @@ def write_result(result: Result, args: argparse.Namespace, started: float, machi
         + [f"- {n}" for n in notes]
         + ["", f"Machine: {machine['cpu']}, {machine['cores']} core(s), load average "
                 f"{machine['load_average_at_start']} at start, {machine['load_average_at_end']} at end; "
-                f"device: {device.get('kind')}. Command: `{' '.join(['python -m benchmarks.' + result.name] + sys.argv[1:])}`", ""]
+                f"device: {device.get('kind')}. Command: `{' '.join(['python -m benchmarks.' + result.name] + portable_argv())}`", ""]
     )
     payload = {
         "benchmark": result.name,
@@ -260,7 +291,7 @@ def write_result(result: Result, args: argparse.Namespace, started: float, machi
         "table": {"headers": list(result.headers), "rows": [list(map(str, r)) for r in result.rows]},
         "data": result.data,
         "notes": notes,
-        "argv": sys.argv[1:],
+        "argv": portable_argv(),
     }
     json_path = out / f"{stem}.json"
     md_path = out / f"{stem}.md"
