@@ -377,6 +377,7 @@ def run(
         "execution_auto": choice.describe() if choice is not None else None,
         "steps_per_execution": cfg.runtime.steps_per_execution if parameter_server else rt.steps_per_execution,
         "threads": dataclasses.asdict(rt.threads),
+        "malloc": dataclasses.asdict(rt.malloc) if rt.malloc is not None else None,
         "history": {k: [float(v) for v in vals] for k, vals in history.history.items()},
         "seed": cfg.seed,
         "argv": [PROG_PREFIX.split()[0], "-m", f"tftrain.recipes.{recipe.name}", *argv],

@@ -1,4 +1,4 @@
-"""Runtime set-up: threads -> devices -> precision -> strategy, in that order.
+"""Runtime set-up: threads -> devices -> precision -> strategy -> malloc, in that order.
 
 Each step is usable on its own from any Keras script (`set_threads`,
 `configure_devices`, `set_precision`, `make_strategy`, `compile_options`);
@@ -35,6 +35,7 @@ from tftrain.runtime.execution import (
     compile_options,
     time_training_steps,
 )
+from tftrain.runtime.memory import MallocSettings, restore_malloc_thresholds
 from tftrain.runtime.precision import (
     PrecisionInfo,
     current_precision,
@@ -62,6 +63,8 @@ __all__ = [
     "ensure_float32_outputs",
     "cluster_resolver",
     "make_strategy",
+    "MallocSettings",
+    "restore_malloc_thresholds",
     "parse_slurm_step",
     "parse_tf_config",
     "precision_policy",
@@ -90,6 +93,8 @@ class Runtime:
         strategy: the `tf.distribute.Strategy`.
         cluster: the cluster (from TF_CONFIG or SLURM), or None for a single
             process.
+        malloc: `MallocSettings` of `restore_malloc_thresholds` (None when
+            built by hand).
     """
 
     config: RuntimeConfig
@@ -98,6 +103,7 @@ class Runtime:
     precision: PrecisionInfo
     strategy: tf.distribute.Strategy
     cluster: Optional[ClusterInfo]
+    malloc: Optional[MallocSettings] = None
 
     @property
     def num_replicas(self) -> int:
@@ -137,6 +143,8 @@ class Runtime:
                f" ({self.config.steps_per_execution} requested; Keras 3 runs one step per call across replicas, "
                "keras-team/keras#19246)"),
         ]
+        if self.malloc is not None:
+            lines.append(f"memory:    {self.malloc.describe()}")
         if self.cluster is not None:
             ps = f" and {self.cluster.num_ps} ps task(s)" if self.cluster.num_ps else ""
             lines.append(
@@ -147,7 +155,7 @@ class Runtime:
 
 
 def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[ClusterInfo] = None) -> Runtime:
-    """Configures threads, devices, precision and the strategy, in that order.
+    """Configures threads, devices, precision, the strategy and the malloc thresholds, in that order.
 
     Args:
         config: a validated `RuntimeConfig`.
@@ -189,4 +197,6 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[C
             "compiles the whole cross-replica step with XLA, which cannot span devices. "
             "Use --execution graph, or train on one replica."
         )
-    return Runtime(config, threads, devices, precision, strategy, cluster)
+    # After the strategy (which may start the runtime itself); see tftrain.runtime.memory.
+    malloc = restore_malloc_thresholds()
+    return Runtime(config, threads, devices, precision, strategy, cluster, malloc)
