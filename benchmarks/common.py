@@ -80,13 +80,14 @@ def portable_argv(argv: Optional[list] = None) -> list:
         if arg.startswith("--") and "=" not in arg and i + 1 < len(args) and args[i + 1] == "":
             i += 2  # e.g. --prefix "" (the CPU suite's empty prefix)
             continue
-        path = Path(arg)
-        if path.is_absolute():
+        flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        path = Path(value)
+        if value and path.is_absolute():
             try:
-                arg = str(path.resolve().relative_to(root))
+                value = str(path.resolve().relative_to(root))
             except ValueError:
                 pass
-        out.append(arg)
+        out.append(f"{flag}{eq}{value}")
         i += 1
     return out
 

@@ -141,6 +141,8 @@ def run_keras(model_name: str, seed: int, max_epochs: int, target: float, train_
 def run_tftrain(model_name: str, seed: int, max_epochs: int, target: float, train_examples=None,
                 device: str = "auto") -> dict:
     """The tftrain contender: the MNIST recipe with its defaults; returns the probe's record."""
+    import keras  # noqa: F401 (imports TensorFlow before the clock starts, as run_keras does)
+
     from tftrain.data import load_mnist
     from tftrain.recipes import mnist
     from tftrain.recipes._runner import run as run_recipe

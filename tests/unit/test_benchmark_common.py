@@ -7,6 +7,7 @@ from tests.conftest import REPO
 def test_portable_argv_makes_repo_paths_relative_and_drops_empty_flags():
     argv = ["--out", str(REPO / "benchmarks" / "results"), "--prefix", "", "--device", "cpu", "--quick"]
     assert common.portable_argv(argv) == ["--out", "benchmarks/results", "--device", "cpu", "--quick"]
+    assert common.portable_argv([f"--out={REPO / 'benchmarks'}", "--prefix="]) == ["--out=benchmarks", "--prefix="]
 
 
 def test_portable_argv_keeps_paths_outside_the_repo_and_non_empty_values(tmp_path):

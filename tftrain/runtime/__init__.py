@@ -48,6 +48,7 @@ from tftrain.runtime.strategy import cluster_resolver, make_strategy
 from tftrain.runtime.threads import ThreadSettings, set_threads
 
 __all__ = [
+    "GENERATOR_INPUT_STRATEGIES",
     "MULTI_PROCESS_STRATEGIES",
     "ClusterInfo",
     "DeviceInfo",
@@ -81,6 +82,12 @@ __all__ = [
 ]
 
 
+GENERATOR_INPUT_STRATEGIES = ("mirrored", "one_device", "multi_worker_mirrored")
+"""Strategies whose `fit` input runs TensorFlow's `GeneratorDataset` (a multi-device
+iterator), which sets glibc's malloc trim threshold to 128 KiB: `setup` calls
+`restore_malloc_thresholds` for these (see `tftrain.runtime.memory`)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Runtime:
     """What `setup` configured.
@@ -93,8 +100,9 @@ class Runtime:
         strategy: the `tf.distribute.Strategy`.
         cluster: the cluster (from TF_CONFIG or SLURM), or None for a single
             process.
-        malloc: `MallocSettings` of `restore_malloc_thresholds` (None when
-            built by hand).
+        malloc: `MallocSettings` of `restore_malloc_thresholds`, or None when
+            it was not called (strategies not in `GENERATOR_INPUT_STRATEGIES`,
+            or a `Runtime` built by hand).
     """
 
     config: RuntimeConfig
@@ -197,6 +205,7 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[C
             "compiles the whole cross-replica step with XLA, which cannot span devices. "
             "Use --execution graph, or train on one replica."
         )
-    # After the strategy (which may start the runtime itself); see tftrain.runtime.memory.
-    malloc = restore_malloc_thresholds()
+    # After the strategy, which must come before the runtime starts (restore_malloc_thresholds
+    # starts it); only for the strategies whose fit input sets TF's malloc patch.
+    malloc = restore_malloc_thresholds() if config.strategy in GENERATOR_INPUT_STRATEGIES else None
     return Runtime(config, threads, devices, precision, strategy, cluster, malloc)

@@ -148,6 +148,7 @@ def time_training_steps(
     Raises:
         ValueError: when `steps`, `warmup_executions` or `min_timed_executions`
             < 1, or the batch size cannot be read from the dataset.
+        RuntimeError: when Keras ran no batch hooks, so nothing could be timed.
 
     Example:
         >>> timing = time_training_steps(model, train_ds, steps=50)
@@ -256,7 +257,9 @@ def choose_execution(
         An `ExecutionChoice`; `model.jit_compile` matches its `execution`.
 
     Raises:
-        ValueError: on an unknown or empty list of candidates, or an eager model.
+        ValueError: on an unknown or empty list of candidates, an eager model,
+            or when no candidate could be timed (only `"xla"` on a model that
+            does not support it).
 
     Example:
         >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
@@ -294,6 +297,9 @@ def choose_execution(
             _restore(model, snapshot)
         raise
 
+    if not timings:
+        raise ValueError(f"No execution mode could be timed: skipped {', '.join(skipped)}. "
+                         "Add \"graph\" to the candidates.")
     best = min(timings, key=lambda m: timings[m].step_time_s)
     model.jit_compile = best == "xla"
     model.train_function = functions[best]
@@ -325,8 +331,9 @@ def _timed_and_restored(model, dataset, snapshot, **timing_args) -> StepTiming:
 
 
 def _state(model) -> list:
-    """(variable, value) pairs of the model's weights and its optimizer's state."""
-    variables = list(model.weights)
+    """(variable, value) pairs of the model's weights, its random-seed states (dropout)
+    and its optimizer's state."""
+    variables = list(model.variables)
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None:
         variables += list(optimizer.variables)

@@ -2,13 +2,13 @@
 
 TensorFlow's `GeneratorDataset` op, the first time it runs in a process, calls
 `mallopt(M_TRIM_THRESHOLD, 128 KiB)` (it logs "Memory patch applied:
-M_TRIM_THRESHOLD=128 kb was set"). Any explicit `mallopt` also turns off glibc's
-dynamic mmap threshold, which otherwise rises towards 32 MiB as large blocks are
-freed. From then on every allocation of 128 KiB or more is a fresh `mmap` and
-every free returns it to the OS, so each training step's activation and gradient
-buffers fault their pages in again. `tf.distribute` strategies feed `fit`
-through a multi-device iterator built on `GeneratorDataset`, so the first
-`fit` under `MirroredStrategy` or `OneDeviceStrategy` sets the patch; a user's
+M_TRIM_THRESHOLD=128 kb was set"). Any explicit `mallopt` also freezes glibc's
+dynamic mmap threshold at the value it had reached. From then on freed memory
+beyond 128 KiB at the top of a heap goes back to the OS, so each training step's
+activation and gradient buffers fault their pages in again. Keras feeds `fit`
+under `MirroredStrategy`, `OneDeviceStrategy` and `MultiWorkerMirroredStrategy`
+through a multi-device iterator built on `GeneratorDataset`, so their first
+`fit` sets the patch (the default strategy never does); a user's
 `tf.data.Dataset.from_generator` does too.
 
 Measured on this project's 2-core CPU (MNIST MLP, batch 512, graph): under a
@@ -21,8 +21,8 @@ about 27,000). See glibc's mallopt(3) for the thresholds.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import dataclasses
+import os
 import sys
 
 M_TRIM_THRESHOLD = -1
@@ -36,8 +36,13 @@ MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
 dynamic mmap threshold on 64-bit systems (DEFAULT_MMAP_THRESHOLD_MAX), 32 MiB."""
 
 TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES
-"""Free bytes at the top of the heap kept before returning them to the OS, 64 MiB:
+"""Free bytes at the top of a heap kept before returning them to the OS, 64 MiB:
 twice the mmap threshold, the ratio glibc's dynamic rule keeps."""
+
+USER_MALLOC_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX")
+"""Environment variables by which a user tunes glibc malloc; when one is set (or
+`GLIBC_TUNABLES` names a `glibc.malloc.` tunable), `restore_malloc_thresholds`
+leaves malloc alone. Setting one is also the way to opt out."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +51,8 @@ class MallocSettings:
 
     Attributes:
         applied: True when both thresholds were set.
-        mmap_threshold_bytes: the mmap threshold set, in bytes (0 if not applied).
-        trim_threshold_bytes: the trim threshold set, in bytes (0 if not applied).
+        mmap_threshold_bytes: the mmap threshold set, in bytes (0 if not set).
+        trim_threshold_bytes: the trim threshold set, in bytes (0 if not set).
         reason: why it was not applied ("" when applied).
     """
 
@@ -57,26 +62,50 @@ class MallocSettings:
     reason: str = ""
 
     def describe(self) -> str:
-        """One line for the run's header."""
+        """One line for the run's header.
+
+        Returns:
+            E.g. "glibc malloc keeps freed buffers (mmap threshold 32 MiB, trim
+            threshold 64 MiB)", or "malloc thresholds unchanged (<reason>)".
+        """
         if not self.applied:
             return f"malloc thresholds unchanged ({self.reason})"
         return (f"glibc malloc keeps freed buffers (mmap threshold {self.mmap_threshold_bytes / 2**20:.0f} MiB, "
                 f"trim threshold {self.trim_threshold_bytes / 2**20:.0f} MiB)")
 
 
+def _user_malloc_setting() -> str:
+    """The first malloc setting the user made in the environment, or ""."""
+    for name in USER_MALLOC_SETTINGS:
+        if name in os.environ:
+            return name
+    if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+        return "GLIBC_TUNABLES"
+    return ""
+
+
 def _glibc():
-    """The C library, when it is glibc (it has `mallopt` and `gnu_get_libc_version`); else None."""
+    """`(libc, reason)`: glibc when it is the process's allocator, else `(None, why not)`."""
     if not sys.platform.startswith("linux"):
-        return None
+        return None, f"no glibc on {sys.platform}"
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-    if not (hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt")):
-        return None  # e.g. musl
+        version = os.confstr("CS_GNU_LIBC_VERSION")
+    except (ValueError, OSError):
+        version = None
+    if not version:
+        return None, "the C library is not glibc"
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        process = ctypes.CDLL(None)
+    except OSError as e:
+        return None, f"cannot load glibc ({e})"
+    # An allocator preloaded in front of glibc (jemalloc, tcmalloc) serves malloc itself;
+    # glibc's mallopt would then change nothing that is used.
+    if ctypes.cast(process.malloc, ctypes.c_void_p).value != ctypes.cast(libc.malloc, ctypes.c_void_p).value:
+        return None, "another allocator is preloaded in front of glibc"
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     libc.mallopt.restype = ctypes.c_int
-    return libc
+    return libc, ""
 
 
 def _apply_tensorflow_patch_now() -> None:
@@ -97,35 +126,55 @@ def restore_malloc_thresholds(
 
     Runs TensorFlow's one-time `GeneratorDataset` malloc patch now (see the module
     docstring), then sets glibc's mmap and trim thresholds to the values its own
-    dynamic rule reaches for large buffers. Call it after the TensorFlow runtime
-    may start (it runs a tiny dataset): `tftrain.runtime.setup` calls it right
-    after building the strategy. A later `GeneratorDataset` does not reapply the
-    patch. The cost: up to `trim_threshold_bytes` of freed memory per malloc
-    arena stays with the process instead of going back to the OS.
+    dynamic rule reaches for large buffers. A later `GeneratorDataset` does not
+    reapply the patch. It runs a tiny `tf.data` dataset, so it starts
+    TensorFlow's runtime: call it after `set_threads`, `configure_devices` and
+    `split_cpu`, and after building a `MultiWorkerMirroredStrategy` (which must
+    configure collective ops before the runtime starts). `tftrain.runtime.setup`
+    calls it right after building a `mirrored`, `one_device` or
+    `multi_worker_mirrored` strategy, the ones whose `fit` input sets the patch.
+
+    The cost: allocations under the mmap threshold now come from malloc's heaps,
+    which keep up to `trim_threshold_bytes` of free memory at the top of each
+    heap, and free blocks below memory still in use, rather than returning them
+    to the OS; for a training loop that reuses the same buffer sizes every step
+    this is the memory the next step needs anyway.
 
     Args:
         mmap_threshold_bytes: allocations of at least this many bytes are
             mmapped; > 0. Defaults to `MMAP_THRESHOLD_BYTES` (32 MiB).
-        trim_threshold_bytes: free bytes at the top of the heap kept; > 0.
+        trim_threshold_bytes: free bytes at the top of a heap kept; > 0.
             Defaults to `TRIM_THRESHOLD_BYTES` (64 MiB).
 
     Returns:
-        A `MallocSettings`; `applied` is False, with the reason, on a system
-        without glibc (macOS, Windows, musl), where nothing is changed.
+        A `MallocSettings`. `applied` is False, with the reason, and nothing is
+        changed, where the allocator is not glibc (macOS, Windows, musl, a
+        preloaded jemalloc or tcmalloc) or where the user set one of
+        `USER_MALLOC_SETTINGS` or a `glibc.malloc.` tunable in `GLIBC_TUNABLES`.
 
     Raises:
-        ValueError: when a threshold is not a positive integer or does not fit a C int.
+        ValueError: when a threshold is not a positive integer below 2**31.
+
+    Example:
+        >>> strategy = tf.distribute.MirroredStrategy()
+        >>> print(restore_malloc_thresholds().describe())
+        glibc malloc keeps freed buffers (mmap threshold 32 MiB, trim threshold 64 MiB)
     """
     for name, value in (("mmap_threshold_bytes", mmap_threshold_bytes),
                         ("trim_threshold_bytes", trim_threshold_bytes)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**31:
             raise ValueError(f"{name} must be a positive integer below 2**31. Received: {name}={value!r}.")
-    libc = _glibc()
+    user_setting = _user_malloc_setting()
+    if user_setting:
+        return MallocSettings(False, reason=f"{user_setting} is set: malloc keeps the user's settings")
+    libc, reason = _glibc()
     if libc is None:
-        return MallocSettings(False, reason=f"no glibc on {sys.platform}")
+        return MallocSettings(False, reason=reason)
     _apply_tensorflow_patch_now()
-    ok = libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold_bytes) == 1
-    ok = libc.mallopt(M_TRIM_THRESHOLD, trim_threshold_bytes) == 1 and ok
-    if not ok:
-        return MallocSettings(False, reason="glibc refused mallopt")
+    mmap_ok = libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold_bytes) == 1
+    trim_ok = libc.mallopt(M_TRIM_THRESHOLD, trim_threshold_bytes) == 1
+    if not (mmap_ok and trim_ok):
+        failed = " and ".join(n for n, ok in (("M_MMAP_THRESHOLD", mmap_ok), ("M_TRIM_THRESHOLD", trim_ok)) if not ok)
+        return MallocSettings(False, mmap_threshold_bytes if mmap_ok else 0, trim_threshold_bytes if trim_ok else 0,
+                              reason=f"glibc refused mallopt({failed}); TensorFlow's 128 KiB trim patch may be in force")
     return MallocSettings(True, mmap_threshold_bytes, trim_threshold_bytes)

@@ -61,3 +61,44 @@ def test_describe_names_the_thresholds_or_the_reason():
     assert "mmap threshold 32 MiB, trim threshold 64 MiB" in memory.MallocSettings(
         True, memory.MMAP_THRESHOLD_BYTES, memory.TRIM_THRESHOLD_BYTES).describe()
     assert "no glibc on darwin" in memory.MallocSettings(False, reason="no glibc on darwin").describe()
+
+
+def test_nothing_changes_without_glibc(monkeypatch):
+    monkeypatch.setattr(memory, "_glibc", lambda: (None, "no glibc on darwin"))
+    monkeypatch.setattr(memory, "_apply_tensorflow_patch_now", lambda: pytest.fail("must not run TF's patch"))
+    settings = memory.restore_malloc_thresholds()
+    assert settings == memory.MallocSettings(False, reason="no glibc on darwin")
+
+
+def test_a_users_own_malloc_settings_are_kept(monkeypatch):
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+    monkeypatch.setattr(memory, "_apply_tensorflow_patch_now", lambda: pytest.fail("must not run TF's patch"))
+    settings = memory.restore_malloc_thresholds()
+    assert not settings.applied and "MALLOC_ARENA_MAX is set" in settings.reason
+
+
+def test_glibc_tunables_count_only_for_malloc(monkeypatch):
+    for name in memory.USER_MALLOC_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.pthread.rseq=0")
+    assert memory._user_malloc_setting() == ""
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1000000")
+    assert memory._user_malloc_setting() == "GLIBC_TUNABLES"
+
+
+SETUP = """
+from tftrain import runtime
+from tftrain.config import RuntimeConfig
+rt = runtime.setup(RuntimeConfig(strategy=STRATEGY))
+print("RESULT", None if rt.malloc is None else rt.malloc.applied)
+print("\\n".join(rt.describe()))
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's mallopt only")
+@pytest.mark.parametrize("strategy,expected", [("default", "None"), ("mirrored", "True")])
+def test_setup_restores_the_thresholds_only_for_generator_input_strategies(strategy, expected):
+    r = run_python(SETUP.replace("STRATEGY", repr(strategy)))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("RESULT", 1)[1].split()[0] == expected
+    assert ("memory:    glibc malloc keeps freed buffers" in r.stdout) == (expected == "True")
