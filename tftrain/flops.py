@@ -14,7 +14,10 @@ So a deep stack costs about 3x its forward pass (the rule used by Kaplan et al.,
 "Scaling Laws for Neural Language Models", 2020, section 2.1: `C ~ 6N` per token,
 `2N` forward and `4N` backward). Elementwise work (bias adds, activations, dropout,
 pooling, normalisation, the optimizer update) is not counted: it is memory-bound,
-not matmul-bound, and for the models here it is under 1% of the multiply-adds.
+not matmul-bound. For the MNIST models the activations, dropout and pooling are under
+1% of the multiply-adds; the optimizer update is per step, not per example: Adam's
+roughly 10 FLOPs per parameter and step, spread over the batch, add about 8% to the
+MLP's count at batch 32 and under 1% from batch 256 up.
 
 This module reads layer configurations and shapes only; it runs no TensorFlow ops.
 """
