@@ -56,6 +56,10 @@ def test_quick_suite_runs_every_benchmark(quick_suite):
         assert f"## {result['title']}" in proc.stdout  # each table is printed too
     summary = (out / "summary.md").read_text()
     assert "## Targets" in summary and all(f"=== {n}: ok" in proc.stdout for n in CPU_SUITE)
+    # Quick figures never claim a target: every verdict reads n/a.
+    verdicts = [line.rsplit("|", 2)[1].strip() for line in summary.split("## Runs")[0].splitlines()
+                if line.startswith("| ") and "figure" not in line]
+    assert verdicts and all(v in ("", "n/a (quick)") for v in verdicts), verdicts
     assert json.loads((out / "summary.json").read_text())["runs"]["roofline"]["status"] == "ok"
 
 

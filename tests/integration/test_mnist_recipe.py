@@ -132,9 +132,10 @@ def _error_line(r):
         (["--config", "missing.yaml"], None, "does not exist"),
         (["--strategy", "mirrored", "--cpu-replicas", "2", "--execution", "xla"], None,
          "execution='xla' does not work with 2 replicas"),
+        (["--cpu-replicas", "2"], None, "cpu_replicas=2 splits the CPU into replicas for the mirrored strategy"),
     ],
     ids=["strategy", "precision", "execution", "batch", "epochs", "tf_config_json", "tf_config_index",
-         "data_dir", "indivisible", "config_file", "xla_replicas"],
+         "data_dir", "indivisible", "config_file", "xla_replicas", "cpu_replicas_default"],
 )
 def test_bad_input_one_line_exit_2(tmp_path, args, env, pattern):
     r = run_module(MODULE, [*args, "--run-dir", tmp_path / "run"], cwd=tmp_path, env=env)

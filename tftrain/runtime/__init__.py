@@ -181,8 +181,8 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[C
             not suit the strategy (checked before any strategy is built).
         DeviceError: when the requested devices are unavailable.
         ConfigError: on an invalid combination (`nccl` on CPU, `xla` with more
-            than one replica, or `cpu_replicas` > 1 with a multi-process
-            strategy).
+            than one replica, or `cpu_replicas` > 1 with any strategy but
+            `mirrored`).
     """
     multi_process = config.strategy in MULTI_PROCESS_STRATEGIES
     if multi_process and cluster is None:
@@ -192,6 +192,12 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[C
             f"cpu_replicas={config.cpu_replicas} splits one CPU for the mirrored strategy; "
             f"{config.strategy} runs one replica per CPU task. Drop --cpu-replicas, or start more "
             "workers (python -m tftrain.launch --workers N)."
+        )
+    if config.strategy in ("default", "one_device") and config.cpu_replicas > 1:
+        raise ConfigError(
+            f"cpu_replicas={config.cpu_replicas} splits the CPU into replicas for the mirrored strategy; "
+            f"strategy {config.strategy!r} would train on one of them. Add --strategy mirrored, or drop "
+            "--cpu-replicas."
         )
     threads = set_threads(config.intra_op_threads, config.inter_op_threads)
     # Nothing so far starts TensorFlow's runtime, so MultiWorkerMirroredStrategy can still
