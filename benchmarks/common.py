@@ -340,6 +340,30 @@ def main_for(name: str, description: str, run: Callable, argv=None, extra: Optio
     return 0
 
 
+def main_with_worker(name: str, description: str, run: Callable, worker: Callable, worker_flag: str,
+                     argv=None, extra: Optional[Callable] = None) -> int:
+    """`main` of a benchmark whose contenders run in worker processes of its own.
+
+    With the flag `worker_flag` set (the attribute name, e.g. `"contender"`), runs
+    `worker(args)`, which writes its record to `--point-out`; otherwise runs the
+    benchmark with `main_for`.
+
+    Returns:
+        The exit code (0).
+
+    Raises:
+        SystemExit: in worker mode without `--point-out`.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    args = parse_args(name, description, argv, extra)
+    if getattr(args, worker_flag):
+        if args.point_out is None:
+            raise SystemExit(f"--{worker_flag.replace('_', '-')} needs --point-out FILE")
+        worker(args)
+        return 0
+    return main_for(name, description, run, argv, extra=extra)
+
+
 # --- Workloads shared by the benchmarks -------------------------------------------
 
 MODELS = ("mlp", "cnn")

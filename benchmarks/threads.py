@@ -171,14 +171,7 @@ def run(args, device) -> common.Result:
 
 def main(argv=None) -> int:
     """`python -m benchmarks.threads [--quick] [--batch-size N]`; `--point` is the worker mode."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    args = common.parse_args(NAME, __doc__.splitlines()[0], argv, extra=_extra)
-    if args.point:
-        if args.point_out is None:
-            raise SystemExit("--point needs --point-out FILE")
-        worker(args)
-        return 0
-    return common.main_for(NAME, __doc__.splitlines()[0], run, argv, extra=_extra)
+    return common.main_with_worker(NAME, __doc__.splitlines()[0], run, worker, "point", argv, extra=_extra)
 
 
 if __name__ == "__main__":

@@ -312,14 +312,7 @@ def run(args, device) -> common.Result:
 
 def main(argv=None) -> int:
     """`python -m benchmarks.time_to_accuracy [--quick]`; `--contender` is the worker mode."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    args = common.parse_args(NAME, __doc__.splitlines()[0], argv, extra=_extra)
-    if args.contender:
-        if args.point_out is None:
-            raise SystemExit("--contender needs --point-out FILE")
-        worker(args)
-        return 0
-    return common.main_for(NAME, __doc__.splitlines()[0], run, argv, extra=_extra)
+    return common.main_with_worker(NAME, __doc__.splitlines()[0], run, worker, "contender", argv, extra=_extra)
 
 
 if __name__ == "__main__":
