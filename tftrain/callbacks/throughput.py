@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tftrain import metering
 from tftrain.callbacks._steps import optimizer_steps, steps_per_execution
+from tftrain.runtime.execution import static_batch_size
 
 SCALAR_PREFIX = "throughput/"
 """TensorBoard scalar names start with this (e.g. `throughput/examples_per_sec`)."""
@@ -87,7 +88,7 @@ class ThroughputMonitor(keras.callbacks.Callback):
     ):
         super().__init__()
         if batch_size is None and input_data is not None:
-            batch_size = _static_batch_size(input_data)
+            batch_size = static_batch_size(input_data)
         self.meter = metering.StepMeter(batch_size, warmup_steps, window)  # validates
         if input_batches < 1:
             raise ValueError(f"input_batches must be >= 1. Received: input_batches={input_batches!r}.")
@@ -211,14 +212,3 @@ def _describe(stats: metering.ThroughputStats) -> str:
         f"p90 {stats.step_time_p90_s * 1e3:.2f} ms over {stats.steps} steps"
     )
 
-
-def _static_batch_size(data) -> Optional[int]:
-    """The static batch dimension of a `tf.data.Dataset`'s first component, or None."""
-    spec = getattr(data, "element_spec", None)
-    if spec is None:
-        return None
-    first = tf.nest.flatten(spec)[0]
-    shape = getattr(first, "shape", None)
-    if shape is None or shape.rank is None or shape.rank < 1 or shape[0] is None:
-        return None
-    return int(shape[0])

@@ -97,18 +97,39 @@ class StepTiming:
         return dataclasses.asdict(self)
 
 
-def _batch_size_of(dataset) -> int:
-    """The leading dimension of the first component of a dataset's element spec."""
+def static_batch_size(data) -> Optional[int]:
+    """The static batch dimension of a dataset's first component, or None.
+
+    Args:
+        data: a `tf.data.Dataset` (or anything with an `element_spec`).
+
+    Returns:
+        The leading dimension of the first component of `data.element_spec`
+        (examples per batch), or None when it is unknown (e.g. batched without
+        `drop_remainder=True`) or `data` has no element spec (NumPy arrays, a
+        Python generator).
+    """
     import tensorflow as tf
 
-    first = tf.nest.flatten(dataset.element_spec)[0]
-    size = first.shape[0] if first.shape.rank else None
+    spec = getattr(data, "element_spec", None)
+    if spec is None:
+        return None
+    first = tf.nest.flatten(spec)[0]
+    shape = getattr(first, "shape", None)
+    if shape is None or shape.rank is None or shape.rank < 1 or shape[0] is None:
+        return None
+    return int(shape[0])
+
+
+def _batch_size_of(dataset) -> int:
+    """`static_batch_size`, or a ValueError that says how to make it known."""
+    size = static_batch_size(dataset)
     if size is None:
         raise ValueError(
             "The dataset's batch dimension is unknown; batch it with drop_remainder=True "
             "(build_dataset(..., training=True) does), or pass batch_size=."
         )
-    return int(size)
+    return size
 
 
 def time_training_steps(
