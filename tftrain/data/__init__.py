@@ -1,8 +1,9 @@
-"""Datasets and the tf.data input pipeline.
+"""Datasets and the tf.data input pipelines.
 
 `tftrain.data.datasets` needs only NumPy; `tftrain.data.pipeline` imports
-TensorFlow. The names below are imported on first use, so loading data or checking
-a data folder does not start TensorFlow.
+TensorFlow; `tftrain.data.image_folder` imports it only to build a dataset
+(`list_image_files` needs none). The names below are imported on first use, so
+loading data or checking a data folder does not start TensorFlow.
 """
 
 import importlib
@@ -12,6 +13,11 @@ _EXPORTS = {
     "ImageClassificationData": "datasets",
     "load_mnist": "datasets",
     "read_idx": "datasets",
+    "IMAGE_EXTENSIONS": "image_folder",
+    "ImageFiles": "image_folder",
+    "image_folder_dataset": "image_folder",
+    "list_image_files": "image_folder",
+    "random_flip_and_translate": "image_folder",
     "BatchSize": "pipeline",
     "build_dataset": "pipeline",
     "integer_labels": "pipeline",

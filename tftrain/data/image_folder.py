@@ -1,0 +1,402 @@
+"""Training on a folder of images with one sub-folder per class.
+
+The folder convention is Keras's (`keras.utils.image_dataset_from_directory`):
+class names are the sorted names of the sub-folders of `directory` (hidden ones,
+starting with ".", are skipped), labels are their index, and every file under a
+class folder (sub-folders included) whose extension is one of `IMAGE_EXTENSIONS`,
+in any case, is an example of that class:
+
+    flowers/
+      daisy/  001.jpg  002.png ...
+      tulip/  001.jpeg ...
+
+`list_image_files` lists and splits the files and imports no TensorFlow, so a
+command-line driver can check a data folder before TensorFlow starts.
+`image_folder_dataset` turns the listing into a `tf.data.Dataset`, stages in the
+order of the tf.data performance guide
+(https://www.tensorflow.org/guide/data_performance):
+
+    from_tensor_slices((paths, labels)) -> shard (InputContext) -> map(read, decode,
+    resize; parallel) -> cache -> shuffle (training) -> batch -> augment (training;
+    whole batches) -> prefetch
+
+Decoding is the costly stage, so the decoded images are cached in memory after the
+first epoch (`DataConfig.cache`): later epochs read no file and decode nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional, Tuple, Union
+
+import numpy as np
+
+from tftrain.config import DataConfig
+from tftrain.errors import ConfigError, DataError
+
+if TYPE_CHECKING:  # TensorFlow is imported only when a dataset is built
+    import tensorflow as tf
+
+IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
+"""File extensions read as images (compared in lower case), as Keras reads them."""
+
+SUBSETS = ("training", "validation")
+"""Values of `list_image_files(subset=...)` besides None (all files)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFiles:
+    """Image file paths with their integer labels, and the class names.
+
+    Attributes:
+        paths: file paths, one per example.
+        labels: class index of each file, in `0..len(class_names) - 1`.
+        class_names: the sorted class sub-folder names; label `i` is
+            `class_names[i]`.
+    """
+
+    paths: Tuple[str, ...]
+    labels: Tuple[int, ...]
+    class_names: Tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+def _class_folders(directory: Union[str, os.PathLike]) -> Tuple[Path, Tuple[str, ...]]:
+    """Checks `directory` and returns it as a `Path` with its sorted class names."""
+    root = Path(directory)
+    if not root.exists():
+        raise DataError(
+            f"Image folder {str(root)!r} does not exist. Expected a folder with one sub-folder per class. "
+            "Check the path."
+        )
+    if not root.is_dir():
+        raise DataError(
+            f"Image folder {str(root)!r} is a file, not a folder. Expected a folder with one sub-folder "
+            "per class, e.g. photos/cat/1.jpg and photos/dog/2.jpg. Pass the folder that holds the class folders."
+        )
+    class_names = tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")))
+    if not class_names:
+        loose = sum(1 for p in root.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
+        found = f" It holds {loose} image file(s) directly;" if loose else ""
+        raise DataError(
+            f"Image folder {str(root)!r} has no class sub-folders.{found} expected one sub-folder per class, "
+            "e.g. photos/cat/1.jpg and photos/dog/2.jpg. Move the images into one folder per class."
+        )
+    return root, class_names
+
+
+def _files_of_class(folder: Path) -> list:
+    """Image files under `folder` (recursively), sorted, as Keras walks them."""
+    found = []
+    for parent, _, names in sorted(os.walk(folder), key=lambda walk: walk[0]):
+        found += [os.path.join(parent, n) for n in sorted(names) if n.lower().endswith(IMAGE_EXTENSIONS)]
+    return found
+
+
+def _check_split(validation_split, subset) -> None:
+    if isinstance(validation_split, bool) or not isinstance(validation_split, (int, float)) \
+            or not 0 <= validation_split < 1:
+        raise DataError(
+            f"validation_split must be a fraction in [0, 1). Received: validation_split={validation_split!r}. "
+            "Pass e.g. validation_split=0.2 to hold out 20% of the files."
+        )
+    if subset is not None and subset not in SUBSETS:
+        raise DataError(
+            f"Invalid subset {subset!r}. Expected one of: None, 'training', 'validation'. Received: subset={subset!r}."
+        )
+    if subset is not None and not validation_split:
+        raise DataError(
+            f"subset={subset!r} needs a validation split, but validation_split=0. "
+            "Pass validation_split=0.2 (for example), or subset=None for all files."
+        )
+    if subset is None and validation_split:
+        raise DataError(
+            f"validation_split={validation_split} needs a subset. Received: subset=None. "
+            "Pass subset='training' or subset='validation' (one call each), or validation_split=0 for all files."
+        )
+
+
+def list_image_files(
+    directory: Union[str, os.PathLike],
+    *,
+    validation_split: float = 0.0,
+    subset: Optional[str] = None,
+    seed: int = 1337,
+) -> ImageFiles:
+    """Lists the images of a folder with one sub-folder per class, optionally one split.
+
+    The listing is sorted (class by class, file names in order), so it is the
+    same on every machine. For a split, the listing is shuffled once with
+    `numpy.random.default_rng(seed)`; the last `validation_split` fraction
+    (rounded down) is the validation subset, the rest the training subset. The
+    files of a subset keep that shuffled order. Imports no TensorFlow.
+
+    Args:
+        directory: the folder; its sub-folders are the classes (sorted names,
+            hidden ones skipped), and every file below a class folder with an
+            extension in `IMAGE_EXTENSIONS` (any case) is an example.
+        validation_split: fraction of the files held out for validation, in
+            [0, 1). Defaults to 0.0 (no split).
+        subset: `"training"` or `"validation"` with a split, None without one
+            (all files). Defaults to None.
+        seed: seed of the split's shuffle; use the same seed for both subsets so
+            they are disjoint. Defaults to 1337.
+
+    Returns:
+        An `ImageFiles`.
+
+    Raises:
+        DataError: when the folder does not exist or is a file, has no class
+            sub-folders or no image files, `validation_split` is not in [0, 1),
+            `subset` is not one of the above or does not match the split, or the
+            split leaves the requested subset empty.
+
+    Example:
+        >>> train = list_image_files("photos", validation_split=0.2, subset="training")
+        >>> val = list_image_files("photos", validation_split=0.2, subset="validation")
+        >>> train.class_names
+        ('cat', 'dog')
+    """
+    _check_split(validation_split, subset)
+    root, class_names = _class_folders(directory)
+    paths, labels = [], []
+    for label, name in enumerate(class_names):
+        files = _files_of_class(root / name)
+        paths += files
+        labels += [label] * len(files)
+    if not paths:
+        raise DataError(
+            f"Image folder {str(root)!r} has {len(class_names)} class folder(s) ({', '.join(class_names[:5])}"
+            f"{', ...' if len(class_names) > 5 else ''}) but no image files. Expected files ending in "
+            f"{', '.join(IMAGE_EXTENSIONS)} (any case) inside the class folders."
+        )
+    if subset is None:
+        return ImageFiles(tuple(paths), tuple(labels), class_names)
+    order = np.random.default_rng(seed).permutation(len(paths))
+    num_validation = int(validation_split * len(paths))
+    if num_validation == 0:
+        raise DataError(
+            f"validation_split={validation_split} of {len(paths)} files holds out no file. "
+            f"Pass validation_split >= {1 / len(paths):.3g}, or add images."
+        )
+    chosen = order[:-num_validation] if subset == "training" else order[-num_validation:]
+    return ImageFiles(tuple(paths[i] for i in chosen), tuple(labels[i] for i in chosen), class_names)
+
+
+def _check_dataset_args(files, image_size, batch_size, num_channels) -> None:
+    if not isinstance(files, ImageFiles):
+        raise ConfigError(
+            f"files must be an ImageFiles (from list_image_files). Received: files of type {type(files).__name__}."
+        )
+    if not len(files):
+        raise DataError("files holds no image. Expected at least one file; check the folder and the split.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}.")
+    size_ok = isinstance(image_size, (tuple, list)) and len(image_size) == 2 and all(
+        isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in image_size)
+    if not size_ok:
+        raise ConfigError(
+            f"image_size must be (height, width), two positive integers. Received: image_size={image_size!r}. "
+            "Pass e.g. image_size=(224, 224)."
+        )
+    if num_channels not in (1, 3, 4):
+        raise ConfigError(
+            f"num_channels must be 1 (grayscale), 3 (RGB) or 4 (RGBA). Received: num_channels={num_channels!r}."
+        )
+
+
+def decode_and_resize(path, label, image_size: Tuple[int, int], num_channels: int = 3):
+    """Reads one image file, decodes it (any of `IMAGE_EXTENSIONS`) and resizes it.
+
+    Args:
+        path: scalar string tensor, the file path.
+        label: scalar integer tensor.
+        image_size: `(height, width)` of the output.
+        num_channels: channels of the output (1, 3 or 4); decoding converts.
+            Defaults to 3.
+
+    Returns:
+        `(float32 image (height, width, num_channels) with pixels 0..255, label)`.
+        An animated GIF gives its first frame.
+    """
+    import tensorflow as tf
+
+    image = tf.io.decode_image(tf.io.read_file(path), channels=num_channels, expand_animations=False)
+    image = tf.image.resize(image, image_size)  # bilinear, float32, as Keras resizes
+    return tf.ensure_shape(image, (*image_size, num_channels)), label
+
+
+def _training_order(files: ImageFiles, seed: Optional[int]):
+    """Paths and labels in one fixed shuffled order (the same in every worker).
+
+    The listing is grouped by class; shuffling it once means a shuffle buffer
+    smaller than the data set still mixes the classes. The permutation depends
+    only on `seed` (0 when None), so every input pipeline shards the same order.
+    """
+    order = np.random.default_rng(0 if seed is None else seed).permutation(len(files))
+    return [files.paths[i] for i in order], np.asarray(files.labels, np.int32)[order]
+
+
+def image_folder_dataset(
+    files: ImageFiles,
+    image_size: Tuple[int, int],
+    batch_size: int,
+    *,
+    training: bool,
+    config: Optional[DataConfig] = None,
+    seed: Optional[int] = None,
+    augment: Optional[Callable] = None,
+    input_context: Optional["tf.distribute.InputContext"] = None,
+    num_channels: int = 3,
+) -> "tf.data.Dataset":
+    """Builds a batched, prefetched `tf.data.Dataset` of decoded images and labels.
+
+    Stages: file paths -> shard (with `input_context`) -> read, decode and resize
+    (parallel) -> cache -> shuffle (training) -> batch -> `augment` on whole
+    batches (training) -> prefetch. For training, the file order is also shuffled
+    once up front (seeded, the same in every worker), so a small `shuffle_buffer`
+    still mixes the classes.
+
+    Args:
+        files: the images, from `list_image_files`.
+        image_size: `(height, width)` every image is resized to (bilinear).
+        batch_size: examples per batch. Without `input_context` this is the
+            global batch size (Keras splits it across replicas); with one it is
+            still the global size and the per-replica size is derived from it.
+        training: True shuffles every epoch, drops the last partial batch and
+            applies `augment`; False keeps the order and every example.
+        config: pipeline options (`cache`, `shuffle_buffer`, `parallel_map`,
+            `prefetch`, `private_threads`). `cache` keeps the decoded images in
+            memory, `height x width x num_channels x 4` bytes each; with the
+            default `shuffle_buffer` (0: all files) the shuffle buffer holds as
+            many again. Defaults to `DataConfig()`.
+        seed: shuffle seed; when given, the order (and, with seeded augmentation
+            layers, the augmentation) is the same on every run, and
+            `deterministic` ordering is enforced. Defaults to None.
+        augment: function `(images, labels) -> (images, labels)` applied to
+            whole float32 batches when training, e.g. `random_flip_and_translate()`.
+            It runs in parallel unless `seed` is given: Keras's random layers
+            draw from one seed state, which parallel calls would race on.
+            Defaults to None.
+        input_context: from `strategy.distribute_datasets_from_function`; shards
+            the files by input pipeline (each decodes only its own) and batches
+            per replica. Defaults to None.
+        num_channels: 1 (grayscale), 3 (RGB) or 4 (RGBA); files are converted.
+            Defaults to 3.
+
+    Returns:
+        A `tf.data.Dataset` of `(float32 images (batch, height, width,
+        num_channels), pixels 0..255; int32 labels (batch,))` with an explicit
+        auto-shard policy (OFF with `input_context`, which shards already; else
+        DATA), so strategies never warn that it cannot be sharded.
+
+    Raises:
+        ConfigError: when `files` is not an `ImageFiles`, or `batch_size`,
+            `image_size` or `num_channels` is out of range.
+        DataError: when `files` is empty.
+
+    Example:
+        >>> files = list_image_files("photos", validation_split=0.2, subset="training")
+        >>> ds = image_folder_dataset(files, (160, 160), 64, training=True, seed=0,
+        ...                           augment=random_flip_and_translate(seed=0))
+        >>> model.fit(ds, epochs=5)
+    """
+    import tensorflow as tf
+
+    _check_dataset_args(files, image_size, batch_size, num_channels)
+    config = config or DataConfig()
+    image_size = tuple(image_size)
+    parallel = tf.data.AUTOTUNE if config.parallel_map else None
+    if training:
+        paths, labels = _training_order(files, seed)
+    else:
+        paths, labels = list(files.paths), np.asarray(files.labels, np.int32)
+    ds = tf.data.Dataset.from_tensor_slices((paths, labels))
+    if input_context is not None:
+        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        batch_size = input_context.get_per_replica_batch_size(batch_size)
+    ds = ds.map(lambda path, label: decode_and_resize(path, label, image_size, num_channels),
+                num_parallel_calls=parallel)
+    if config.cache:
+        ds = ds.cache()
+    if training:
+        ds = ds.shuffle(config.shuffle_buffer or len(files), seed=seed, reshuffle_each_iteration=True)
+    ds = ds.batch(batch_size, drop_remainder=training)
+    if training and augment is not None:
+        ds = ds.map(augment, num_parallel_calls=parallel if seed is None else None)
+    if config.prefetch:
+        ds = ds.prefetch(tf.data.AUTOTUNE)
+    return ds.with_options(_options(input_context is not None, seed is not None or not training, config))
+
+
+def _options(sharded: bool, deterministic: bool, config: DataConfig) -> "tf.data.Options":
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.OFF if sharded else tf.data.experimental.AutoShardPolicy.DATA
+    )
+    options.deterministic = deterministic
+    if config.private_threads:
+        options.threading.private_threadpool_size = config.private_threads
+    return options
+
+
+def random_flip_and_translate(
+    flip: Optional[str] = "horizontal",
+    translation: float = 0.1,
+    seed: Optional[int] = None,
+) -> Callable:
+    """A default augmentation: random flips and shifts, as Keras preprocessing layers.
+
+    Pass the returned function as `image_folder_dataset(augment=...)`; it runs
+    in the tf.data pipeline on whole batches (on the CPU, overlapping training),
+    not in the model.
+
+    Args:
+        flip: `"horizontal"`, `"vertical"`, `"horizontal_and_vertical"`, or None
+            for no flip (e.g. for digits or text). Defaults to "horizontal".
+        translation: largest shift as a fraction of the height and of the width,
+            in [0, 1); 0 for none. Shifted-in pixels reflect the image. Defaults
+            to 0.1.
+        seed: seed of the layers' random draws. Defaults to None.
+
+    Returns:
+        A function `(images, labels) -> (images, labels)` for float32 batches
+        `(batch, height, width, channels)`; the labels pass through.
+
+    Raises:
+        ConfigError: when `flip` or `translation` is not one of the values above.
+
+    Example:
+        >>> ds = image_folder_dataset(files, (32, 32), 128, training=True,
+        ...                           augment=random_flip_and_translate(seed=0))
+    """
+    import keras
+
+    flips = ("horizontal", "vertical", "horizontal_and_vertical")
+    if flip is not None and flip not in flips:
+        raise ConfigError(
+            f"Invalid flip {flip!r}. Expected one of: {', '.join(flips)}, or None. Received: flip={flip!r}."
+        )
+    if isinstance(translation, bool) or not isinstance(translation, (int, float)) or not 0 <= translation < 1:
+        raise ConfigError(
+            f"translation must be a fraction in [0, 1). Received: translation={translation!r}. Pass e.g. 0.1."
+        )
+    layers = []  # float32 whatever the global dtype policy: the pipeline's contract
+    if flip is not None:
+        layers.append(keras.layers.RandomFlip(flip, seed=seed, dtype="float32"))
+    if translation:
+        shift_seed = None if seed is None else seed + 1  # not the flip's draws
+        layers.append(keras.layers.RandomTranslation(translation, translation, seed=shift_seed, dtype="float32"))
+
+    def augment(images, labels):
+        for layer in layers:
+            images = layer(images, training=True)
+        return images, labels
+
+    return augment
