@@ -407,14 +407,13 @@ def train_batches(data, batch_size: int, examples: Optional[int] = None, config=
     Batches hold raw uint8 pixels and int32 labels (the recipe's models scale their
     own inputs), unless `preprocess` replaces the recipe's batch map.
     """
-    from tftrain.data import build_dataset
-    from tftrain.recipes.mnist import RECIPE
+    from tftrain.data import build_dataset, integer_labels
 
     n = len(data.x_train) if examples is None else min(examples, len(data.x_train))
     n = max(n, batch_size)
     return build_dataset(
         (data.x_train[:n], data.y_train[:n]), batch_size, training=True, config=config, seed=seed,
-        preprocess=preprocess or RECIPE.preprocess,
+        preprocess=preprocess or integer_labels,
     )
 
 

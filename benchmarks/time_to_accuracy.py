@@ -145,7 +145,7 @@ def run_tftrain(model_name: str, seed: int, max_epochs: int, target: float, trai
 
     from tftrain.data import load_mnist
     from tftrain.recipes import mnist
-    from tftrain.recipes._runner import run as run_recipe
+    from tftrain.train import Trainer
 
     test = load_mnist()
     x_test, y_test = test.x_test, test.y_test  # raw pixels: the recipe's models scale their inputs
@@ -157,7 +157,7 @@ def run_tftrain(model_name: str, seed: int, max_epochs: int, target: float, trai
         cfg = mnist.DEFAULTS.override(overrides)
         start = time.perf_counter()
         probe = make_probe(x_test, y_test, target, start)
-        run_recipe(cfg, mnist.RECIPE, extra_callbacks=[probe], started=start)
+        Trainer(mnist.TASK, cfg, callbacks=[probe]).fit(started=start)
         metrics = json.loads((Path(tmp) / "run" / "metrics.json").read_text())
     return {"epochs": probe.epochs, "reached_at": probe.reached_at,
             "settings": {"batch_size": metrics["global_batch_size"], "execution": metrics["execution"],

@@ -35,6 +35,34 @@ def run_module(module, args, cwd, env=None, timeout=300):
     )
 
 
+def interrupt_after_first_checkpoint(module, args, run_dir, cwd, timeout=180):
+    """Runs `python -m module *args`, sends SIGINT (Ctrl-C) once the run's first
+    BackupAndRestore checkpoint exists, and returns `(returncode, stderr, epochs done)`.
+
+    Fails the test when the run ends before it could be interrupted; the process is
+    killed if it outlives `timeout` seconds.
+    """
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    proc = subprocess.Popen([sys.executable, "-m", module, *map(str, args)], cwd=cwd, text=True,
+                            env={**env, **SUBPROCESS_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    meta = Path(run_dir) / "backup" / "training_metadata.json"
+    try:
+        deadline = time.monotonic() + timeout
+        while not meta.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "run finished before it could be interrupted"
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err, json.loads(meta.read_text())["epoch"]
+
+
 def read_metrics(run_dir) -> dict:
     """The `metrics.json` of a finished run."""
     return json.loads((Path(run_dir) / "metrics.json").read_text())

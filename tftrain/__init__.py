@@ -1,5 +1,10 @@
 """tftrain: TensorFlow's performance machinery around any Keras model.
 
+Bring a task (your model and data), get the whole machinery:
+
+    task = tftrain.ArrayTask(build_model, x, y, x_test, y_test, loss="mse", optimizer="sgd")
+    record = tftrain.Trainer(task, epochs=3, strategy="mirrored", cpu_replicas=2).fit()
+
 Import what you need; nothing here imports TensorFlow until you use it:
 
     from tftrain.runtime import setup, set_threads, configure_devices, set_precision, make_strategy
@@ -11,7 +16,7 @@ Import what you need; nothing here imports TensorFlow until you use it:
 
 __version__ = "0.1.0"
 
-from tftrain.config import DataConfig, RecipeConfig, RuntimeConfig, TrainConfig
+from tftrain.config import DataConfig, RecipeConfig, RuntimeConfig, TrainConfig, hparam
 from tftrain.errors import (
     BatchSizeSearchError,
     ClusterConfigError,
@@ -24,8 +29,27 @@ from tftrain.errors import (
     TftrainError,
     TuningError,
 )
+from tftrain.train import (
+    ArrayTask,
+    DatasetTask,
+    ImageFolderTask,
+    Interrupted,
+    RunRecord,
+    Task,
+    TFRecordTask,
+    Trainer,
+)
 
 __all__ = [
+    "ArrayTask",
+    "DatasetTask",
+    "ImageFolderTask",
+    "Interrupted",
+    "RunRecord",
+    "TFRecordTask",
+    "Task",
+    "Trainer",
+    "hparam",
     "BatchSizeSearchError",
     "ClusterConfigError",
     "ConfigError",

@@ -30,8 +30,9 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-def _fields():
-    """Yields (section or None, dataclass field, type hint) for every config field."""
+def _fields(defaults: config_lib.RecipeConfig):
+    """Yields (section or None, dataclass field, type hint) for every config field,
+    the task's hyperparameters (section `"task"`) last."""
     hints = typing.get_type_hints(config_lib.RecipeConfig)
     for f in dataclasses.fields(config_lib.RecipeConfig):
         if f.name in config_lib.SECTIONS:
@@ -39,8 +40,12 @@ def _fields():
             sub_hints = typing.get_type_hints(cls)
             for sub in dataclasses.fields(cls):
                 yield f.name, sub, sub_hints[sub.name]
-        else:
+        elif f.name != config_lib.TASK_SECTION:
             yield None, f, hints[f.name]
+    if defaults.task is not None:
+        task_hints = typing.get_type_hints(type(defaults.task))
+        for f in dataclasses.fields(defaults.task):
+            yield config_lib.TASK_SECTION, f, task_hints[f.name]
 
 
 def _type_with_special(kind, special):
@@ -59,16 +64,16 @@ def build_parser(
     prog: str,
     defaults: config_lib.RecipeConfig,
     description: str = "",
-    model_choices: Sequence[str] = (),
     default_config: Optional[str] = None,
 ) -> argparse.ArgumentParser:
     """Builds the recipe's argument parser.
 
     Args:
         prog: program name shown in help, e.g. `python -m tftrain.recipes.mnist`.
-        defaults: the recipe's default config; shown in each flag's help.
+        defaults: the task's default config (with its hyperparameters in
+            `defaults.task`, each of which becomes a flag too); shown in each
+            flag's help.
         description: text above the flag list. Defaults to "".
-        model_choices: names accepted by `--model`. Defaults to any name.
         default_config: recipe file named in `--config`'s help. Defaults to None.
 
     Returns:
@@ -79,7 +84,7 @@ def build_parser(
     parser = _Parser(
         prog=prog,
         description=description,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # defaults are in each help text
         argument_default=argparse.SUPPRESS,
     )
     parser.add_argument(
@@ -89,13 +94,18 @@ def build_parser(
         + (f" (e.g. {default_config})" if default_config else ""),
     )
     default_dict = defaults.to_dict()
-    for section, f, hint in _fields():
+    groups = {None: parser}
+    if defaults.task is not None:
+        groups[config_lib.TASK_SECTION] = parser.add_argument_group(
+            "task hyperparameters", f"declared by the task ({type(defaults.task).__name__}); YAML section 'task:'"
+        )
+    for section, f, hint in _fields(defaults):
         kind, _ = config_lib._field_kind(hint)
+        if not isinstance(kind, type):
+            kind = str
         default = default_dict[section][f.name] if section else default_dict[f.name]
         help_text = f.metadata.get("help", "") + f" (default: {default})"
         choices = f.metadata.get("choices")
-        if f.name == "model" and model_choices:
-            choices = tuple(model_choices)
         kwargs = {"help": help_text.replace("%", "%%"), "dest": f.name}
         if kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
@@ -105,7 +115,7 @@ def build_parser(
                 kwargs["choices"] = choices
             else:
                 kwargs["metavar"] = "N" if kind in (int, float) else f.name.split("_")[-1].upper()
-        parser.add_argument(flag_name(f.name), **kwargs)
+        groups.get(section, parser).add_argument(flag_name(f.name), **kwargs)
     return parser
 
 
@@ -114,7 +124,6 @@ def parse_config(
     defaults: config_lib.RecipeConfig,
     prog: str,
     description: str = "",
-    model_choices: Sequence[str] = (),
     default_config: Optional[str] = None,
 ) -> config_lib.RecipeConfig:
     """Parses argv into a validated `RecipeConfig` (defaults <- --config file <- flags).
@@ -122,8 +131,7 @@ def parse_config(
     Args:
         argv: command-line arguments without the program name; None reads
             `sys.argv[1:]`.
-        defaults, prog, description, model_choices, default_config: see
-            `build_parser`.
+        defaults, prog, description, default_config: see `build_parser`.
 
     Returns:
         The validated `RecipeConfig`.
@@ -132,7 +140,7 @@ def parse_config(
         ConfigError: on an unknown flag, a bad value, an unreadable recipe file or
             an invalid combination (one line, suitable for printing as is).
     """
-    parser = build_parser(prog, defaults, description, model_choices, default_config)
+    parser = build_parser(prog, defaults, description, default_config)
     namespace = vars(parser.parse_args(argv))
     cfg = defaults
     path = namespace.pop("config", None)

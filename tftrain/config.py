@@ -1,9 +1,11 @@
 """One validated configuration tree for a training run.
 
 The tree is four frozen dataclasses: `RuntimeConfig` (threads, devices, precision,
-execution, strategy), `DataConfig` (input pipeline and batch size), `TrainConfig`
-(model, epochs, optimizer) and `RecipeConfig`, which holds the other three plus the
-seed and the run directory. Each dataclass validates itself when it is built, so a
+execution, strategy), `DataConfig` (input pipeline, batch size, validation split),
+`TrainConfig` (epochs, learning rate, callbacks, search) and `RecipeConfig`, which
+holds the other three plus the seed, the run directory and the task's own
+hyperparameters (`task`: a frozen dataclass the task declares; its fields are
+declared with `hparam`). Each dataclass validates itself when it is built, so a
 config that exists is a valid one; bad values raise `tftrain.errors.ConfigError` with
 a one-line message naming the value and the fix.
 
@@ -14,7 +16,8 @@ seed: 0
 run_dir: null
 runtime: {strategy: mirrored, precision: auto, execution: graph}
 data: {batch_size: 128}
-train: {model: mlp, epochs: 10}
+train: {epochs: 10}
+task: {model: mlp}       # the task's own hyperparameters (here MNIST's)
 ```
 
 Values are merged in this order, later ones winning: the recipe's defaults, the
@@ -49,11 +52,35 @@ AUTO_BATCH = "auto"
 LR_SCHEDULES = ("constant", "cosine")
 
 
-def _field(default, help, choices=None, minimum=None, flag=None, special=()):
-    """A dataclass field carrying its command-line help, choices, lower bound and
-    `special` string values accepted besides its type (e.g. `"auto"`)."""
-    metadata = {"help": help, "choices": choices, "minimum": minimum, "flag": flag, "special": tuple(special)}
+def hparam(default, help: str = "", choices=None, minimum=None, special=()):
+    """A dataclass field with its command-line help, choices and lower bound.
+
+    Use it to declare a task's own hyperparameters; each becomes a flag
+    (`width` -> `--width`) and a key of the recipe file's `task:` section,
+    validated like tftrain's own fields.
+
+    Args:
+        default: the default value (int, float, str, bool or None).
+        help: one line shown by `--help`. Defaults to "".
+        choices: the allowed values, or None for any. Defaults to None.
+        minimum: the smallest allowed number, or None. Defaults to None.
+        special: strings accepted besides the field's type (e.g. `"auto"`).
+            Defaults to ().
+
+    Returns:
+        A `dataclasses.field`.
+
+    Example:
+        >>> @dataclasses.dataclass(frozen=True)
+        ... class HParams:
+        ...     width: int = hparam(64, "hidden units", minimum=1)
+        ...     activation: str = hparam("relu", "hidden activation", choices=("relu", "gelu"))
+    """
+    metadata = {"help": help, "choices": choices, "minimum": minimum, "special": tuple(special)}
     return dataclasses.field(default=default, metadata=metadata)
+
+
+_field = hparam
 
 
 def _expect_choice(name, value, choices, fix=""):
@@ -70,6 +97,8 @@ def _validate_fields(obj) -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         kind, optional = _field_kind(hints[f.name])
+        if not isinstance(kind, type):  # e.g. Tuple[int, ...]: the task checks it itself
+            continue
         if value is None:
             if optional:
                 continue
@@ -77,6 +106,12 @@ def _validate_fields(obj) -> None:
         special = f.metadata.get("special") or ()
         if isinstance(value, str) and value in special:
             continue
+        if kind is float and isinstance(value, str):  # YAML 1.1 reads `1e-3` as a string
+            try:
+                value = float(value)
+                object.__setattr__(obj, f.name, value)
+            except ValueError:
+                pass
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
             object.__setattr__(obj, f.name, value)
@@ -104,8 +139,8 @@ def _field_kind(hint):
     """Returns (base type, is_optional) for `int`, `Optional[int]`, ... hints."""
     args = typing.get_args(hint)
     if args and type(None) in args:
-        (base,) = [a for a in args if a is not type(None)]
-        return base, True
+        rest = [a for a in args if a is not type(None)]
+        return (rest[0] if len(rest) == 1 else hint), True
     return hint, False
 
 
@@ -172,11 +207,17 @@ class DataConfig:
     `per_replica_batch_size`; global = per-replica x number of replicas.
 
     Attributes:
-        data_dir: a folder with the four MNIST-format IDX files, or a Keras-layout
-            `.npz` file; None uses the dataset bundled with the recipe. Defaults
-            to None.
+        data_dir: where the task reads its data (a folder or file; the task
+            says what it expects, e.g. MNIST: an IDX folder or `.npz`; the image
+            folder recipe: one sub-folder per class); None uses the task's
+            default. Defaults to None.
         train_examples: train on the first N training examples only (smoke runs);
             None uses all. Defaults to None.
+        validation_split: fraction of the training examples held out as
+            validation data (the last fraction, as Keras's
+            `fit(validation_split=...)` takes it), for `fit`'s `val_*` metrics
+            and for model selection (`--tune`); 0 holds out none (a task may
+            bring its own validation set). In [0, 1). Defaults to 0.
         batch_size: global batch size (examples per optimizer step, all replicas
             together), or `"auto"` to search it before training
             (`tftrain.tuning.find_batch_size`, best examples/sec). Defaults to
@@ -196,8 +237,9 @@ class DataConfig:
         ConfigError: when a size is out of range or both batch sizes are given.
     """
 
-    data_dir: Optional[str] = _field(None, "IDX folder or .npz file (default: bundled MNIST)")
+    data_dir: Optional[str] = _field(None, "the task's data folder or file (default: the task's own)")
     train_examples: Optional[int] = _field(None, "use only the first N training examples", minimum=1)
+    validation_split: float = _field(0.0, "hold out this fraction of the training examples for validation")
     batch_size: Optional[int] = _field(
         None, "global batch size (all replicas), or 'auto' to search for the fastest", minimum=1, special=(AUTO_BATCH,)
     )
@@ -210,6 +252,11 @@ class DataConfig:
 
     def __post_init__(self):
         _validate_fields(self)
+        if not 0.0 <= self.validation_split < 1.0:
+            raise ConfigError(
+                f"validation_split must be in [0, 1). Received: validation_split={self.validation_split!r}. "
+                "Pass e.g. --validation-split 0.1."
+            )
         if self.batch_size is not None and self.per_replica_batch_size is not None:
             raise ConfigError(
                 "Give either batch_size (global) or per_replica_batch_size, not both. "
@@ -220,46 +267,43 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Model and optimization settings.
+    """Optimization, callback and search settings, for any task.
 
     Attributes:
-        model: model name; the recipe lists the names it knows. Defaults to
-            `"mlp"`.
         epochs: passes over the training set. Defaults to 10.
-        learning_rate: Adam learning rate (the peak, under a schedule).
-            Defaults to 0.001.
+        learning_rate: the optimizer's learning rate (the peak, under a
+            schedule); None keeps the task's or the optimizer's default.
+            Defaults to None.
         lr_schedule: `"constant"`, or `"cosine"`: decay from `learning_rate` to 0
             over the run's optimizer steps along a half cosine
             (`keras.optimizers.schedules.CosineDecay`; Loshchilov & Hutter,
             "SGDR", 2017). Defaults to `"constant"`.
         verbose: Keras `fit` verbosity: 0 silent, 1 progress bar, 2 one line
             per epoch. Defaults to 1.
-        width: model width (hidden units of the MLP, filters of the CNN's first
-            convolution); None keeps the model's default. Defaults to None.
         profile: `"START,STOP"`: capture a TensorBoard profile of optimizer
             steps [START, STOP) (`tftrain.callbacks.ProfilerWindow`); None
             captures none. Defaults to None.
-        tune: run this many keras-tuner trials over learning rate, width and
-            batch size first, then train the best; 0 is off. Defaults to 0.
+        tune: run this many keras-tuner trials over learning rate, batch size
+            and the task's tunable hyperparameters (`Task.tune_space`) first,
+            scored on validation data, then train the best; 0 is off. Defaults
+            to 0.
         tuner: keras-tuner algorithm: one of `TUNERS`. Defaults to "random".
 
     Raises:
         ConfigError: when a value is out of range.
     """
 
-    model: str = _field("mlp", "model architecture")
     epochs: int = _field(10, "passes over the training set", minimum=1)
-    learning_rate: float = _field(1e-3, "Adam learning rate (peak, under a schedule)")
+    learning_rate: Optional[float] = _field(None, "learning rate (peak, under a schedule; None: the task's or the optimizer's)")
     lr_schedule: str = _field("constant", "learning-rate schedule (cosine: decay to 0 over the run)", LR_SCHEDULES)
     verbose: int = _field(1, "0 silent, 1 progress bar, 2 one line per epoch", choices=(0, 1, 2))
-    width: Optional[int] = _field(None, "model width: MLP hidden units / CNN first-layer filters", minimum=1)
     profile: Optional[str] = _field(None, "profile optimizer steps START,STOP into TensorBoard, e.g. 10,15")
-    tune: int = _field(0, "keras-tuner trials over learning rate, width, batch size (0 = off)", minimum=0)
+    tune: int = _field(0, "keras-tuner trials over learning rate, batch size, task knobs (0 = off)", minimum=0)
     tuner: str = _field("random", "keras-tuner algorithm", TUNERS)
 
     def __post_init__(self):
         _validate_fields(self)
-        if self.learning_rate <= 0:
+        if self.learning_rate is not None and self.learning_rate <= 0:
             raise ConfigError(
                 f"learning_rate must be positive. Received: learning_rate={self.learning_rate!r}."
             )
@@ -293,6 +337,37 @@ def parse_profile_window(text: str) -> tuple:
 
 SECTIONS = {"runtime": RuntimeConfig, "data": DataConfig, "train": TrainConfig}
 
+TASK_SECTION = "task"
+"""The recipe-file section (and `RecipeConfig` field) holding the task's own hyperparameters."""
+
+
+def check_hparams(hparams) -> None:
+    """Validates a task's hyperparameters: a frozen dataclass instance, or None.
+
+    Fields declared with `hparam` are checked for type, choices and lower bound;
+    their names must differ from tftrain's own field names (each becomes a flag).
+
+    Raises:
+        ConfigError: on a value out of range, or on a dataclass that is not
+            frozen or whose field name clashes with one of tftrain's.
+    """
+    if hparams is None:
+        return
+    if not dataclasses.is_dataclass(hparams) or isinstance(hparams, type):
+        raise ConfigError(
+            f"A task's hparams must be a dataclass instance (e.g. HParams()), or None. "
+            f"Received: {type(hparams).__name__}."
+        )
+    if not type(hparams).__dataclass_params__.frozen:
+        raise ConfigError(f"{type(hparams).__name__} must be a frozen dataclass: @dataclasses.dataclass(frozen=True).")
+    clash = sorted({f.name for f in dataclasses.fields(hparams)} & set(_builtin_field_index()))
+    if clash:
+        raise ConfigError(
+            f"Task hyperparameter {clash[0]!r} has the name of a tftrain field (flag --{clash[0].replace('_', '-')}). "
+            "Rename it in the task's hparams dataclass."
+        )
+    _validate_fields(hparams)
+
 
 @dataclasses.dataclass(frozen=True)
 class RecipeConfig:
@@ -305,20 +380,29 @@ class RecipeConfig:
         seed: seeds Python, NumPy, TensorFlow and the shuffle order, making runs
             repeatable; None leaves them random. Defaults to None.
         run_dir: where the run's config, logs, checkpoint, model and metrics go;
-            None makes `runs/<recipe>-<timestamp>` under the working directory.
-            Defaults to None.
+            None makes `runs/<task name>-<timestamp>` under the working
+            directory. Defaults to None.
+        task: the task's own hyperparameters, a frozen dataclass instance whose
+            fields are declared with `hparam` (recipe-file section `task:`,
+            one flag per field); None when the task declares none. Defaults to
+            None.
+
+    Raises:
+        ConfigError: when a section has the wrong type or a value is invalid.
     """
 
     runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     seed: Optional[int] = _field(None, "random seed (repeatable runs)", minimum=0)
-    run_dir: Optional[str] = _field(None, "run directory (default: runs/<recipe>-<time>)")
+    run_dir: Optional[str] = _field(None, "run directory (None: runs/<task>-<time>)")
+    task: Any = None
 
     def __post_init__(self):
         for name, cls in SECTIONS.items():
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"{name} must be a {cls.__name__}.")
+        check_hparams(self.task)
         for f in _top_level_fields():
             value = getattr(self, f.name)
             if value is None:
@@ -333,18 +417,24 @@ class RecipeConfig:
                 raise ConfigError(f"{f.name} must be >= {minimum}. Received: {f.name}={value!r}.")
 
     def to_dict(self) -> dict:
-        """Returns the config as nested plain dicts (the recipe-file layout)."""
-        return dataclasses.asdict(self)
+        """Returns the config as nested plain dicts (the recipe-file layout; `task` only when set)."""
+        out = dataclasses.asdict(self)
+        if self.task is None:
+            out.pop(TASK_SECTION)
+        return out
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any], source: str = "config") -> "RecipeConfig":
+    def from_dict(cls, values: Mapping[str, Any], source: str = "config", task=None) -> "RecipeConfig":
         """Builds a config from nested dicts in the recipe-file layout.
 
         Args:
             values: mapping with optional keys `runtime`, `data`, `train` (each a
-                mapping of field names) and `seed`, `run_dir`.
+                mapping of field names), `task` (the task's hyperparameters) and
+                `seed`, `run_dir`.
             source: where the values came from, named in error messages.
                 Defaults to `"config"`.
+            task: the task's default hyperparameters (a frozen dataclass
+                instance), which a `task` section overrides. Defaults to None.
 
         Returns:
             A validated `RecipeConfig`; fields not given keep their defaults.
@@ -352,20 +442,21 @@ class RecipeConfig:
         Raises:
             ConfigError: on an unknown key, a wrong type or an invalid value.
         """
-        return merge(cls(), values, source)
+        return merge(cls(task=task), values, source)
 
     def override(self, flat: Mapping[str, Any]) -> "RecipeConfig":
         """Returns a copy with fields replaced by flat `{field_name: value}` pairs.
 
-        Field names are unique across sections, so `{"strategy": "mirrored"}`
-        sets `runtime.strategy`. Setting one of `batch_size` and
-        `per_replica_batch_size` clears the other.
+        Field names are unique across sections (the task's hyperparameters
+        included), so `{"strategy": "mirrored"}` sets `runtime.strategy`.
+        Setting one of `batch_size` and `per_replica_batch_size` clears the
+        other.
 
         Raises:
             ConfigError: on an unknown field name or an invalid value.
         """
         nested: dict = {}
-        index = flat_field_index()
+        index = flat_field_index(self)
         for key, value in flat.items():
             if key not in index:
                 raise ConfigError(
@@ -380,11 +471,10 @@ class RecipeConfig:
 
 
 def _top_level_fields():
-    return [f for f in dataclasses.fields(RecipeConfig) if f.name not in SECTIONS]
+    return [f for f in dataclasses.fields(RecipeConfig) if f.name not in SECTIONS and f.name != TASK_SECTION]
 
 
-def flat_field_index() -> dict:
-    """Maps every field name to its section name (None for top-level fields)."""
+def _builtin_field_index() -> dict:
     index = {f.name: None for f in _top_level_fields()}
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
@@ -392,7 +482,51 @@ def flat_field_index() -> dict:
     return index
 
 
+def flat_field_index(config: Optional[RecipeConfig] = None) -> dict:
+    """Maps every field name to its section name (None for top-level fields).
+
+    Args:
+        config: a config whose task hyperparameters are included (section
+            `"task"`). Defaults to None (tftrain's own fields only).
+    """
+    index = _builtin_field_index()
+    if config is not None and config.task is not None:
+        index.update({f.name: TASK_SECTION for f in dataclasses.fields(config.task)})
+    return index
+
+
 _BATCH_FIELDS = ("batch_size", "per_replica_batch_size")
+
+
+def _merge_section(name: str, cls, current: dict, given, source: str):
+    """`cls(**current)` with the mapping `given` laid over it; names the bad key."""
+    given = given or {}
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"Section {name!r} in {source} must be a mapping. Received: {given!r}.")
+    names = [f.name for f in dataclasses.fields(cls)]
+    bad = [k for k in given if k not in names]
+    if bad:
+        raise ConfigError(
+            f"Unknown key '{name}.{bad[0]}' in {source}. Expected one of: {', '.join(names)}."
+        )
+    if name == "data" and any(k in given for k in _BATCH_FIELDS):
+        for k in _BATCH_FIELDS:
+            current[k] = None
+    current.update(given)
+    try:
+        return cls(**current)
+    except TypeError as e:  # a task's own dataclass rejecting a value in its __init__
+        raise ConfigError(f"Section {name!r} in {source}: {e}.") from None
+
+
+def _merge_task(base: RecipeConfig, given, source: str):
+    if given is None:
+        return base.task
+    if base.task is None:
+        raise ConfigError(
+            f"{source} has a '{TASK_SECTION}' section, but this task declares no hyperparameters. Remove the section."
+        )
+    return _merge_section(TASK_SECTION, type(base.task), dataclasses.asdict(base.task), given, source)
 
 
 def merge(base: RecipeConfig, values: Mapping[str, Any], source: str) -> RecipeConfig:
@@ -409,36 +543,23 @@ def merge(base: RecipeConfig, values: Mapping[str, Any], source: str) -> RecipeC
         return base
     if not isinstance(values, Mapping):
         raise ConfigError(
-            f"{source} must hold a mapping of sections (runtime, data, train). "
+            f"{source} must hold a mapping of sections (runtime, data, train, task). "
             f"Received: {type(values).__name__}."
         )
     top_names = [f.name for f in _top_level_fields()]
-    allowed = list(SECTIONS) + top_names
+    allowed = list(SECTIONS) + [TASK_SECTION] + top_names
     unknown = [k for k in values if k not in allowed]
     if unknown:
         raise ConfigError(
             f"Unknown key {unknown[0]!r} in {source}. Expected one of: {', '.join(allowed)}."
         )
-    sections = {}
-    for name, cls in SECTIONS.items():
-        current = dataclasses.asdict(getattr(base, name))
-        given = values.get(name) or {}
-        if not isinstance(given, Mapping):
-            raise ConfigError(f"Section {name!r} in {source} must be a mapping. Received: {given!r}.")
-        names = [f.name for f in dataclasses.fields(cls)]
-        bad = [k for k in given if k not in names]
-        if bad:
-            raise ConfigError(
-                f"Unknown key '{name}.{bad[0]}' in {source}. "
-                f"Expected one of: {', '.join(names)}."
-            )
-        if name == "data" and any(k in given for k in _BATCH_FIELDS):
-            for k in _BATCH_FIELDS:
-                current[k] = None
-        current.update(given)
-        sections[name] = cls(**current)
+    sections = {
+        name: _merge_section(name, cls, dataclasses.asdict(getattr(base, name)), values.get(name), source)
+        for name, cls in SECTIONS.items()
+    }
+    task = _merge_task(base, values.get(TASK_SECTION), source)
     top = {k: values[k] if k in values else getattr(base, k) for k in top_names}
-    return RecipeConfig(**sections, **top)
+    return RecipeConfig(**sections, **top, task=task)
 
 
 def load_yaml(path: str | os.PathLike) -> dict:
@@ -461,6 +582,9 @@ def load_yaml(path: str | os.PathLike) -> dict:
 
 def from_yaml(path: str | os.PathLike, base: Optional[RecipeConfig] = None) -> RecipeConfig:
     """Loads a recipe file and lays it over `base` (default: `RecipeConfig()`).
+
+    `base` carries the task's hyperparameter dataclass, which the file's `task:`
+    section overrides.
 
     Raises:
         ConfigError: when the file is missing, not YAML, or holds bad values.

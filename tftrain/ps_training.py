@@ -46,7 +46,8 @@ def _check_model(model: keras.Model) -> None:
 
 def _loss(model: keras.Model, y, y_pred):
     """The compiled loss (mean over the batch) plus the model's regularization losses."""
-    loss = model.loss(y, y_pred)
+    loss_fn = keras.losses.get(model.loss) if isinstance(model.loss, str) else model.loss
+    loss = keras.ops.mean(loss_fn(y, y_pred))  # a loss function returns one value per example
     if model.losses:
         loss = loss + tf.add_n([tf.cast(x, loss.dtype) for x in model.losses])
     return loss
@@ -121,16 +122,42 @@ def fit(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}.")
     coordinator = coordinator or tf.distribute.coordinator.ClusterCoordinator(strategy)
-    optimizer = model.optimizer
     metrics = list(metrics)
     with strategy.scope():
         # Slot variables must exist on the ps tasks before a callback (BackupAndRestore)
         # restores them, and cannot be created inside the scheduled function.
-        optimizer.build(model.trainable_variables)
+        model.optimizer.build(model.trainable_variables)
         loss_tracker = keras.metrics.Mean(name="loss")
     iterator = iter(coordinator.create_per_worker_dataset(
         strategy.distribute_datasets_from_function(per_worker_dataset_fn)
     ))
+
+    worker_fn = _worker_function(model, strategy, loss_tracker, metrics)
+    history = keras.callbacks.History()
+    callback_list = keras.callbacks.CallbackList(
+        [*callbacks, history], add_history=False, add_progbar=verbose != 0,
+        model=model, verbose=verbose, epochs=epochs, steps=steps_per_epoch,
+    )
+    model.stop_training = False
+    callback_list.on_train_begin()
+    # BackupAndRestore reports the epoch it restored this way; Model.fit reads it the same way.
+    initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
+    logs = {}
+    for epoch in range(initial_epoch, epochs):
+        callback_list.on_epoch_begin(epoch)
+        logs = _run_epoch(coordinator, worker_fn, iterator, steps_per_epoch, steps_per_execution,
+                          (loss_tracker, *metrics))
+        callback_list.on_train_batch_end(steps_per_epoch - 1, logs)
+        callback_list.on_epoch_end(epoch, logs)
+        if model.stop_training:
+            break
+    callback_list.on_train_end(logs)
+    return history
+
+
+def _worker_function(model, strategy, loss_tracker, metrics):
+    """The scheduled `tf.function`: `num_steps` training steps on the worker that runs it."""
+    optimizer = model.optimizer
 
     def train_step(batch):
         x, y = batch
@@ -149,33 +176,20 @@ def fit(
         for _ in tf.range(num_steps):
             strategy.run(train_step, args=(next(iterator),))
 
-    history = keras.callbacks.History()
-    callback_list = keras.callbacks.CallbackList(
-        [*callbacks, history], add_history=False, add_progbar=verbose != 0,
-        model=model, verbose=verbose, epochs=epochs, steps=steps_per_epoch,
-    )
-    model.stop_training = False
-    callback_list.on_train_begin()
-    # BackupAndRestore reports the epoch it restored this way; Model.fit reads it the same way.
-    initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
-    logs = {}
-    for epoch in range(initial_epoch, epochs):
-        for metric in (loss_tracker, *metrics):
-            metric.reset_state()
-        callback_list.on_epoch_begin(epoch)
-        done = 0
-        while done < steps_per_epoch:
-            steps = min(steps_per_execution, steps_per_epoch - done)
-            coordinator.schedule(worker_fn, args=(iterator, tf.constant(steps)))
-            done += steps
-        coordinator.join()
-        logs = {m.name: float(m.result()) for m in (loss_tracker, *metrics)}
-        callback_list.on_train_batch_end(steps_per_epoch - 1, logs)
-        callback_list.on_epoch_end(epoch, logs)
-        if model.stop_training:
-            break
-    callback_list.on_train_end(logs)
-    return history
+    return worker_fn
+
+
+def _run_epoch(coordinator, worker_fn, iterator, steps_per_epoch, steps_per_execution, metrics) -> dict:
+    """Schedules one epoch's steps, waits for them, and returns the metrics' results."""
+    for metric in metrics:
+        metric.reset_state()
+    done = 0
+    while done < steps_per_epoch:
+        steps = min(steps_per_execution, steps_per_epoch - done)
+        coordinator.schedule(worker_fn, args=(iterator, tf.constant(steps)))
+        done += steps
+    coordinator.join()
+    return {m.name: float(m.result()) for m in metrics}
 
 
 def evaluate(model: keras.Model, dataset: tf.data.Dataset, metrics: Sequence[keras.metrics.Metric] = ()) -> dict:

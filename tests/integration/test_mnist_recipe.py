@@ -4,17 +4,13 @@ Five smoke runs on real MNIST cover every strategy, precision and execution mode
 between them; the bad-input tests check the one-line error and exit code 2.
 """
 
-import json
 import os
-import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import SMOKE, SUBPROCESS_ENV, read_metrics, run_module
+from tests.conftest import SMOKE, SUBPROCESS_ENV, interrupt_after_first_checkpoint, read_metrics, run_module
 
 pytestmark = pytest.mark.integration
 
@@ -172,25 +168,9 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     args = ["--train-examples", "4096", "--per-replica-batch-size", "16", "--epochs", "4", "--verbose", "2",
             "--seed", "0", "--run-dir", str(run_dir)]
-    env = {**os.environ, **SUBPROCESS_ENV}
-    env.pop("TF_CONFIG", None)
-    proc = subprocess.Popen([sys.executable, "-m", MODULE, *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    meta = run_dir / "backup" / "training_metadata.json"
-    try:
-        deadline = time.monotonic() + 180
-        while not meta.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert proc.poll() is None, "run finished before it could be interrupted"
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, err[-2000:]
+    code, err, done = interrupt_after_first_checkpoint(MODULE, args, run_dir, tmp_path)
+    assert code == 130, err[-2000:]
     assert f"interrupted. Rerun the same command with --run-dir {run_dir} to resume" in err
-    done = json.loads(meta.read_text())["epoch"]
     assert 1 <= done < 4
     assert not (run_dir / "metrics.json").exists()
 

@@ -77,7 +77,7 @@ def test_batch_size_auto(tmp_path):
 def test_tune_with_mirrored_cpu_replicas(tmp_path):
     run_dir = tmp_path / "run"
     proc = ok(run_module(RECIPE, [*SMOKE, "--strategy", "mirrored", "--cpu-replicas", "2", "--tune", "2",
-                                  "--run-dir", run_dir], cwd=REPO, timeout=600))
+                                  "--validation-split", "0.1", "--run-dir", run_dir], cwd=REPO, timeout=600))
     metrics = read_metrics(run_dir)
     tuning = metrics["tuning"]
     assert tuning["trials"] == 2 and tuning["algorithm"] == "random"
@@ -87,7 +87,8 @@ def test_tune_with_mirrored_cpu_replicas(tmp_path):
     assert metrics["width"] == tuning["best"]["width"]
     assert (run_dir / "tuning" / "tuner" / "oracle.json").is_file()
     # Global examples: one optimizer step of the global batch, counted once (not per replica).
-    steps_per_epoch = 1024 // metrics["global_batch_size"]
+    assert metrics["train_examples"] == 1024 - 102  # the last 10% held out for validation
+    steps_per_epoch = (1024 - 102) // metrics["global_batch_size"]
     assert metrics["throughput"]["total_steps"] == steps_per_epoch
     assert metrics["throughput"]["examples"] == metrics["throughput"]["steps"] * metrics["global_batch_size"]
     assert "tuning:    best val_accuracy" in proc.stdout
@@ -97,7 +98,14 @@ def test_tune_refuses_multi_worker_strategies(tmp_path):
     run_dir = tmp_path / "run"
     line = refused(run_module(RECIPE, [*SMOKE, "--strategy", "multi_worker", "--tune", "1", "--run-dir", run_dir],
                               cwd=REPO))
-    assert "keras-tuner runs each trial on one worker; it cannot use MultiWorkerMirroredStrategy" in line
+    assert "keras-tuner runs each trial in one process; multi_worker_mirrored runs every task in lockstep" in line
+    assert not run_dir.exists()
+
+
+def test_tune_without_validation_data_is_refused_before_any_trial(tmp_path):
+    run_dir = tmp_path / "run"
+    line = refused(run_module(RECIPE, [*SMOKE, "--tune", "1", "--run-dir", run_dir], cwd=REPO))
+    assert "--tune scores trials on validation data, never on the test set: pass --validation-split" in line
     assert not run_dir.exists()
 
 

@@ -1,3 +1,4 @@
+import dataclasses
 import re
 from pathlib import Path
 
@@ -9,11 +10,19 @@ from tftrain.config import DataConfig, RecipeConfig
 from tftrain.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULTS = RecipeConfig(data=DataConfig(batch_size=128))
+
+
+@dataclasses.dataclass(frozen=True)
+class HParams:
+    model: str = config_lib.hparam("mlp", "model architecture", choices=("mlp", "cnn"))
+    width: int = config_lib.hparam(64, "hidden units", minimum=1)
+
+
+DEFAULTS = RecipeConfig(data=DataConfig(batch_size=128), task=HParams())
 
 
 def parse(*argv, **kw):
-    return cli.parse_config(list(argv), DEFAULTS, "prog", model_choices=("mlp", "cnn"), **kw)
+    return cli.parse_config(list(argv), DEFAULTS, "prog", **kw)
 
 
 def test_no_flags_gives_defaults():
@@ -25,7 +34,7 @@ def test_flags_map_to_fields():
                 "--no-cache", "--model", "cnn", "--seed", "1", "--cpu-replicas", "2")
     assert cfg.runtime.strategy == "mirrored" and cfg.runtime.cpu_replicas == 2
     assert cfg.data.per_replica_batch_size == 32 and cfg.data.batch_size is None
-    assert cfg.data.cache is False and cfg.train.model == "cnn" and cfg.seed == 1
+    assert cfg.data.cache is False and cfg.task.model == "cnn" and cfg.seed == 1
 
 
 def test_command_line_overrides_recipe_file(tmp_path):
@@ -47,6 +56,7 @@ def test_command_line_overrides_recipe_file(tmp_path):
         (["--bogus"], "unrecognized arguments"),
         (["--batch-size", "8", "--per-replica-batch-size", "4"], "either batch_size"),
         (["--model", "resnet"], "invalid choice: 'resnet'"),
+        (["--width", "0"], "width must be positive"),
     ],
 )
 def test_bad_flags_raise_one_line_config_error(argv, pattern):
@@ -55,13 +65,27 @@ def test_bad_flags_raise_one_line_config_error(argv, pattern):
     assert re.search(pattern, str(e.value)) and "\n" not in str(e.value)
 
 
-def test_help_lists_every_field():
+def test_help_lists_every_field_and_the_task_hyperparameters_once():
     text = cli.build_parser("prog", DEFAULTS).format_help()
-    for name in config_lib.flat_field_index():
+    for name in config_lib.flat_field_index(DEFAULTS):
         assert cli.flag_name(name) in text
+    assert "task hyperparameters" in text and "--width N" in text
+    assert "(default: 64)" in text and "(default: None) (default" not in text
 
 
-def test_readme_flag_table_lists_every_flag():
-    readme = (REPO / "README.md").read_text()
-    for name in list(config_lib.flat_field_index()) + ["config"]:
-        assert f"`{cli.flag_name(name)}" in readme, name
+def test_task_hyperparameters_come_from_flags_and_the_task_section(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("task: {model: cnn, width: 16}\ntrain: {learning_rate: 1e-3}\n")
+    cfg = parse("--config", str(path), "--width", "32")
+    assert cfg.task == HParams(model="cnn", width=32) and cfg.train.learning_rate == 0.001
+
+
+def test_user_guide_flag_table_lists_every_flag():
+    """docs/user-guide.md holds the flags table: every flag of tftrain's own and MNIST's task flags."""
+    from tftrain.recipes import mnist
+
+    guide = (REPO / "docs" / "user-guide.md").read_text()
+    names = list(config_lib.flat_field_index(mnist.DEFAULTS)) + ["config"]
+    assert {"model", "width"} <= set(names)
+    for name in names:
+        assert f"| `{cli.flag_name(name)}" in guide, name

@@ -15,7 +15,7 @@ PREFIX = ["python", "-m", "tftrain.recipes.mnist"]
 
 
 def _parse(argv):
-    return cli.parse_config(argv, mnist.DEFAULTS, "python -m tftrain.recipes.mnist", model_choices=tuple(mnist.RECIPE.models))
+    return cli.parse_config(argv, mnist.DEFAULTS, "python -m tftrain.recipes.mnist")
 
 
 @pytest.mark.parametrize(

@@ -111,9 +111,57 @@ def test_every_field_has_a_unique_flat_name():
 
 
 def test_recipe_file_lists_every_field_with_the_recipe_defaults():
-    from tftrain.recipes.mnist import DEFAULTS
+    from tftrain.recipes.mnist import DEFAULTS, MnistHParams
 
     raw = yaml.safe_load((REPO / "recipes" / "mnist.yaml").read_text())
-    for section, cls in config_lib.SECTIONS.items():
+    for section, cls in {**config_lib.SECTIONS, "task": MnistHParams}.items():
         assert set(raw[section]) == {f.name for f in dataclasses.fields(cls)}, section
-    assert config_lib.from_yaml(REPO / "recipes" / "mnist.yaml") == DEFAULTS
+    assert config_lib.from_yaml(REPO / "recipes" / "mnist.yaml", base=RecipeConfig(task=MnistHParams())) == DEFAULTS
+
+
+@dataclasses.dataclass(frozen=True)
+class _HParams:
+    width: int = config_lib.hparam(8, "units", minimum=1)
+    act: str = config_lib.hparam("relu", "activation", choices=("relu", "gelu"))
+
+
+def test_task_hyperparameters_are_validated_and_round_trip_through_yaml(tmp_path):
+    cfg = RecipeConfig(task=_HParams()).override({"width": 16, "epochs": 2})
+    assert cfg.task == _HParams(width=16) and cfg.train.epochs == 2
+    path = tmp_path / "c.yaml"
+    path.write_text(config_lib.to_yaml(cfg))
+    assert config_lib.from_yaml(path, base=RecipeConfig(task=_HParams())) == cfg
+    with pytest.raises(ConfigError, match="width must be positive"):
+        cfg.override({"width": 0})
+    with pytest.raises(ConfigError, match=r"Invalid act 'tanh'"):
+        cfg.override({"act": "tanh"})
+    with pytest.raises(ConfigError, match=r"Unknown key 'task.depth'"):
+        config_lib.merge(cfg, {"task": {"depth": 3}}, "r.yaml")
+
+
+def test_task_section_without_task_hyperparameters_is_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("task: {width: 3}\n")
+    with pytest.raises(ConfigError, match="declares no hyperparameters"):
+        config_lib.from_yaml(path)
+
+
+def test_task_hyperparameter_named_like_a_tftrain_field_is_refused():
+    @dataclasses.dataclass(frozen=True)
+    class Clash:
+        epochs: int = 3
+
+    with pytest.raises(ConfigError, match="Task hyperparameter 'epochs' has the name of a tftrain field"):
+        RecipeConfig(task=Clash())
+
+
+def test_yaml_float_written_in_exponent_form_is_a_float(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train: {learning_rate: 1e-3}\n")
+    assert config_lib.from_yaml(path).train.learning_rate == 0.001
+
+
+def test_validation_split_must_be_a_fraction():
+    assert DataConfig(validation_split=0.1).validation_split == 0.1
+    with pytest.raises(ConfigError, match=r"validation_split must be in \[0, 1\)"):
+        DataConfig(validation_split=1.0)

@@ -5,7 +5,7 @@ import pytest
 from tftrain import cli, config
 from tftrain.config import DataConfig, RecipeConfig, TrainConfig, from_yaml
 from tftrain.errors import ConfigError
-from tftrain.recipes.mnist import DEFAULTS
+from tftrain.recipes.mnist import DEFAULTS, MnistHParams
 from tests.conftest import REPO
 
 
@@ -54,7 +54,7 @@ def test_recipe_file_holds_every_new_key_with_the_defaults():
     text = (REPO / "recipes" / "mnist.yaml").read_text()
     for key in ("width:", "profile:", "tune:", "tuner:"):
         assert f"\n  {key}" in text
-    assert from_yaml(REPO / "recipes" / "mnist.yaml") == DEFAULTS
+    assert from_yaml(REPO / "recipes" / "mnist.yaml", base=RecipeConfig(task=MnistHParams())) == DEFAULTS
 
 
 def test_profile_is_ignored_when_resuming(tmp_path):

@@ -90,6 +90,28 @@ def resolve_batch_size(
     return BatchSize(batch_size, batch_size // num_replicas, num_replicas)
 
 
+def num_examples_of(features, labels=None) -> int:
+    """The number of examples in arrays (or nested dicts / tuples of arrays).
+
+    Args:
+        features: an array, or a dict / tuple of arrays with the same first
+            dimension.
+        labels: the same for labels, or None. Defaults to None.
+
+    Returns:
+        The common first dimension.
+
+    Raises:
+        ConfigError: when the arrays disagree in length or there are none.
+    """
+    leaves = [np.shape(a)[0] for a in tf.nest.flatten((features, labels)) if a is not None]
+    if not leaves:
+        raise ConfigError("No arrays given: pass features (and labels) as NumPy arrays or dicts of arrays.")
+    if len(set(leaves)) > 1:
+        raise ConfigError(f"features and labels differ in length: {sorted(set(leaves))} examples.")
+    return int(leaves[0])
+
+
 def integer_labels(features, labels):
     """Passes features through unchanged (e.g. uint8 pixels) and casts labels to int32.
 
@@ -134,8 +156,10 @@ def build_dataset(
     """Builds a batched, prefetched `tf.data.Dataset` for training or evaluation.
 
     Args:
-        source: `(features, labels)` NumPy arrays with the same first dimension,
-            or a list of TFRecord file paths (then `parse_fn` is required).
+        source: `(features, labels)` NumPy arrays with the same first dimension
+            (either may be a dict or tuple of arrays, for multi-input or
+            multi-output models), or a list of TFRecord file paths (then
+            `parse_fn` is required).
         batch_size: examples per batch. Without `input_context` this is the
             global batch size (Keras splits it across replicas); with one it is
             still the global size and the per-replica size is derived from it.
@@ -180,11 +204,8 @@ def build_dataset(
         ds = tf.data.TFRecordDataset(files, num_parallel_reads=AUTOTUNE if config.parallel_map else None)
         num_examples = None
     else:
-        x, y = source
-        if len(x) != len(y):
-            raise ConfigError(f"features and labels differ in length: {len(x)} vs {len(y)}.")
-        num_examples = len(x)
-        features, labels = tf.constant(x), tf.constant(y)
+        num_examples = num_examples_of(*source)
+        features, labels = (tf.nest.map_structure(tf.constant, part) for part in source)
         ds = tf.data.Dataset.range(num_examples)  # example indices; see the module docstring
 
     if input_context is not None:
@@ -200,7 +221,7 @@ def build_dataset(
     ds = ds.batch(batch_size, drop_remainder=training if drop_remainder is None else drop_remainder)
     if not from_files:
         def gather(indices):
-            batch = (tf.gather(features, indices), tf.gather(labels, indices))
+            batch = tuple(tf.nest.map_structure(lambda t: tf.gather(t, indices), part) for part in (features, labels))
             return batch if preprocess is None else preprocess(*batch)
 
         ds = ds.map(gather, num_parallel_calls=AUTOTUNE if config.parallel_map else None)

@@ -8,6 +8,10 @@ strategies also read the cluster first (`resolve_cluster`: TF_CONFIG or SLURM),
 and nothing before the strategy starts the runtime, because
 `MultiWorkerMirroredStrategy` configures collective ops as it starts it. The
 worker and ps tasks of a parameter-server job do not call `setup`: they `serve`.
+
+`KerasMultiWorkerMirroredStrategy` stands in for
+`tf.distribute.MultiWorkerMirroredStrategy()` in any Keras 3 script whose
+`model.fit` fails under the plain strategy (keras-team/keras#20585).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from tftrain.runtime.cluster import (
 from tftrain.runtime.devices import DeviceInfo, configure_devices, select_devices, split_cpu
 from tftrain.runtime.execution import (
     ExecutionChoice,
+    ModelState,
     StepTiming,
     choose_execution,
     compile_options,
@@ -44,40 +49,26 @@ from tftrain.runtime.precision import (
     set_precision,
 )
 from tftrain.runtime.server import serve, start_server
-from tftrain.runtime.strategy import cluster_resolver, make_strategy
+from tftrain.runtime.strategy import KerasMultiWorkerMirroredStrategy, cluster_resolver, make_strategy
 from tftrain.runtime.threads import ThreadSettings, set_threads
 
 __all__ = [
-    "GENERATOR_INPUT_STRATEGIES",
-    "MULTI_PROCESS_STRATEGIES",
-    "ClusterInfo",
-    "DeviceInfo",
+    # What a user's own script needs; the other names imported above stay importable
+    # from here for tftrain's own modules and tests.
     "ExecutionChoice",
-    "PrecisionInfo",
+    "KerasMultiWorkerMirroredStrategy",
+    "ModelState",
     "Runtime",
-    "StepTiming",
-    "ThreadSettings",
     "choose_execution",
     "compile_options",
     "configure_devices",
-    "current_precision",
     "ensure_float32_outputs",
-    "cluster_resolver",
     "make_strategy",
-    "MallocSettings",
-    "restore_malloc_thresholds",
-    "parse_slurm_step",
-    "parse_tf_config",
-    "precision_policy",
     "resolve_cluster",
-    "select_devices",
-    "serve",
+    "restore_malloc_thresholds",
     "set_precision",
     "set_threads",
     "setup",
-    "slurm_cluster",
-    "split_cpu",
-    "start_server",
     "time_training_steps",
 ]
 

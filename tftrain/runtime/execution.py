@@ -233,7 +233,7 @@ class ExecutionChoice:
             f"{mode} {t.step_time_s * 1e3:.2f} ms/step, {t.examples_per_sec:,.0f} examples/sec"
             for mode, t in self.timings.items()
         )
-        return f"{self.execution} ({figures}): {self.reason}"
+        return f"{self.execution} ({figures}): {self.reason}" if figures else f"{self.execution}: {self.reason}"
 
     def to_dict(self) -> dict:
         """Plain-data form (for metrics.json)."""
@@ -275,7 +275,10 @@ def choose_execution(
             `time_training_steps`). Defaults to 3.
 
     Returns:
-        An `ExecutionChoice`; `model.jit_compile` matches its `execution`.
+        An `ExecutionChoice`; `model.jit_compile` matches its `execution`. With
+        more than one replica (e.g. `MirroredStrategy` over 2 devices) nothing is
+        timed and the choice is graph: Keras 3 cannot compile a cross-replica
+        step with XLA.
 
     Raises:
         ValueError: on an unknown or empty list of candidates, an eager model,
@@ -297,6 +300,9 @@ def choose_execution(
     if getattr(model, "run_eagerly", False):
         raise ValueError("choose_execution needs a model compiled with run_eagerly=False (graph mode).")
 
+    replicas = model.distribute_strategy.num_replicas_in_sync
+    if replicas > 1:  # Keras 3 cannot compile a cross-replica step with XLA
+        return ExecutionChoice("graph", {}, f"XLA does not run across {replicas} replicas; graph is the only mode")
     snapshot = []
     timings = {}
     functions = {}
@@ -315,7 +321,7 @@ def choose_execution(
             functions[mode] = model.train_function
     except BaseException:
         if snapshot:
-            _restore(model, snapshot)
+            snapshot[0].restore()
         raise
 
     if not timings:
@@ -342,25 +348,48 @@ def _timed_and_restored(model, dataset, snapshot, **timing_args) -> StepTiming:
         # state is complete here and no step has run yet.
         def on_train_begin(self, logs=None):
             if not snapshot:
-                snapshot.extend(_state(model))
+                snapshot.append(ModelState(model))
 
     try:
         return time_training_steps(model, dataset, callbacks=[_Snapshot()], **timing_args)
     finally:
         if snapshot:
-            _restore(model, snapshot)
+            snapshot[0].restore()
 
 
-def _state(model) -> list:
-    """(variable, value) pairs of the model's weights, its random-seed states (dropout)
-    and its optimizer's state."""
-    variables = list(model.variables)
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None:
-        variables += list(optimizer.variables)
-    return [(v, v.numpy()) for v in variables]
+class ModelState:
+    """Saved values of a model's weights, optimizer state and metric state.
 
+    Covers `model.variables` (trainable and non-trainable weights, random-seed
+    state such as dropout's), `model.optimizer.variables` (slots, `iterations`,
+    loss scale) and `model.metrics_variables`, each variable once. The one
+    snapshot behind `choose_execution` and `tftrain.tuning.find_batch_size`.
 
-def _restore(model, snapshot) -> None:
-    for variable, value in snapshot:
-        variable.assign(value)
+    Args:
+        model: a built Keras model; its optimizer, when compiled, must be built.
+
+    Example:
+        >>> state = ModelState(model)
+        >>> model.fit(...)       # changes weights and optimizer state
+        >>> state.restore()      # back to where it was
+    """
+
+    def __init__(self, model):
+        import keras
+        import numpy as np
+
+        optimizer = getattr(model, "optimizer", None)
+        groups = (model.variables, optimizer.variables if optimizer is not None else (),
+                  getattr(model, "metrics_variables", ()))
+        seen, self.variables = set(), []
+        for group in groups:
+            for v in group:
+                if id(v) not in seen:
+                    seen.add(id(v))
+                    self.variables.append(v)
+        self.values = [np.array(keras.ops.convert_to_numpy(v), copy=True) for v in self.variables]
+
+    def restore(self) -> None:
+        """Assigns the saved values back."""
+        for v, value in zip(self.variables, self.values):
+            v.assign(value)

@@ -38,7 +38,29 @@ class KerasMultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy
     reduces scalars across replicas (`axis=None`, the only reading `axis=0` can
     have for them). Integer types the collective reduce does not take (such as
     uint8 images, which that first batch can hold) are reduced as int32 and cast
-    back. Everything else is its parent's.
+    back. Everything else is its parent's: the same constructor arguments, the
+    same TF_CONFIG reading, the same `scope()`.
+
+    Use it in your own script where you would build
+    `tf.distribute.MultiWorkerMirroredStrategy()`; that line, and
+    `import tftrain.runtime`, are the only change. `python -m tftrain.launch --workers N -- python your_script.py`
+    runs the script on N local workers, each with its own TF_CONFIG.
+    `make_strategy("multi_worker_mirrored", ...)` returns this class too.
+
+    Args:
+        cluster_resolver: a `tf.distribute.cluster_resolver.ClusterResolver`,
+            or None to read TF_CONFIG. Defaults to None.
+        communication_options: a
+            `tf.distribute.experimental.CommunicationOptions` (e.g. RING or
+            NCCL all-reduce), or None for `AUTO`. Defaults to None.
+
+    Example:
+        >>> import tftrain.runtime
+        >>> # was: strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        >>> strategy = tftrain.runtime.KerasMultiWorkerMirroredStrategy()
+        >>> with strategy.scope():
+        ...     model = build_and_compile_model()
+        >>> model.fit(dataset, epochs=3, steps_per_epoch=70)
     """
 
     def reduce(self, reduce_op, value, axis):

@@ -91,6 +91,9 @@ def set_threads(intra_op: int = 0, inter_op: int = 0) -> ThreadSettings:
         tf.config.threading.set_intra_op_parallelism_threads(intra_op)
         tf.config.threading.set_inter_op_parallelism_threads(inter_op)
     except RuntimeError:
+        if (tf.config.threading.get_intra_op_parallelism_threads(),
+                tf.config.threading.get_inter_op_parallelism_threads()) == (intra_op, inter_op):
+            return current_threads(applied=True)  # already what was asked: nothing to warn about
         in_effect = current_threads(applied=False)
         global _warned
         if not _warned:

@@ -22,12 +22,12 @@ import time
 from typing import Callable, Optional, Union
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tftrain.callbacks._steps import steps_per_execution
 from tftrain.callbacks.throughput import ThroughputMonitor
 from tftrain.errors import ConfigError
+from tftrain.runtime.execution import ModelState
 from tftrain.tuning.search import (
     NO_DATA,
     OK,
@@ -171,40 +171,6 @@ class _PeakMemory:
             return int(max(peaks)) if peaks else None
         peak = _read_vm_hwm() if self._peak == 0 else self._peak
         return None if peak is None else max(0, int(peak) - self.baseline)
-
-
-# -- model state -------------------------------------------------------------------
-
-class ModelState:
-    """Saved values of a model's weights, optimizer state and metric state.
-
-    Covers `model.variables` (trainable and non-trainable weights, random-seed
-    state), `model.optimizer.variables` (slots, `iterations`, loss scale) and
-    `model.metrics_variables`.
-
-    Args:
-        model: a built, compiled Keras model whose optimizer is built.
-
-    Example:
-        >>> state = ModelState(model)
-        >>> model.fit(...)       # changes weights and optimizer state
-        >>> state.restore()      # back to where it was
-    """
-
-    def __init__(self, model):
-        seen, self.variables = set(), []
-        groups = (model.variables, model.optimizer.variables, getattr(model, "metrics_variables", []))
-        for group in groups:
-            for v in group:
-                if id(v) not in seen:
-                    seen.add(id(v))
-                    self.variables.append(v)
-        self.values = [np.array(keras.ops.convert_to_numpy(v), copy=True) for v in self.variables]
-
-    def restore(self) -> None:
-        """Assigns the saved values back."""
-        for v, value in zip(self.variables, self.values):
-            v.assign(value)
 
 
 def _constant_learning_rate(optimizer) -> Optional[float]:

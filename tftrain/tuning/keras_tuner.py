@@ -10,8 +10,9 @@ trial over the replicas of a single worker; it does not run a trial across sever
 workers, so multi-worker strategies are refused with a `TuningError`. keras-tuner
 starts every trial from `keras.backend.clear_session()`.
 
-`TrainingHyperModel` searches learning rate, width and batch size for a model
-function `width -> keras.Model`.
+`TrainingHyperModel` searches learning rate, batch size and either a width (a
+model function `width -> keras.Model`) or any named choices (a model function
+`{name: value} -> keras.Model`).
 
 Source: https://keras.io/keras_tuner/api/tuners/
 """
@@ -19,7 +20,7 @@ Source: https://keras.io/keras_tuner/api/tuners/
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional, Sequence, Tuple, Union
+from typing import Callable, Mapping, Optional, Sequence, Tuple, Union
 
 import keras
 import keras_tuner as kt
@@ -150,12 +151,13 @@ def make_tuner(
 
 
 class TrainingHyperModel(kt.HyperModel):
-    """Searches learning rate (Adam), model width and global batch size.
+    """Searches learning rate, global batch size and the model's own choices.
 
     Args:
         model_fn: function `width -> keras.Model` (uncompiled); receives None
-            when `widths` is None. keras-tuner calls it inside the strategy
-            scope.
+            when `widths` is None; with `choices`, a function
+            `{name: value} -> keras.Model` instead. keras-tuner calls it inside
+            the strategy scope.
         make_dataset: function `global_batch_size -> tf.data.Dataset` of training
             batches.
         validation_data: dataset (or arrays) for `fit(validation_data=...)`, which
@@ -173,6 +175,12 @@ class TrainingHyperModel(kt.HyperModel):
             128.
         compile_options: extra `compile()` keyword arguments (e.g.
             `tftrain.runtime.compile_options("xla", 4)`). Defaults to None.
+        choices: `{name: values}` searched besides learning rate and batch
+            size (e.g. a task's `tune_space()`); `model_fn` then receives the
+            chosen `{name: value}`. Defaults to None.
+        compile_args: function `learning_rate -> dict` of `compile()` keyword
+            arguments (optimizer, loss, metrics), replacing Adam with `loss` and
+            `metrics`. Defaults to None.
 
     Example:
         >>> hm = TrainingHyperModel(lambda w: mlp(width=w), make_ds, val_ds,
@@ -193,6 +201,8 @@ class TrainingHyperModel(kt.HyperModel):
         default_batch_size: int = 128,
         compile_options: Optional[dict] = None,
         name: Optional[str] = None,
+        choices: Optional[Mapping[str, Sequence]] = None,
+        compile_args: Optional[Callable[[float], dict]] = None,
     ):
         super().__init__(name=name)
         if isinstance(learning_rate, (tuple, list)):
@@ -216,6 +226,8 @@ class TrainingHyperModel(kt.HyperModel):
         self.batch_sizes = None if batch_sizes is None else [int(b) for b in batch_sizes]
         self.default_batch_size = default_batch_size
         self.compile_options = dict(compile_options or {})
+        self.choices = None if choices is None else {k: list(v) for k, v in choices.items()}
+        self.compile_args = compile_args
 
     def build(self, hp):
         """Builds and compiles one trial's model."""
@@ -223,11 +235,13 @@ class TrainingHyperModel(kt.HyperModel):
             lr = hp.Float("learning_rate", self.learning_rate[0], self.learning_rate[1], sampling="log")
         else:
             lr = hp.Fixed("learning_rate", float(self.learning_rate))
-        width = hp.Choice("width", self.widths) if self.widths else None
-        model = self.model_fn(width)
-        model.compile(
-            optimizer=keras.optimizers.Adam(lr), loss=self.loss, metrics=list(self.metrics), **self.compile_options
-        )
+        if self.choices is not None:
+            model = self.model_fn({k: hp.Choice(k, values) for k, values in self.choices.items()})
+        else:
+            model = self.model_fn(hp.Choice("width", self.widths) if self.widths else None)
+        args = (self.compile_args(lr) if self.compile_args is not None else
+                {"optimizer": keras.optimizers.Adam(lr), "loss": self.loss, "metrics": list(self.metrics)})
+        model.compile(**args, **self.compile_options)
         return model
 
     def fit(self, hp, model, *args, **kwargs):

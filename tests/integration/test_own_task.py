@@ -1,0 +1,151 @@
+"""A user's own task files (`examples/`) through the whole machinery.
+
+`python -m tftrain.run examples/regression.py:task` (MSE, SGD) and
+`examples/two_input.py:task` (a two-input classifier), with MirroredStrategy on 2
+logical CPUs, `--execution auto`, `--batch-size auto`, `--profile`, a validation
+split, Ctrl-C and resume, `python -m tftrain.launch` with MultiWorkerMirrored and
+with a parameter-server job; and the image-folder recipe on real PNG and JPEG
+files. Each run is bounded by a subprocess timeout (and the launcher's own).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, SUBPROCESS_ENV, interrupt_after_first_checkpoint, read_metrics, run_module
+from tests.image_folders import write_mnist_image_folder
+
+pytestmark = pytest.mark.integration
+
+REGRESSION = str(REPO / "examples" / "regression.py") + ":task"
+TWO_INPUT = str(REPO / "examples" / "two_input.py") + ":task"
+SMALL = ["--train-examples", "4096", "--verbose", "2", "--seed", "0"]
+MEAN_PREDICTOR_MSE = 2.0  # examples/regression.py: predicting the mean of y gives about 2.2
+
+
+def _run_dir_files(run_dir):
+    return {p.name for p in run_dir.iterdir()}
+
+
+def test_regression_file_under_mirrored_with_auto_execution_auto_batch_and_profile(tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_module("tftrain.run", [REGRESSION, *SMALL, "--strategy", "mirrored", "--cpu-replicas", "2",
+                                   "--execution", "auto", "--batch-size", "auto", "--profile", "2,5",
+                                   "--validation-split", "0.1", "--epochs", "3", "--run-dir", run_dir],
+                   cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert _run_dir_files(run_dir) >= {"config.yaml", "logs", "model.keras", "metrics.json", "report.md"}
+    m = read_metrics(run_dir)
+    assert m["task"] == "regression" and m["replicas"] == 2 and m["strategy_class"] == "MirroredStrategy"
+    assert m["execution"] == "graph" and "XLA does not run across 2 replicas" in r.stdout
+    assert m["batch_size_search"]["batch_size"] == m["global_batch_size"] and m["global_batch_size"] % 2 == 0
+    assert m["train_examples"] == 4096 - 409 and "val_loss" in m["history"]
+    assert m["profile"]["captured"] == [2, 5] and m["profile"]["trace_files"]
+    assert m["throughput"]["examples_per_sec"] > 0 and m["throughput"]["input"]["verdict"]
+    assert m["history"]["loss"][-1] < m["history"]["loss"][0] and m["test_loss"] < MEAN_PREDICTOR_MSE
+    assert "units: 64" not in r.stdout and "hidden: 64" in (run_dir / "config.yaml").read_text()
+
+
+def test_two_input_file_under_mirrored_learns(tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_module("tftrain.run", [TWO_INPUT, "--train-examples", "8192", "--epochs", "2", "--verbose", "2",
+                                   "--seed", "0", "--strategy", "mirrored", "--cpu-replicas", "2",
+                                   "--embedding", "32", "--run-dir", run_dir], cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    m = read_metrics(run_dir)
+    assert m["embedding"] == 32 and m["replicas"] == 2 and m["test_examples"] == 5000
+    assert m["test_accuracy"] > 0.75  # chance is 0.55 (label 0 when the digits are equal or the left is smaller)
+
+
+def test_python_api_on_the_example_file(tmp_path):
+    code = (
+        "import tftrain\n"
+        "from tftrain import run\n"
+        f"task = run.load_task({REGRESSION!r})\n"
+        f"record = tftrain.Trainer(task, epochs=2, train_examples=2048, verbose=0, execution='graph', hidden=16,\n"
+        f"                         run_dir={str(tmp_path / 'run')!r}).fit()\n"
+        "print('RESULT', record.test['loss'], record.history['loss'][0], record.hparams['hidden'])\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                       env={**os.environ, **SUBPROCESS_ENV})
+    assert r.returncode == 0, r.stderr[-3000:]
+    test_loss, first_loss, hidden = r.stdout.split("RESULT")[1].split()
+    assert float(test_loss) < float(first_loss) and hidden == "16"
+    assert (tmp_path / "run" / "metrics.json").is_file()
+
+
+def test_regression_resumes_after_ctrl_c(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [REGRESSION, "--train-examples", "20000", "--batch-size", "32", "--epochs", "4", "--verbose", "2",
+            "--seed", "0", "--execution", "graph", "--run-dir", str(run_dir)]
+    code, err, done = interrupt_after_first_checkpoint("tftrain.run", args, run_dir, tmp_path)
+    assert code == 130, err[-2000:]
+    assert f"interrupted. Rerun the same command with --run-dir {run_dir} to resume" in err
+    r = run_module("tftrain.run", args, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resuming: {done}/4 epochs done" in r.stdout
+    m = read_metrics(run_dir)
+    assert m["resumed_from_epoch"] == done and m["epochs_trained"] == 4 - done
+
+
+def _launch(launch_args, run_args, tmp_path, timeout_s=240):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "tftrain.launch", *launch_args, "--timeout", str(timeout_s), "--grace", "3", "--",
+           sys.executable, "-m", "tftrain.run", *run_args]
+    return subprocess.run(cmd, cwd=REPO, env={**env, **SUBPROCESS_ENV, "TMPDIR": str(tmp_path / "tmp")},
+                          capture_output=True, text=True, timeout=timeout_s + 60)
+
+
+def test_regression_file_with_two_multi_worker_mirrored_workers(tmp_path):
+    run_dir = tmp_path / "run"
+    r = _launch(["--workers", "2"], [REGRESSION, *SMALL, "--epochs", "2", "--batch-size", "128",
+                                     "--strategy", "multi_worker_mirrored", "--run-dir", str(run_dir)], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = read_metrics(run_dir)
+    assert m["strategy_class"] == "KerasMultiWorkerMirroredStrategy" and m["workers"] == 2 and m["replicas"] == 2
+    assert m["steps_per_epoch"] == 4096 // 128 and m["epochs_trained"] == 2
+    assert m["test_loss"] < MEAN_PREDICTOR_MSE
+    losses = [line.split("test loss ")[1][:6] for line in r.stdout.splitlines() if "test loss " in line]
+    assert len(losses) == 2 and losses[0] == losses[1]  # both workers hold the same synchronised model
+
+
+def test_regression_file_with_a_parameter_server_job(tmp_path):
+    run_dir = tmp_path / "run"
+    r = _launch(["--chief", "--workers", "2", "--ps", "1"],
+                [REGRESSION, *SMALL, "--epochs", "2", "--batch-size", "128", "--strategy", "parameter_server",
+                 "--run-dir", str(run_dir)], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = read_metrics(run_dir)
+    assert m["strategy_class"] == "ParameterServerStrategyV2" and m["workers"] == 2 and m["ps_tasks"] == 1
+    assert set(m["history"]) == {"loss", "mean_absolute_error"} or set(m["history"]) == {"loss", "mae"}
+    assert m["history"]["loss"][1] < m["history"]["loss"][0] and m["test_loss"] < MEAN_PREDICTOR_MSE
+    assert m["throughput"] is None  # the coordinator loop has no per-step hooks
+
+
+def test_image_folder_recipe_on_png_and_jpeg_files(tmp_path):
+    train = write_mnist_image_folder(tmp_path / "train", per_class=30, formats=("png", "jpg"))
+    test = write_mnist_image_folder(tmp_path / "test", per_class=5, formats=("jpg",), split="test")
+    run_dir = tmp_path / "run"
+    r = run_module("tftrain.recipes.image_folder",
+                   ["--data-dir", train, "--test-dir", test, "--model", "small_cnn", "--image-size", "32",
+                    "--epochs", "3", "--batch-size", "32", "--verbose", "2", "--seed", "0", "--run-dir", run_dir],
+                   cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    m = read_metrics(run_dir)
+    assert m["train_examples"] == 270 and m["test_examples"] == 50 and "val_accuracy" in m["history"]
+    assert m["throughput"]["examples_per_sec"] > 0 and "input" in m["throughput"]
+    assert "input:      " in r.stdout and "image folder: 270 train, 30 validation, 50 test images, 10 classes" in r.stdout
+    assert m["history"]["loss"][-1] < m["history"]["loss"][0]
+
+
+def test_image_folder_recipe_needs_a_data_dir(tmp_path):
+    r = run_module("tftrain.recipes.image_folder", ["--epochs", "1"], cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        "python -m tftrain.recipes.image_folder: error: Pass --data-dir DIR: a folder with one sub-folder of "
+        "images per class.")

@@ -1,0 +1,81 @@
+"""What each loop supports, the metrics the parameter-server loop builds, the run
+record's flat form, and the console's verbosity."""
+
+import io
+
+import pytest
+
+from tftrain.config import RecipeConfig
+from tftrain.errors import ConfigError
+from tftrain.train import FitLoop, MultiWorkerLoop, ParameterServerLoop, RunRecord, loop_for
+from tftrain.train.console import Console
+from tftrain.train.loops import metric_objects
+
+
+def test_loop_for_each_strategy():
+    assert type(loop_for("mirrored")) is FitLoop and type(loop_for("default")) is FitLoop
+    assert isinstance(loop_for("multi_worker_mirrored"), MultiWorkerLoop)
+    ps = loop_for("parameter_server")
+    assert isinstance(ps, ParameterServerLoop)
+    assert (ps.per_step_hooks, ps.times_execution, ps.in_process_search) == (False, False, False)
+
+
+@pytest.mark.parametrize("strategy, flags, message", [
+    ("multi_worker_mirrored", {"tune": 1}, "keras-tuner runs each trial in one process"),
+    ("multi_worker_mirrored", {"batch_size": "auto"}, "--batch-size auto searches in one process"),
+    ("parameter_server", {"profile": "1,3"}, "--profile needs per-step hooks"),
+    ("parameter_server", {"execution": "xla"}, "execution='xla' is not available with the parameter-server"),
+    ("default", {"tune": 1, "batch_size": "auto"}, "--tune searches the batch size itself"),
+])
+def test_loops_refuse_what_they_cannot_do(strategy, flags, message):
+    cfg = RecipeConfig().override({"strategy": strategy, **flags})
+    with pytest.raises(ConfigError, match=message):
+        loop_for(strategy).check(cfg)
+
+
+def test_fit_loop_accepts_every_flag_alone():
+    for flags in ({"tune": 2}, {"batch_size": "auto"}, {"profile": "1,3"}, {"execution": "xla"}):
+        FitLoop().check(RecipeConfig().override(flags))
+
+
+def test_metric_objects_resolve_accuracy_by_the_loss_and_clone_objects():
+    import keras
+
+    sparse = metric_objects(["accuracy"], "sparse_categorical_crossentropy")[0]
+    binary = metric_objects(["acc"], keras.losses.BinaryCrossentropy())[0]
+    assert isinstance(sparse, keras.metrics.SparseCategoricalAccuracy) and sparse.name == "accuracy"
+    assert isinstance(binary, keras.metrics.BinaryAccuracy)
+    given = keras.metrics.MeanAbsoluteError(name="mae")
+    clone = metric_objects([given, "mse"], "mse")
+    assert clone[0] is not given and clone[0].name == "mae" and isinstance(clone[1], keras.metrics.MeanSquaredError)
+    with pytest.raises(ConfigError, match="Per-output metrics"):
+        metric_objects({"out": ["mae"]}, "mse")
+
+
+def _record(**kw):
+    base = dict(task="t", run_dir="r", test={"loss": 0.5, "accuracy": 0.75}, history={"loss": [1.0]}, epochs=1,
+                epochs_trained=1, resumed_from_epoch=0, train_examples=10, test_examples=5, steps_per_epoch=2,
+                global_batch_size=4, per_replica_batch_size=4, wall_time_s=1.0, fit_time_s=0.5,
+                examples_per_sec=16.0, execution="graph", execution_requested="auto", execution_choice=None,
+                runtime={"replicas": 1}, hparams={"width": 3}, seed=None, argv=[], versions={},
+                learning_rate=None, lr_schedule="constant", extras={"throughput": None})
+    base.update(kw)
+    return RunRecord(**base)
+
+
+def test_record_flattens_test_results_runtime_hyperparameters_and_extras():
+    flat = _record().to_dict()
+    assert flat["test_loss"] == 0.5 and flat["test_accuracy"] == 0.75 and flat["test"] == {"loss": 0.5, "accuracy": 0.75}
+    assert flat["replicas"] == 1 and flat["width"] == 3 and "throughput" in flat
+    assert "runtime" not in flat and "extras" not in flat
+    assert "test_loss" not in _record(test=None).to_dict()
+
+
+def test_console_is_silent_at_verbose_0_except_for_errors():
+    out, err = io.StringIO(), io.StringIO()
+    quiet = Console(0, out, err)
+    quiet.section("x"), quiet.line("y"), quiet.warn("z"), quiet.error("boom")
+    assert out.getvalue() == "" and err.getvalue() == "boom\n"
+    loud = Console(1, out, err)
+    loud.section("plan"), loud.lines(["a", "b"]), loud.warn("careful")
+    assert out.getvalue() == "== plan ==\na\nb\n" and err.getvalue().endswith("warning: careful\n")

@@ -1,0 +1,97 @@
+"""`python -m tftrain.run FILE.py:NAME`: loading tasks, flags, exit codes."""
+
+import textwrap
+
+import pytest
+
+from tftrain import run
+from tftrain.errors import ConfigError
+
+TASK_FILE = textwrap.dedent('''
+    import dataclasses
+    import numpy as np
+    import tftrain
+
+    @dataclasses.dataclass(frozen=True)
+    class HP:
+        units: int = tftrain.hparam(4, "hidden units", minimum=1)
+
+    def build(hp):
+        import keras
+        if hp.units == 13:
+            raise RuntimeError("unlucky width")
+        return keras.Sequential([keras.Input((2,)), keras.layers.Dense(hp.units), keras.layers.Dense(1)])
+
+    x = np.ones((64, 2), "float32")
+    task = tftrain.ArrayTask(build, x, x[:, :1], x, x[:, :1], loss="mse", hparams=HP(), name="filetask")
+
+    def make_task():
+        return task
+
+    not_a_task = 3
+''')
+
+
+@pytest.fixture
+def task_file(tmp_path):
+    path = tmp_path / "my_task.py"
+    path.write_text(TASK_FILE)
+    return path
+
+
+def test_load_task_by_name_or_factory(task_file):
+    assert run.load_task(f"{task_file}:task").name == "filetask"
+    assert run.load_task(f"{task_file}:make_task").name == "filetask"
+    assert run.load_task("tftrain.recipes.mnist:TASK").name == "mnist"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("no_colon.py", "Expected FILE.py:NAME or MODULE:NAME"),
+    ("missing/file.py:task", "does not exist"),
+    ("{file}:nope", "has no 'nope'. Tasks in it: task"),
+    ("{file}:not_a_task", "is a int, not a tftrain.Task"),
+    ("tftrain.no_such_module:task", "Could not import 'tftrain.no_such_module': ModuleNotFoundError"),
+])
+def test_load_task_errors_are_one_line(task_file, spec, message):
+    with pytest.raises(ConfigError) as e:
+        run.load_task(spec.format(file=task_file))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_syntax_error_names_the_line(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("x = 1\ndef broken(:\n")
+    with pytest.raises(ConfigError, match=r"SyntaxError: .*\(line 2\)"):
+        run.load_task(f"{bad}:task")
+
+
+def test_main_trains_with_task_hyperparameter_flags(task_file, tmp_path, capsys):
+    code = run.main([f"{task_file}:task", "--units", "3", "--epochs", "1", "--batch-size", "16", "--verbose", "0", "--execution", "graph",
+                     "--run-dir", str(tmp_path / "run")])
+    assert code == 0, capsys.readouterr().err
+    assert "units: 3" in (tmp_path / "run" / "config.yaml").read_text()
+
+
+def test_bad_input_exits_2_with_one_line(task_file, tmp_path, capsys):
+    assert run.main([f"{task_file}:task", "--units", "0", "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["python -m tftrain.run: error: units must be positive. Received: units=0. Pass a value >= 1."]
+    assert run.main([]) == 2
+    assert "No task given" in capsys.readouterr().err
+
+
+def test_a_run_that_fails_exits_1_naming_what_failed_and_the_traceback_file(task_file, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code = run.main([f"{task_file}:task", "--units", "13", "--batch-size", "16", "--verbose", "0", "--run-dir", str(run_dir)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1
+    assert "run failed: RuntimeError: unlucky width. Traceback:" in err[0] and str(run_dir / "failure.log") in err[0]
+    assert "unlucky width" in (run_dir / "failure.log").read_text()
+
+
+def test_help_lists_the_task_hyperparameters(task_file, capsys):
+    with pytest.raises(SystemExit) as e:
+        run.main([f"{task_file}:task", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--units N" in out and "hidden units (default: 4)" in out and "--strategy" in out

@@ -1,0 +1,182 @@
+"""Task and its adapters: splits, pipelines, compile arguments, binding, errors."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tftrain
+from tftrain.config import RecipeConfig, hparam
+from tftrain.errors import ConfigError
+
+
+def _model():
+    import keras
+
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+
+
+def _arrays(n=100):
+    x = np.arange(n * 3, dtype="float32").reshape(n, 3)
+    return x, x[:, :1] * 2
+
+
+def _labels(ds):
+    return np.concatenate([y.numpy() for _, y in ds]).ravel()
+
+
+def test_array_task_holds_out_the_last_fraction_for_validation():
+    x, y = _arrays(100)
+    task = tftrain.ArrayTask(_model, x, y, loss="mse").bind(RecipeConfig().override({"validation_split": 0.2}))
+    assert task.num_train_examples == 80
+    val = _labels(task.validation_data(16))
+    np.testing.assert_array_equal(val, y[80:].ravel())  # in order, every example
+    train = _labels(task.train_data(16))
+    assert len(train) == 80 and set(train) == set(y[:80].ravel())  # shuffled, whole batches (80 = 5 x 16)
+
+
+def test_train_examples_cap_applies_before_the_split():
+    x, y = _arrays(100)
+    task = tftrain.ArrayTask(_model, x, y, loss="mse").bind(
+        RecipeConfig().override({"train_examples": 50, "validation_split": 0.1}))
+    assert task.num_train_examples == 45 and len(_labels(task.validation_data(8))) == 5
+
+
+def test_array_task_with_its_own_validation_set_ignores_the_split():
+    x, y = _arrays(40)
+    task = tftrain.ArrayTask(_model, x, y, validation_data=(x[:7], y[:7]), loss="mse").bind(
+        RecipeConfig().override({"validation_split": 0.5}))
+    assert task.num_train_examples == 40 and len(_labels(task.validation_data(4))) == 7
+
+
+def test_array_task_takes_dicts_of_arrays_for_multi_input_models():
+    x = {"a": np.zeros((10, 2), "float32"), "b": np.ones((10, 5), "float32")}
+    task = tftrain.ArrayTask(_model, x, np.arange(10), loss="mse").bind(RecipeConfig())
+    features, labels = next(iter(task.train_data(4)))
+    assert features["a"].shape == (4, 2) and features["b"].shape == (4, 5) and labels.shape == (4,)
+
+
+def test_array_task_refuses_arrays_of_different_lengths():
+    with pytest.raises(ConfigError, match="differ in length"):
+        tftrain.ArrayTask(_model, {"a": np.zeros((10, 2)), "b": np.zeros((9, 2))}, np.zeros(10), loss="mse")
+
+
+def test_sharded_training_data_keeps_whole_global_batches_and_disjoint_shards():
+    x, y = _arrays(70)
+    task = tftrain.ArrayTask(_model, x, y, loss="mse").bind(RecipeConfig())
+    shards = [_labels(task.train_data(16, tf.distribute.InputContext(2, i, 2))) for i in range(2)]
+    assert [len(s) for s in shards] == [32, 32]  # 64 = 4 whole global batches; 6 examples dropped
+    assert not set(shards[0]) & set(shards[1])
+
+
+def test_too_large_a_validation_split_is_refused():
+    x, y = _arrays(1)
+    task = tftrain.ArrayTask(_model, x, y, loss="mse").bind(RecipeConfig().override({"validation_split": 0.5}))
+    with pytest.raises(ConfigError, match="leaves none to train on"):
+        task.num_train_examples
+
+
+@dataclasses.dataclass(frozen=True)
+class HP:
+    units: int = hparam(4, "units", minimum=1)
+
+
+def test_bind_gives_the_builder_the_configured_hyperparameters():
+    import keras
+
+    def build(hp):
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(hp.units)])
+
+    x, y = _arrays(8)
+    task = tftrain.ArrayTask(build, x, y, loss="mse", hparams=HP())
+    bound = task.bind(task.default_config().override({"units": 7}))
+    assert bound.build_model().output_shape == (None, 7)
+    assert task.hparams == HP()  # the user's task is left as it was
+
+
+def test_optimizer_names_instances_and_functions_take_the_run_learning_rate():
+    import keras
+
+    x, y = _arrays(8)
+    cfg = RecipeConfig().override({"learning_rate": 0.25})
+    for spec, cls in (("sgd", keras.optimizers.SGD), (keras.optimizers.RMSprop(0.9, rho=0.5), keras.optimizers.RMSprop),
+                      (lambda lr: keras.optimizers.Adam(lr), keras.optimizers.Adam)):
+        opt = tftrain.ArrayTask(_model, x, y, loss="mse", optimizer=spec).bind(cfg).compile_args(10)["optimizer"]
+        assert isinstance(opt, cls) and float(opt.learning_rate) == pytest.approx(0.25)
+    default = tftrain.ArrayTask(_model, x, y, loss="mse", optimizer="sgd").bind(RecipeConfig()).compile_args(None)
+    assert float(default["optimizer"].learning_rate) == pytest.approx(0.01)  # SGD's own default
+    with pytest.raises(ConfigError, match="Unknown optimizer 'sgdd'"):
+        tftrain.ArrayTask(_model, x, y, loss="mse", optimizer="sgdd").bind(RecipeConfig()).compile_args(None)
+
+
+def test_cosine_schedule_spans_the_run_when_steps_are_known():
+    import keras
+
+    x, y = _arrays(8)
+    cfg = RecipeConfig().override({"learning_rate": 0.1, "lr_schedule": "cosine", "epochs": 3})
+    task = tftrain.ArrayTask(_model, x, y, loss="mse").bind(cfg)
+    rate = task.run_learning_rate(steps_per_epoch=5)
+    assert isinstance(rate, keras.optimizers.schedules.CosineDecay) and rate.decay_steps == 15
+    assert task.run_learning_rate(None) == 0.1  # unknown steps: constant
+
+
+def test_dataset_task_adds_only_what_is_asked():
+    x, y = _arrays(20)
+
+    def train():
+        return tf.data.Dataset.from_tensor_slices((x, y))
+
+    task = tftrain.DatasetTask(_model, train, loss="mse", prefetch=False).bind(RecipeConfig())
+    assert task.num_train_examples == 20  # the dataset's cardinality
+    np.testing.assert_array_equal(_labels(task.train_data(8)), y[:16].ravel())  # not shuffled, remainder dropped
+    unbatched = tftrain.DatasetTask(_model, lambda size: train().batch(size), batch=False, loss="mse")
+    first = next(iter(unbatched.bind(RecipeConfig()).train_data(5)))
+    assert first[0].shape == (5, 3)
+    assert "tftrain adds: shard (multi-worker), batch" in task.describe_data()[0]
+
+
+def test_dataset_task_validation_split_needs_a_known_count():
+    x, y = _arrays(20)
+    gen = tftrain.DatasetTask(_model, lambda: tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True),
+                              loss="mse").bind(RecipeConfig().override({"validation_split": 0.25}))
+    with pytest.raises(ConfigError, match="--validation-split needs unbatched examples of known count"):
+        gen.validation_data(4)
+    known = tftrain.DatasetTask(_model, lambda: tf.data.Dataset.from_tensor_slices((x, y)), loss="mse",
+                                num_train_examples=20).bind(RecipeConfig().override({"validation_split": 0.25}))
+    np.testing.assert_array_equal(_labels(known.validation_data(4)), y[15:].ravel())
+    assert known.num_train_examples == 15
+
+
+def test_tfrecord_task_reads_files_with_the_parse_function(tmp_path):
+    path = str(tmp_path / "d.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        for i in range(12):
+            w.write(tf.train.Example(features=tf.train.Features(feature={
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=[i, i, i])),
+                "y": tf.train.Feature(float_list=tf.train.FloatList(value=[2 * i]))})).SerializeToString())
+
+    def parse(record):
+        f = tf.io.parse_single_example(record, {"x": tf.io.FixedLenFeature([3], tf.float32),
+                                                "y": tf.io.FixedLenFeature([1], tf.float32)})
+        return f["x"], f["y"]
+
+    task = tftrain.TFRecordTask(_model, [path], parse, test_files=[path], num_train_examples=12, loss="mse")
+    bound = task.bind(RecipeConfig())
+    assert sorted(_labels(bound.train_data(4))) == [2.0 * i for i in range(12)]
+    assert len(_labels(bound.test_data(5))) == 12
+    with pytest.raises(ConfigError, match="pass validation_files"):
+        task.bind(RecipeConfig().override({"validation_split": 0.1})).validation_data(4)
+
+
+def test_adapters_refuse_a_missing_loss_or_model_function():
+    x, y = _arrays(4)
+    with pytest.raises(ConfigError, match="Pass loss="):
+        tftrain.ArrayTask(_model, x, y, loss=None)
+    with pytest.raises(ConfigError, match="build_model must be a function"):
+        tftrain.ArrayTask("model", x, y, loss="mse")
+
+
+def test_base_task_says_what_a_subclass_must_define():
+    with pytest.raises(NotImplementedError, match="must define build_model"):
+        tftrain.Task().build_model()

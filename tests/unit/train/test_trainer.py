@@ -1,0 +1,138 @@
+"""The Trainer's stages in this process (default strategy), each on a tiny model."""
+
+import json
+
+import numpy as np
+import pytest
+
+import tftrain
+from tftrain.errors import ConfigError, RunDirError
+
+
+def _model():
+    import keras
+
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+
+
+def _task(n=512, **kw):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5, 0.0], "float32"))[:, None]
+    return tftrain.ArrayTask(_model, x, y, x[:64], y[:64], loss="mse", optimizer="sgd", metrics=["mae"],
+                             learning_rate=0.05, name="tiny", **kw)
+
+
+def _trainer(tmp_path, **overrides):
+    overrides = {"epochs": 2, "verbose": 0, "seed": 0, "execution": "graph", "run_dir": str(tmp_path / "run"),
+                 **overrides}
+    return tftrain.Trainer(_task(), **overrides)
+
+
+def test_fit_writes_the_run_directory_and_returns_the_record(tmp_path):
+    record = _trainer(tmp_path, validation_split=0.25).fit()
+    run = tmp_path / "run"
+    assert {p.name for p in run.iterdir()} >= {"config.yaml", "logs", "model.keras", "metrics.json", "report.md"}
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["test_loss"] == pytest.approx(record.test["loss"]) and "test_mae" in metrics
+    assert record.train_examples == 384 and record.steps_per_epoch == 384 // 128  # default 128 per replica
+    assert record.history["loss"][-1] < record.history["loss"][0]  # it learns
+    assert "val_loss" in record.history and record.epochs_trained == 2
+    assert metrics["task"] == "tiny" and metrics["execution"] == "graph"
+
+
+def test_a_finished_run_directory_is_never_overwritten(tmp_path):
+    _trainer(tmp_path, epochs=1).fit()
+    before = (tmp_path / "run" / "metrics.json").read_text()
+    with pytest.raises(RunDirError, match="holds a finished run"):
+        _trainer(tmp_path, epochs=1).fit()
+    assert (tmp_path / "run" / "metrics.json").read_text() == before
+
+
+def test_batch_plan_uses_the_task_default_and_refuses_too_few_examples(tmp_path):
+    trainer = tftrain.Trainer(_task(default_batch_size=64), verbose=0, run_dir=str(tmp_path / "r"))
+    trainer.check(), trainer.setup_runtime(), trainer.bind_task(), trainer.plan_fixed_batch()
+    assert (trainer.batch.global_batch_size, trainer.steps_per_epoch) == (64, 8)
+    small = tftrain.Trainer(_task(), verbose=0, run_dir=str(tmp_path / "s"), batch_size=1024)
+    small.check(), small.setup_runtime(), small.bind_task()
+    with pytest.raises(ConfigError, match="not one full step"):
+        small.plan_fixed_batch()
+
+
+def test_tune_without_validation_data_is_refused_before_the_run_directory(tmp_path):
+    with pytest.raises(ConfigError, match="--tune scores trials on validation data"):
+        _trainer(tmp_path, tune=1).fit()
+    assert not (tmp_path / "run").exists()
+
+
+def test_user_callbacks_run_after_tftrain_s_own(tmp_path):
+    import keras
+
+    seen = []
+
+    class Spy(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append(sorted(logs))
+
+    trainer = tftrain.Trainer(_task(), callbacks=[Spy()], epochs=1, verbose=0, execution="graph",
+                              run_dir=str(tmp_path / "run"))
+    trainer.fit()
+    assert seen == [["loss", "mae"]]
+
+
+def test_execution_auto_times_graph_and_xla_on_one_replica(tmp_path):
+    record = _trainer(tmp_path, execution="auto", epochs=1).fit()
+    assert record.execution in ("graph", "xla") and set(record.execution_choice["timings"]) == {"graph", "xla"}
+
+
+def test_overrides_must_name_config_fields():
+    with pytest.raises(ConfigError, match="Unknown config field 'epoch'"):
+        tftrain.Trainer(_task(), epoch=3)
+    with pytest.raises(ConfigError, match="Trainer needs a tftrain.Task"):
+        tftrain.Trainer(object())
+
+
+def test_multi_output_model_with_a_loss_per_output(tmp_path):
+    import keras
+
+    def build():
+        inputs = keras.Input((4,))
+        hidden = keras.layers.Dense(8, activation="relu")(inputs)
+        return keras.Model(inputs, {"a": keras.layers.Dense(1, name="a")(hidden),
+                                    "b": keras.layers.Dense(1, name="b")(hidden)})
+
+    x = np.random.default_rng(0).standard_normal((256, 4)).astype("float32")
+    y = {"a": x[:, :1], "b": x[:, 1:2] * 3}
+    task = tftrain.ArrayTask(build, x, y, x[:32], {"a": y["a"][:32], "b": y["b"][:32]},
+                             loss={"a": "mse", "b": "mae"}, optimizer="adam", learning_rate=0.01)
+    record = tftrain.Trainer(task, epochs=3, verbose=0, execution="graph", batch_size=32,
+                             run_dir=str(tmp_path / "run")).fit()
+    assert {"loss", "a_loss", "b_loss"} <= set(record.test)
+    assert record.history["loss"][-1] < record.history["loss"][0]
+
+
+def test_a_model_that_overrides_train_step_works_unchanged(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    class HalfStep(keras.Model):
+        """Its own train_step: a gradient step with a custom logged value."""
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+            return {"custom_loss": loss}
+
+    def build():
+        inputs = keras.Input((4,))
+        return HalfStep(inputs, keras.layers.Dense(1)(inputs))
+
+    x = np.random.default_rng(0).standard_normal((256, 4)).astype("float32")
+    task = tftrain.ArrayTask(build, x, x[:, :1] * 2, loss="mse", optimizer="sgd", learning_rate=0.1)
+    record = tftrain.Trainer(task, epochs=2, verbose=0, execution="graph", batch_size=32,
+                             run_dir=str(tmp_path / "run")).fit()
+    assert set(record.history) == {"custom_loss"}
+    assert record.history["custom_loss"][-1] < record.history["custom_loss"][0]

@@ -1,0 +1,121 @@
+"""Image-folder recipe: a Keras Applications model trained from scratch on any folder of images.
+
+Launch::
+
+    python -m tftrain.recipes.image_folder --data-dir path/to/images
+    python -m tftrain.recipes.image_folder --data-dir flowers --model resnet50 --image-size 128 --epochs 20
+    python -m tftrain.recipes.image_folder --data-dir flowers --test-dir flowers_test --strategy mirrored
+
+The folder holds one sub-folder per class (the convention of
+`keras.utils.image_dataset_from_directory`); JPEG and PNG files are decoded and
+resized in parallel in the tf.data pipeline, cached in memory after the first
+epoch, augmented (random horizontal flips and shifts) on whole batches, and
+prefetched. 10% of the images are held out for validation (`--validation-split`).
+The models start from random weights (no download): MobileNetV2, ResNet50,
+EfficientNetB0 at `--image-size`, or a small CNN for quick runs. After training,
+the run reports images/sec and the input verdict, which says when decoding is the
+bottleneck.
+
+Smoke size (tests and CI): `--model small_cnn --image-size 32 --epochs 1`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+from tftrain.config import hparam
+from tftrain.errors import ConfigError
+from tftrain.train.task import ImageFolderTask
+
+MODELS = ("mobilenet_v2", "resnet50", "efficientnet_b0", "small_cnn")
+"""Models `--model` accepts."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFolderHParams:
+    """The recipe's own hyperparameters (flags `--model`, `--image-size`, `--test-dir`, `--augment`)."""
+
+    model: str = hparam("mobilenet_v2", "Keras Applications model, from random weights", choices=MODELS)
+    image_size: int = hparam(96, "images are resized to SIZE x SIZE pixels", minimum=32)
+    test_dir: Optional[str] = hparam(None, "a folder of the same classes to evaluate after training")
+    augment: bool = hparam(True, "random horizontal flips and shifts of the training images")
+
+
+def build_model(hp: ImageFolderHParams, num_classes: int):
+    """The chosen model for `(size, size, 3)` float32 images with pixels 0..255.
+
+    Pixels are scaled inside the model (to [-1, 1]; EfficientNet scales its own),
+    and the softmax output is float32 under a mixed precision policy.
+    """
+    import keras
+
+    shape = (hp.image_size, hp.image_size, 3)
+    inputs = keras.Input(shape, name="image")
+    if hp.model == "small_cnn":
+        x = keras.layers.Rescaling(1 / 255)(inputs)
+        for filters in (32, 64):
+            x = keras.layers.Conv2D(filters, 3, activation="relu")(x)
+            x = keras.layers.MaxPooling2D(2)(x)
+        features = keras.layers.GlobalAveragePooling2D()(x)
+    else:
+        apps = keras.applications
+        backbone = {"mobilenet_v2": apps.MobileNetV2, "resnet50": apps.ResNet50,
+                    "efficientnet_b0": apps.EfficientNetB0}[hp.model]
+        x = inputs if hp.model == "efficientnet_b0" else keras.layers.Rescaling(1 / 127.5, offset=-1)(inputs)
+        features = backbone(include_top=False, weights=None, input_shape=shape, pooling="avg")(x)
+    outputs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name="probabilities")(features)
+    return keras.Model(inputs, outputs, name=f"image_folder_{hp.model}")
+
+
+class ImageFolderRecipe(ImageFolderTask):
+    """`ImageFolderTask` whose folder is `--data-dir` and whose model is a Keras Application."""
+
+    hparams = ImageFolderHParams()
+    # The file order is shuffled once up front, so a buffer of 1,024 decoded images mixes the classes
+    # without holding the whole (cached) set a second time.
+    defaults = {"validation_split": 0.1, "epochs": 10, "learning_rate": 1e-3, "shuffle_buffer": 1024}
+
+    def __init__(self):
+        super().__init__(build_model, None, image_size=(96, 96), name="image_folder", default_batch_size=64,
+                         hparams=ImageFolderHParams(), defaults=self.defaults, learning_rate=1e-3)
+
+    def build_model(self):
+        """`build_model(hparams, number of classes)`."""
+        return build_model(self.hparams, len(self.class_names))
+
+    def bind(self, config):
+        """Needs `--data-dir`; takes image size, test folder and augmentation from the hyperparameters."""
+        from tftrain.data.image_folder import random_flip_and_translate
+
+        if not config.data.data_dir:
+            raise ConfigError("Pass --data-dir DIR: a folder with one sub-folder of images per class.")
+        hp = config.task
+        bound = super().bind(dataclasses.replace(config))  # lists the files of --data-dir
+        bound.image_size = (hp.image_size, hp.image_size)
+        bound.augment = random_flip_and_translate(seed=config.seed) if hp.augment else None
+        if hp.test_dir:
+            from tftrain.data.image_folder import list_image_files
+
+            bound.test_directory = hp.test_dir
+            bound._files = {**bound._files, "test": list_image_files(hp.test_dir)}
+        return bound
+
+
+TASK = ImageFolderRecipe()
+"""The recipe's task; `python -m tftrain.run tftrain.recipes.image_folder:TASK --data-dir DIR` runs it too."""
+
+PROG = "python -m tftrain.recipes.image_folder"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs the recipe from the command line; returns the exit code (see `tftrain.run.main`)."""
+    from tftrain import run
+
+    return run.main(argv, task=TASK, prog=PROG, description=__doc__.split("\n\n")[0])
+
+
+if __name__ == "__main__":
+    from tftrain import run
+
+    run.run_module(main)

@@ -1,0 +1,206 @@
+"""`python -m tftrain.run FILE.py:NAME [flags]`: train any task from the command line.
+
+NAME names a `tftrain.Task` in the file (or module: `package.module:NAME`), or a
+function (or class) that returns one when called without arguments. Every
+runtime, data and training flag works as for the MNIST recipe, plus one flag per
+hyperparameter the task declares (`--help` lists them); `--config FILE` reads a
+recipe file (YAML) whose `task:` section holds those hyperparameters.
+
+    python -m tftrain.run examples/regression.py:task --epochs 5
+    python -m tftrain.run examples/two_input.py:task --strategy mirrored --cpu-replicas 2
+    python -m tftrain.launch --workers 2 -- python -m tftrain.run examples/regression.py:task \\
+        --strategy multi_worker_mirrored
+
+Exit codes: 0 done; 2 bad input (one line on stderr, no traceback); 1 the run
+failed after it started (one line naming what failed and where the traceback was
+written); 130 interrupted with Ctrl-C (the same command resumes from the
+checkpoint); 143 stopped by SIGTERM.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from tftrain import cli
+from tftrain.errors import ConfigError
+
+PROG = "python -m tftrain.run"
+
+FAILURE_LOG = "failure.log"
+"""File in the run directory that holds the traceback of a run that failed."""
+
+
+def _import_file(path: Path):
+    """Imports a Python file as a module (its folder first on `sys.path`, so it can import its neighbours)."""
+    if not path.is_file():
+        raise ConfigError(f"Task file {str(path)!r} does not exist. Pass FILE.py:NAME with an existing file.")
+    sys.path.insert(0, str(path.resolve().parent))
+    name = f"tftrain_user_task_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_task(spec: str):
+    """Loads the task named by `FILE.py:NAME` or `MODULE:NAME`.
+
+    Args:
+        spec: `path/to/file.py:NAME` or `package.module:NAME`; NAME is a
+            `tftrain.Task`, or a function or class returning one.
+
+    Returns:
+        The `tftrain.Task`.
+
+    Raises:
+        ConfigError: when the spec is malformed, the file or module cannot be
+            imported (the error and its line are named), NAME is missing, or it
+            is not (and does not return) a Task.
+    """
+    from tftrain.train.task import Task
+
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise ConfigError(f"Invalid task {spec!r}. Expected FILE.py:NAME or MODULE:NAME, e.g. examples/regression.py:task.")
+    try:
+        module = (_import_file(Path(where)) if where.endswith(".py") or os.sep in where
+                  else importlib.import_module(where))
+    except ConfigError:
+        raise
+    except Exception as e:  # the user's file: say what and where, in one line
+        raise ConfigError(f"Could not import {where!r}: {_one_line(e)}{_where(e, where)}.") from None
+    if not hasattr(module, name):
+        found = sorted(k for k, v in vars(module).items() if isinstance(v, Task))
+        raise ConfigError(f"{where!r} has no {name!r}." + (f" Tasks in it: {', '.join(found)}." if found else ""))
+    obj = getattr(module, name)
+    if not isinstance(obj, Task) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, Task):
+        raise ConfigError(f"{spec} is a {type(obj).__name__}, not a tftrain.Task (or a function returning one).")
+    return obj
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def _where(error: BaseException, where: str) -> str:
+    """` (line N)` for an error raised in the user's file or a syntax error, else ""."""
+    if isinstance(error, SyntaxError) and error.lineno:
+        return f" (line {error.lineno})"
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename.endswith(os.path.basename(where))]
+    return f" (line {frames[-1].lineno})" if frames else ""
+
+
+def _split_task_spec(argv: List[str]) -> Tuple[Optional[str], List[str]]:
+    """The first argument that is not a flag (the task spec), and the rest."""
+    for i, arg in enumerate(argv):
+        if not arg.startswith("-"):
+            return arg, argv[:i] + argv[i + 1:]
+    return None, argv
+
+
+def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, description: str = "",
+         default_config: Optional[str] = None) -> int:
+    """Parses flags, trains the task, and turns errors into exit codes.
+
+    Args:
+        argv: arguments without the program name; None reads `sys.argv[1:]`.
+            Without `task`, the first non-flag argument is the task spec.
+        task: a `tftrain.Task` to run (recipes pass theirs). Defaults to None.
+        prog: program name in help and error lines. Defaults to
+            `python -m tftrain.run`.
+        description: text above the flag list. Defaults to "".
+        default_config: a recipe file named in `--config`'s help. Defaults to None.
+
+    Returns:
+        0 on success, 2 on bad input, 1 when the run failed, 130 on Ctrl-C.
+    """
+    from tftrain.train.trainer import Interrupted, Trainer
+
+    started = time.perf_counter()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command, trainer = [*prog.split(), *argv], None
+    try:
+        if task is None:
+            task, argv = _task_from_argv(argv, prog)
+        cfg = cli.parse_config(argv, task.default_config(), prog, description or _describe(task), default_config)
+        trainer = Trainer(task, cfg, command=command)
+        trainer.fit(started=started)
+        return 0
+    except ConfigError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except Interrupted as e:
+        print(f"\n{prog}: interrupted. Rerun the same command with --run-dir {e.run_dir} to resume.", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted before training started.", file=sys.stderr)
+        return 130
+    except Exception as e:  # a run that failed after starting: one line, the traceback in the run directory
+        print(f"{prog}: run failed: {_one_line(e)}{_failure_log(trainer, e)}", file=sys.stderr)
+        return 1
+
+
+def _task_from_argv(argv: List[str], prog: str):
+    spec, rest = _split_task_spec(argv)
+    if spec is None:
+        if any(a in ("-h", "--help") for a in argv):
+            cli.build_parser(f"{prog} FILE.py:NAME", _empty_config(), __doc__.split("\n\n")[0]).print_help()
+            raise SystemExit(0)
+        raise ConfigError("No task given. Usage: python -m tftrain.run FILE.py:NAME [flags], "
+                          "e.g. python -m tftrain.run examples/regression.py:task --epochs 3.")
+    return load_task(spec), rest
+
+
+def _empty_config():
+    from tftrain.config import RecipeConfig
+
+    return RecipeConfig()
+
+
+def _describe(task) -> str:
+    doc = (type(task).__doc__ or "").strip().split("\n\n")[0]
+    return f"Train the task {task.name!r}" + (f": {doc}" if doc else ".")
+
+
+def _failure_log(trainer, error: BaseException) -> str:
+    """Writes the traceback to `<run_dir>/failure.log` when the run directory exists; returns where."""
+    run_dir = getattr(getattr(trainer, "run_dir", None), "path", None)
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    if run_dir is not None and Path(run_dir).is_dir():
+        log = Path(run_dir) / FAILURE_LOG
+        log.write_text(text, encoding="utf-8")
+        return f". Traceback: {log}; logs: {Path(run_dir) / 'logs'}"
+    return f". Traceback:\n{text}" if os.environ.get("TFTRAIN_TRACEBACK") else \
+        ". (Set TFTRAIN_TRACEBACK=1 to print the traceback.)"
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def run_module(main_fn: Callable[[], int] = main) -> None:
+    """`if __name__ == "__main__"` helper: runs `main_fn()` and exits with its code.
+
+    SIGTERM (sent by `python -m tftrain.launch`, SLURM or Kubernetes to stop a
+    task) exits with code 143 through Python's normal shutdown, so a worker's
+    temporary directory is removed.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    sys.exit(main_fn())
+
+
+if __name__ == "__main__":
+    run_module()

@@ -1,0 +1,220 @@
+"""Training loops, each saying in one place what it supports.
+
+A strategy changes what a run can do: `Model.fit` under a single-process
+strategy has per-step hooks, can time graph against XLA and can search in
+process; a multi-worker job must run the same program in every task, so it
+cannot search or time modes in one task alone; the parameter-server loop
+(`ClusterCoordinator`) has no per-step hooks and runs only `tf.function`s. The
+`Trainer` asks the loop (`loop_for(strategy)`) instead of branching on the
+strategy's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Callable, Optional, Sequence
+
+from tftrain import config as config_lib
+from tftrain.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class FitLoop:
+    """`Model.fit` in one process (default, one_device and mirrored strategies).
+
+    Attributes:
+        name: the loop's name in messages.
+        per_step_hooks: batch-level callbacks fire every `steps_per_execution`
+            steps (ThroughputMonitor, ProfilerWindow can run).
+        times_execution: `--execution auto` may time graph against XLA here.
+        in_process_search: `--tune` and `--batch-size auto` can run here.
+        executions: execution modes this loop runs.
+    """
+
+    name: str = "Model.fit"
+    per_step_hooks: bool = True
+    times_execution: bool = True
+    in_process_search: bool = True
+    executions: tuple = config_lib.EXECUTIONS
+
+    def check(self, cfg: config_lib.RecipeConfig) -> None:
+        """Refuses flags this loop cannot honour, before any work.
+
+        Raises:
+            ConfigError: naming the flag, why, and what to do instead.
+        """
+        auto_batch = cfg.data.batch_size == config_lib.AUTO_BATCH
+        if cfg.train.tune and auto_batch:
+            raise ConfigError("--tune searches the batch size itself; drop --batch-size auto "
+                              "(or drop --tune to only search the batch size).")
+        why = f"{cfg.runtime.strategy} runs every task in lockstep"
+        if cfg.train.tune and not self.in_process_search:
+            raise ConfigError(f"keras-tuner runs each trial in one process; {why}. Tune with a single-process strategy "
+                              "(--strategy mirrored, one_device or default), then train the best configuration here.")
+        if auto_batch and not self.in_process_search:
+            raise ConfigError(f"--batch-size auto searches in one process; {why}. Search on one machine "
+                              "(--batch-size auto --strategy mirrored), then pass the result with --batch-size N.")
+        if cfg.train.profile is not None and not self.per_step_hooks:
+            raise ConfigError(f"--profile needs per-step hooks, which {self.name} lacks. "
+                              "Profile a single-process run instead.")
+        if cfg.runtime.execution not in self.executions:
+            raise ConfigError(f"execution={cfg.runtime.execution!r} is not available with {self.name}. "
+                              f"Pass --execution {' or '.join(self.executions)}.")
+
+    def compile(self, model, compile_args: dict, runtime) -> None:
+        """`model.compile(**compile_args)` with the runtime's execution options, in the strategy's scope."""
+        with runtime.strategy.scope():
+            model.compile(**compile_args, **runtime.compile_options())
+
+    def fit(self, model, train_data: Callable, *, epochs: int, steps_per_epoch: Optional[int],
+            callbacks: Sequence, verbose: int, validation_data=None, runtime=None, metrics=None):
+        """Trains with `Model.fit` on `train_data()`; returns the `History`.
+
+        Args:
+            model: the compiled model.
+            train_data: function `(input_context=None) -> tf.data.Dataset`.
+            epochs: last epoch (BackupAndRestore resumes where it stopped).
+            steps_per_epoch: unused here (the dataset ends each epoch).
+            callbacks: Keras callbacks.
+            verbose: Keras verbosity.
+            validation_data: a dataset for `val_*` metrics, or None.
+            runtime: the `Runtime`. Defaults to None.
+            metrics: the task's metrics, for loops that update them
+                themselves (not `Model.fit`). Defaults to None.
+        """
+        return model.fit(train_data(), epochs=epochs, callbacks=list(callbacks), verbose=verbose,
+                         validation_data=validation_data, shuffle=False)
+
+    def evaluate(self, model, dataset, metrics=None) -> dict:
+        """`Model.evaluate` as a `{name: float}` dict (`"loss"` and each metric; `metrics` unused)."""
+        results = model.evaluate(dataset, verbose=0, return_dict=True)
+        return {name: float(value) for name, value in results.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiWorkerLoop(FitLoop):
+    """`Model.fit` in every task of a `multi_worker_mirrored` job.
+
+    Each worker builds its own shard of the input (`InputContext`), repeated,
+    and every worker runs exactly `steps_per_epoch` steps per epoch, so none
+    waits for a step another never takes.
+    """
+
+    name: str = "Model.fit (multi-worker)"
+    times_execution: bool = False
+    in_process_search: bool = False
+    executions: tuple = ("auto", "graph", "eager")
+
+    def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
+            runtime=None, metrics=None):
+        """`Model.fit` on `strategy.distribute_datasets_from_function`; see `FitLoop.fit`.
+
+        Raises:
+            ConfigError: when `steps_per_epoch` is unknown (the task knows no
+                `num_train_examples`).
+        """
+        if not steps_per_epoch:
+            raise ConfigError("Multi-worker training needs the number of training examples to agree on steps per "
+                              "epoch: give the task num_train_examples.")
+        dataset = runtime.strategy.distribute_datasets_from_function(lambda ctx: train_data(ctx).repeat())
+        return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=list(callbacks),
+                         verbose=verbose, validation_data=validation_data)
+
+
+_ACCURACY_BY_LOSS = (("sparse_categorical", "SparseCategoricalAccuracy"), ("categorical", "CategoricalAccuracy"),
+                     ("binary", "BinaryAccuracy"))
+
+
+def metric_objects(metrics, loss) -> list:
+    """Fresh Keras metric objects for loops that update metrics themselves.
+
+    Args:
+        metrics: what `compile` would take: None, or a list of names, metric
+            objects (cloned from their config) or functions `(y_true, y_pred)`.
+            `"accuracy"` / `"acc"` resolves by the loss, as `compile` does
+            (sparse categorical, categorical or binary accuracy).
+        loss: the compiled loss (name or object), for `"accuracy"`.
+
+    Returns:
+        A list of new `keras.metrics.Metric`s.
+
+    Raises:
+        ConfigError: for a per-output dict of metrics (not supported here).
+    """
+    import keras
+
+    if isinstance(metrics, Mapping):
+        raise ConfigError("Per-output metrics (a dict) are not supported by the parameter-server loop; "
+                          "give a flat list of metrics.")
+    loss_name = loss if isinstance(loss, str) else getattr(loss, "name", type(loss).__name__)
+    loss_name = str(loss_name).lower().replace("crossentropy", "_crossentropy")
+    out = []
+    for m in metrics or ():
+        if isinstance(m, str) and m in ("accuracy", "acc"):
+            cls = next((c for key, c in _ACCURACY_BY_LOSS if key in loss_name), "Accuracy")
+            out.append(getattr(keras.metrics, cls)(name="accuracy"))
+        elif isinstance(m, keras.metrics.Metric):
+            out.append(type(m).from_config(m.get_config()))
+        elif isinstance(m, str):
+            out.append(keras.metrics.get(m))
+        else:
+            out.append(keras.metrics.MeanMetricWrapper(m, name=getattr(m, "__name__", "metric")))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterServerLoop(FitLoop):
+    """The coordinator loop of a `parameter_server` job (`tftrain.ps_training`).
+
+    Steps run asynchronously on the workers through a `ClusterCoordinator`:
+    no per-step hooks (no throughput figures, no profile window), graph mode
+    only, no in-process search. Metrics are updated by the loop itself.
+    """
+
+    name: str = "the parameter-server coordinator loop"
+    per_step_hooks: bool = False
+    times_execution: bool = False
+    in_process_search: bool = False
+    executions: tuple = ("auto", "graph")
+
+    def compile(self, model, compile_args: dict, runtime) -> None:
+        """Compiles optimizer and loss only, in the strategy's scope: the loop updates metrics
+        itself, and the coordinator schedules its own `tf.function`s."""
+        with runtime.strategy.scope():
+            model.compile(optimizer=compile_args.get("optimizer"), loss=compile_args.get("loss"))
+
+    def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
+            runtime=None, metrics=None):
+        """`tftrain.ps_training.fit` on per-worker datasets; see `FitLoop.fit`.
+
+        Raises:
+            ConfigError: when `steps_per_epoch` is unknown.
+        """
+        from tftrain import ps_training
+
+        if not steps_per_epoch:
+            raise ConfigError("Parameter-server training needs steps per epoch: give the task num_train_examples.")
+        with runtime.strategy.scope():
+            metrics = metric_objects(metrics, model.loss)
+        return ps_training.fit(
+            model, lambda ctx: train_data(ctx).repeat(), epochs=epochs, steps_per_epoch=steps_per_epoch,
+            metrics=metrics, callbacks=callbacks, verbose=verbose,
+            steps_per_execution=runtime.config.steps_per_execution,
+        )
+
+    def evaluate(self, model, dataset, metrics=None) -> dict:
+        """`tftrain.ps_training.evaluate` on the chief (every example exactly once)."""
+        from tftrain import ps_training
+
+        return ps_training.evaluate(model, dataset, metric_objects(metrics, model.loss))
+
+
+def loop_for(strategy: str) -> FitLoop:
+    """The training loop for a strategy name (`RuntimeConfig.strategy`)."""
+    if strategy == "multi_worker_mirrored":
+        return MultiWorkerLoop()
+    if strategy == "parameter_server":
+        return ParameterServerLoop()
+    return FitLoop()
+

@@ -1,0 +1,166 @@
+"""The trainer's plan lines, its `RunRecord` and its reports (metrics.json, report.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+
+from tftrain import config as config_lib
+from tftrain.train.record import RunRecord
+
+
+def print_plan(trainer) -> None:
+    """Prints the effective configuration, the runtime, the data, the batch and notes."""
+    console, rt, cfg = trainer.console, trainer.runtime, trainer.config
+    console.section(f"{trainer.task.name}: effective configuration")
+    console.line(config_lib.to_yaml(cfg).rstrip())
+    console.section("runtime")
+    console.lines(rt.describe())
+    console.lines(trainer.task.describe_data())
+    if trainer.batch is not None:
+        print_batch(trainer)
+    cluster = trainer.cluster
+    if cfg.runtime.strategy == "parameter_server":
+        console.line(f"note:      each step runs one global batch on one of {training_workers(cluster)} worker(s), "
+                     f"asynchronously; variables live on {cluster.num_ps} ps task(s)")
+    if cfg.runtime.strategy == "mirrored" and rt.devices.kind == "cpu":
+        console.line(f"note:      no GPU found, so MirroredStrategy runs on the CPU as {rt.num_replicas} replica(s)"
+                     + ("; pass --cpu-replicas N to split the CPU into N replicas" if rt.num_replicas == 1 else ""))
+    if not trainer.is_chief:
+        console.line(f"note:      {cluster.task} is not the chief: it writes to a temporary directory, "
+                     "removed at the end")
+
+
+def print_batch(trainer) -> None:
+    """The batch line: global = per-replica x replicas; steps per epoch."""
+    b, n = trainer.batch, trainer.task.num_train_examples
+    steps = (f"{trainer.steps_per_epoch} steps/epoch on {n} examples" if n is not None
+             else "steps/epoch: until the training data ends")
+    trainer.console.line(f"batch:     global {b.global_batch_size} = per-replica {b.per_replica_batch_size} "
+                         f"x {b.num_replicas} replica(s); {steps}")
+
+
+def announce_run_dir(trainer) -> None:
+    """Where this task writes, and whether it resumes from a checkpoint."""
+    run_dir, out, console = trainer.run_dir, trainer.out_dir, trainer.console
+    console.line(f"run directory: {run_dir.path}" + ("" if trainer.is_chief else
+                 f" (the chief's; {trainer.task_name} writes to {out.path})"))
+    if run_dir.resumed_epochs:
+        console.line(f"resuming: {run_dir.resumed_epochs}/{trainer.config.train.epochs} epochs done, "
+                     f"from the checkpoint in {run_dir.backup_dir}")
+
+
+def training_workers(cluster) -> int:
+    """Tasks that compute gradients: chief + workers (MultiWorkerMirrored), workers (ParameterServer)."""
+    if cluster is None:
+        return 1
+    if cluster.num_ps:
+        return len(cluster.cluster.get("worker", ()))
+    return cluster.num_workers
+
+
+def runtime_facts(trainer, model_loss_scaling: bool = False) -> dict:
+    """The runtime part of the record: strategy, replicas, devices, precision, threads, ..."""
+    rt, cfg, cluster = trainer.runtime, trainer.config, trainer.cluster
+    return {
+        "replicas": rt.num_replicas,
+        "workers": training_workers(cluster),
+        "ps_tasks": cluster.num_ps if cluster is not None else 0,
+        "cluster_source": cluster.source if cluster is not None else None,
+        "strategy": cfg.runtime.strategy,
+        "strategy_class": type(rt.strategy).__name__,
+        "communication": cfg.runtime.communication if cfg.runtime.strategy == "multi_worker_mirrored" else None,
+        "devices": list(rt.devices.devices),
+        "device_kind": rt.devices.kind,
+        "precision": rt.precision.policy,
+        "compute_dtype": rt.precision.compute_dtype,
+        "loss_scaling": model_loss_scaling,
+        "steps_per_execution": (cfg.runtime.steps_per_execution if not trainer.loop.per_step_hooks
+                                else rt.steps_per_execution),
+        "threads": dataclasses.asdict(rt.threads),
+        "malloc": dataclasses.asdict(rt.malloc) if rt.malloc is not None else None,
+    }
+
+
+def _extras(trainer) -> dict:
+    """Throughput, profile and the searches' sections, where they ran."""
+    extras = dict(trainer.extras)
+    extras["throughput"] = trainer.monitor.result() if trainer.monitor is not None else None
+    profiler = trainer.profiler
+    if profiler is not None:
+        extras["profile"] = {
+            "window": list(trainer.config.train.profile_window),
+            "captured": list(profiler.captured) if profiler.captured else None,
+            "trace_files": [str(p.relative_to(trainer.out_dir.path)) for p in profiler.trace_files],
+            "tensorboard": f"tensorboard --logdir {trainer.run_dir.log_dir}",
+        }
+    return extras
+
+
+def make_record(trainer, history, test, started: float, fit_time: float) -> RunRecord:
+    """The `RunRecord` of a finished run."""
+    import keras
+
+    from tftrain import reports
+
+    cfg, batch, spe = trainer.config, trainer.batch, trainer.steps_per_epoch
+    epochs_trained = len(history.epoch)
+    examples = epochs_trained * spe * batch.global_batch_size if spe else None
+    choice = trainer.execution_choice
+    optimizer = getattr(history.model, "optimizer", None) if getattr(history, "model", None) else None
+    hparams = dataclasses.asdict(cfg.task) if cfg.task is not None else None
+    return RunRecord(
+        task=trainer.task.name, run_dir=str(trainer.run_dir.path), test=test,
+        history={k: [float(v) for v in vals] for k, vals in history.history.items()},
+        epochs=cfg.train.epochs, epochs_trained=epochs_trained, resumed_from_epoch=trainer.run_dir.resumed_epochs,
+        train_examples=trainer.task.num_train_examples, steps_per_epoch=spe,
+        test_examples=trainer.task.num_test_examples if test is not None else None,
+        global_batch_size=batch.global_batch_size, per_replica_batch_size=batch.per_replica_batch_size,
+        wall_time_s=time.perf_counter() - started, fit_time_s=fit_time,
+        examples_per_sec=examples / fit_time if examples and fit_time > 0 else None,
+        execution=trainer.execution, execution_requested=cfg.runtime.execution,
+        execution_choice=choice.to_dict() if choice is not None else None,
+        runtime=runtime_facts(trainer, isinstance(optimizer, keras.optimizers.LossScaleOptimizer)),
+        hparams=hparams, seed=cfg.seed, argv=list(trainer.command or sys.argv), versions=reports.versions(),
+        learning_rate=cfg.train.learning_rate if cfg.train.learning_rate is not None else trainer.task.learning_rate,
+        lr_schedule=cfg.train.lr_schedule,
+        extras={**_extras(trainer), "execution_auto": choice.describe() if choice is not None else None},
+    )
+
+
+def report(trainer, record: RunRecord) -> None:
+    """Writes `metrics.json` and `report.md` (chief only) and prints the result lines."""
+    from tftrain import reports
+
+    metrics = record.to_dict()
+    if trainer.is_chief:
+        reports.write_metrics(record.run_dir, metrics)
+        reports.write_report(record.run_dir, metrics, title=_title(trainer))
+    console = trainer.console
+    console.section("result")
+    console.line(_result_line(record))
+    throughput = record.extras.get("throughput")
+    if throughput and throughput.get("step_time_median_s") is not None:
+        console.line(f"throughput: {throughput['examples_per_sec']:,.0f} examples/sec after warm-up; step time "
+                     f"median {throughput['step_time_median_s'] * 1e3:.2f} ms, "
+                     f"p90 {throughput['step_time_p90_s'] * 1e3:.2f} ms")
+    if throughput and throughput.get("input"):
+        console.line(f"input:      {throughput['input']['verdict']}")
+    if trainer.is_chief:
+        console.line(f"run directory: {record.run_dir}")
+        console.line(f"TensorBoard:   tensorboard --logdir {trainer.run_dir.log_dir}"
+                     + ("  (profile: Profile tab)" if trainer.profiler else ""))
+
+
+def _title(trainer) -> str:
+    hparams = trainer.config.task
+    shown = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(hparams).items() if v is not None) if hparams else ""
+    return f"{trainer.task.name} ({shown})" if shown else trainer.task.name
+
+
+def _result_line(record: RunRecord) -> str:
+    test = ", ".join(f"test {k} {v:.4f}" for k, v in (record.test or {}).items()) or "no test data"
+    speed = (f"{record.examples_per_sec:,.0f} examples/sec over {record.epochs_trained} epoch(s)"
+             if record.examples_per_sec else f"{record.epochs_trained} epoch(s)")
+    return f"{test}; {speed}; wall time {record.wall_time_s:.1f} s"

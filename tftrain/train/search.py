@@ -1,0 +1,116 @@
+"""The trainer's searches: keras-tuner trials (`--tune`) and the batch-size search
+(`--batch-size auto`). Both run in one process, before training; the tuner scores
+trials on the task's validation data, never on its test data.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+from tftrain.errors import ConfigError
+
+TUNE_BATCH_SIZES = (32, 64, 128, 256, 512)
+"""Global batch sizes `--tune` chooses from (those that fit the data and replicas)."""
+
+TUNE_LEARNING_RATES = (1e-4, 1e-2)
+"""Learning-rate range `--tune` searches on a log scale when the task sets no rate;
+with a rate r it searches [r / 10, r * 10]."""
+
+
+def _learning_rate_range(trainer) -> tuple:
+    rate = trainer.config.train.learning_rate or trainer.task.learning_rate
+    return (rate / 10, rate * 10) if rate else TUNE_LEARNING_RATES
+
+
+def _objective(compile_args: dict) -> str:
+    """`val_accuracy` when the task measures accuracy, else `val_loss`."""
+    names = [m if isinstance(m, str) else getattr(m, "name", "") for m in (compile_args.get("metrics") or ())]
+    return "val_accuracy" if any(n in ("accuracy", "acc") for n in names) else "val_loss"
+
+
+def tune(trainer) -> Tuple[dict, dict]:
+    """Runs `--tune N` keras-tuner trials over learning rate, batch size and `task.tune_space()`.
+
+    Trials train on the task's training data and are scored on its validation
+    data. keras-tuner keeps its trials under `<run_dir>/tuning`, so a resumed
+    run reuses finished trials.
+
+    Returns:
+        `(figures for metrics.json, best values as flat config overrides)`.
+
+    Raises:
+        ConfigError: when the task has no validation data or too few examples.
+    """
+    from tftrain import runtime
+    from tftrain.tuning.keras_tuner import TrainingHyperModel, make_tuner
+
+    task, cfg, rt = trainer.task, trainer.config, trainer.runtime
+    n = task.num_train_examples
+    batch_sizes = [b for b in TUNE_BATCH_SIZES if b % rt.num_replicas == 0 and (n is None or b <= n)]
+    if not batch_sizes:
+        raise ConfigError(f"--tune needs at least {TUNE_BATCH_SIZES[0]} training examples per trial; {n} remain. "
+                          "Pass a larger --train-examples.")
+    validation = task.validation_data(max(batch_sizes))  # present: Trainer.check_task
+
+    def model_fn(values):
+        bound = task.bind(cfg.override(values)) if values else task
+        model = bound.build_model()
+        return model if rt.precision.compute_dtype == "float32" else runtime.ensure_float32_outputs(model)
+
+    def compile_args(learning_rate):
+        return task.bind(cfg.override({"learning_rate": learning_rate, "lr_schedule": "constant"})).compile_args(None)
+
+    objective = _objective(task.compile_args(None))
+    hypermodel = TrainingHyperModel(
+        model_fn, lambda b: task.train_data(b), validation, learning_rate=_learning_rate_range(trainer),
+        choices=dict(task.tune_space()), batch_sizes=batch_sizes, compile_args=compile_args,
+        compile_options=rt.compile_options(),
+    )
+    directory = trainer.out_dir.path / "tuning"
+    tuner = make_tuner(hypermodel, directory=directory, algorithm=cfg.train.tuner, max_trials=cfg.train.tune,
+                       strategy=rt.strategy, seed=cfg.seed, max_epochs=cfg.train.epochs, objective=objective)
+    trainer.console.section(f"tuning: {cfg.train.tune} {cfg.train.tuner} trial(s) over learning rate, batch size"
+                            + "".join(f", {k}" for k in task.tune_space()) + f" (objective {objective})")
+    tuner.search(epochs=cfg.train.epochs, verbose=cfg.train.verbose)
+    return _tuning_figures(trainer, tuner, directory)
+
+
+def _tuning_figures(trainer, tuner, directory) -> Tuple[dict, dict]:
+    trials = tuner.oracle.get_best_trials(trainer.config.train.tune)
+    if not trials:
+        raise ConfigError("keras-tuner finished no trial; see its messages above.")
+    values = trials[0].hyperparameters.values
+    best = {k: (float(v) if k == "learning_rate" else v) for k, v in values.items()}
+    trainer.console.line(f"tuning:    best {tuner.oracle.objective.name} {trials[0].score:.4f} with {best}")
+    figures = {
+        "algorithm": trainer.config.train.tuner,
+        "trials": len(tuner.oracle.trials),
+        "objective": tuner.oracle.objective.name,
+        "best_score": trials[0].score,
+        "best": best,
+        "directory": str(directory),
+        "ranking": [{"trial_id": t.trial_id, "score": t.score, "hyperparameters": dict(t.hyperparameters.values)}
+                    for t in trials],
+    }
+    return figures, best
+
+
+def search_batch_size(trainer) -> Tuple[dict, int]:
+    """`--batch-size auto`: the global batch size with the best examples/sec
+    (`tftrain.tuning.find_batch_size`), up to a tenth of the training examples.
+
+    Returns:
+        `(the search's figures for metrics.json, the batch size found)`.
+    """
+    from tftrain.train.trainer import AUTO_BATCH_MIN_STEPS
+    from tftrain.tuning.batch_size import find_batch_size
+
+    task, replicas = trainer.task, trainer.runtime.num_replicas
+    n = task.num_train_examples
+    max_val = None if n is None else max(replicas, n // AUTO_BATCH_MIN_STEPS // replicas * replicas)
+    init_val = 32 * replicas if max_val is None else min(32 * replicas, max_val)
+    model = trainer.build_model()  # a constant rate while searching; rebuilt once the steps are known
+    trainer.console.section(f"batch size search (objective: examples/sec, at most {max_val or 'no limit'})")
+    search = find_batch_size(model, lambda b: task.train_data(b), objective="throughput", init_val=init_val,
+                             max_val=max_val, verbose=1 if trainer.console.verbose else 0)
+    return search.to_dict(), int(search.batch_size)

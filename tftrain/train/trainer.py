@@ -1,0 +1,368 @@
+"""`Trainer(task, config).fit()`: the run as a list of labelled stages.
+
+    check        the loop refuses what it cannot do; cluster; run directory (no TF yet)
+    set-up       runtime.setup: threads -> devices -> precision -> strategy
+    run dir      refuse or resume; the chief writes, other workers write to scratch
+    batch plan   fixed | tuned (keras-tuner, on validation data) | auto (batch-size search)
+    build        task.build_model() inside strategy.scope(); compile with the task's
+                 optimizer / loss / metrics and the runtime's compile options
+    execution    auto: time graph vs XLA on the first training batches, keep the faster
+    callbacks    BackupAndRestore, TensorBoard, ThroughputMonitor, ProfilerWindow, the user's
+    train        the loop's fit (Model.fit, or the parameter-server coordinator loop)
+    evaluate, save, record, report
+
+Each stage is a short method; a subclass may replace any of them. What a training
+loop can do lives in `tftrain.train.loops`, not in branches here. Only the command
+line (`tftrain.run`) turns errors into exit codes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+import time
+from typing import Optional, Sequence
+
+from tftrain import config as config_lib
+from tftrain import rundir as rundir_lib
+from tftrain.errors import ConfigError
+from tftrain.train.console import Console
+from tftrain.train.loops import loop_for
+from tftrain.train.record import RunRecord
+from tftrain.train.task import Task
+
+AUTO_PROBE_BATCHES = 16
+"""`--execution auto` times graph and XLA on the first this-many training batches."""
+
+AUTO_PROBE_STEPS = 16
+"""Optimizer steps timed per mode by `--execution auto` (after the compiling warm-up)."""
+
+INPUT_CHECK_BATCHES = 50
+"""Batches the ThroughputMonitor's input check reads from the training pipeline alone."""
+
+AUTO_BATCH_MIN_STEPS = 10
+"""`--batch-size auto` tries batches up to train_examples / this, so an epoch keeps this many steps."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during training; `run_dir` holds the checkpoint the same command resumes from."""
+
+    def __init__(self, run_dir: str):
+        super().__init__(run_dir)
+        self.run_dir = run_dir
+
+
+class Trainer:
+    """Trains a `Task` with tftrain's whole machinery and writes its run directory.
+
+    Args:
+        task: the `tftrain.Task` (or an adapter: `ArrayTask`, `DatasetTask`, ...).
+        config: a `RecipeConfig`. Defaults to `task.default_config()`.
+        callbacks: the user's Keras callbacks, added after tftrain's own.
+            Defaults to ().
+        command: the command line recorded in `metrics.json`. Defaults to None
+            (this Python process's `sys.argv`).
+        **overrides: config fields by flat name (`epochs=3`, `strategy="mirrored"`,
+            the task's hyperparameters by their names), laid over `config`.
+
+    Raises:
+        ConfigError: when `task` is not a Task or an override is unknown or bad.
+
+    Example:
+        >>> record = tftrain.Trainer(task, epochs=3, strategy="mirrored", cpu_replicas=2).fit()
+        >>> record.test["loss"], record.run_dir
+    """
+
+    def __init__(self, task: Task, config: Optional[config_lib.RecipeConfig] = None, *, callbacks: Sequence = (),
+                 command: Optional[Sequence[str]] = None, **overrides):
+        if not isinstance(task, Task):
+            raise ConfigError(f"Trainer needs a tftrain.Task (e.g. tftrain.ArrayTask(...)). Received: {task!r}.")
+        if config is None:
+            config = task.default_config()
+        elif config.task is None and task.hparams is not None:
+            config = dataclasses.replace(config, task=task.hparams)
+        self.config = config.override(overrides) if overrides else config
+        self.task = task
+        self.callbacks = list(callbacks)
+        self.command = list(command) if command is not None else None
+        self.console = Console(self.config.train.verbose)
+        self.loop = loop_for(self.config.runtime.strategy)
+        self.cluster = self.runtime = self.run_dir = self.out_dir = self.batch = None
+        self.steps_per_epoch = None
+        self.execution, self.execution_choice = self.config.runtime.execution, None
+        self.monitor = self.profiler = None
+        self.compile_args: dict = {}
+        self.extras: dict = {}
+
+    # -- the run ---------------------------------------------------------------
+    def fit(self, *, started: Optional[float] = None) -> Optional[RunRecord]:
+        """Runs every stage; returns the `RunRecord` (None for a parameter-server worker or ps task,
+        which serves until the chief is done).
+
+        Args:
+            started: `time.perf_counter()` at program start, for the wall time.
+                Defaults to now.
+
+        Raises:
+            ConfigError: (and subclasses) on bad input found before or while setting up.
+            Interrupted: on Ctrl-C during training (the checkpoint resumes it).
+        """
+        started = time.perf_counter() if started is None else started
+        self.check()
+        if self.serves():
+            return self.serve()
+        self.setup_runtime()
+        self.bind_task()
+        self.check_task()
+        self.plan_fixed_batch()
+        self.print_plan()
+        with rundir_lib.task_run_dir(self.run_dir, config_lib.to_yaml(self.config), self.is_chief,
+                                     self.task_name) as out:
+            self.out_dir = out
+            self.announce_run_dir()
+            self.plan_batch()
+            model = self.build_model()
+            self.choose_execution(model)
+            history, fit_time = self.train(model, self.make_callbacks())
+            test = self.evaluate(model)
+            self.save(model)
+        record = self.make_record(history, test, started, fit_time)
+        self.report(record)
+        return record
+
+    # -- check, set-up ---------------------------------------------------------
+    def check(self) -> None:
+        """Loop support, cluster and run directory: the cheap checks, before TensorFlow starts."""
+        from tftrain.runtime.cluster import resolve_cluster
+
+        self.loop.check(self.config)
+        self.cluster = resolve_cluster(self.config.runtime.strategy, ps_tasks=self.config.runtime.ps_tasks)
+        if self.serves():
+            return
+        if self.config.run_dir is None:
+            self.config = dataclasses.replace(self.config, run_dir=str(rundir_lib.default_run_dir(self.task.name)))
+        self.run_dir = rundir_lib.check_run_dir(self.config.run_dir, self.config.to_dict())
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process writes the run directory (single process, or the chief)."""
+        return self.cluster is None or self.cluster.is_chief
+
+    @property
+    def task_name(self) -> str:
+        """This process's task in the cluster (`"chief"` for a single process)."""
+        return self.cluster.task if self.cluster is not None else "chief"
+
+    def serves(self) -> bool:
+        """Whether this process is a worker or ps task of a parameter-server job."""
+        return (self.config.runtime.strategy == "parameter_server" and self.cluster is not None
+                and self.cluster.task_type in ("worker", "ps"))
+
+    def serve(self) -> None:
+        """Starts this task's `tf.distribute.Server` and blocks until the chief is done."""
+        from tftrain.runtime import serve
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server blocks in C++: stop at once
+        rt = self.config.runtime
+        serve(self.cluster, rt.intra_op_threads, rt.inter_op_threads)
+        return None
+
+    def setup_runtime(self) -> None:
+        """Threads, devices, precision, strategy (`tftrain.runtime.setup`); seeds when asked."""
+        import keras
+
+        from tftrain import runtime
+
+        self.runtime = runtime.setup(self.config.runtime, cluster=self.cluster)
+        if self.config.seed is not None:
+            keras.utils.set_random_seed(self.config.seed)
+
+    def bind_task(self) -> None:
+        """Binds the task to the run's config (its hyperparameters, data options, seed)."""
+        self.task = self.task.bind(self.config)
+
+    def check_task(self) -> None:
+        """What the bound task must offer for the asked flags (validation data for `--tune`).
+
+        Raises:
+            ConfigError: naming the flag and the fix.
+        """
+        if self.config.train.tune and self.task.validation_data(32) is None:
+            raise ConfigError("--tune scores trials on validation data, never on the test set: pass "
+                              "--validation-split F (e.g. 0.1) or give the task its own validation data.")
+
+    # -- batch plan ------------------------------------------------------------
+    def plan_fixed_batch(self, batch_size=None) -> None:
+        """Global / per-replica batch size and steps per epoch, unless a search picks them later.
+
+        Raises:
+            ConfigError: when the batch does not divide across replicas, or the
+                data holds less than one global batch.
+        """
+        from tftrain.data.pipeline import resolve_batch_size
+
+        data = self.config.data
+        if batch_size is None and (data.batch_size == config_lib.AUTO_BATCH or self.config.train.tune):
+            return
+        if batch_size is None:
+            batch_size = data.batch_size
+            if batch_size is None and data.per_replica_batch_size is None:
+                batch_size = self.task.default_batch_size
+        per_replica = data.per_replica_batch_size if batch_size is None else None
+        self.batch = resolve_batch_size(batch_size, per_replica, self.runtime.num_replicas)
+        n = self.task.num_train_examples
+        self.steps_per_epoch = None if n is None else n // self.batch.global_batch_size
+        if self.steps_per_epoch == 0:
+            raise ConfigError(
+                f"Only {n} training examples for a global batch of {self.batch.global_batch_size}: not one full "
+                "step. Pass a larger --train-examples or a smaller batch size."
+            )
+        window = self.config.train.profile_window
+        if window is not None and self.steps_per_epoch:  # refuse a window past the end before writing anything
+            from tftrain.callbacks.profiler import check_window_fits
+
+            check_window_fits(*window, self.config.train.epochs * self.steps_per_epoch)
+
+    def plan_batch(self) -> None:
+        """The batch plan: fixed (already set), tuned (`--tune`), or searched (`--batch-size auto`)."""
+        if self.config.train.tune:
+            from tftrain.train.search import tune
+
+            self.extras["tuning"], best = tune(self)
+            self.config = self.config.override(best)
+            self.task = self.task.bind(self.config)
+            self.plan_fixed_batch(best["batch_size"])
+            self.print_batch()
+        elif self.batch is None:
+            from tftrain.train.search import search_batch_size
+
+            self.extras["batch_size_search"], batch_size = search_batch_size(self)
+            self.config = self.config.override({"batch_size": batch_size})
+            self.plan_fixed_batch(batch_size)
+            self.print_batch()
+
+    # -- build, execution ------------------------------------------------------
+    def build_model(self, compile_model: bool = True):
+        """`task.build_model()` inside the strategy's scope (float32 outputs under a mixed
+        policy), compiled by the loop with `task.compile_args(steps_per_epoch)`."""
+        from tftrain import runtime
+
+        with self.runtime.strategy.scope():  # the optimizer too: its variables belong to the strategy
+            model = self.task.build_model()
+            if self.runtime.precision.compute_dtype != "float32":
+                model = runtime.ensure_float32_outputs(model)
+            if compile_model:
+                self.compile_args = self.task.compile_args(self.steps_per_epoch)
+        if compile_model:
+            self.loop.compile(model, self.compile_args, self.runtime)
+        return model
+
+    def choose_execution(self, model) -> None:
+        """`--execution auto`: times graph and XLA on the first training batches where the loop
+        allows (`tftrain.runtime.choose_execution`), else graph; other modes as asked."""
+        if self.config.runtime.execution != "auto":
+            return
+        if not self.loop.times_execution:
+            self.execution = "graph"
+            self.console.line(f"execution: auto -> graph ({self.loop.name} does not time graph against XLA)")
+            return
+        from tftrain.runtime.execution import choose_execution
+
+        probe = self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES)
+        choice = choose_execution(model, probe, steps=AUTO_PROBE_STEPS, min_timed_executions=2)
+        self.execution, self.execution_choice = choice.execution, choice
+        self.console.line(f"execution: auto -> {choice.describe()}")
+
+    # -- callbacks, train, evaluate, save --------------------------------------
+    def make_callbacks(self) -> list:
+        """BackupAndRestore, TensorBoard, ThroughputMonitor and ProfilerWindow (where the loop has
+        per-step hooks), then the user's callbacks."""
+        import keras
+
+        out = self.out_dir
+        callbacks = [
+            # double_checkpoint keeps the previous epoch's state in case a task dies mid-save.
+            keras.callbacks.BackupAndRestore(str(out.backup_dir), double_checkpoint=True),
+            keras.callbacks.TensorBoard(str(out.log_dir)),
+        ]
+        if self.loop.per_step_hooks:
+            callbacks += self._step_callbacks()
+        return callbacks + self.callbacks
+
+    def _step_callbacks(self) -> list:
+        from tftrain.callbacks import ProfilerWindow, ThroughputMonitor
+
+        gb = self.batch.global_batch_size
+        # The input check times this process's pipeline alone; a worker of a multi-worker job reads
+        # only its shard, so it is skipped there.
+        input_data = self.task.probe_data(gb, INPUT_CHECK_BATCHES) if self.loop.in_process_search else None
+        self.monitor = ThroughputMonitor(gb, log_dir=self.out_dir.log_dir, input_data=input_data)
+        window = self.config.train.profile_window
+        if window is None:
+            return [self.monitor]
+        self.profiler = ProfilerWindow(self.out_dir.log_dir, *window)
+        return [self.monitor, self.profiler]
+
+    def train(self, model, callbacks):
+        """The loop's fit over `epochs`; returns `(History, seconds)`.
+
+        Raises:
+            Interrupted: on Ctrl-C, naming the run directory to resume from.
+        """
+        gb = self.batch.global_batch_size
+        validation = self.task.validation_data(gb) if self.loop.per_step_hooks else None
+        started = time.perf_counter()
+        try:
+            history = self.loop.fit(
+                model, lambda input_context=None: self.task.train_data(gb, input_context),
+                epochs=self.config.train.epochs, steps_per_epoch=self.steps_per_epoch, callbacks=callbacks,
+                verbose=self.config.train.verbose, validation_data=validation, runtime=self.runtime,
+                metrics=self.compile_args.get("metrics"),
+            )
+        except KeyboardInterrupt:
+            raise Interrupted(str(self.run_dir.path)) from None
+        return history, time.perf_counter() - started
+
+    def evaluate(self, model) -> Optional[dict]:
+        """The loop's evaluation on the task's test data; None when the task has none."""
+        dataset = self.task.test_data(self.batch.global_batch_size)
+        if dataset is None:
+            return None
+        return self.loop.evaluate(model, dataset, self.compile_args.get("metrics"))
+
+    def save(self, model) -> None:
+        """Saves the trained model as `model.keras` in this task's directory."""
+        model.save(self.out_dir / rundir_lib.MODEL_FILE)
+
+    # -- printing, record, report ----------------------------------------------
+    def print_plan(self) -> None:
+        """The effective configuration, the runtime, the data and the batch."""
+        from tftrain.train import reporting
+
+        reporting.print_plan(self)
+
+    def print_batch(self) -> None:
+        """The batch line: global = per-replica x replicas; steps per epoch."""
+        from tftrain.train import reporting
+
+        reporting.print_batch(self)
+
+    def announce_run_dir(self) -> None:
+        """Where this task writes, and whether it resumes."""
+        from tftrain.train import reporting
+
+        reporting.announce_run_dir(self)
+
+    def make_record(self, history, test, started: float, fit_time: float) -> RunRecord:
+        """The `RunRecord` of this run."""
+        from tftrain.train import reporting
+
+        return reporting.make_record(self, history, test, started, fit_time)
+
+    def report(self, record: RunRecord) -> None:
+        """Writes `metrics.json` and `report.md` (chief only) and prints the result."""
+        from tftrain.train import reporting
+
+        reporting.report(self, record)
