@@ -43,8 +43,6 @@ def _jsonable(value):
 
 
 _REPORT_ROWS = (
-    ("test_accuracy", "Test accuracy", "{:.4f}"),
-    ("test_loss", "Test loss", "{:.4f}"),
     ("epochs_trained", "Epochs trained in this process", "{}"),
     ("wall_time_s", "Wall time (s)", "{:.1f}"),
     ("fit_time_s", "fit() time (s)", "{:.1f}"),
@@ -71,7 +69,12 @@ _REPORT_ROWS = (
 def write_report(run_dir, metrics: Mapping, title: str = "Run report") -> Path:
     """Writes `report.md`: a table of the headline figures of `metrics`; returns its path."""
     lines = [f"# {title}", "", "| | |", "|---|---|"]
-    for key, label, fmt in _REPORT_ROWS:
+    results = [(f"test.{k}", f"Test {k}", "{:.4f}") for k in (metrics.get("test") or {})]
+    history = metrics.get("history") or {}
+    last_val = {k: v[-1] for k, v in history.items() if k.startswith("val_") and v}
+    results += [(f"last_val.{k}", f"Validation {k[4:]} (last epoch)", "{:.4f}") for k in last_val]
+    metrics = {**metrics, "last_val": last_val}
+    for key, label, fmt in (*results, *_REPORT_ROWS):
         value = _lookup(metrics, key)
         if value is not None:
             lines.append(f"| {label} | {fmt.format(value)} |")

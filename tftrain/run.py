@@ -103,9 +103,10 @@ def _where(error: BaseException, where: str) -> str:
 
 
 def _split_task_spec(argv: List[str]) -> Tuple[Optional[str], List[str]]:
-    """The first argument that is not a flag (the task spec), and the rest."""
+    """The task spec (the first argument of the form `WHERE:NAME` that is not a flag) and the rest,
+    so flags may come before or after it."""
     for i, arg in enumerate(argv):
-        if not arg.startswith("-"):
+        if not arg.startswith("-") and ":" in arg:
             return arg, argv[:i] + argv[i + 1:]
     return None, argv
 
@@ -178,7 +179,7 @@ def _failure_log(trainer, error: BaseException) -> str:
     """Writes the traceback to `<run_dir>/failure.log` when the run directory exists; returns where."""
     run_dir = getattr(getattr(trainer, "run_dir", None), "path", None)
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    if run_dir is not None and Path(run_dir).is_dir():
+    if run_dir is not None and Path(run_dir).is_dir() and trainer.is_chief:  # other workers never write there
         log = Path(run_dir) / FAILURE_LOG
         log.write_text(text, encoding="utf-8")
         return f". Traceback: {log}; logs: {Path(run_dir) / 'logs'}"

@@ -11,12 +11,14 @@ def test_versions_names_the_stack():
 
 
 def test_metrics_json_holds_numpy_scalars_and_report_table(tmp_path):
-    metrics = {"test_accuracy": np.float32(0.98), "replicas": np.int64(2), "devices": ("a", "b"),
-               "examples_per_sec": 1234.5, "argv": ["python", "-m", "x"]}
+    metrics = {"test_accuracy": np.float32(0.98), "test": {"accuracy": np.float32(0.98), "mae": 0.25},
+               "history": {"loss": [2.0, 1.0], "val_mae": [0.5, 0.375]}, "replicas": np.int64(2),
+               "devices": ("a", "b"), "examples_per_sec": 1234.5, "argv": ["python", "-m", "x"]}
     path = reports.write_metrics(tmp_path, metrics)
     loaded = json.loads(path.read_text())
     assert abs(loaded["test_accuracy"] - 0.98) < 1e-6 and loaded["replicas"] == 2
     assert loaded["devices"] == ["a", "b"]
     text = reports.write_report(tmp_path, metrics, title="t").read_text()
     assert "| Test accuracy | 0.9800 |" in text and "| Training examples/sec | 1,234 |" in text
+    assert "| Test mae | 0.2500 |" in text and "| Validation mae (last epoch) | 0.3750 |" in text
     assert "`python -m x`" in text

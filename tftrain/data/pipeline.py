@@ -152,6 +152,7 @@ def build_dataset(
     parse_fn: Optional[Callable] = None,
     input_context: Optional[tf.distribute.InputContext] = None,
     drop_remainder: Optional[bool] = None,
+    max_examples: Optional[int] = None,
 ) -> tf.data.Dataset:
     """Builds a batched, prefetched `tf.data.Dataset` for training or evaluation.
 
@@ -179,6 +180,9 @@ def build_dataset(
             the data by input pipeline and batches per replica. Defaults to None.
         drop_remainder: overrides the default (True when training). Defaults to
             None.
+        max_examples: for file sources, read only the first this-many
+            records (before the cache, so the cache is complete). Defaults to
+            None (all).
 
     Returns:
         A `tf.data.Dataset` of `(features, labels)` batches with an explicit
@@ -202,6 +206,8 @@ def build_dataset(
         if parse_fn is None:
             raise ConfigError("A file source needs parse_fn to decode each record into (features, labels).")
         ds = tf.data.TFRecordDataset(files, num_parallel_reads=AUTOTUNE if config.parallel_map else None)
+        if max_examples is not None:
+            ds = ds.take(max_examples)
         num_examples = None
     else:
         num_examples = num_examples_of(*source)

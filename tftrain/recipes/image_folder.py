@@ -91,14 +91,11 @@ class ImageFolderRecipe(ImageFolderTask):
         if not config.data.data_dir:
             raise ConfigError("Pass --data-dir DIR: a folder with one sub-folder of images per class.")
         hp = config.task
-        bound = super().bind(dataclasses.replace(config))  # lists the files of --data-dir
+        bound = super().bind(config)  # lists the files of --data-dir
         bound.image_size = (hp.image_size, hp.image_size)
         bound.augment = random_flip_and_translate(seed=config.seed) if hp.augment else None
         if hp.test_dir:
-            from tftrain.data.image_folder import list_image_files
-
-            bound.test_directory = hp.test_dir
-            bound._files = {**bound._files, "test": list_image_files(hp.test_dir)}
+            bound.set_test_directory(hp.test_dir)
         return bound
 
 

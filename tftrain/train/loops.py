@@ -29,6 +29,10 @@ class FitLoop:
             steps (ThroughputMonitor, ProfilerWindow can run).
         times_execution: `--execution auto` may time graph against XLA here.
         in_process_search: `--tune` and `--batch-size auto` can run here.
+        checks_input: the ThroughputMonitor times this process's whole input
+            pipeline alone (the input-bound verdict).
+        validates: `fit` reads the task's validation data for `val_*` metrics.
+        needs_steps_per_epoch: the task must know `num_train_examples`.
         executions: execution modes this loop runs.
     """
 
@@ -36,7 +40,14 @@ class FitLoop:
     per_step_hooks: bool = True
     times_execution: bool = True
     in_process_search: bool = True
+    checks_input: bool = True
+    validates: bool = True
+    needs_steps_per_epoch: bool = False
     executions: tuple = config_lib.EXECUTIONS
+
+    def serves(self, cluster) -> bool:
+        """Whether this process only serves the job (never for `Model.fit`)."""
+        return False
 
     def check(self, cfg: config_lib.RecipeConfig) -> None:
         """Refuses flags this loop cannot honour, before any work.
@@ -75,7 +86,8 @@ class FitLoop:
             model: the compiled model.
             train_data: function `(input_context=None) -> tf.data.Dataset`.
             epochs: last epoch (BackupAndRestore resumes where it stopped).
-            steps_per_epoch: unused here (the dataset ends each epoch).
+            steps_per_epoch: optimizer steps per epoch, used when the dataset
+                repeats forever (else the dataset ends each epoch).
             callbacks: Keras callbacks.
             verbose: Keras verbosity.
             validation_data: a dataset for `val_*` metrics, or None.
@@ -83,8 +95,12 @@ class FitLoop:
             metrics: the task's metrics, for loops that update them
                 themselves (not `Model.fit`). Defaults to None.
         """
-        return model.fit(train_data(), epochs=epochs, callbacks=list(callbacks), verbose=verbose,
-                         validation_data=validation_data, shuffle=False)
+        import tensorflow as tf
+
+        dataset = train_data()
+        endless = int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY
+        return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch if endless else None,
+                         callbacks=list(callbacks), verbose=verbose, validation_data=validation_data, shuffle=False)
 
     def evaluate(self, model, dataset, metrics=None) -> dict:
         """`Model.evaluate` as a `{name: float}` dict (`"loss"` and each metric; `metrics` unused)."""
@@ -104,19 +120,17 @@ class MultiWorkerLoop(FitLoop):
     name: str = "Model.fit (multi-worker)"
     times_execution: bool = False
     in_process_search: bool = False
+    checks_input: bool = False  # each worker reads only its shard
+    needs_steps_per_epoch: bool = True
     executions: tuple = ("auto", "graph", "eager")
 
     def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
             runtime=None, metrics=None):
         """`Model.fit` on `strategy.distribute_datasets_from_function`; see `FitLoop.fit`.
 
-        Raises:
-            ConfigError: when `steps_per_epoch` is unknown (the task knows no
-                `num_train_examples`).
+        `steps_per_epoch` must be known (`Trainer.check_task` refuses a task
+        without `num_train_examples` before the run starts).
         """
-        if not steps_per_epoch:
-            raise ConfigError("Multi-worker training needs the number of training examples to agree on steps per "
-                              "epoch: give the task num_train_examples.")
         dataset = runtime.strategy.distribute_datasets_from_function(lambda ctx: train_data(ctx).repeat())
         return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=list(callbacks),
                          verbose=verbose, validation_data=validation_data)
@@ -147,7 +161,7 @@ def metric_objects(metrics, loss) -> list:
     if isinstance(metrics, Mapping):
         raise ConfigError("Per-output metrics (a dict) are not supported by the parameter-server loop; "
                           "give a flat list of metrics.")
-    loss_name = loss if isinstance(loss, str) else getattr(loss, "name", type(loss).__name__)
+    loss_name = loss if isinstance(loss, str) else getattr(loss, "name", getattr(loss, "__name__", ""))
     loss_name = str(loss_name).lower().replace("crossentropy", "_crossentropy")
     out = []
     for m in metrics or ():
@@ -176,25 +190,29 @@ class ParameterServerLoop(FitLoop):
     per_step_hooks: bool = False
     times_execution: bool = False
     in_process_search: bool = False
+    checks_input: bool = False
+    validates: bool = False
+    needs_steps_per_epoch: bool = True
     executions: tuple = ("auto", "graph")
+
+    def serves(self, cluster) -> bool:
+        """Worker and ps tasks serve; the chief (coordinator) trains."""
+        return cluster is not None and cluster.task_type in ("worker", "ps")
 
     def compile(self, model, compile_args: dict, runtime) -> None:
         """Compiles optimizer and loss only, in the strategy's scope: the loop updates metrics
         itself, and the coordinator schedules its own `tf.function`s."""
+        if isinstance(compile_args.get("loss"), Mapping):
+            raise ConfigError("The parameter-server loop takes one loss for the whole model, not a dict per output. "
+                              "Train a multi-output model with another strategy.")
         with runtime.strategy.scope():
             model.compile(optimizer=compile_args.get("optimizer"), loss=compile_args.get("loss"))
 
     def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
             runtime=None, metrics=None):
-        """`tftrain.ps_training.fit` on per-worker datasets; see `FitLoop.fit`.
-
-        Raises:
-            ConfigError: when `steps_per_epoch` is unknown.
-        """
+        """`tftrain.ps_training.fit` on per-worker datasets; see `FitLoop.fit`."""
         from tftrain import ps_training
 
-        if not steps_per_epoch:
-            raise ConfigError("Parameter-server training needs steps per epoch: give the task num_train_examples.")
         with runtime.strategy.scope():
             metrics = metric_objects(metrics, model.loss)
         return ps_training.fit(

@@ -69,12 +69,28 @@ class RunRecord:
 
     def to_dict(self) -> dict:
         """The flat dict written to `metrics.json`: every field, `runtime`, `hparams` and
-        `extras` merged in at the top, and `test_<name>` per test result."""
+        `extras` merged in at the top, `test_<name>` per test result, and `recipe` (the
+        task's name, the key MNIST runs have always written)."""
         out = dataclasses.asdict(self)
         for key in ("runtime", "extras"):
             out.update(out.pop(key))
         for name, value in (self.test or {}).items():
             out[f"test_{name}"] = value
-        for name, value in (self.hparams or {}).items():
-            out.setdefault(name, value)
+        out.update(self.hparams or {})  # names never clash: see reserved_keys
+        out["recipe"] = self.task
         return out
+
+    @staticmethod
+    def reserved_keys() -> frozenset:
+        """Top-level `metrics.json` keys a task hyperparameter may not take (checked by the Trainer)."""
+        return frozenset({f.name for f in dataclasses.fields(RunRecord)} | set(RUNTIME_KEYS) | set(EXTRA_KEYS)
+                         | {"recipe"})
+
+
+RUNTIME_KEYS = ("replicas", "workers", "ps_tasks", "cluster_source", "strategy", "strategy_class", "communication",
+                "devices", "device_kind", "precision", "compute_dtype", "loss_scaling", "steps_per_execution",
+                "threads", "malloc")
+"""Keys of `RunRecord.runtime`."""
+
+EXTRA_KEYS = ("throughput", "profile", "tuning", "batch_size_search", "execution_auto")
+"""Keys `RunRecord.extras` may hold."""

@@ -138,15 +138,19 @@ def report(trainer, record: RunRecord) -> None:
         reports.write_metrics(record.run_dir, metrics)
         reports.write_report(record.run_dir, metrics, title=_title(trainer))
     console = trainer.console
+    unit = trainer.task.example_unit
     console.section("result")
-    console.line(_result_line(record))
+    console.line(_result_line(record, unit))
     throughput = record.extras.get("throughput")
     if throughput and throughput.get("step_time_median_s") is not None:
-        console.line(f"throughput: {throughput['examples_per_sec']:,.0f} examples/sec after warm-up; step time "
+        console.line(f"throughput: {throughput['examples_per_sec']:,.0f} {unit}/sec after warm-up; step time "
                      f"median {throughput['step_time_median_s'] * 1e3:.2f} ms, "
                      f"p90 {throughput['step_time_p90_s'] * 1e3:.2f} ms")
     if throughput and throughput.get("input"):
         console.line(f"input:      {throughput['input']['verdict']}")
+        hint = trainer.task.input_bound_hint() if throughput["input"].get("input_bound") else ""
+        if hint:
+            console.line(f"            {hint}")
     if trainer.is_chief:
         console.line(f"run directory: {record.run_dir}")
         console.line(f"TensorBoard:   tensorboard --logdir {trainer.run_dir.log_dir}"
@@ -159,8 +163,8 @@ def _title(trainer) -> str:
     return f"{trainer.task.name} ({shown})" if shown else trainer.task.name
 
 
-def _result_line(record: RunRecord) -> str:
+def _result_line(record: RunRecord, unit: str = "examples") -> str:
     test = ", ".join(f"test {k} {v:.4f}" for k, v in (record.test or {}).items()) or "no test data"
-    speed = (f"{record.examples_per_sec:,.0f} examples/sec over {record.epochs_trained} epoch(s)"
+    speed = (f"{record.examples_per_sec:,.0f} {unit}/sec over {record.epochs_trained} epoch(s)"
              if record.examples_per_sec else f"{record.epochs_trained} epoch(s)")
     return f"{test}; {speed}; wall time {record.wall_time_s:.1f} s"

@@ -51,6 +51,8 @@ class Task:
         learning_rate: the task's default learning rate; `--learning-rate`
             overrides it; None keeps the optimizer's own default. Defaults to
             None.
+        example_unit: what one example is called in printed figures
+            (`"images"` gives images/sec). Defaults to `"examples"`.
         default_batch_size: global batch size when the config gives neither
             `batch_size` nor `per_replica_batch_size`; None means 128 per
             replica. Defaults to None.
@@ -78,6 +80,7 @@ class Task:
     optimizer: Any = "adam"
     learning_rate: Optional[float] = None
     default_batch_size: Optional[int] = None
+    example_unit: str = "examples"
     defaults: Mapping[str, Any] = {}
     config: Optional[config_lib.RecipeConfig] = None
 
@@ -88,6 +91,9 @@ class Task:
 
     def bind(self, config: config_lib.RecipeConfig) -> "Task":
         """Returns a shallow copy of this task bound to `config` (its `hparams` from `config.task`).
+
+        The Trainer binds before TensorFlow starts: an override may read files and
+        check them, but must build no dataset and run no TensorFlow op.
 
         Raises:
             ConfigError: when `config.task` is not the task's hyperparameter type.
@@ -125,9 +131,11 @@ class Task:
         Raises:
             ConfigError: when `optimizer` is not a known name, instance or function.
         """
+        return self._optimizer_from_spec(self.run_learning_rate(steps_per_epoch))
+
+    def _optimizer_from_spec(self, rate):
         import keras
 
-        rate = self.run_learning_rate(steps_per_epoch)
         spec = self.optimizer
         if isinstance(spec, keras.optimizers.Optimizer):
             config = spec.get_config()
@@ -149,14 +157,17 @@ class Task:
 
     def run_learning_rate(self, steps_per_epoch: Optional[int]):
         """The run's learning rate: `--learning-rate`, else the task's; under `--lr-schedule
-        cosine` (and known steps) a `keras.optimizers.schedules.CosineDecay` from it to 0
-        over the run's optimizer steps; None when neither sets a rate."""
+        cosine` (and known steps) a `keras.optimizers.schedules.CosineDecay` from it (or from
+        the optimizer's default rate) to 0 over the run's optimizer steps; None when nothing
+        sets a rate and the schedule is constant."""
         import keras
 
         train = self.config.train if self.config is not None else config_lib.TrainConfig()
         rate = train.learning_rate if train.learning_rate is not None else self.learning_rate
-        if rate is None or train.lr_schedule != "cosine" or not steps_per_epoch:
+        if train.lr_schedule != "cosine" or not steps_per_epoch:
             return rate
+        if rate is None:  # the schedule decays from the optimizer's own default rate
+            rate = float(keras.ops.convert_to_numpy(self._optimizer_from_spec(None).learning_rate))
         return keras.optimizers.schedules.CosineDecay(rate, decay_steps=train.epochs * steps_per_epoch)
 
     def train_data(self, global_batch_size: int, input_context=None):
@@ -202,8 +213,17 @@ class Task:
         """
         return self.train_data(global_batch_size).take(num_batches)
 
+    def input_bound_hint(self) -> str:
+        """What to try when training waits for this task's input, printed under the
+        input verdict; "" for none (default)."""
+        return ""
+
     def tune_space(self) -> Mapping[str, Sequence]:
-        """Task hyperparameters `--tune` chooses from, `{name: values}`. Defaults to {}."""
+        """Task hyperparameters `--tune` chooses from, `{name: values}`. Defaults to {}.
+
+        Only hyperparameters of the model: every trial reads the run's data (a
+        knob that changes the data, such as an image size, does not belong here).
+        """
         return {}
 
     def describe_data(self) -> list:
@@ -399,7 +419,10 @@ class DatasetTask(_FunctionTask):
             Defaults to True.
         prefetch: prefetch batches (AUTOTUNE). Defaults to True.
         shuffle: shuffle training examples each epoch (`--shuffle-buffer`, 0:
-            10,000 examples). Defaults to False (your dataset shuffles itself).
+            10,000 examples), after `--validation-split` holds its part out.
+            Defaults to False. With `--validation-split`, let tftrain shuffle:
+            the split takes the last examples of `train()`, so a `train()` that
+            shuffles by itself would mix validation examples into training.
         num_train_examples: training examples per epoch; needed for
             `--validation-split`, schedules and multi-process strategies.
             Defaults to None (the dataset's cardinality when known).
@@ -437,7 +460,7 @@ class DatasetTask(_FunctionTask):
         split = self._data.validation_split
         if not split or self.validation_fn is not None:
             return ds, None
-        if not self.batch or n is None:
+        if n is None:
             raise ConfigError(
                 "--validation-split needs unbatched examples of known count: pass num_train_examples=N and "
                 "batch=True to DatasetTask, or give it validation=<function>."
@@ -445,13 +468,23 @@ class DatasetTask(_FunctionTask):
         n_val = max(1, int(n * split))
         return ds.take(n - n_val), ds.skip(n - n_val).apply(tf.data.experimental.assert_cardinality(n_val))
 
+    def bind(self, config):
+        """Binds the config; refuses a validation split of already batched data."""
+        if config.data.validation_split and self.validation_fn is None and not self.batch:
+            raise ConfigError("--validation-split holds out examples; with batch=False DatasetTask gets batches. "
+                              "Give DatasetTask validation=<function> instead.")
+        return super().bind(config)
+
     def _known_count(self) -> Optional[int]:
+        """`num_train_examples`, else the training dataset's cardinality when known (read once)."""
         if self._num_train_examples is not None:
             return self._num_train_examples
         if not self.batch:
             return None
-        count = int(self.train_fn().cardinality())
-        return count if count >= 0 else None
+        if not hasattr(self, "_cardinality"):
+            count = int(self.train_fn().cardinality())
+            self._cardinality = count if count >= 0 else None
+        return self._cardinality
 
     @property
     def num_train_examples(self) -> Optional[int]:
@@ -541,8 +574,10 @@ class TFRecordTask(_FunctionTask):
     """A task over TFRecord files and the user's parse function.
 
     The pipeline is `tftrain.data.build_dataset` over files: parallel reads,
-    parallel parse, cache (`--cache`), shuffle, batch, `preprocess`, prefetch;
-    sharded by file (several files) or by record.
+    parallel parse, cache (`--cache`), shuffle, batch, `preprocess`, prefetch.
+    Multi-worker input is sharded by record (every worker reads every file and
+    keeps its share); without an InputContext, the strategy shards by file when
+    there are several.
 
     Args:
         build_model: function `() -> keras.Model` (or `(hparams) -> ...`).
@@ -578,21 +613,25 @@ class TFRecordTask(_FunctionTask):
         n, cap = self._num_train_examples, self._data.train_examples
         return cap if n is None and cap is not None else n if cap is None else min(n, cap)
 
-    def _dataset(self, split, global_batch_size, training, input_context=None):
+    def _dataset(self, split, global_batch_size, training, input_context=None, config=None):
         from tftrain.data.pipeline import build_dataset
 
         files = self.files[split]
         if not files:
             return None
-        return build_dataset(list(files), global_batch_size, training=training, config=self._data, seed=self._seed,
-                             preprocess=self.preprocess, parse_fn=self.parse_fn, input_context=input_context)
+        return build_dataset(list(files), global_batch_size, training=training, config=config or self._data,
+                             seed=self._seed, preprocess=self.preprocess, parse_fn=self.parse_fn,
+                             input_context=input_context,
+                             max_examples=self._data.train_examples if split == "train" else None)
 
     def train_data(self, global_batch_size, input_context=None):
-        """Parsed, cached, shuffled training batches (the first `--train-examples` batches' worth)."""
-        ds = self._dataset("train", global_batch_size, True, input_context)
-        if self._data.train_examples is not None:
-            ds = ds.take(max(1, self._data.train_examples // global_batch_size))
-        return ds
+        """Parsed, cached, shuffled training batches (of the first `--train-examples` records)."""
+        return self._dataset("train", global_batch_size, True, input_context)
+
+    def probe_data(self, global_batch_size, num_batches):
+        """The first training batches without the cache (a partly read cache makes tf.data warn)."""
+        config = dataclasses.replace(self._data, cache=False)
+        return self._dataset("train", global_batch_size, True, config=config).take(num_batches)
 
     def validation_data(self, global_batch_size):
         """Batches of `validation_files`; `--validation-split` is refused (records are not counted)."""
@@ -613,6 +652,17 @@ class TFRecordTask(_FunctionTask):
                 + (", prefetch" if self._data.prefetch else "")]
 
 
+def _random_subset(files, count: int, seed: int):
+    """`count` files drawn at random (seeded), so a small subset still holds every class."""
+    import numpy as np
+
+    if count >= len(files):
+        return files
+    keep = np.sort(np.random.default_rng(seed).permutation(len(files))[:count])
+    return dataclasses.replace(files, paths=tuple(files.paths[i] for i in keep),
+                               labels=tuple(files.labels[i] for i in keep))
+
+
 class ImageFolderTask(_FunctionTask):
     """A task over a folder of images with one sub-folder per class.
 
@@ -620,7 +670,8 @@ class ImageFolderTask(_FunctionTask):
     pipeline is `tftrain.data.image_folder_dataset`: JPEG / PNG decoded and
     resized in parallel, cached in memory after the first epoch (`--cache`),
     shuffled, batched, augmented on whole batches (training only), prefetched.
-    `--validation-split F` holds out a seeded random F of the files.
+    `--validation-split F` holds out a seeded random F of the files;
+    `--train-examples N` keeps a seeded random N of the training files.
 
     Args:
         build_model: function `() -> keras.Model` (or `(hparams) -> ...`) taking
@@ -652,6 +703,7 @@ class ImageFolderTask(_FunctionTask):
         self.directory, self.test_directory = directory, test_directory
         self.image_size, self.augment, self.num_channels = tuple(image_size), augment, num_channels
         self.split_seed = split_seed
+        self.example_unit = "images"
         self._files = None
 
     def bind(self, config):
@@ -664,12 +716,30 @@ class ImageFolderTask(_FunctionTask):
         kwargs = {"validation_split": split, "seed": self.split_seed}
         train = list_image_files(directory, subset="training" if split else None, **kwargs)
         if config.data.train_examples is not None:
-            train = dataclasses.replace(train, paths=train.paths[:config.data.train_examples],
-                                        labels=train.labels[:config.data.train_examples])
+            train = _random_subset(train, config.data.train_examples, self.split_seed)
         val = list_image_files(directory, subset="validation", **kwargs) if split else None
-        test = list_image_files(self.test_directory) if self.test_directory else None
-        bound._files = {"train": train, "validation": val, "test": test}
+        bound._files = {"train": train, "validation": val, "test": None}
+        if self.test_directory:
+            bound.set_test_directory(self.test_directory)
         return bound
+
+    def set_test_directory(self, directory) -> None:
+        """Lists a test folder (on a bound task); its classes must be the training folder's.
+
+        Raises:
+            DataError: when the test folder's class sub-folders differ.
+        """
+        from tftrain.data.image_folder import list_image_files
+        from tftrain.errors import DataError
+
+        test = list_image_files(directory)
+        if test.class_names != self.class_names:
+            raise DataError(
+                f"Test folder {str(directory)!r} has classes {list(test.class_names)[:5]}..., the training folder "
+                f"{list(self.class_names)[:5]}...: labels would not match. Give both folders the same sub-folders."
+            )
+        self.test_directory = directory
+        self._files = {**self._files, "test": test}
 
     @property
     def class_names(self) -> tuple:
@@ -714,6 +784,15 @@ class ImageFolderTask(_FunctionTask):
         """The first training batches without the cache (a partly read cache makes tf.data warn)."""
         config = dataclasses.replace(self._data, cache=False)
         return self._dataset("train", global_batch_size, True, config=config).take(num_batches)
+
+    def input_bound_hint(self) -> str:
+        """Decoding is this pipeline's costly stage: what to do about it."""
+        if not self._data.cache:
+            return ("decoding and resizing the image files is the likely cost: turn --cache back on, so epochs after "
+                    "the first read decoded images from memory")
+        return ("decoding and resizing the image files is the likely cost (the first epoch decodes every file; "
+                "later ones read the cache): store the images at the training size, train more epochs per run, "
+                "or raise --private-threads")
 
     def describe_data(self) -> list:
         """Image counts per split, classes, and the pipeline."""

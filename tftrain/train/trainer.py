@@ -19,6 +19,8 @@ line (`tftrain.run`) turns errors into exit codes.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import signal
 import threading
 import time
@@ -41,6 +43,9 @@ AUTO_PROBE_STEPS = 16
 INPUT_CHECK_BATCHES = 50
 """Batches the ThroughputMonitor's input check reads from the training pipeline alone."""
 
+BATCH_PLAN_FILE = "batch_plan.json"
+"""File in the run directory that keeps the batch size `--batch-size auto` chose, for a resumed run."""
+
 AUTO_BATCH_MIN_STEPS = 10
 """`--batch-size auto` tries batches up to train_examples / this, so an epoch keeps this many steps."""
 
@@ -53,12 +58,22 @@ class Interrupted(KeyboardInterrupt):
         self.run_dir = run_dir
 
 
+def _check_hparam_names(hparams) -> None:
+    """Refuses task hyperparameters named like a key of `metrics.json` (`RunRecord.reserved_keys`)."""
+    names = {f.name for f in dataclasses.fields(hparams)} if hparams is not None else set()
+    clash = sorted(n for n in names if n in RunRecord.reserved_keys() or n == "test_loss")
+    if clash:
+        raise ConfigError(f"Task hyperparameter {clash[0]!r} has the name of a metrics.json key. Rename it in the "
+                          "task's hparams dataclass.")
+
+
 class Trainer:
     """Trains a `Task` with tftrain's whole machinery and writes its run directory.
 
     Args:
         task: the `tftrain.Task` (or an adapter: `ArrayTask`, `DatasetTask`, ...).
-        config: a `RecipeConfig`. Defaults to `task.default_config()`.
+        config: a `RecipeConfig`, or the path of a recipe file (YAML) laid over
+            `task.default_config()`. Defaults to `task.default_config()`.
         callbacks: the user's Keras callbacks, added after tftrain's own.
             Defaults to ().
         command: the command line recorded in `metrics.json`. Defaults to None
@@ -80,9 +95,14 @@ class Trainer:
             raise ConfigError(f"Trainer needs a tftrain.Task (e.g. tftrain.ArrayTask(...)). Received: {task!r}.")
         if config is None:
             config = task.default_config()
+        elif isinstance(config, (str, os.PathLike)):  # a recipe file, over the task's defaults
+            config = config_lib.from_yaml(config, base=task.default_config())
+        elif not isinstance(config, config_lib.RecipeConfig):
+            raise ConfigError(f"config must be a RecipeConfig or a recipe file path. Received: {config!r}.")
         elif config.task is None and task.hparams is not None:
             config = dataclasses.replace(config, task=task.hparams)
         self.config = config.override(overrides) if overrides else config
+        _check_hparam_names(self.config.task)
         self.task = task
         self.callbacks = list(callbacks)
         self.command = list(command) if command is not None else None
@@ -106,27 +126,30 @@ class Trainer:
 
         Raises:
             ConfigError: (and subclasses) on bad input found before or while setting up.
-            Interrupted: on Ctrl-C during training (the checkpoint resumes it).
+            Interrupted: on Ctrl-C once the run directory exists (the same command resumes).
         """
         started = time.perf_counter() if started is None else started
         self.check()
         if self.serves():
             return self.serve()
+        self.bind_task()  # before TensorFlow starts: a task's bad data folder is reported at once
         self.setup_runtime()
-        self.bind_task()
         self.check_task()
         self.plan_fixed_batch()
         self.print_plan()
-        with rundir_lib.task_run_dir(self.run_dir, config_lib.to_yaml(self.config), self.is_chief,
-                                     self.task_name) as out:
-            self.out_dir = out
-            self.announce_run_dir()
-            self.plan_batch()
-            model = self.build_model()
-            self.choose_execution(model)
-            history, fit_time = self.train(model, self.make_callbacks())
-            test = self.evaluate(model)
-            self.save(model)
+        try:
+            with rundir_lib.task_run_dir(self.run_dir, config_lib.to_yaml(self.config), self.is_chief,
+                                         self.task_name) as out:
+                self.out_dir = out
+                self.announce_run_dir()
+                self.plan_batch()
+                model = self.build_model()
+                self.choose_execution(model)
+                history, fit_time = self.train(model, self.make_callbacks())
+                test = self.evaluate(model)
+                self.save(model)
+        except KeyboardInterrupt:  # the checkpoint (and finished tuner trials) resume the same command
+            raise Interrupted(str(self.run_dir.path)) from None
         record = self.make_record(history, test, started, fit_time)
         self.report(record)
         return record
@@ -155,9 +178,8 @@ class Trainer:
         return self.cluster.task if self.cluster is not None else "chief"
 
     def serves(self) -> bool:
-        """Whether this process is a worker or ps task of a parameter-server job."""
-        return (self.config.runtime.strategy == "parameter_server" and self.cluster is not None
-                and self.cluster.task_type in ("worker", "ps"))
+        """Whether this process only serves (a worker or ps task of a parameter-server job)."""
+        return self.loop.serves(self.cluster)
 
     def serve(self) -> None:
         """Starts this task's `tf.distribute.Server` and blocks until the chief is done."""
@@ -180,7 +202,11 @@ class Trainer:
             keras.utils.set_random_seed(self.config.seed)
 
     def bind_task(self) -> None:
-        """Binds the task to the run's config (its hyperparameters, data options, seed)."""
+        """Binds the task to the run's config (its hyperparameters, data options, seed).
+
+        Runs before `setup_runtime`: `Task.bind` must not start TensorFlow (build no
+        dataset, run no op), which would fix thread counts and devices too early.
+        """
         self.task = self.task.bind(self.config)
 
     def check_task(self) -> None:
@@ -189,9 +215,13 @@ class Trainer:
         Raises:
             ConfigError: naming the flag and the fix.
         """
-        if self.config.train.tune and self.task.validation_data(32) is None:
+        has_validation = self.task.validation_data(32) is not None  # raises now on a split the task refuses
+        if self.config.train.tune and not has_validation:
             raise ConfigError("--tune scores trials on validation data, never on the test set: pass "
                               "--validation-split F (e.g. 0.1) or give the task its own validation data.")
+        if self.loop.needs_steps_per_epoch and self.task.num_train_examples is None:
+            raise ConfigError(f"{self.loop.name} needs steps per epoch that every task agrees on: give the task "
+                              "num_train_examples (the number of training examples per epoch).")
 
     # -- batch plan ------------------------------------------------------------
     def plan_fixed_batch(self, batch_size=None) -> None:
@@ -238,25 +268,51 @@ class Trainer:
         elif self.batch is None:
             from tftrain.train.search import search_batch_size
 
-            self.extras["batch_size_search"], batch_size = search_batch_size(self)
+            self.extras["batch_size_search"], batch_size = self._resumed_search() or search_batch_size(self)
+            rundir_lib.write_text_atomic(self.out_dir / BATCH_PLAN_FILE, json.dumps(
+                {"batch_size_search": self.extras["batch_size_search"], "batch_size": batch_size}))
             self.config = self.config.override({"batch_size": batch_size})
             self.plan_fixed_batch(batch_size)
             self.print_batch()
+
+    def _resumed_search(self):
+        """`(search figures, batch size)` an interrupted run of this config chose, or None:
+        a resumed run keeps its batch size (and so its steps per epoch and schedule)."""
+        path = self.out_dir / BATCH_PLAN_FILE
+        if not self.run_dir.resumed_epochs or not path.is_file():
+            return None
+        plan = json.loads(path.read_text(encoding="utf-8"))
+        self.console.line(f"batch:     {plan['batch_size']}, as chosen by this run's search before it was interrupted")
+        return plan["batch_size_search"], int(plan["batch_size"])
 
     # -- build, execution ------------------------------------------------------
     def build_model(self, compile_model: bool = True):
         """`task.build_model()` inside the strategy's scope (float32 outputs under a mixed
         policy), compiled by the loop with `task.compile_args(steps_per_epoch)`."""
-        from tftrain import runtime
-
         with self.runtime.strategy.scope():  # the optimizer too: its variables belong to the strategy
             model = self.task.build_model()
             if self.runtime.precision.compute_dtype != "float32":
-                model = runtime.ensure_float32_outputs(model)
+                model = self._float32_outputs(model)
             if compile_model:
                 self.compile_args = self.task.compile_args(self.steps_per_epoch)
         if compile_model:
             self.loop.compile(model, self.compile_args, self.runtime)
+        return model
+
+    def _float32_outputs(self, model):
+        """Under a mixed policy: float32 outputs for a plain functional / Sequential model
+        (`ensure_float32_outputs`); a subclass (its own `train_step`, ...) is kept as it is,
+        with a warning when an output is not float32."""
+        import keras
+
+        from tftrain import runtime
+
+        if type(model) is keras.Sequential or type(model).__name__ == "Functional":
+            return runtime.ensure_float32_outputs(model)
+        outputs = getattr(model, "outputs", None) or []
+        if any(str(o.dtype) != "float32" for o in outputs):
+            self.console.warn(f"{type(model).__name__} has outputs in {self.runtime.precision.compute_dtype}; give "
+                              "its last layer dtype='float32' so the loss is computed in float32.")
         return model
 
     def choose_execution(self, model) -> None:
@@ -297,32 +353,25 @@ class Trainer:
         gb = self.batch.global_batch_size
         # The input check times this process's pipeline alone; a worker of a multi-worker job reads
         # only its shard, so it is skipped there.
-        input_data = self.task.probe_data(gb, INPUT_CHECK_BATCHES) if self.loop.in_process_search else None
+        input_data = self.task.probe_data(gb, INPUT_CHECK_BATCHES) if self.loop.checks_input else None
         self.monitor = ThroughputMonitor(gb, log_dir=self.out_dir.log_dir, input_data=input_data)
         window = self.config.train.profile_window
         if window is None:
             return [self.monitor]
-        self.profiler = ProfilerWindow(self.out_dir.log_dir, *window)
+        self.profiler = ProfilerWindow(self.out_dir.log_dir, *window, verbose=min(1, self.config.train.verbose))
         return [self.monitor, self.profiler]
 
     def train(self, model, callbacks):
-        """The loop's fit over `epochs`; returns `(History, seconds)`.
-
-        Raises:
-            Interrupted: on Ctrl-C, naming the run directory to resume from.
-        """
+        """The loop's fit over `epochs`; returns `(History, seconds)`."""
         gb = self.batch.global_batch_size
-        validation = self.task.validation_data(gb) if self.loop.per_step_hooks else None
+        validation = self.task.validation_data(gb) if self.loop.validates else None
         started = time.perf_counter()
-        try:
-            history = self.loop.fit(
-                model, lambda input_context=None: self.task.train_data(gb, input_context),
-                epochs=self.config.train.epochs, steps_per_epoch=self.steps_per_epoch, callbacks=callbacks,
-                verbose=self.config.train.verbose, validation_data=validation, runtime=self.runtime,
-                metrics=self.compile_args.get("metrics"),
-            )
-        except KeyboardInterrupt:
-            raise Interrupted(str(self.run_dir.path)) from None
+        history = self.loop.fit(
+            model, lambda input_context=None: self.task.train_data(gb, input_context),
+            epochs=self.config.train.epochs, steps_per_epoch=self.steps_per_epoch, callbacks=callbacks,
+            verbose=self.config.train.verbose, validation_data=validation, runtime=self.runtime,
+            metrics=self.compile_args.get("metrics"),
+        )
         return history, time.perf_counter() - started
 
     def evaluate(self, model) -> Optional[dict]:

@@ -33,6 +33,19 @@ def test_loops_refuse_what_they_cannot_do(strategy, flags, message):
         loop_for(strategy).check(cfg)
 
 
+def test_what_each_loop_does_besides_fit():
+    import types
+
+    fit, mwms, ps = FitLoop(), MultiWorkerLoop(), ParameterServerLoop()
+    assert (fit.checks_input, fit.validates, fit.needs_steps_per_epoch) == (True, True, False)
+    assert (mwms.checks_input, mwms.validates, mwms.needs_steps_per_epoch) == (False, True, True)
+    assert (ps.checks_input, ps.validates, ps.needs_steps_per_epoch) == (False, False, True)
+    worker, chief = types.SimpleNamespace(task_type="worker"), types.SimpleNamespace(task_type="chief")
+    assert ps.serves(worker) and not ps.serves(chief) and not fit.serves(worker)
+    with pytest.raises(ConfigError, match="one loss for the whole model, not a dict per output"):
+        ps.compile(None, {"loss": {"a": "mse"}}, None)
+
+
 def test_fit_loop_accepts_every_flag_alone():
     for flags in ({"tune": 2}, {"batch_size": "auto"}, {"profile": "1,3"}, {"execution": "xla"}):
         FitLoop().check(RecipeConfig().override(flags))
@@ -43,6 +56,7 @@ def test_metric_objects_resolve_accuracy_by_the_loss_and_clone_objects():
 
     sparse = metric_objects(["accuracy"], "sparse_categorical_crossentropy")[0]
     binary = metric_objects(["acc"], keras.losses.BinaryCrossentropy())[0]
+    assert isinstance(metric_objects(["accuracy"], keras.losses.binary_crossentropy)[0], keras.metrics.BinaryAccuracy)
     assert isinstance(sparse, keras.metrics.SparseCategoricalAccuracy) and sparse.name == "accuracy"
     assert isinstance(binary, keras.metrics.BinaryAccuracy)
     given = keras.metrics.MeanAbsoluteError(name="mae")
@@ -66,7 +80,7 @@ def _record(**kw):
 def test_record_flattens_test_results_runtime_hyperparameters_and_extras():
     flat = _record().to_dict()
     assert flat["test_loss"] == 0.5 and flat["test_accuracy"] == 0.75 and flat["test"] == {"loss": 0.5, "accuracy": 0.75}
-    assert flat["replicas"] == 1 and flat["width"] == 3 and "throughput" in flat
+    assert flat["replicas"] == 1 and flat["width"] == 3 and "throughput" in flat and flat["recipe"] == "t"
     assert "runtime" not in flat and "extras" not in flat
     assert "test_loss" not in _record(test=None).to_dict()
 

@@ -180,3 +180,56 @@ def test_adapters_refuse_a_missing_loss_or_model_function():
 def test_base_task_says_what_a_subclass_must_define():
     with pytest.raises(NotImplementedError, match="must define build_model"):
         tftrain.Task().build_model()
+
+
+def test_image_folder_task_splits_files_and_says_when_decoding_is_the_cost(tmp_path):
+    from tests.image_folders import write_mnist_image_folder
+
+    folder = write_mnist_image_folder(tmp_path / "imgs", per_class=4)
+    task = tftrain.ImageFolderTask(_model, folder, image_size=(28, 28))
+    bound = task.bind(RecipeConfig().override({"validation_split": 0.25, "cache": False}))
+    assert bound.num_train_examples == 30 and task.num_train_examples is None  # the user's task is left unbound
+    images, labels = next(iter(bound.validation_data(10)))
+    assert images.shape == (10, 28, 28, 3) and labels.dtype == tf.int32
+    assert bound.example_unit == "images" and "turn --cache back on" in bound.input_bound_hint()
+    assert "10 classes" in bound.describe_data()[0] and bound.class_names[0] == "0"
+
+
+def test_dataset_task_refuses_a_split_of_batched_data():
+    task = tftrain.DatasetTask(_model, lambda size: tf.data.Dataset.range(8).batch(size), batch=False, loss="mse")
+    with pytest.raises(ConfigError, match="with batch=False DatasetTask gets batches"):
+        task.bind(RecipeConfig().override({"validation_split": 0.5}))
+
+
+def test_image_folder_train_examples_keeps_every_class_and_test_classes_must_match(tmp_path):
+    from tests.image_folders import write_mnist_image_folder
+    from tftrain.errors import DataError
+
+    folder = write_mnist_image_folder(tmp_path / "imgs", per_class=3)
+    bound = tftrain.ImageFolderTask(_model, folder, image_size=(28, 28)).bind(
+        RecipeConfig().override({"train_examples": 12}))
+    assert bound.num_train_examples == 12 and len(set(bound._files["train"].labels)) >= 5
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(folder / "0", other / "0")  # one class of ten
+    with pytest.raises(DataError, match="labels would not match"):
+        bound.set_test_directory(other)
+
+
+def test_tfrecord_train_examples_caps_records_before_the_cache(tmp_path):
+    path = str(tmp_path / "d.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        for i in range(10):
+            w.write(tf.train.Example(features=tf.train.Features(feature={
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=[i, i, i])),
+                "y": tf.train.Feature(float_list=tf.train.FloatList(value=[i]))})).SerializeToString())
+
+    def parse(record):
+        f = tf.io.parse_single_example(record, {"x": tf.io.FixedLenFeature([3], tf.float32),
+                                                "y": tf.io.FixedLenFeature([1], tf.float32)})
+        return f["x"], f["y"]
+
+    task = tftrain.TFRecordTask(_model, [path], parse, loss="mse").bind(RecipeConfig().override({"train_examples": 6}))
+    assert sorted(_labels(task.train_data(2))) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert task.num_train_examples == 6 and len(list(task.probe_data(2, 2))) == 2

@@ -136,3 +136,83 @@ def test_a_model_that_overrides_train_step_works_unchanged(tmp_path):
                              run_dir=str(tmp_path / "run")).fit()
     assert set(record.history) == {"custom_loss"}
     assert record.history["custom_loss"][-1] < record.history["custom_loss"][0]
+
+
+def test_batch_size_auto_searches_then_keeps_its_choice_for_a_resumed_run(tmp_path):
+    trainer = _trainer(tmp_path, batch_size="auto", epochs=1)
+    record = trainer.fit()
+    search = record.extras["batch_size_search"]
+    assert record.global_batch_size == search["batch_size"] and len(search["trials"]) >= 2
+    plan = json.loads((tmp_path / "run" / "batch_plan.json").read_text())
+    assert plan["batch_size"] == record.global_batch_size
+    assert "auto" in (tmp_path / "run" / "config.yaml").read_text()  # the run directory keeps what was asked
+
+
+def test_tune_runs_trials_on_validation_data_and_trains_the_best(tmp_path):
+    record = _trainer(tmp_path, tune=2, validation_split=0.25, epochs=1).fit()
+    tuning = record.extras["tuning"]
+    assert tuning["trials"] == 2 and tuning["objective"] == "val_loss"
+    assert record.global_batch_size == tuning["best"]["batch_size"]
+    assert record.learning_rate == pytest.approx(tuning["best"]["learning_rate"])
+    assert 0.005 <= record.learning_rate <= 0.5  # searched around the task's 0.05
+
+
+def test_evaluate_save_and_report_stages(tmp_path, capsys):
+    import keras
+
+    trainer = _trainer(tmp_path, epochs=1, verbose=1)
+    record = trainer.fit()
+    out = capsys.readouterr().out
+    assert f"test loss {record.test['loss']:.4f}, test mae {record.test['mae']:.4f}" in out
+    assert keras.models.load_model(tmp_path / "run" / "model.keras").count_params() == 49
+    assert "| Test mae |" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_mixed_precision_keeps_a_subclassed_model_and_casts_a_functional_one(tmp_path):
+    import types
+
+    import keras
+
+    class Custom(keras.Model):
+        pass
+
+    trainer = _trainer(tmp_path)
+    trainer.runtime = types.SimpleNamespace(precision=types.SimpleNamespace(compute_dtype="float16"))
+    inputs = keras.Input((4,))
+    outputs = keras.layers.Dense(1, dtype="float16")(inputs)
+    custom = Custom(inputs, outputs)
+    assert trainer._float32_outputs(custom) is custom
+    cast = trainer._float32_outputs(keras.Model(inputs, outputs))
+    assert str(cast.outputs[0].dtype) == "float32"
+
+
+def test_a_config_file_path_is_laid_over_the_task_defaults(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("train: {epochs: 7}\n")
+    trainer = tftrain.Trainer(_task(), str(path), verbose=0)
+    assert trainer.config.train.epochs == 7 and trainer.config.train.verbose == 0
+    with pytest.raises(ConfigError, match="config must be a RecipeConfig or a recipe file path"):
+        tftrain.Trainer(_task(), 3)
+
+
+def test_hyperparameters_named_like_metrics_keys_are_refused():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class HP:
+        devices: int = 1
+
+    with pytest.raises(ConfigError, match="Task hyperparameter 'devices' has the name of a metrics.json key"):
+        tftrain.Trainer(_task(hparams=HP()))
+
+
+def test_multi_process_loops_need_the_number_of_training_examples(tmp_path):
+    import tensorflow as tf
+
+    task = tftrain.DatasetTask(_model, lambda: tf.data.Dataset.range(10).map(lambda i: (tf.zeros(4), 0.0))
+                               .filter(lambda x, y: True), loss="mse")
+    trainer = tftrain.Trainer(task, verbose=0, run_dir=str(tmp_path / "r"))
+    trainer.loop = tftrain.train.MultiWorkerLoop()
+    trainer.check(), trainer.setup_runtime(), trainer.bind_task()
+    with pytest.raises(ConfigError, match="needs steps per epoch that every task agrees on"):
+        trainer.check_task()

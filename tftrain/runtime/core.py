@@ -1,0 +1,156 @@
+"""`Runtime` and `setup`: threads -> devices -> precision -> strategy -> malloc, in that order.
+
+Imported lazily by `tftrain.runtime` (it starts TensorFlow); see that package's docstring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import tensorflow as tf
+
+from tftrain.config import RuntimeConfig
+from tftrain.errors import ConfigError
+from tftrain.runtime.cluster import MULTI_PROCESS_STRATEGIES, ClusterInfo, resolve_cluster
+from tftrain.runtime.devices import DeviceInfo, configure_devices
+from tftrain.runtime.execution import compile_options
+from tftrain.runtime.memory import MallocSettings, restore_malloc_thresholds
+from tftrain.runtime.precision import PrecisionInfo, set_precision
+from tftrain.runtime.strategy import make_strategy
+from tftrain.runtime.threads import ThreadSettings, set_threads
+
+
+GENERATOR_INPUT_STRATEGIES = ("mirrored", "one_device", "multi_worker_mirrored")
+"""Strategies whose `fit` input runs TensorFlow's `GeneratorDataset` (a multi-device
+iterator), which sets glibc's malloc trim threshold to 128 KiB: `setup` calls
+`restore_malloc_thresholds` for these (see `tftrain.runtime.memory`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+    """What `setup` configured.
+
+    Attributes:
+        config: the `RuntimeConfig` it was built from.
+        threads: `ThreadSettings` in effect.
+        devices: `DeviceInfo` of the devices in use.
+        precision: `PrecisionInfo` of the global dtype policy.
+        strategy: the `tf.distribute.Strategy`.
+        cluster: the cluster (from TF_CONFIG or SLURM), or None for a single
+            process.
+        malloc: `MallocSettings` of `restore_malloc_thresholds`, or None when
+            it was not called (strategies not in `GENERATOR_INPUT_STRATEGIES`,
+            or a `Runtime` built by hand).
+    """
+
+    config: RuntimeConfig
+    threads: ThreadSettings
+    devices: DeviceInfo
+    precision: PrecisionInfo
+    strategy: tf.distribute.Strategy
+    cluster: Optional[ClusterInfo]
+    malloc: Optional[MallocSettings] = None
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas training in sync (all workers together)."""
+        return self.strategy.num_replicas_in_sync
+
+    @property
+    def steps_per_execution(self) -> int:
+        """Optimizer steps per `tf.function` call actually used.
+
+        The configured value with one replica; 1 with several, where Keras 3's
+        multi-step loop fails inside a replica context ("You must feed a value for
+        placeholder tensor", https://github.com/keras-team/keras/issues/19246).
+        """
+        return self.config.steps_per_execution if self.num_replicas == 1 else 1
+
+    def compile_options(self) -> dict:
+        """`compile()` keyword arguments for the configured execution mode.
+
+        `auto` compiles for graph mode; `choose_execution` then times graph and
+        XLA on the compiled model and keeps the faster.
+        """
+        execution = "graph" if self.config.execution == "auto" else self.config.execution
+        return compile_options(execution, self.steps_per_execution)
+
+    def describe(self) -> list:
+        """Human-readable lines: threads, devices, replicas, precision, execution."""
+        lines = [
+            f"threads:   {self.threads.describe()}"
+            + ("" if self.threads.applied else " (requested values not applied: TF already running)"),
+            f"devices:   {self.devices.describe()}",
+            f"strategy:  {self.config.strategy} ({type(self.strategy).__name__}), "
+            f"{self.num_replicas} replica(s) in sync",
+            f"precision: {self.precision.describe()}",
+            f"execution: {self.config.execution}, steps_per_execution={self.steps_per_execution}"
+            + ("" if self.steps_per_execution == self.config.steps_per_execution else
+               f" ({self.config.steps_per_execution} requested; Keras 3 runs one step per call across replicas, "
+               "keras-team/keras#19246)"),
+        ]
+        if self.malloc is not None:
+            lines.append(f"memory:    {self.malloc.describe()}")
+        if self.cluster is not None:
+            ps = f" and {self.cluster.num_ps} ps task(s)" if self.cluster.num_ps else ""
+            lines.append(
+                f"cluster:   {self.cluster.task} of {self.cluster.num_workers} chief/worker task(s){ps} "
+                f"(from {self.cluster.source}); chief: {self.cluster.is_chief}"
+            )
+        return lines
+
+
+def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[ClusterInfo] = None) -> Runtime:
+    """Configures threads, devices, precision, the strategy and the malloc thresholds, in that order.
+
+    Args:
+        config: a validated `RuntimeConfig`.
+        env: environment holding TF_CONFIG. Defaults to `os.environ` (where a
+            SLURM job step is also looked for).
+        cluster: the cluster, when the caller already resolved it with
+            `resolve_cluster`; None resolves it here for the multi-process
+            strategies. Defaults to None.
+
+    Returns:
+        A `Runtime`. Build and compile the model inside `runtime.strategy.scope()`.
+
+    Raises:
+        ClusterConfigError: when TF_CONFIG or the SLURM step is malformed or does
+            not suit the strategy (checked before any strategy is built).
+        DeviceError: when the requested devices are unavailable.
+        ConfigError: on an invalid combination (`nccl` on CPU, `xla` with more
+            than one replica, or `cpu_replicas` > 1 with any strategy but
+            `mirrored`).
+    """
+    multi_process = config.strategy in MULTI_PROCESS_STRATEGIES
+    if multi_process and cluster is None:
+        cluster = resolve_cluster(config.strategy, env=env, ps_tasks=config.ps_tasks)
+    if multi_process and config.cpu_replicas > 1:
+        raise ConfigError(
+            f"cpu_replicas={config.cpu_replicas} splits one CPU for the mirrored strategy; "
+            f"{config.strategy} runs one replica per CPU task. Drop --cpu-replicas, or start more "
+            "workers (python -m tftrain.launch --workers N)."
+        )
+    if config.strategy in ("default", "one_device") and config.cpu_replicas > 1:
+        raise ConfigError(
+            f"cpu_replicas={config.cpu_replicas} splits the CPU into replicas for the mirrored strategy; "
+            f"strategy {config.strategy!r} would train on one of them. Add --strategy mirrored, or drop "
+            "--cpu-replicas."
+        )
+    threads = set_threads(config.intra_op_threads, config.inter_op_threads)
+    # Nothing so far starts TensorFlow's runtime, so MultiWorkerMirroredStrategy can still
+    # configure collective ops as it starts it.
+    devices = configure_devices(config.device, config.cpu_replicas)
+    precision = set_precision(config.precision, devices)
+    strategy = make_strategy(config.strategy, devices, cluster, config.communication)
+    if config.execution == "xla" and strategy.num_replicas_in_sync > 1:
+        raise ConfigError(
+            f"execution='xla' does not work with {strategy.num_replicas_in_sync} replicas: Keras 3 "
+            "compiles the whole cross-replica step with XLA, which cannot span devices. "
+            "Use --execution graph, or train on one replica."
+        )
+    # After the strategy, which must come before the runtime starts (restore_malloc_thresholds
+    # starts it); only for the strategies whose fit input sets TF's malloc patch.
+    malloc = restore_malloc_thresholds() if config.strategy in GENERATOR_INPUT_STRATEGIES else None
+    return Runtime(config, threads, devices, precision, strategy, cluster, malloc)
