@@ -6,8 +6,9 @@ the test follows), then runs it at smoke size in a subprocess (`SMOKE` appended:
 argparse keeps the last value of a flag given twice) and checks that the run wrote
 its `metrics.json`. The README's "Your own model" snippet is taken from the README
 itself (the code block after its `docs-test` marker) and run with `tftrain.Trainer`
-patched to add the same smoke settings. Five subprocess runs in all; commands that
-need several processes (`tftrain.launch`) are tested in tests/integration.
+patched to add the same smoke settings. Four subprocess runs in all; the image-folder
+recipe's command runs in tests/integration/test_own_task.py (on PNG and JPEG files), and
+commands that need several processes (`tftrain.launch`) in tests/integration.
 """
 
 from __future__ import annotations
@@ -123,16 +124,6 @@ def test_two_input_example_command(tmp_path):
     m = _run_documented("python -m tftrain.run examples/two_input.py:task --strategy mirrored --cpu-replicas 2",
                         tmp_path / "run")
     assert m["task"] == "two_input" and m["replicas"] == 2
-
-
-def test_image_folder_recipe_command(tmp_path):
-    from tests.image_folders import write_mnist_image_folder
-
-    folder = write_mnist_image_folder(tmp_path / "images", per_class=10)
-    # The documented placeholder path comes first; the appended --data-dir wins.
-    m = _run_documented("python -m tftrain.recipes.image_folder --data-dir path/to/images", tmp_path / "run",
-                        extra=["--data-dir", folder, "--model", "small_cnn", "--image-size", "32"])
-    assert m["task"] == "image_folder" and m["model"] == "small_cnn" and "val_loss" in m["history"]
 
 
 def readme_snippet() -> str:

@@ -1,11 +1,12 @@
 """A user's own task files (`examples/`) through the whole machinery.
 
-`python -m tftrain.run examples/regression.py:task` (MSE, SGD) and
-`examples/two_input.py:task` (a two-input classifier), with MirroredStrategy on 2
-logical CPUs, `--execution auto`, `--batch-size auto`, `--profile`, a validation
+`python -m tftrain.run examples/regression.py:task` (MSE, SGD) with MirroredStrategy
+on 2 logical CPUs, `--execution auto`, `--batch-size auto`, `--profile`, a validation
 split, Ctrl-C and resume, `python -m tftrain.launch` with MultiWorkerMirrored and
 with a parameter-server job; and the image-folder recipe on real PNG and JPEG
-files. Each run is bounded by a subprocess timeout (and the launcher's own).
+files. Each run is bounded by a subprocess timeout (and the launcher's own). The
+two-input example runs in tests/docs (the README's command); the Python API on the
+example file in tests/unit/train/test_trainer.py.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from tests.image_folders import write_mnist_image_folder
 pytestmark = pytest.mark.integration
 
 REGRESSION = str(REPO / "examples" / "regression.py") + ":task"
-TWO_INPUT = str(REPO / "examples" / "two_input.py") + ":task"
 SMALL = ["--train-examples", "4096", "--verbose", "2", "--seed", "0"]
 MEAN_PREDICTOR_MSE = 2.0  # examples/regression.py: predicting the mean of y gives about 2.2
 
@@ -48,34 +48,6 @@ def test_regression_file_under_mirrored_with_auto_execution_auto_batch_and_profi
     assert m["throughput"]["examples_per_sec"] > 0 and m["throughput"]["input"]["verdict"]
     assert m["history"]["loss"][-1] < m["history"]["loss"][0] and m["test_loss"] < MEAN_PREDICTOR_MSE
     assert "units: 64" not in r.stdout and "hidden: 64" in (run_dir / "config.yaml").read_text()
-
-
-def test_two_input_file_under_mirrored_learns(tmp_path):
-    run_dir = tmp_path / "run"
-    r = run_module("tftrain.run", [TWO_INPUT, "--train-examples", "8192", "--epochs", "2", "--verbose", "2",
-                                   "--seed", "0", "--strategy", "mirrored", "--cpu-replicas", "2",
-                                   "--embedding", "32", "--run-dir", run_dir], cwd=tmp_path, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    m = read_metrics(run_dir)
-    assert m["embedding"] == 32 and m["replicas"] == 2 and m["test_examples"] == 5000
-    assert m["test_accuracy"] > 0.75  # chance is 0.55 (label 0 when the digits are equal or the left is smaller)
-
-
-def test_python_api_on_the_example_file(tmp_path):
-    code = (
-        "import tftrain\n"
-        "from tftrain import run\n"
-        f"task = run.load_task({REGRESSION!r})\n"
-        f"record = tftrain.Trainer(task, epochs=2, train_examples=2048, verbose=0, execution='graph', hidden=16,\n"
-        f"                         run_dir={str(tmp_path / 'run')!r}).fit()\n"
-        "print('RESULT', record.test['loss'], record.history['loss'][0], record.hparams['hidden'])\n"
-    )
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=180,
-                       env={**os.environ, **SUBPROCESS_ENV})
-    assert r.returncode == 0, r.stderr[-3000:]
-    test_loss, first_loss, hidden = r.stdout.split("RESULT")[1].split()
-    assert float(test_loss) < float(first_loss) and hidden == "16"
-    assert (tmp_path / "run" / "metrics.json").is_file()
 
 
 def test_regression_resumes_after_ctrl_c(tmp_path):
@@ -131,6 +103,8 @@ def test_image_folder_recipe_on_png_and_jpeg_files(tmp_path):
     train = write_mnist_image_folder(tmp_path / "train", per_class=30, formats=("png", "jpg"))
     test = write_mnist_image_folder(tmp_path / "test", per_class=5, formats=("jpg",), split="test")
     run_dir = tmp_path / "run"
+    documented = "python -m tftrain.recipes.image_folder --data-dir path/to/images"  # README.md
+    assert documented in (REPO / "README.md").read_text()
     r = run_module("tftrain.recipes.image_folder",
                    ["--data-dir", train, "--test-dir", test, "--model", "small_cnn", "--image-size", "32",
                     "--epochs", "3", "--batch-size", "32", "--verbose", "2", "--seed", "0", "--run-dir", run_dir],

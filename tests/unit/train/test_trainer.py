@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import tftrain
+from tests.conftest import REPO
 from tftrain.errors import ConfigError, RunDirError
 
 
@@ -216,3 +217,14 @@ def test_multi_process_loops_need_the_number_of_training_examples(tmp_path):
     trainer.check(), trainer.setup_runtime(), trainer.bind_task()
     with pytest.raises(ConfigError, match="needs steps per epoch that every task agrees on"):
         trainer.check_task()
+
+
+def test_python_api_on_the_regression_example_file(tmp_path):
+    from tftrain import run
+
+    task = run.load_task(str(REPO / "examples" / "regression.py") + ":task")
+    record = tftrain.Trainer(task, epochs=2, train_examples=2048, verbose=0, execution="graph", hidden=16,
+                             run_dir=str(tmp_path / "run")).fit()
+    assert record.hparams["hidden"] == 16 and record.test["loss"] < record.history["loss"][0]
+    assert record.test["loss"] < 2.0  # predicting the mean gives about 2.2
+    assert (tmp_path / "run" / "metrics.json").is_file()
