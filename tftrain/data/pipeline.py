@@ -236,15 +236,17 @@ def build_dataset(
     if config.prefetch:
         ds = ds.prefetch(AUTOTUNE)
 
+    policy = (tf.data.experimental.AutoShardPolicy.OFF if input_context is not None  # already sharded above
+              else tf.data.experimental.AutoShardPolicy.FILE if from_files and len(files) > 1
+              else tf.data.experimental.AutoShardPolicy.DATA)
+    return ds.with_options(_options(policy, seed is not None or not training, config.private_threads))
+
+
+def _options(shard_policy, deterministic: bool, private_threads: int) -> tf.data.Options:
+    """tf.data options: the auto-shard policy, deterministic order, a private thread pool (when > 0)."""
     options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.OFF
-        if input_context is not None  # already sharded above
-        else tf.data.experimental.AutoShardPolicy.FILE
-        if from_files and len(files) > 1
-        else tf.data.experimental.AutoShardPolicy.DATA
-    )
-    options.deterministic = seed is not None or not training
-    if config.private_threads:
-        options.threading.private_threadpool_size = config.private_threads
-    return ds.with_options(options)
+    options.experimental_distribute.auto_shard_policy = shard_policy
+    options.deterministic = deterministic
+    if private_threads:
+        options.threading.private_threadpool_size = private_threads
+    return options

@@ -148,18 +148,25 @@ def test_dataset_task_validation_split_needs_a_known_count():
     assert known.num_train_examples == 15
 
 
-def test_tfrecord_task_reads_files_with_the_parse_function(tmp_path):
-    path = str(tmp_path / "d.tfrecord")
-    with tf.io.TFRecordWriter(path) as w:
-        for i in range(12):
+def _write_records(path, n, label_scale):
+    """A TFRecord file of n examples: x = [i, i, i], y = [label_scale * i]; returns its path."""
+    with tf.io.TFRecordWriter(str(path)) as w:
+        for i in range(n):
             w.write(tf.train.Example(features=tf.train.Features(feature={
                 "x": tf.train.Feature(float_list=tf.train.FloatList(value=[i, i, i])),
-                "y": tf.train.Feature(float_list=tf.train.FloatList(value=[2 * i]))})).SerializeToString())
+                "y": tf.train.Feature(float_list=tf.train.FloatList(value=[label_scale * i]))})).SerializeToString())
+    return str(path)
 
-    def parse(record):
-        f = tf.io.parse_single_example(record, {"x": tf.io.FixedLenFeature([3], tf.float32),
-                                                "y": tf.io.FixedLenFeature([1], tf.float32)})
-        return f["x"], f["y"]
+
+def parse(record):
+    """The parse function of `_write_records`' files."""
+    f = tf.io.parse_single_example(record, {"x": tf.io.FixedLenFeature([3], tf.float32),
+                                            "y": tf.io.FixedLenFeature([1], tf.float32)})
+    return f["x"], f["y"]
+
+
+def test_tfrecord_task_reads_files_with_the_parse_function(tmp_path):
+    path = _write_records(tmp_path / "d.tfrecord", 12, label_scale=2)
 
     task = tftrain.TFRecordTask(_model, [path], parse, test_files=[path], num_train_examples=12, loss="mse")
     bound = task.bind(RecipeConfig())
@@ -218,17 +225,7 @@ def test_image_folder_train_examples_keeps_every_class_and_test_classes_must_mat
 
 
 def test_tfrecord_train_examples_caps_records_before_the_cache(tmp_path):
-    path = str(tmp_path / "d.tfrecord")
-    with tf.io.TFRecordWriter(path) as w:
-        for i in range(10):
-            w.write(tf.train.Example(features=tf.train.Features(feature={
-                "x": tf.train.Feature(float_list=tf.train.FloatList(value=[i, i, i])),
-                "y": tf.train.Feature(float_list=tf.train.FloatList(value=[i]))})).SerializeToString())
-
-    def parse(record):
-        f = tf.io.parse_single_example(record, {"x": tf.io.FixedLenFeature([3], tf.float32),
-                                                "y": tf.io.FixedLenFeature([1], tf.float32)})
-        return f["x"], f["y"]
+    path = _write_records(tmp_path / "d.tfrecord", 10, label_scale=1)
 
     task = tftrain.TFRecordTask(_model, [path], parse, loss="mse").bind(RecipeConfig().override({"train_examples": 6}))
     assert sorted(_labels(task.train_data(2))) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
