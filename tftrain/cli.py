@@ -84,6 +84,7 @@ def build_parser(
     parser = _Parser(
         prog=prog,
         description=description,
+        allow_abbrev=False,  # `--epoch 2` is a typo, not --epochs
         formatter_class=argparse.RawDescriptionHelpFormatter,  # defaults are in each help text
         argument_default=argparse.SUPPRESS,
     )
@@ -114,7 +115,8 @@ def build_parser(
             if choices:
                 kwargs["choices"] = choices
             else:
-                kwargs["metavar"] = "N" if kind in (int, float) else f.name.split("_")[-1].upper()
+                kwargs["metavar"] = f.metadata.get("metavar") or (
+                    "N" if kind is int else "F" if kind is float else f.name.split("_")[-1].upper())
         groups.get(section, parser).add_argument(flag_name(f.name), **kwargs)
     return parser
 

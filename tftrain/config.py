@@ -52,7 +52,7 @@ AUTO_BATCH = "auto"
 LR_SCHEDULES = ("constant", "cosine")
 
 
-def hparam(default, help: str = "", choices=None, minimum=None, special=()):
+def hparam(default, help: str = "", choices=None, minimum=None, special=(), metavar=None):
     """A dataclass field with its command-line help, choices and lower bound.
 
     Use it to declare a task's own hyperparameters; each becomes a flag
@@ -66,6 +66,8 @@ def hparam(default, help: str = "", choices=None, minimum=None, special=()):
         minimum: the smallest allowed number, or None. Defaults to None.
         special: strings accepted besides the field's type (e.g. `"auto"`).
             Defaults to ().
+        metavar: the value's name in `--help`. Defaults to None (`N` for
+            ints, `F` for floats, else the last word of the name).
 
     Returns:
         A `dataclasses.field`.
@@ -76,7 +78,7 @@ def hparam(default, help: str = "", choices=None, minimum=None, special=()):
         ...     width: int = hparam(64, "hidden units", minimum=1)
         ...     activation: str = hparam("relu", "hidden activation", choices=("relu", "gelu"))
     """
-    metadata = {"help": help, "choices": choices, "minimum": minimum, "special": tuple(special)}
+    metadata = {"help": help, "choices": choices, "minimum": minimum, "special": tuple(special), "metavar": metavar}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -237,8 +239,8 @@ class DataConfig:
         ConfigError: when a size is out of range or both batch sizes are given.
     """
 
-    data_dir: Optional[str] = _field(None, "the task's data folder or file (default: the task's own)")
-    train_examples: Optional[int] = _field(None, "use only the first N training examples", minimum=1)
+    data_dir: Optional[str] = _field(None, "the task's data folder or file (None: the task's own)")
+    train_examples: Optional[int] = _field(None, "use only N training examples (the first N; a random N of an image folder)", minimum=1)
     validation_split: float = _field(0.0, "hold out this fraction of the training examples for validation")
     batch_size: Optional[int] = _field(
         None, "global batch size (all replicas), or 'auto' to search for the fastest", minimum=1, special=(AUTO_BATCH,)
@@ -297,7 +299,7 @@ class TrainConfig:
     learning_rate: Optional[float] = _field(None, "learning rate (peak, under a schedule; None: the task's or the optimizer's)")
     lr_schedule: str = _field("constant", "learning-rate schedule (cosine: decay to 0 over the run)", LR_SCHEDULES)
     verbose: int = _field(1, "0 silent, 1 progress bar, 2 one line per epoch", choices=(0, 1, 2))
-    profile: Optional[str] = _field(None, "profile optimizer steps START,STOP into TensorBoard, e.g. 10,15")
+    profile: Optional[str] = _field(None, "profile optimizer steps START,STOP into TensorBoard, e.g. 10,15", metavar="START,STOP")
     tune: int = _field(0, "keras-tuner trials over learning rate, batch size, task knobs (0 = off)", minimum=0)
     tuner: str = _field("random", "keras-tuner algorithm", TUNERS)
 

@@ -90,8 +90,12 @@ def load_task(spec: str):
 
 
 def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+    """`Type: first line` of an error (with the next line when the first ends in a colon)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    text = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return f"{type(error).__name__}: {text.rstrip('.:')}"
 
 
 def _where(error: BaseException, where: str) -> str:

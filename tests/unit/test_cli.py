@@ -57,6 +57,7 @@ def test_command_line_overrides_recipe_file(tmp_path):
         (["--batch-size", "8", "--per-replica-batch-size", "4"], "either batch_size"),
         (["--model", "resnet"], "invalid choice: 'resnet'"),
         (["--width", "0"], "width must be positive"),
+        (["--epoch", "2"], "unrecognized arguments: --epoch 2"),  # no abbreviations
     ],
 )
 def test_bad_flags_raise_one_line_config_error(argv, pattern):

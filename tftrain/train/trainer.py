@@ -43,6 +43,9 @@ AUTO_PROBE_STEPS = 16
 INPUT_CHECK_BATCHES = 50
 """Batches the ThroughputMonitor's input check reads from the training pipeline alone."""
 
+TASK_FILE = "task.json"
+"""File in the run directory naming the task (name, class, hyperparameter class) whose run it holds."""
+
 BATCH_PLAN_FILE = "batch_plan.json"
 """File in the run directory that keeps the batch size `--batch-size auto` chose, for a resumed run."""
 
@@ -141,6 +144,8 @@ class Trainer:
             with rundir_lib.task_run_dir(self.run_dir, config_lib.to_yaml(self.config), self.is_chief,
                                          self.task_name) as out:
                 self.out_dir = out
+                if self.is_chief and not (out / TASK_FILE).exists():
+                    rundir_lib.write_text_atomic(out / TASK_FILE, json.dumps(self._task_identity()))
                 self.announce_run_dir()
                 self.plan_batch()
                 model = self.build_model()
@@ -166,6 +171,30 @@ class Trainer:
         if self.config.run_dir is None:
             self.config = dataclasses.replace(self.config, run_dir=str(rundir_lib.default_run_dir(self.task.name)))
         self.run_dir = rundir_lib.check_run_dir(self.config.run_dir, self.config.to_dict())
+        self._check_same_task()
+
+    def _task_identity(self) -> dict:
+        hparams = self.config.task
+        return {"name": self.task.name, "class": type(self.task).__qualname__,
+                "hparams": type(hparams).__qualname__ if hparams is not None else None}
+
+    def _check_same_task(self) -> None:
+        """Refuses a run directory that holds another task's run (same flags, other model and data).
+
+        Raises:
+            RunDirError: naming both tasks and the fix.
+        """
+        from tftrain.errors import RunDirError
+
+        path = self.run_dir.path / TASK_FILE
+        if not path.is_file():
+            return
+        theirs, ours = json.loads(path.read_text(encoding="utf-8")), self._task_identity()
+        if theirs != ours:
+            raise RunDirError(
+                f"Run directory {str(self.run_dir.path)!r} holds a run of task {theirs.get('name')!r} "
+                f"({theirs.get('class')}); this is task {ours['name']!r} ({ours['class']}). Pass a new --run-dir."
+            )
 
     @property
     def is_chief(self) -> bool:

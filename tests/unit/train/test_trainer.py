@@ -228,3 +228,22 @@ def test_python_api_on_the_regression_example_file(tmp_path):
     assert record.hparams["hidden"] == 16 and record.test["loss"] < record.history["loss"][0]
     assert record.test["loss"] < 2.0  # predicting the mean gives about 2.2
     assert (tmp_path / "run" / "metrics.json").is_file()
+
+
+def test_an_unfinished_run_of_another_task_is_refused(tmp_path):
+    from tftrain import config as config_lib
+    from tftrain import rundir
+
+    first = _trainer(tmp_path)
+    first.check()  # the run directory as an interrupted run of this config would leave it ...
+    rundir.create_run_dir(first.run_dir, config_lib.to_yaml(first.config))
+    (tmp_path / "run" / "task.json").write_text(json.dumps({"name": "other", "class": "ArrayTask", "hparams": None}))
+    with pytest.raises(RunDirError, match="holds a run of task 'other' \\(ArrayTask\\); this is task 'tiny'"):
+        _trainer(tmp_path).fit()  # ... but of another task: refused before anything is written
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.yaml", "task.json"]
+
+
+def test_the_run_directory_names_its_task(tmp_path):
+    _trainer(tmp_path, epochs=1).fit()
+    assert json.loads((tmp_path / "run" / "task.json").read_text()) == {
+        "name": "tiny", "class": "ArrayTask", "hparams": None}
