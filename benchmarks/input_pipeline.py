@@ -1,7 +1,7 @@
 """Input pipeline: tf.data alone vs the training step, for each pipeline option.
 
 For each variant of the recipe's pipeline (`tftrain.data.build_dataset` with one
-option changed: cache, parallel map, prefetch, private threads; and the tf.data
+option changed: parallel map, prefetch, private threads; and the tf.data
 guide's element-wise pipeline over whole examples, for comparison), three figures,
 timed back to back in interleaved rounds:
 
@@ -29,10 +29,9 @@ VARIANTS = {
     "recipe defaults": {},
     "element-wise shuffle": None,  # the tf.data guide's pipeline over whole examples; see elementwise()
     "scale in the pipeline": "scale",  # float32 batches from the pipeline (the recipe scales in the model)
-    "no cache": {"cache": False},
     "no parallel map": {"parallel_map": False},
     "no prefetch": {"prefetch": False},
-    "all off": {"cache": False, "parallel_map": False, "prefetch": False},
+    "all off": {"parallel_map": False, "prefetch": False},
     "private threads 1": {"private_threads": 1},
     "private threads 2": {"private_threads": 2},
 }
@@ -191,7 +190,7 @@ def run(args, device) -> common.Result:
             "shuffle-buffer refill, are inside the timed steps). "
             "The recipe's pipeline shuffles example indices and gathers each batch; 'element-wise shuffle' "
             "shuffles whole examples (from_tensor_slices -> cache -> shuffle -> batch -> map -> prefetch). "
-            "cache only applies to file sources, so 'no cache' equals the defaults here. The recipe's "
+            "There is no 'no cache' row: cache applies to file sources only (arrays are in memory). The recipe's "
             "pipeline yields raw uint8 pixels (its models scale them); 'scale in the pipeline' maps them to "
             "float32 in tf.data instead, as the tf.data guide does (compare its training examples/sec).",
             "Input wait = 1 - (step time on batches held in memory) / (step time fed by the pipeline), "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from typing import Optional, Sequence
+from typing import Collection, Optional, Sequence
 
 from tftrain import config as config_lib
 from tftrain.errors import ConfigError
@@ -65,6 +65,7 @@ def build_parser(
     defaults: config_lib.RecipeConfig,
     description: str = "",
     default_config: Optional[str] = None,
+    omit: Collection[str] = (),
 ) -> argparse.ArgumentParser:
     """Builds the recipe's argument parser.
 
@@ -75,6 +76,8 @@ def build_parser(
             flag's help.
         description: text above the flag list. Defaults to "".
         default_config: recipe file named in `--config`'s help. Defaults to None.
+        omit: flat keys (`"data.cache"`) whose flags are left out (a task's
+            `unused_fields`). Defaults to ().
 
     Returns:
         An `argparse.ArgumentParser` whose unset flags are absent from the parsed
@@ -101,6 +104,8 @@ def build_parser(
             "task hyperparameters", f"declared by the task ({type(defaults.task).__name__}); YAML section 'task:'"
         )
     for section, f, hint in _fields(defaults):
+        if f"{section}.{f.name}" in omit:
+            continue
         kind, _ = config_lib._field_kind(hint)
         if not isinstance(kind, type):
             kind = str
@@ -127,13 +132,14 @@ def parse_config(
     prog: str,
     description: str = "",
     default_config: Optional[str] = None,
+    omit: Collection[str] = (),
 ) -> config_lib.RecipeConfig:
     """Parses argv into a validated `RecipeConfig` (defaults <- --config file <- flags).
 
     Args:
         argv: command-line arguments without the program name; None reads
             `sys.argv[1:]`.
-        defaults, prog, description, default_config: see `build_parser`.
+        defaults, prog, description, default_config, omit: see `build_parser`.
 
     Returns:
         The validated `RecipeConfig`.
@@ -142,7 +148,7 @@ def parse_config(
         ConfigError: on an unknown flag, a bad value, an unreadable recipe file or
             an invalid combination (one line, suitable for printing as is).
     """
-    parser = build_parser(prog, defaults, description, default_config)
+    parser = build_parser(prog, defaults, description, default_config, omit)
     namespace = vars(parser.parse_args(argv))
     cfg = defaults
     path = namespace.pop("config", None)

@@ -568,14 +568,23 @@ def load_yaml(path: str | os.PathLike) -> dict:
     """Reads a recipe file into nested dicts (not yet validated).
 
     Raises:
-        ConfigError: when the file is missing or is not valid YAML.
+        ConfigError: when the file is missing, a directory, unreadable, not
+            UTF-8, or not valid YAML.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ConfigError(f"Recipe file {path!r} is a directory. Pass --config with a YAML file.")
     if not os.path.isfile(path):
         raise ConfigError(f"Recipe file {path!r} does not exist. Pass --config with an existing YAML file.")
     try:
         with open(path, encoding="utf-8") as f:
             return yaml.safe_load(f) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"Recipe file {path!r} is not UTF-8 text (byte {e.start} cannot be decoded). Save it as UTF-8."
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"Recipe file {path!r} cannot be read: {e.strerror}. Check its permissions.") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

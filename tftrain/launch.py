@@ -32,6 +32,7 @@ import argparse
 import ctypes
 import ctypes.util
 import dataclasses
+import datetime
 import json
 import os
 import signal
@@ -42,6 +43,7 @@ import time
 from typing import Callable, List, Mapping, Optional, Sequence, TextIO
 
 from tftrain.errors import LaunchError
+from tftrain.rundir import RUN_ID_ENV
 
 PROG = "python -m tftrain.launch"
 
@@ -318,6 +320,8 @@ def launch(
     cluster = make_cluster(workers, ps, chief)
     output = _Output(out or sys.stdout, err or sys.stderr)
     base_env = dict(os.environ if env is None else env)
+    # One run id for all tasks, so that they agree on the default run directory.
+    base_env.setdefault(RUN_ID_ENV, datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     preexec = _parent_death_signal()
 
     tasks: List[_Task] = []

@@ -139,7 +139,8 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
     try:
         if task is None:
             task, argv = _task_from_argv(argv, prog)
-        cfg = cli.parse_config(argv, task.default_config(), prog, description or _describe(task), default_config)
+        cfg = cli.parse_config(argv, task.default_config(), prog, description or _describe(task), default_config,
+                               omit=task.unused_fields)
         trainer = Trainer(task, cfg, command=command)
         trainer.fit(started=started)
         return 0

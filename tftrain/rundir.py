@@ -84,6 +84,34 @@ def default_run_dir(recipe: str, root: str = "runs", now: Optional[datetime.date
     return candidate
 
 
+RUN_ID_ENV = "TFTRAIN_RUN_ID"
+
+
+def cluster_run_id(cluster_spec: dict, env: Optional[dict] = None) -> str:
+    """One run id that every task of a cluster derives alike, for `runs/<task>-<id>`.
+
+    Each task of a multi-worker job starts at its own moment, so a timestamp
+    would give each its own directory. In order: `TFTRAIN_RUN_ID` (set by
+    `python -m tftrain.launch`), `slurm<SLURM_JOB_ID>`, else `cluster-` and the
+    first 10 hex digits of the SHA-1 of the cluster spec (the same for every pod
+    of a TFJob, so a restarted job resumes its directory).
+
+    Args:
+        cluster_spec: `{"chief": [...], "worker": [...], ...}` addresses.
+        env: environment to read. Defaults to `os.environ`.
+
+    Returns:
+        A directory-name-safe id, e.g. `20261201-101500`, `slurm4711`, `cluster-3f2a9c01de`.
+    """
+    env = os.environ if env is None else env
+    if env.get(RUN_ID_ENV, "").strip():
+        return env[RUN_ID_ENV].strip().replace(os.sep, "-")
+    if env.get("SLURM_JOB_ID", "").strip():
+        return f"slurm{env['SLURM_JOB_ID'].strip()}"
+    digest = hashlib.sha1(json.dumps(cluster_spec, sort_keys=True).encode()).hexdigest()
+    return f"cluster-{digest[:10]}"
+
+
 def _strip(config: dict) -> dict:
     config = json.loads(json.dumps(config))  # deep copy of plain data
     for keys in _IGNORED_WHEN_RESUMING:
@@ -103,8 +131,28 @@ def _differences(old, new, prefix="") -> list:
     return [] if old == new else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
 
 
+def _check_writable(p: Path) -> None:
+    """Raises RunDirError unless a directory can be made in `p`'s nearest existing folder.
+
+    Probes by making and removing an empty temporary directory there, since
+    `os.access` answers yes to root even on read-only or virtual file systems.
+    """
+    parent = p
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise RunDirError(f"Run directory {str(p)!r} is inside {str(parent)!r}, which is a file. Pass another --run-dir.")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".tftrain-probe-", dir=parent))
+    except OSError as e:
+        raise RunDirError(
+            f"Run directory {str(p)!r} cannot be written ({str(parent)!r}: {e.strerror}). "
+            "Pass --run-dir with a folder you can write to."
+        ) from None
+
+
 def check_run_dir(path, config: dict) -> RunDir:
-    """Checks that `path` may hold this run, without writing anything.
+    """Checks that `path` may hold this run, leaving nothing behind.
 
     Args:
         path: the run directory.
@@ -115,13 +163,15 @@ def check_run_dir(path, config: dict) -> RunDir:
         configuration left a checkpoint there.
 
     Raises:
-        RunDirError: when `path` is a file; holds files tftrain did not write;
+        RunDirError: when `path` is a file, or inside a file, or cannot be
+            written; holds files tftrain did not write;
             holds a finished run (`metrics.json`); or holds another run's
             configuration or checkpoint. The message names the path and the fix.
     """
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise RunDirError(f"Run directory {str(p)!r} is a file. Pass --run-dir with a new directory.")
+    _check_writable(p)
     if not p.exists() or not any(p.iterdir()):
         return RunDir(p)
     if not (p / CONFIG_FILE).is_file():

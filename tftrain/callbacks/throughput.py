@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 
 from tftrain import metering
-from tftrain.callbacks._steps import optimizer_steps, steps_per_execution
+from tftrain.callbacks._steps import skips_steps, steps_per_execution, train_steps
 from tftrain.runtime.execution import static_batch_size
 
 SCALAR_PREFIX = "throughput/"
@@ -29,12 +29,16 @@ class ThroughputMonitor(keras.callbacks.Callback):
     `steps_per_execution` may run several optimizer steps. The monitor takes each
     execution's size from the hook's step indices and, once per epoch, reconciles
     the epoch's count with `model.optimizer.iterations` (the true count: when the
-    data runs out, the last execution is shorter than its indices say). Reading
-    that variable costs a device round trip, so it is not done per step. Keras 3
+    data runs out, the last execution is shorter than its indices say). Under
+    dynamic loss scaling (mixed_float16) `iterations` misses the steps skipped for
+    non-finite gradients, so there the hooks' count stands (it over-counts only a
+    last execution cut short by the end of the data). Reading that variable costs
+    a device round trip, so it is not done per step. Keras 3
     waits for each execution to finish before calling the batch-end hook, so the
     hooks time finished work. Each execution is timed from the end of the
     previous one (callback and Python overhead between executions included, as
-    in real training). Warm-up steps (tracing, compilation) are left out. Examples are global: steps x `batch_size`, where `batch_size` is
+    in real training). Under gradient accumulation a step is a micro-batch (one
+    `train_step`), so examples/sec counts every example. Warm-up steps (tracing, compilation) are left out. Examples are global: steps x `batch_size`, where `batch_size` is
     the global batch size (all replicas together), the size of the batches the
     dataset yields to `fit`.
 
@@ -115,7 +119,7 @@ class ThroughputMonitor(keras.callbacks.Callback):
         self.epochs = []
         self.input_check = None
         self.hook_seconds = 0.0
-        self._iterations = optimizer_steps(self.model)
+        self._iterations = train_steps(self.model)
         if self.log_dir is not None and self._writer is None:
             self._writer = tf.summary.create_file_writer(os.path.join(os.fspath(self.log_dir), self.subdir))
 
@@ -138,8 +142,9 @@ class ThroughputMonitor(keras.callbacks.Callback):
         self.hook_seconds += self.clock() - now
 
     def on_epoch_end(self, epoch, logs=None):
-        iterations = optimizer_steps(self.model)
-        self.meter.reconcile_epoch(epoch, iterations - self._iterations)
+        iterations = train_steps(self.model)
+        if not skips_steps(self.model):  # else keep the hooks' count: every step that ran
+            self.meter.reconcile_epoch(epoch, iterations - self._iterations)
         self._iterations = iterations
         stats = self.meter.stats(epoch)
         if stats is None:

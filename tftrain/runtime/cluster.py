@@ -118,6 +118,26 @@ def _check_address(task_type: str, i: int, address, source: str = "TF_CONFIG") -
         )
 
 
+def drop_blank_tf_config(env: Optional[dict] = None) -> bool:
+    """Removes a `TF_CONFIG` that is set but blank, so that it means what an unset one means.
+
+    A script that does `export TF_CONFIG=` leaves an empty string, which
+    TensorFlow's `TFConfigClusterResolver` (used by every `tf.distribute`
+    strategy, MirroredStrategy included) feeds to `json.loads` and fails on.
+
+    Args:
+        env: the environment to clean. Defaults to `os.environ`.
+
+    Returns:
+        True when a blank TF_CONFIG was removed.
+    """
+    env = os.environ if env is None else env
+    if "TF_CONFIG" in env and not env["TF_CONFIG"].strip():
+        del env["TF_CONFIG"]
+        return True
+    return False
+
+
 def parse_tf_config(text: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> Optional[ClusterInfo]:
     """Parses and validates a TF_CONFIG JSON string.
 

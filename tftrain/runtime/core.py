@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from tftrain.config import RuntimeConfig
 from tftrain.errors import ConfigError
-from tftrain.runtime.cluster import MULTI_PROCESS_STRATEGIES, ClusterInfo, resolve_cluster
+from tftrain.runtime.cluster import MULTI_PROCESS_STRATEGIES, ClusterInfo, drop_blank_tf_config, resolve_cluster
 from tftrain.runtime.devices import DeviceInfo, configure_devices
 from tftrain.runtime.execution import compile_options
 from tftrain.runtime.memory import MallocSettings, restore_malloc_thresholds
@@ -123,6 +123,8 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[C
             than one replica, or `cpu_replicas` > 1 with any strategy but
             `mirrored`).
     """
+    if env is None:
+        drop_blank_tf_config()
     multi_process = config.strategy in MULTI_PROCESS_STRATEGIES
     if multi_process and cluster is None:
         cluster = resolve_cluster(config.strategy, env=env, ps_tasks=config.ps_tasks)

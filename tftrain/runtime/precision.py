@@ -202,5 +202,9 @@ def ensure_float32_outputs(model: keras.Model) -> keras.Model:
         else keras.layers.Activation("linear", dtype="float32", name=f"float32_output_{i}")(o)
         for i, o in enumerate(outputs)
     ]
-    single = not isinstance(model.output, (list, tuple, dict))
-    return keras.Model(inputs, cast[0] if single else cast, name=model.name)
+    # A Sequential model in Keras 3.15 has `outputs` but no `output` until it is called.
+    single = len(outputs) == 1 and not isinstance(getattr(model, "_outputs_struct", None), (list, tuple, dict))
+    fixed = keras.Model(inputs, cast[0] if single else cast, name=model.name)
+    if getattr(model, "output_names", None):  # a loss or metric dict keyed by output name still applies
+        fixed.output_names = list(model.output_names)
+    return fixed

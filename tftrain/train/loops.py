@@ -133,7 +133,7 @@ class MultiWorkerLoop(FitLoop):
         """
         dataset = runtime.strategy.distribute_datasets_from_function(lambda ctx: train_data(ctx).repeat())
         return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=list(callbacks),
-                         verbose=verbose, validation_data=validation_data)
+                         verbose=verbose, validation_data=validation_data, shuffle=False)
 
 
 _ACCURACY_BY_LOSS = (("sparse_categorical", "SparseCategoricalAccuracy"), ("categorical", "CategoricalAccuracy"),

@@ -59,6 +59,10 @@ class Task:
         defaults: flat config overrides the task brings (e.g.
             `{"epochs": 5, "steps_per_execution": 8}`), applied under the
             recipe file and the flags. Defaults to {}.
+        unused_fields: flat config keys the task's data ignores (e.g.
+            `{"data.cache": "its arrays are in memory already"}`) -> why; their
+            flags are left out of its command line, and a recipe file that sets
+            one is refused. Defaults to {}.
 
     Set by `bind` (read them in the methods):
         config: the run's `RecipeConfig`.
@@ -82,9 +86,23 @@ class Task:
     default_batch_size: Optional[int] = None
     example_unit: str = "examples"
     defaults: Mapping[str, Any] = {}
+    unused_fields: Mapping[str, str] = {}
     config: Optional[config_lib.RecipeConfig] = None
 
     # -- what the Trainer calls ------------------------------------------------
+    def check_unused_fields(self, config: config_lib.RecipeConfig) -> None:
+        """Refuses a value other than tftrain's default for a field in `unused_fields`.
+
+        Raises:
+            ConfigError: naming the field, why this task ignores it, and the fix.
+        """
+        given, default = config.to_dict(), config_lib.RecipeConfig().to_dict()
+        for key, why in self.unused_fields.items():
+            section, name = key.split(".")
+            if given[section][name] != default[section][name]:
+                raise ConfigError(f"{key} (--{name.replace('_', '-')}) does nothing for task {self.name!r}: {why}. "
+                                  "Remove it.")
+
     def default_config(self) -> config_lib.RecipeConfig:
         """The task's default `RecipeConfig`: tftrain's defaults, then `defaults`, with `hparams`."""
         return config_lib.RecipeConfig(task=self.hparams).override(dict(self.defaults))
@@ -312,6 +330,8 @@ class ArrayTask(_FunctionTask):
         >>> record = tftrain.Trainer(task, epochs=3, validation_split=0.1).fit()
     """
 
+    unused_fields = {"data.cache": "its arrays are in memory already"}
+
     def __init__(self, build_model, x, y, x_test=None, y_test=None, *, validation_data=None, loss, optimizer="adam",
                  metrics=None, preprocess=None, learning_rate=None, name="arrays", hparams=None,
                  default_batch_size=None, defaults=None):
@@ -437,6 +457,8 @@ class DatasetTask(_FunctionTask):
         >>> task = tftrain.DatasetTask(build_model, lambda: tf.data.Dataset.from_tensor_slices((x, y)),
         ...                            loss="mse", shuffle=True)
     """
+
+    unused_fields = {"data.cache": "its tf.data pipeline is the user's own (add .cache() there)"}
 
     def __init__(self, build_model, train, validation=None, test=None, *, batch=True, shard=True, prefetch=True,
                  shuffle=False, num_train_examples=None, loss, optimizer="adam", metrics=None, learning_rate=None,

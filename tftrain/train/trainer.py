@@ -24,6 +24,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Optional, Sequence
 
 from tftrain import config as config_lib
@@ -160,16 +161,24 @@ class Trainer:
         return record
 
     # -- check, set-up ---------------------------------------------------------
+    def _default_run_dir(self):
+        """`runs/<task>-<time>`; in a cluster `runs/<task>-<run id>`, the same for every task."""
+        if self.cluster is None:
+            return rundir_lib.default_run_dir(self.task.name)
+        return Path("runs") / f"{self.task.name}-{rundir_lib.cluster_run_id(self.cluster.cluster)}"
+
     def check(self) -> None:
         """Loop support, cluster and run directory: the cheap checks, before TensorFlow starts."""
-        from tftrain.runtime.cluster import resolve_cluster
+        from tftrain.runtime.cluster import drop_blank_tf_config, resolve_cluster
 
         self.loop.check(self.config)
+        self.task.check_unused_fields(self.config)
+        drop_blank_tf_config()
         self.cluster = resolve_cluster(self.config.runtime.strategy, ps_tasks=self.config.runtime.ps_tasks)
         if self.serves():
             return
         if self.config.run_dir is None:
-            self.config = dataclasses.replace(self.config, run_dir=str(rundir_lib.default_run_dir(self.task.name)))
+            self.config = dataclasses.replace(self.config, run_dir=str(self._default_run_dir()))
         self.run_dir = rundir_lib.check_run_dir(self.config.run_dir, self.config.to_dict())
         self._check_same_task()
 

@@ -174,6 +174,12 @@ class _PeakMemory:
 
 
 def _constant_learning_rate(optimizer) -> Optional[float]:
+    """The optimizer's constant learning rate, or None under a schedule.
+
+    A `LossScaleOptimizer` (mixed_float16) keeps the rate on its inner optimizer;
+    its own config has no `learning_rate`.
+    """
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
     value = optimizer.get_config().get("learning_rate")
     return float(value) if isinstance(value, (int, float)) else None
 

@@ -78,6 +78,21 @@ def test_ensure_float32_outputs_wraps_low_precision_outputs():
     assert keras.backend.standardize_dtype(out.dtype) == "float32"
 
 
+@pytest.mark.parametrize("kind", ["sequential", "list_of_one"])
+def test_ensure_float32_outputs_keeps_the_output_structure(kind):
+    with prec.precision_policy("mixed_bfloat16", CPU):
+        if kind == "sequential":  # has `outputs` but no `output` until called (Keras 3.15)
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+        else:
+            inputs = keras.Input((4,))
+            model = keras.Model(inputs, [keras.layers.Dense(3)(inputs)])
+        fixed = prec.ensure_float32_outputs(model)
+    assert isinstance(fixed.output, list) == (kind == "list_of_one")
+    assert [str(o.dtype) for o in fixed.outputs] == ["float32"]
+    out = fixed.predict(np.ones((2, 4), "float32"), verbose=0)
+    assert keras.backend.standardize_dtype((out[0] if isinstance(out, list) else out).dtype) == "float32"
+
+
 def test_ensure_float32_outputs_keeps_float32_model():
     inputs = keras.Input((4,))
     model = keras.Model(inputs, keras.layers.Dense(3)(inputs))
@@ -91,3 +106,14 @@ def test_ensure_float32_outputs_rejects_unbuilt_subclassed_model():
 
     with pytest.raises(ValueError, match="dtype='float32'"):
         prec.ensure_float32_outputs(Net())
+
+
+def test_ensure_float32_outputs_keeps_output_names_for_a_loss_dict():
+    with prec.precision_policy("mixed_bfloat16", CPU):
+        inputs = keras.Input((4,))
+        model = keras.Model(inputs, [keras.layers.Dense(1, name="a")(inputs), keras.layers.Dense(2, name="b")(inputs)])
+        fixed = prec.ensure_float32_outputs(model)
+        fixed.compile("sgd", loss={"a": "mse", "b": "mse"})
+        x = np.ones((8, 4), "float32")
+        history = fixed.fit(x, {"a": np.ones((8, 1)), "b": np.ones((8, 2))}, epochs=1, verbose=0)
+    assert fixed.output_names == ["a", "b"] and "a_loss" in history.history

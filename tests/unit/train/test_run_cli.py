@@ -95,3 +95,55 @@ def test_help_lists_the_task_hyperparameters(task_file, capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "--units N" in out and "hidden units (default: 4)" in out and "--strategy" in out
+
+
+@pytest.mark.parametrize("case, message", [
+    ("not_utf8", "is not UTF-8 text (byte 17 cannot be decoded). Save it as UTF-8."),
+    ("directory", "is a directory. Pass --config with a YAML file."),
+    ("section_not_mapping", "Section 'train' in {path} must be a mapping. Received: 3."),
+    ("run_dir_in_a_file", "is inside '{tmp}/afile', which is a file."),
+    ("run_dir_unwritable", "cannot be written ('/proc/self'"),
+])
+def test_bad_files_and_folders_exit_2_with_one_line(task_file, tmp_path, capsys, case, message):
+    recipe, run_dir = tmp_path / "recipe.yaml", tmp_path / "run"
+    recipe.write_text("train:\n  epochs: 1\n")
+    if case == "not_utf8":
+        recipe.write_bytes(b"train:\n  epochs: \xff\xfe\n")
+    elif case == "directory":
+        recipe = tmp_path
+    elif case == "section_not_mapping":
+        recipe.write_text("train: 3\n")
+    elif case == "run_dir_in_a_file":
+        (tmp_path / "afile").write_text("mine")
+        run_dir = tmp_path / "afile" / "run"
+    else:
+        run_dir = "/proc/self/run"
+    code = run.main([f"{task_file}:task", "--config", str(recipe), "--run-dir", str(run_dir), "--verbose", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert message.format(path=recipe, tmp=tmp_path) in err[0]
+    if case == "run_dir_in_a_file":
+        assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_an_empty_tf_config_means_unset_for_every_strategy(task_file, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TF_CONFIG", "")
+    for strategy in ("mirrored", "multi_worker_mirrored"):
+        code = run.main([f"{task_file}:task", "--strategy", strategy, "--epochs", "1", "--batch-size", "16",
+                         "--verbose", "0", "--execution", "graph", "--run-dir", str(tmp_path / strategy)])
+        assert code == 0, capsys.readouterr().err
+        assert (tmp_path / strategy / "metrics.json").is_file()
+
+
+def test_cache_is_not_offered_for_in_memory_arrays(task_file, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        run.main([f"{task_file}:task", "--help"])
+    assert "--cache" not in capsys.readouterr().out
+    assert run.main([f"{task_file}:task", "--no-cache"]) == 2
+    assert "unrecognized arguments: --no-cache" in capsys.readouterr().err
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("data:\n  cache: false\n")
+    assert run.main([f"{task_file}:task", "--config", str(recipe), "--run-dir", str(tmp_path / "r")]) == 2
+    assert "data.cache (--cache) does nothing for task 'filetask': its arrays are in memory already" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

@@ -110,6 +110,16 @@ def test_linear_learning_rate_scaling_is_opt_in_and_reported():
         find_batch_size(model, data(), scale_learning_rate=True, verbose=0)
 
 
+def test_learning_rate_scaling_reads_the_inner_optimizer_under_mixed_float16():
+    model = trained_model(lr=0.01)
+    model.optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.01))
+    assert "learning_rate" not in model.optimizer.get_config()  # the rate lives on the inner optimizer
+    result = find_batch_size(model, data(), init_val=16, max_val=64, steps_per_trial=1, objective="largest",
+                             scale_learning_rate=True, base_batch_size=32, verbose=0)
+    assert result.base_learning_rate == pytest.approx(0.01) and result.learning_rate == pytest.approx(0.02)
+    assert float(model.optimizer.inner_optimizer.learning_rate.numpy()) == pytest.approx(0.02)
+
+
 def test_uncompiled_model_is_refused():
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
     with pytest.raises(ConfigError, match="compiled model"):
