@@ -13,40 +13,10 @@
 
 from __future__ import annotations
 
-import time
-
 from benchmarks import common
+from tftrain.doctor.measure import matmul_peak  # shared with python -m tftrain.doctor
 
 NAME = "roofline"
-
-
-def matmul_peak(sizes, repeats: int, dtype: str = "float32") -> dict:
-    """Measures square matmul FLOP/s.
-
-    Args:
-        sizes: matrix sizes n (n x n times n x n: 2 n^3 FLOPs).
-        repeats: timed calls per size (after one warm-up call).
-        dtype: TensorFlow dtype name. Defaults to `"float32"`.
-
-    Returns:
-        `{"best_flops": float, "by_size": {n: [FLOP/s per repeat]}}`.
-    """
-    import tensorflow as tf
-
-    by_size = {}
-    for n in sizes:
-        a = tf.random.normal((n, n), dtype=tf.float32)
-        b = tf.random.normal((n, n), dtype=tf.float32)
-        a, b = tf.cast(a, dtype), tf.cast(b, dtype)
-        matmul = tf.function(lambda x, y: tf.reduce_sum(tf.matmul(x, y)))
-        matmul(a, b).numpy()  # trace and warm up
-        figures = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            matmul(a, b).numpy()
-            figures.append(2 * n**3 / (time.perf_counter() - start))
-        by_size[n] = figures
-    return {"best_flops": max(max(v) for v in by_size.values()), "by_size": by_size, "dtype": dtype}
 
 
 def run(args, device) -> common.Result:

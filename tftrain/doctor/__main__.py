@@ -1,0 +1,72 @@
+"""`python -m tftrain.doctor [FILE.py:NAME | MODULE:NAME] [--data-dir DIR] [--json] [--quick]`.
+
+Exit codes: 0 the report was printed (a measurement that failed is listed under
+its warnings); 2 bad input (one line on stderr: an unknown task, a missing data
+folder, an unknown flag); 1 the doctor itself failed (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Optional, Sequence
+
+from tftrain.errors import ConfigError
+
+PROG = "python -m tftrain.doctor"
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors raise `ConfigError` (one line, exit 2)."""
+
+    def error(self, message):  # noqa: D102 (argparse API)
+        raise ConfigError(f"{message}. Run {PROG} --help for usage.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The doctor's flags: the task, `--data-dir`, `--json`, `--quick`."""
+    parser = _Parser(prog=PROG, allow_abbrev=False,
+                     description="Measure this machine (CPU, memory, disk, GPUs, all-reduce) in under a minute "
+                                 "and say which device, precision, threads and strategy to train with.")
+    parser.add_argument("task", nargs="?", default=None, metavar="FILE.py:NAME",
+                        help="the task to advise on (FILE.py:NAME or MODULE:NAME, as for python -m tftrain.run); "
+                             "default: the MNIST recipe's mlp and cnn")
+    parser.add_argument("--data-dir", metavar="DIR", default=None,
+                        help="folder (or file) whose disk read throughput is measured; default: the task's data "
+                             "folder, else the bundled MNIST's")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON (for scripts)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: seconds, rough figures (tests)")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Parses flags, runs `diagnose`, prints the report; returns the exit code."""
+    try:
+        args = build_parser().parse_args(argv)
+        from tftrain.doctor.diagnose import diagnose
+
+        say = (lambda m: print(f"{PROG}: measuring {m} ...", file=sys.stderr, flush=True)) \
+            if sys.stderr.isatty() and not args.json else None
+        report = diagnose(args.task, args.data_dir, args.quick, say)
+    except ConfigError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted.", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line; the traceback on request, as tftrain.run
+        from tftrain.run import _one_line
+
+        print(f"{PROG}: failed: {_one_line(e)}", file=sys.stderr)
+        return 1
+    from tftrain.doctor.report import render
+
+    print(json.dumps(report, indent=2, default=str) if args.json else render(report), end="" if not args.json else "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""TensorFlow's ring all-reduce between local processes on 127.0.0.1, timed.
+
+`loopback_allreduce` starts N worker processes with `tftrain.launch.launch` (each
+with its own TF_CONFIG on a free 127.0.0.1 port); each builds a
+`MultiWorkerMirroredStrategy` (`CommunicationImplementation.RING`, gRPC) and
+all-reduces float32 tensors of the given sizes; worker 0 prints the median time per
+all-reduce as JSON lines. `fit_ring` fits `t = a + b * bytes_sent`, with
+bytes_sent = 2(N-1)/N x size, the per-worker traffic of a ring (Patarasuk & Yuan
+2009; benchmarks/allreduce_model.py): `a` is the fixed cost per all-reduce (s) and
+`1/b` the effective bandwidth (bytes/s).
+
+The workers see no GPU (`CUDA_VISIBLE_DEVICES=-1`): this measures the host's
+loopback path, the one a multi-worker job on CPUs takes. Used by
+`python -m tftrain.doctor` and `benchmarks/loopback_allreduce.py`.
+
+    python -m tftrain.doctor.allreduce --sizes 262144,2678824 --iterations 10   # one worker (under the launcher)
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import signal
+import statistics
+import sys
+import time
+from typing import Optional, Sequence
+
+MNIST_MLP_GRADIENT_BYTES = 2_678_824
+"""Bytes of the MNIST MLP's float32 gradients (669,706 parameters)."""
+
+SIZES = (4_096, 262_144, MNIST_MLP_GRADIENT_BYTES, 16_777_216)
+"""Bytes per all-reduce in `benchmarks/loopback_allreduce.py`."""
+
+_ROW = re.compile(r"^\[worker:0\] (\{.*\})$", re.M)
+
+
+def worker(sizes: Sequence[int], iterations: int, warmup: int = 3) -> None:
+    """One worker of the job: times all-reduces of every size; worker 0 prints JSON lines.
+
+    Runs under `tftrain.launch` (reads TF_CONFIG). Each line is
+    `{"bytes": size, "median_s": seconds per all-reduce}`.
+
+    Args:
+        sizes: bytes per all-reduce (float32 tensors of `size // 4` elements).
+        iterations: timed all-reduces per size.
+        warmup: untimed all-reduces per size first (tracing, connection set-up).
+            Defaults to 3.
+    """
+    import tensorflow as tf
+
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING
+    )
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    is_chief = json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0
+
+    @tf.function
+    def step(x):
+        per_replica = strategy.run(lambda v: v * 1.0, args=(x,))
+        return tf.reduce_sum(strategy.reduce("SUM", per_replica, axis=None)[:1])
+
+    for size in sizes:
+        x = tf.ones([size // 4], tf.float32)
+        for _ in range(warmup):
+            step(x).numpy()
+        times = []
+        for _ in range(iterations):
+            start = time.perf_counter()
+            step(x).numpy()
+            times.append(time.perf_counter() - start)
+        if is_chief:
+            print(json.dumps({"bytes": size, "median_s": statistics.median(times)}), flush=True)
+
+
+def loopback_allreduce(workers: int = 2, sizes: Sequence[int] = SIZES, iterations: int = 30,
+                       timeout_s: float = 600.0, warmup: int = 3) -> list:
+    """Runs a ring all-reduce job of `workers` local processes on 127.0.0.1.
+
+    Every process is stopped before this returns (`tftrain.launch.launch` tears
+    the job down on success, failure and timeout).
+
+    Args:
+        workers: worker processes, >= 2. Defaults to 2.
+        sizes: bytes per all-reduce. Defaults to `SIZES`.
+        iterations: timed all-reduces per size. Defaults to 30.
+        timeout_s: seconds the whole job may run. Defaults to 600.
+        warmup: untimed all-reduces per size. Defaults to 3.
+
+    Returns:
+        `[{"bytes": int, "median_s": float}, ...]`, one per size, in order.
+
+    Raises:
+        RuntimeError: when the job fails or times out (the message ends with
+            the last lines the workers wrote to stderr).
+        KeyboardInterrupt: on Ctrl-C (after the workers are stopped).
+    """
+    from tftrain.launch import launch
+
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
+    env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"})
+    out, err = io.StringIO(), io.StringIO()
+    command = [sys.executable, "-m", "tftrain.doctor.allreduce", "--sizes", ",".join(map(str, sizes)),
+               "--iterations", str(iterations), "--warmup", str(warmup)]
+    code = launch(command, workers, timeout=timeout_s, grace_s=2.0, env=env, out=out, err=err)
+    if code == 128 + signal.SIGINT:  # Ctrl-C: the launcher stopped the workers; stop the caller too
+        raise KeyboardInterrupt
+    rows = [json.loads(m) for m in _ROW.findall(out.getvalue())]
+    if code != 0 or len(rows) != len(sizes):
+        tail = " | ".join(err.getvalue().strip().splitlines()[-3:])
+        raise RuntimeError(f"the all-reduce job exited with code {code}: {tail}")
+    return rows
+
+
+def fit_ring(rows: Sequence[dict], workers: int) -> dict:
+    """Fits `t = a + b * bytes_sent` to all-reduce timings (least squares).
+
+    Args:
+        rows: `[{"bytes": int, "median_s": float}, ...]` from `loopback_allreduce`.
+        workers: the job's worker count N (bytes_sent = 2(N-1)/N x bytes).
+
+    Returns:
+        `{"fixed_s": a or None, "bytes_per_s": 1/b, "rows": [...]}`, each row with
+        `bytes_sent` and `bytes_per_s` (bytes_sent / median_s). With one size
+        there is nothing to fit: `fixed_s` is None and `bytes_per_s` that size's
+        effective figure. A fit with a non-positive slope also falls back to the
+        largest size's effective figure.
+    """
+    out = []
+    for r in rows:
+        sent = 2 * (workers - 1) / workers * r["bytes"]
+        out.append({**r, "bytes_sent": sent, "bytes_per_s": sent / r["median_s"]})
+    largest = max(out, key=lambda r: r["bytes"])
+    if len(out) < 2:
+        return {"fixed_s": None, "bytes_per_s": largest["bytes_per_s"], "rows": out}
+    xs, ts = [r["bytes_sent"] for r in out], [r["median_s"] for r in out]
+    mean_x, mean_t = statistics.fmean(xs), statistics.fmean(ts)
+    slope = sum((x - mean_x) * (t - mean_t) for x, t in zip(xs, ts)) / sum((x - mean_x) ** 2 for x in xs)
+    if slope <= 0:
+        return {"fixed_s": None, "bytes_per_s": largest["bytes_per_s"], "rows": out}
+    return {"fixed_s": max(0.0, mean_t - slope * mean_x), "bytes_per_s": 1 / slope, "rows": out}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """`python -m tftrain.doctor.allreduce --sizes A,B --iterations N`: one worker (under the launcher)."""
+    parser = argparse.ArgumentParser(prog="python -m tftrain.doctor.allreduce", allow_abbrev=False,
+                                     description="One worker of the loopback all-reduce job (run by tftrain.launch).")
+    parser.add_argument("--sizes", required=True, help="bytes per all-reduce, comma-separated")
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args(argv)
+    worker([int(s) for s in args.sizes.split(",")], args.iterations, args.warmup)
+
+
+if __name__ == "__main__":
+    main()

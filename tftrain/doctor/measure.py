@@ -1,0 +1,267 @@
+"""Short, bounded measurements of this machine: matmul FLOP/s, memory and disk bandwidth, copies.
+
+Every function runs a fixed amount of work (sizes and repeats are its arguments),
+times it with `time.perf_counter()`, and keeps the best repeat: on a shared machine
+a disturbance slows one repeat, not the hardware. Units: FLOP/s and bytes/s (the
+report prints GFLOP/s, TFLOP/s and GB/s, 1 GB = 1e9 bytes).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+MAX_REPEATS = 200
+"""Cap on the timed calls of one measurement, however short each call is."""
+
+
+def timed_rates(fn: Callable[[], object], work: float, repeats: int, min_seconds: float = 0.0) -> list:
+    """Times `fn()` at least `repeats` times and until `min_seconds` of timed calls (at most `MAX_REPEATS`).
+
+    Args:
+        fn: one unit of work; returns when the work is done.
+        work: the work per call (FLOPs, bytes).
+        repeats: calls at least, >= 1.
+        min_seconds: timed seconds at least, so short calls get more tries on
+            a busy machine. Defaults to 0.
+
+    Returns:
+        The rate of each call (`work / seconds`), in call order.
+    """
+    rates, spent = [], 0.0
+    while len(rates) < repeats or (spent < min_seconds and len(rates) < MAX_REPEATS):
+        start = time.perf_counter()
+        fn()
+        seconds = time.perf_counter() - start
+        spent += seconds
+        rates.append(work / seconds)
+    return rates
+
+
+def matmul_peak(sizes: Sequence[int], repeats: int, dtype: str = "float32", device: Optional[str] = None,
+                min_seconds: float = 0.0) -> dict:
+    """Measures square matmul FLOP/s: what the machine's BLAS really delivers.
+
+    Each call is `tf.reduce_sum(tf.matmul(a, b))` in a `tf.function` (one
+    warm-up call traces it), read back with `.numpy()`: 2 n^3 FLOPs per call.
+
+    Args:
+        sizes: matrix sizes n (n x n times n x n).
+        repeats: timed calls per size, >= 1.
+        dtype: TensorFlow dtype name, e.g. `"float32"`, `"bfloat16"`,
+            `"float16"`. Defaults to `"float32"`.
+        device: TensorFlow device to run on, e.g. `"/GPU:0"`. Defaults to None
+            (TensorFlow's placement: the first GPU if any, else the CPU).
+        min_seconds: timed seconds per size at least (see `timed_rates`).
+            Defaults to 0.
+
+    Returns:
+        `{"best_flops": float (FLOP/s), "by_size": {n: [FLOP/s per call]},
+        "dtype": dtype}`.
+    """
+    import contextlib
+
+    import tensorflow as tf
+
+    def product(x, y):
+        return tf.reduce_sum(tf.matmul(x, y))
+
+    by_size = {}
+    with tf.device(device) if device else contextlib.nullcontext():
+        for n in sizes:
+            a = tf.cast(tf.random.normal((n, n), dtype=tf.float32), dtype)
+            b = tf.cast(tf.random.normal((n, n), dtype=tf.float32), dtype)
+            matmul = tf.function(product, autograph=False)
+            matmul(a, b).numpy()  # trace and warm up
+            by_size[n] = timed_rates(lambda: matmul(a, b).numpy(), 2 * n**3, repeats, min_seconds)
+    return {"best_flops": max(max(v) for v in by_size.values()), "by_size": by_size, "dtype": dtype}
+
+
+def memory_bandwidth(nbytes: int, repeats: int, threads: int = 1, min_seconds: float = 0.0) -> dict:
+    """Measures main-memory bandwidth with a STREAM-style copy (numpy, float64).
+
+    The array is split into `threads` slices copied in parallel (numpy releases
+    the GIL while copying). Bytes moved per copy = 2 x nbytes (read plus write),
+    the STREAM "Copy" convention (McCalpin, https://www.cs.virginia.edu/stream/).
+    Arrays well above the CPU caches (>= 32 MiB) measure memory, not cache.
+
+    Args:
+        nbytes: bytes of the source array (and of the destination).
+        repeats: timed copies, >= 1.
+        threads: threads copying, >= 1. Defaults to 1.
+        min_seconds: timed seconds at least (see `timed_rates`). Defaults to 0.
+
+    Returns:
+        `{"bytes_per_s": float, "array_bytes": int, "threads": int}`.
+    """
+    import numpy as np
+
+    src = np.ones(max(1, nbytes // 8))
+    dst = np.zeros_like(src)  # touch every page before timing
+    bounds = [(int(c[0]), int(c[-1]) + 1) for c in np.array_split(np.arange(src.size), threads) if c.size]
+    with ThreadPoolExecutor(len(bounds)) as pool:
+        def copy():
+            list(pool.map(lambda b: np.copyto(dst[b[0]:b[1]], src[b[0]:b[1]]), bounds))
+
+        rates = timed_rates(copy, 2 * src.nbytes, repeats, min_seconds)
+    return {"bytes_per_s": max(rates), "array_bytes": int(src.nbytes), "threads": len(bounds)}
+
+
+def _files_largest_first(path: Path) -> list:
+    """`[(size in bytes, file), ...]` of a folder's regular files (or of one file), largest first."""
+    found = []
+    for file in [path] if path.is_file() else (Path(root) / name for root, _, names in os.walk(path) for name in names):
+        try:
+            if file.is_file() and not file.is_symlink():
+                found.append((file.stat().st_size, file))
+        except OSError:
+            continue
+    return sorted(found, key=lambda t: -t[0])
+
+
+def _read_cold(path: Path, limit: int, buffer: memoryview) -> tuple:
+    """Reads up to `limit` bytes of a file after asking the kernel to drop its cached pages.
+
+    Returns (bytes read, seconds, whether the cache drop was requested)."""
+    with open(path, "rb", buffering=0) as f:
+        dropped = hasattr(os, "posix_fadvise")
+        if dropped:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        done, start = 0, time.perf_counter()
+        while done < limit:
+            n = f.readinto(buffer[:min(len(buffer), limit - done)])
+            if not n:
+                break
+            done += n
+        return done, time.perf_counter() - start, dropped
+
+
+def _read_round(files: list, max_bytes: int, buffer: memoryview) -> tuple:
+    """One cold read of the files, up to `max_bytes`: (bytes, seconds, files read, cache dropped)."""
+    total, seconds, count, dropped = 0, 0.0, 0, True
+    for _, file in files:
+        if total >= max_bytes:
+            break
+        try:
+            n, s, d = _read_cold(file, max_bytes - total, buffer)
+        except OSError:
+            continue
+        total, seconds, count, dropped = total + n, seconds + s, count + 1, dropped and d
+    return total, seconds, count, dropped and count > 0
+
+
+def disk_read(path, max_bytes: int, repeats: int = 1, chunk_bytes: int = 8 << 20) -> dict:
+    """Measures the read throughput of the disk holding a data folder.
+
+    Reads the folder's files, largest first, up to `max_bytes` in all, in
+    `chunk_bytes` reads, `repeats` times; keeps the fastest round. Before each
+    file, `posix_fadvise(POSIX_FADV_DONTNEED)` asks Linux to drop the file's
+    pages from the page cache, so the figure is a cold read from the device
+    (pages another process holds mapped may stay cached). Nothing is written.
+
+    Args:
+        path: a folder or a file.
+        max_bytes: bytes to read at most per round.
+        repeats: rounds, >= 1. Defaults to 1.
+        chunk_bytes: bytes per read call. Defaults to 8 MiB.
+
+    Returns:
+        `{"bytes_per_s": float or None, "bytes": int (read per round), "files":
+        int (read per round), "folder_bytes": int (all the folder's files),
+        "cache_dropped": bool}`; `bytes_per_s` is None when there was nothing
+        to read (an empty folder).
+    """
+    files = _files_largest_first(Path(path))
+    buffer = memoryview(bytearray(max(1, min(chunk_bytes, max_bytes))))
+    rounds = [_read_round(files, max_bytes, buffer) for _ in range(repeats)]
+    total, seconds, count, dropped = min(rounds, key=lambda r: r[1])
+    return {"bytes_per_s": total / seconds if total and seconds > 0 else None, "bytes": total, "files": count,
+            "folder_bytes": sum(size for size, _ in files), "cache_dropped": dropped}
+
+
+def gpu_copies(device: str, nbytes: int, repeats: int) -> dict:
+    """Measures host-to-device and device-to-host copy bandwidth of one GPU.
+
+    Copies a float32 tensor of `nbytes` from host memory onto `device`
+    (`tf.identity` placed there, followed by a one-element read to wait for it)
+    and back (`.numpy()` of a tensor on the GPU). Host memory is TensorFlow's
+    ordinary (pageable) memory, the path a `tf.data` pipeline's batches take.
+
+    Args:
+        device: e.g. `"/GPU:0"`.
+        nbytes: bytes per copy.
+        repeats: timed copies each way, >= 1.
+
+    Returns:
+        `{"h2d_bytes_per_s": float, "d2h_bytes_per_s": float, "bytes": int}`.
+    """
+    import tensorflow as tf
+
+    with tf.device("/CPU:0"):
+        host = tf.ones([nbytes // 4], tf.float32)
+    with tf.device(device):
+        on_gpu = tf.ones([nbytes // 4], tf.float32)
+
+    def to_device():
+        with tf.device(device):
+            return tf.identity(host)[:1].numpy()
+
+    def to_host():
+        return on_gpu.numpy()
+
+    out = {"bytes": (nbytes // 4) * 4}
+    for key, copy in (("h2d_bytes_per_s", to_device), ("d2h_bytes_per_s", to_host)):
+        copy()  # warm up
+        out[key] = max(timed_rates(copy, out["bytes"], repeats))
+    return out
+
+
+def gpu_allreduce(devices: Sequence[str], nbytes: int, repeats: int) -> dict:
+    """Measures all-reduce bandwidth between the GPUs of this machine.
+
+    A `MirroredStrategy` over `devices` (NCCL all-reduce where available)
+    sums a float32 tensor of `nbytes` per GPU. Figures follow nccl-tests'
+    convention: algorithm bandwidth = bytes / time; bus bandwidth = algorithm
+    bandwidth x 2(N-1)/N, comparable with the link's peak
+    (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md).
+
+    Args:
+        devices: two or more GPU device names, e.g. `["/GPU:0", "/GPU:1"]`.
+        nbytes: bytes per GPU per all-reduce.
+        repeats: timed all-reduces, >= 1.
+
+    Returns:
+        `{"bus_bytes_per_s": float, "algorithm_bytes_per_s": float, "bytes": int,
+        "gpus": int, "median_s": float}`.
+    """
+    import statistics
+
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(list(devices))
+    n = len(devices)
+
+    def replica_step():
+        summed = tf.distribute.get_replica_context().all_reduce("SUM", tf.ones([nbytes // 4], tf.float32))
+        return summed[:1]
+
+    @tf.function(autograph=False)
+    def step():
+        return strategy.experimental_local_results(strategy.run(replica_step))
+
+    def run_once():
+        return [t.numpy() for t in step()]  # waits for every GPU
+
+    run_once()  # trace, set up the communicators
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run_once()
+        times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    size = (nbytes // 4) * 4
+    return {"bus_bytes_per_s": size / median * 2 * (n - 1) / n, "algorithm_bytes_per_s": size / median,
+            "bytes": size, "gpus": n, "median_s": median}
