@@ -1,0 +1,192 @@
+"""StepBackup: Keras's `BackupAndRestore`, also every N optimizer steps, resuming mid-epoch.
+
+Keras 3's `BackupAndRestore(save_freq=N)` (keras/src/callbacks/backup_and_restore.py,
+read in Keras 3.15) saves every N batches and restores the epoch (a resumed run no longer
+trains every epoch again, keras-team/keras#19179), but not the step within it: it runs
+the interrupted epoch again from its first batch, on weights that already hold the steps
+done before the save, so those steps are done twice. A save at an epoch's last batch is
+labelled with that epoch (a resume runs the finished epoch again); under
+`steps_per_execution` > 1 its count drops one step at each epoch start (saves come
+further apart than N); and a resumed run labels its checkpoints epoch 0 until its first
+epoch ends (`_current_epoch` starts at 0). `StepBackup` keeps Keras's restore (weights, optimizer
+state and epoch; the previous checkpoint when the latest cannot be read) and file
+layout, and:
+
+* saves at each epoch end and, given `every_steps`, every that many optimizer steps,
+  counted from the batch indices Keras passes (one hook covers one execution of
+  `steps_per_execution` steps);
+* writes the weights, then metadata naming the epoch, the steps of the epoch done and
+  `optimizer.iterations`, each through a temporary file and a rename; a checkpoint whose
+  metadata does not match its weights (a kill between the two renames) gives way to the
+  previous one;
+* ends the resumed epoch at the execution that completes its steps (it sets
+  `model.stop_training` and clears it again in `on_epoch_end`), so an interrupted run
+  takes as many optimizer steps in all as an uninterrupted one. The resumed epoch reads
+  its data from the start of a pass: the steps are not redone, but which batches they
+  see is not replayed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import keras
+
+from tftrain.callbacks._steps import optimizer_steps
+
+METADATA_FILE = "training_metadata.json"
+"""The checkpoint's metadata file in the backup directory (Keras's name)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BackupPosition:
+    """Where a checkpoint stands in the run.
+
+    Attributes:
+        epoch: epochs completed.
+        steps_in_epoch: batches (optimizer steps) of the next epoch done (0 at an
+            epoch end).
+        optimizer_iterations: `optimizer.iterations` when it was saved; None in a
+            checkpoint written by Keras's own `BackupAndRestore`.
+    """
+
+    epoch: int
+    steps_in_epoch: int = 0
+    optimizer_iterations: Optional[int] = None
+
+
+def read_position(path) -> Optional[BackupPosition]:
+    """The position a checkpoint's metadata records.
+
+    Args:
+        path: a backup directory, or its metadata file.
+
+    Returns:
+        A `BackupPosition`, or None when the file is missing or unreadable.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / METADATA_FILE
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        return BackupPosition(int(meta["epoch"]), int(meta.get("steps_in_epoch", 0)), meta.get("optimizer_iterations"))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+class StepBackup(keras.callbacks.BackupAndRestore):
+    """Backs up the training state at each epoch end and every `every_steps` optimizer steps;
+    a rerun resumes at the step it was saved at.
+
+    A run killed at any moment loses at most `every_steps` optimizer steps when
+    `every_steps` is a multiple of the model's `steps_per_execution` (a checkpoint
+    can only be written between executions; the Trainer rounds it down to one). The
+    checkpoint deferred at an epoch's last execution is written by `on_epoch_end`,
+    after validation. With finite data whose steps per epoch are not a multiple of
+    `steps_per_execution`, the resumed epoch's last execution runs whole, where the
+    uninterrupted epoch's ran short: up to `steps_per_execution - 1` extra steps.
+
+    Place it after `NanGuard`, whose exception keeps a diverged state from being
+    saved, and before `EarlyStopping`, which must see `stop_training` as this callback
+    leaves it.
+
+    Args:
+        backup_dir: the backup directory (its own: Keras deletes it when training ends).
+        every_steps: batches (optimizer steps; micro-batches under gradient
+            accumulation) between checkpoints within an epoch, >= 1; None saves at
+            epoch ends only. Defaults to None.
+        steps_per_epoch: batches per epoch, used when Keras cannot tell
+            (`params["steps"]` is None: data of unknown cardinality). Defaults to None.
+        double_checkpoint: keep the previous checkpoint as `*.bkp`. Defaults to True.
+
+    Raises:
+        ValueError: when `every_steps` is not a positive integer.
+
+    Example:
+        >>> model.fit(dataset, epochs=10, callbacks=[NanGuard(), StepBackup("run/backup", every_steps=100)])
+    """
+
+    def __init__(self, backup_dir, every_steps: Optional[int] = None, steps_per_epoch: Optional[int] = None,
+                 double_checkpoint: bool = True):
+        if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
+                                        or every_steps < 1):
+            raise ValueError(f"every_steps must be a positive integer or None. Received: every_steps={every_steps!r}.")
+        super().__init__(str(backup_dir), save_freq="epoch", double_checkpoint=double_checkpoint)
+        self.every_steps, self.steps_per_epoch = every_steps, steps_per_epoch
+        self.restored: Optional[BackupPosition] = None
+        self._resume: Optional[BackupPosition] = None
+        self._steps = self._since_save = 0
+        self._last_batch = -1
+        self._ended_early = False
+
+    def on_train_begin(self, logs=None):
+        """Restores weights, optimizer state and epoch (Keras), then the step within the epoch."""
+        super().on_train_begin(logs)
+        position = read_position(self._training_metadata_path)
+        if position is not None and position.optimizer_iterations not in (None, optimizer_steps(self.model)):
+            position = self._restore_previous() or position
+        self.restored = position
+        self._resume = position if position is not None and position.steps_in_epoch > 0 else None
+        self._since_save = 0
+
+    def _restore_previous(self) -> Optional[BackupPosition]:
+        """Loads the previous checkpoint when it is whole: the latest one's metadata lags its weights."""
+        previous = read_position(self._prev_training_metadata_path)
+        if previous is None or not os.path.exists(self._prev_weights_path):
+            return None
+        shutil.copyfile(self._prev_weights_path, self._weights_path)  # as Keras's fallback does: load the copy
+        shutil.copyfile(self._prev_training_metadata_path, self._training_metadata_path)
+        self.model.load_weights(self._weights_path)
+        self.model._initial_epoch = previous.epoch  # as BackupAndRestore._load_model sets it
+        return previous
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._current_epoch = epoch  # Keras leaves it at 0 in a resumed run until an epoch ends
+        resumed = self._resume is not None and self._resume.epoch == epoch
+        self._steps = self._resume.steps_in_epoch if resumed else 0
+        self._last_batch = -1
+
+    def on_train_batch_end(self, batch, logs=None):
+        ran, self._last_batch = batch - self._last_batch, batch  # one hook per execution
+        self._steps += ran
+        self._since_save += ran
+        epoch_steps = (self.params or {}).get("steps") or self.steps_per_epoch
+        if epoch_steps and self._steps >= epoch_steps:  # the epoch's last execution: on_epoch_end saves
+            if self._resume is not None:  # the resumed epoch reads a whole pass: end it here
+                self.model.stop_training = self._ended_early = True
+            return
+        if self.every_steps and self._since_save >= self.every_steps:
+            self._save(self._current_epoch, self._steps)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._ended_early:
+            self.model.stop_training = self._ended_early = False
+        self._resume = None
+        self._save(epoch + 1, 0)
+
+    def _save(self, epoch: int, steps_in_epoch: int) -> None:
+        """Keeps the previous pair, then writes the weights and the metadata naming them, each whole."""
+        os.makedirs(self.backup_dir, exist_ok=True)
+        if self.double_checkpoint:
+            for src, dst in ((self._weights_path, self._prev_weights_path),
+                             (self._training_metadata_path, self._prev_training_metadata_path)):
+                if os.path.exists(src):
+                    shutil.copyfile(src, dst)
+        tmp = self._weights_path[: -len(".weights.h5")] + ".tmp.weights.h5"
+        self.model.save_weights(tmp, overwrite=True)
+        meta = {"epoch": epoch, "steps_in_epoch": steps_in_epoch, "optimizer_iterations": optimizer_steps(self.model)}
+        os.replace(tmp, self._weights_path)
+        _write_atomic(self._training_metadata_path, json.dumps(meta))
+        self._since_save = 0

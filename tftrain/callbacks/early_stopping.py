@@ -1,0 +1,88 @@
+"""ResumableEarlyStopping: Keras's `EarlyStopping` whose state survives an interrupted run.
+
+Keras's `EarlyStopping` keeps its best value, its patience count and the best weights
+in memory, so a run resumed from its `BackupAndRestore` checkpoint starts them afresh:
+patience counts again from the resumed epoch and `restore_best_weights` can only
+restore the best epoch seen since. This subclass writes them to its own directory at
+each epoch end (the best weights as a NumPy `.npz` of `model.get_weights()`, the
+optimizer state left out) and reads them back at the start of training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import keras
+import numpy as np
+
+STATE_FILE = "early_stopping.json"
+BEST_WEIGHTS_FILE = "early_stopping_best.npz"
+
+
+class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
+    """`keras.callbacks.EarlyStopping` that saves and restores its state in `state_dir`.
+
+    Place it after the backup callback, in the same directory: that callback removes
+    the directory when training ends, and clears a `stop_training` of its own in
+    `on_epoch_end` before this one may set it.
+
+    Args:
+        state_dir: where the state goes (e.g. the run's backup directory); None
+            keeps it in memory only, as Keras's. Defaults to None.
+        **kwargs: `EarlyStopping`'s arguments (`monitor`, `patience`,
+            `restore_best_weights`, ...).
+
+    Example:
+        >>> stop = ResumableEarlyStopping("run/backup", monitor="val_loss", patience=3, restore_best_weights=True)
+        >>> model.fit(train, validation_data=val, epochs=50, callbacks=[StepBackup("run/backup"), stop])
+        >>> stop.best_epoch + 1, stop.stopped_epoch + 1   # 1-based, as the progress bar prints epochs
+    """
+
+    def __init__(self, state_dir=None, **kwargs):
+        super().__init__(**kwargs)
+        self.state_dir = Path(state_dir) if state_dir is not None else None
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        state = self._read(STATE_FILE)
+        if state is None:
+            return
+        self.best, self.best_epoch, self.wait = state["best"], state["best_epoch"], state["wait"]
+        weights = self._read(BEST_WEIGHTS_FILE)
+        if self.restore_best_weights and weights is not None:
+            self.best_weights = weights
+
+    def on_epoch_end(self, epoch, logs=None):
+        before = self.best_epoch
+        super().on_epoch_end(epoch, logs)
+        if self.state_dir is None or self.best is None:
+            return
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        best_file = self._path(BEST_WEIGHTS_FILE)
+        if self.restore_best_weights and self.best_weights is not None and (self.best_epoch != before
+                                                                            or not best_file.exists()):
+            tmp = self._path(f"tmp-{os.getpid()}-{BEST_WEIGHTS_FILE}")
+            np.savez(tmp, *self.best_weights)
+            os.replace(tmp, best_file)
+        state = {"best": float(self.best), "best_epoch": int(self.best_epoch), "wait": int(self.wait)}
+        tmp = self._path(f"{STATE_FILE}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(state), encoding="utf-8")
+        os.replace(tmp, self._path(STATE_FILE))
+
+    def _path(self, name: str) -> Path:
+        return self.state_dir / name
+
+    def _read(self, name: str) -> Optional[object]:
+        """The saved state (a dict) or best weights (a list of arrays); None when absent or unreadable."""
+        if self.state_dir is None or not self._path(name).is_file():
+            return None
+        try:
+            if name.endswith(".npz"):
+                with np.load(self._path(name)) as data:
+                    return [data[f"arr_{i}"] for i in range(len(data.files))]
+            return json.loads(self._path(name).read_text(encoding="utf-8"))
+        except (OSError, ValueError, KeyError):
+            return None

@@ -1,0 +1,258 @@
+"""Gradient accumulation: one optimizer step per N micro-batches, under any `tf.distribute` strategy.
+
+A run with `--gradient-accumulation-steps N` reads micro-batches of the global
+batch size B and updates the weights once every N of them, with the mean of
+their N gradients: the update of one batch of N x B (the effective global
+batch), in the memory of a batch of B.
+
+Keras 3 optimizers take `gradient_accumulation_steps` themselves, and in Keras
+3.15 that path matches large-batch training on one replica (keras-team/keras
+#19990, fixed by #19998: weight decay and clipping act on the real update only,
+Adam's step count is the number of updates). Under a `tf.distribute` strategy of
+two or more replicas it still fails: `BaseOptimizer._backend_apply_gradients`
+puts the update inside an `ops.cond` taken in the replica context, and the
+update's all-reduce calls `merge_call` inside that branch ("`merge_call` called
+while defining a new graph or a tf.function"; keras-team/keras#20582, the Keras 3
+form of #17429). `GradientAccumulationOptimizer` wraps the optimizer instead and
+takes the branch in the cross-replica context, as Keras's own
+`LossScaleOptimizer` does: each replica adds its local gradients to its copy of
+an accumulator (no communication), and on every N-th micro-batch the replicas
+run the wrapped optimizer's `apply` on the mean of their N gradients, which
+all-reduces once and updates. So gradients cross the network once per optimizer
+step, not once per micro-batch. Where nothing calls `merge_call` (no strategy, or
+XLA on GPUs, where strategies all-reduce with collectives) the same steps run in
+the replica context.
+
+The wrapped optimizer only sees the real updates: its `iterations` (and so a
+learning-rate schedule, Adam's bias correction, weight decay and clipping) count
+optimizer steps. The wrapper's `micro_steps` counts micro-batches, which is what
+`tftrain.callbacks` count (examples/sec covers every example).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import keras
+import tensorflow as tf
+
+from tftrain.errors import ConfigError
+
+
+@keras.saving.register_keras_serializable(package="tftrain")
+class GradientAccumulationOptimizer(keras.optimizers.Optimizer):
+    """Updates the weights once every `accumulation_steps` calls, with the mean gradient.
+
+    Each `apply(grads)` is one micro-batch. The gradients of N micro-batches are
+    summed per replica (in accumulators of the variables' shapes and dtypes); the
+    N-th call passes their mean to `inner_optimizer.apply`, which all-reduces
+    across replicas and updates. With a loss that averages over the batch (the
+    Keras default), N micro-batches of B examples then give the update of one
+    batch of N x B: for SGD and Adam up to float rounding, as
+    `tests/unit/train/test_accumulation.py` checks on one replica and on two.
+    Under `mixed_float16` Keras wraps this optimizer in a `LossScaleOptimizer`,
+    which unscales each micro-batch's gradients first and drops a micro-batch
+    whose gradients are not finite (it then does not count toward the N).
+
+    The accumulators are per replica (each replica's copy holds its own sum);
+    a checkpoint saves the first replica's copy, so save at whole optimizer steps
+    (the `Trainer` makes every epoch a whole number of them).
+
+    Args:
+        inner_optimizer: the Keras optimizer that makes each update (its
+            learning rate, schedule, weight decay, clipping and EMA apply per
+            optimizer step).
+        accumulation_steps: micro-batches per optimizer step, an int >= 1.
+        name: the optimizer's name. Defaults to None (Keras names it).
+
+    Raises:
+        ConfigError: when `accumulation_steps` is not an int >= 1, or the inner
+            optimizer accumulates gradients itself.
+
+    Example:
+        >>> optimizer = GradientAccumulationOptimizer(keras.optimizers.Adam(1e-3), accumulation_steps=4)
+        >>> model.compile(optimizer=optimizer, loss="mse")
+        >>> model.fit(x, y, batch_size=32)  # 4 x 32 = 128 examples per update
+    """
+
+    def __init__(self, inner_optimizer, accumulation_steps: int, name=None):
+        check_accumulation_steps(accumulation_steps)
+        if getattr(inner_optimizer, "gradient_accumulation_steps", None):
+            raise ConfigError("The inner optimizer accumulates gradients itself (gradient_accumulation_steps="
+                              f"{inner_optimizer.gradient_accumulation_steps}); set accumulation in one place only.")
+        super().__init__(learning_rate=0.0, name=name)
+        self.inner_optimizer = inner_optimizer
+        self.accumulation_steps = int(accumulation_steps)
+
+    def build(self, var_list):
+        """Creates the micro-step counter, one accumulator per variable, and builds the inner optimizer."""
+        self.micro_steps = self.add_variable(shape=(), dtype="int", initializer="zeros",
+                                             aggregation="only_first_replica", name="micro_steps")
+        self._accumulators = [self.add_variable_from_reference(v, name="gradient_accumulator") for v in var_list]
+        self.inner_optimizer.build(var_list)
+        super().build(var_list)
+
+    @property
+    def variables(self):
+        """This optimizer's variables, then the inner optimizer's."""
+        return self._variables + self.inner_optimizer.variables
+
+    @property
+    def iterations(self):
+        """Optimizer steps (updates) taken: the inner optimizer's `iterations`."""
+        return self.inner_optimizer.iterations
+
+    @property
+    def learning_rate(self):
+        """The inner optimizer's learning rate."""
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value):
+        self.inner_optimizer.learning_rate = value
+
+    def scale_loss(self, loss):
+        """The inner optimizer's loss scaling (its `loss_scale_factor`, if set)."""
+        return self.inner_optimizer.scale_loss(loss)
+
+    def finalize_variable_values(self, var_list):
+        """The inner optimizer's (EMA: copies the averages into the model)."""
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    def apply(self, grads, trainable_variables=None):
+        """Adds one micro-batch's gradients; every N-th call updates. Call in a replica context."""
+        if not self.built:
+            with keras.name_scope(self.name):
+                self.build(trainable_variables)
+            self.built = True
+        variables = list(self._trainable_variables if trainable_variables is None else trainable_variables)
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        accumulators = [self._accumulators[self._get_variable_index(v)] for v in variables]
+        # Keras's own test (used by its optimizers and LossScaleOptimizer): True without a strategy, and
+        # under XLA on GPUs, where a strategy all-reduces with collectives and never calls merge_call.
+        if tf.__internal__.distribute.strategy_supports_no_merge_call():
+            self._replica_step(grads, accumulators, variables)
+        else:
+            tf.distribute.get_replica_context().merge_call(self._step, args=(grads, accumulators, variables))
+
+    def _is_update_step(self):
+        return tf.equal((self.micro_steps.value + 1) % self.accumulation_steps, 0)
+
+    def _replica_step(self, grads, accumulators, variables):
+        """Replica context, where nothing calls merge_call: update on the N-th micro-batch, else accumulate."""
+
+        def update():
+            self._apply_mean(grads, accumulators, variables)
+            for acc in accumulators:
+                acc.assign(tf.zeros_like(acc.value))
+
+        def accumulate():
+            for grad, acc in zip(grads, accumulators):
+                if grad is not None:
+                    _add(acc, grad)  # a per-replica accumulator (aggregation none) updates locally
+
+        tf.cond(self._is_update_step(), update, accumulate)
+        self.micro_steps.assign_add(1)
+
+    def _step(self, distribution, grads, accumulators, variables):
+        """Cross-replica: update on the N-th micro-batch, else accumulate (the branch holds no merge_call)."""
+
+        def update():
+            distribution.extended.call_for_each_replica(self._apply_mean, args=(grads, accumulators, variables))
+            for acc in accumulators:
+                acc.assign(tf.zeros_like(acc.value))
+
+        def accumulate():
+            for grad, acc in zip(grads, accumulators):
+                if grad is not None:
+                    distribution.extended.update(acc.value, _add, args=(grad,), group=False)
+
+        tf.cond(self._is_update_step(), update, accumulate)
+        self.micro_steps.assign_add(1)
+
+    def _apply_mean(self, grads, accumulators, variables):
+        """Replica context: the inner optimizer's update with this replica's mean gradient."""
+        n = self.accumulation_steps
+        mean = [None if g is None else (g + tf.cast(acc.value, g.dtype)) / n for g, acc in zip(grads, accumulators)]
+        self.inner_optimizer.apply(mean, variables)
+
+    def get_config(self):
+        """The inner optimizer's config, nested, and `accumulation_steps`."""
+        return {"name": self.name, "accumulation_steps": self.accumulation_steps,
+                "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer)}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        """Rebuilds the wrapper and its inner optimizer from `get_config()`."""
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(config.pop("inner_optimizer"), custom_objects=custom_objects)
+        return cls(inner, **config)
+
+
+def _add(accumulator, grad):
+    return accumulator.assign_add(tf.cast(grad, accumulator.dtype))
+
+
+def check_accumulation_steps(steps) -> None:
+    """Raises `ConfigError` unless `steps` is an int >= 1."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"gradient_accumulation_steps must be an integer >= 1. "
+                          f"Received: gradient_accumulation_steps={steps!r}.")
+
+
+def accumulate_gradients(optimizer, steps: int):
+    """`optimizer` made to update once every `steps` micro-batches (itself when `steps` is 1).
+
+    Args:
+        optimizer: a Keras optimizer, or its name (`"adam"`), as `compile` takes
+            it. A `LossScaleOptimizer` stays outermost, so that each
+            micro-batch's gradients are unscaled before they are added up.
+        steps: micro-batches per optimizer step, an int >= 1.
+
+    Returns:
+        A `GradientAccumulationOptimizer` around `optimizer` (inside its loss
+        scaling), or `optimizer` unchanged when `steps` is 1.
+
+    Raises:
+        ConfigError: on `steps` < 1, or an optimizer that accumulates itself.
+    """
+    check_accumulation_steps(steps)
+    if steps == 1:
+        return optimizer
+    optimizer = keras.optimizers.get(optimizer)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return keras.optimizers.LossScaleOptimizer(
+            GradientAccumulationOptimizer(optimizer.inner_optimizer, steps), initial_scale=optimizer.initial_scale,
+            dynamic_growth_steps=optimizer.dynamic_growth_steps)
+    return GradientAccumulationOptimizer(optimizer, steps)
+
+
+@contextlib.contextmanager
+def saved_with_inner_optimizer(model):
+    """Within the block, `model`'s optimizer is the one the accumulation wraps.
+
+    So `model.save` writes a `model.keras` that plain Keras loads (no tftrain
+    import needed), with the real optimizer's state; the accumulators, which
+    are zero after each optimizer step, are left out. A `LossScaleOptimizer`
+    (mixed_float16) around the wrapper is kept, around the inner optimizer.
+    """
+    holder = model
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(getattr(optimizer, "inner_optimizer", None), GradientAccumulationOptimizer):
+        holder, optimizer = optimizer, optimizer.inner_optimizer  # LossScaleOptimizer(wrapper)
+    if not isinstance(optimizer, GradientAccumulationOptimizer):
+        yield model
+        return
+    attribute = "optimizer" if holder is model else "inner_optimizer"
+    # Keras serialises the optimizer given to compile() (kept in its compile config).
+    compile_config = getattr(getattr(model, "_compile_config", None), "config", {})
+    compiled_with = compile_config.get("optimizer")
+    setattr(holder, attribute, optimizer.inner_optimizer)
+    if compiled_with is optimizer:
+        compile_config["optimizer"] = optimizer.inner_optimizer
+    try:
+        yield model
+    finally:
+        setattr(holder, attribute, optimizer)
+        if compiled_with is optimizer:
+            compile_config["optimizer"] = optimizer
