@@ -68,6 +68,24 @@ def read_metrics(run_dir) -> dict:
     return json.loads((Path(run_dir) / "metrics.json").read_text())
 
 
+def optimizer_steps(run_dir) -> int:
+    """The optimizer steps a finished run's saved `model.keras` has taken (`optimizer.iterations`,
+    which a step that dynamic loss scaling skips does not count).
+
+    Loaded under the run's dtype policy: Keras wraps the saved optimizer in a
+    LossScaleOptimizer only under `mixed_float16`, and otherwise skips its state.
+    """
+    import keras
+
+    policy = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(read_metrics(run_dir)["precision"])
+    try:
+        model = keras.saving.load_model(Path(run_dir) / "model.keras")
+    finally:
+        keras.mixed_precision.set_global_policy(policy)
+    return int(model.optimizer.iterations.numpy())
+
+
 @pytest.fixture(autouse=True)
 def _restore_dtype_policy():
     """Saves and restores Keras's global dtype policy around each test."""

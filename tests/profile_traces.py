@@ -24,16 +24,32 @@ def event_counts(space) -> Counter:
     return counts
 
 
-def step_markers(space, name="train") -> list:
-    """`step_num` of every `tf.profiler.experimental.Trace(name, step_num=...)` event, sorted."""
+def step_markers(space, name="train", with_names=False) -> list:
+    """`step_num` of every `tf.profiler.experimental.Trace(name, step_num=...)` event, sorted.
+
+    `name` "train" also matches tftrain's "train(N steps)" markers; `with_names` returns
+    (step_num, name) pairs."""
     out = []
     for plane in space.planes:
         names = {k: v.name for k, v in plane.event_metadata.items()}
         stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
         for line in plane.lines:
             for event in line.events:
-                if names.get(event.metadata_id) == name:
+                event_name = names.get(event.metadata_id, "")
+                if event_name == name or event_name.startswith(name + "("):
                     for stat in event.stats:
                         if stat_names.get(stat.metadata_id) == "step_num":
-                            out.append(stat.int64_value or stat.uint64_value)
+                            num = stat.int64_value or stat.uint64_value
+                            out.append((num, event_name) if with_names else num)
     return sorted(out)
+
+
+def stat_values(space, stat_name) -> list:
+    """Every value of the statistic `stat_name` over all events of the trace."""
+    out = []
+    for plane in space.planes:
+        ids = {k for k, v in plane.stat_metadata.items() if v.name == stat_name}
+        for line in plane.lines:
+            for event in line.events:
+                out += [s.int64_value or s.uint64_value for s in event.stats if s.metadata_id in ids]
+    return out

@@ -27,6 +27,7 @@ from tftrain.errors import (
     ProfilerError,
     RunDirError,
     TftrainError,
+    TrainingDiverged,
     TuningError,
 )
 from tftrain.train import (
@@ -63,6 +64,7 @@ __all__ = [
     "RuntimeConfig",
     "TftrainError",
     "TrainConfig",
+    "TrainingDiverged",
     "TuningError",
     "__version__",
 ]

@@ -179,9 +179,15 @@ class RuntimeConfig:
         ps_tasks: ps tasks of a `parameter_server` job laid out from a SLURM
             job step (rank 0 is the chief, the next `ps_tasks` ranks are ps
             tasks, the rest workers); TF_CONFIG names its own tasks. Defaults to 1.
+        nvtx: NVTX ranges for Nsight Systems on a GPU: sets
+            `TF_ENABLE_NVTX_RANGES=1` before the runtime starts (TensorFlow's op
+            ranges in NVIDIA's builds) and names each training execution
+            (`tftrain.callbacks.NvtxSteps`); without a GPU it says it has
+            nothing to do (`tftrain.runtime.nvtx`). Defaults to False.
 
     Raises:
-        ConfigError: when a name is unknown or a count is out of range.
+        ConfigError: when a name is unknown or a count is out of range, or
+            `communication` / `ps_tasks` is set for a strategy that has no use for it.
     """
 
     strategy: str = _field("default", "tf.distribute strategy", STRATEGIES + tuple(STRATEGY_ALIASES))
@@ -194,11 +200,22 @@ class RuntimeConfig:
     cpu_replicas: int = _field(1, "split the CPU into N logical devices (replicas)", minimum=1)
     communication: str = _field("auto", "multi-worker all-reduce implementation", COMMUNICATIONS)
     ps_tasks: int = _field(1, "ps tasks of a parameter_server job under SLURM", minimum=1)
+    nvtx: bool = _field(False, "NVTX ranges for Nsight Systems (GPU): TF_ENABLE_NVTX_RANGES=1 and named steps")
 
     def __post_init__(self):
         if self.strategy in STRATEGY_ALIASES:
             object.__setattr__(self, "strategy", STRATEGY_ALIASES[self.strategy])
         _validate_fields(self)
+        if self.communication != "auto" and self.strategy != "multi_worker_mirrored":
+            raise ConfigError(
+                f"communication={self.communication!r} applies to multi_worker_mirrored only; strategy "
+                f"{self.strategy!r} picks its own all-reduce. Drop --communication, or use --strategy multi_worker_mirrored."
+            )
+        if self.ps_tasks != 1 and self.strategy != "parameter_server":
+            raise ConfigError(
+                f"ps_tasks={self.ps_tasks} applies to parameter_server only; strategy {self.strategy!r} has no ps "
+                "tasks. Drop --ps-tasks, or use --strategy parameter_server."
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,6 +307,20 @@ class TrainConfig:
             scored on validation data, then train the best; 0 is off. Defaults
             to 0.
         tuner: keras-tuner algorithm: one of `TUNERS`. Defaults to "random".
+        gradient_accumulation_steps: micro-batches per optimizer step: each
+            step reads N batches of the global batch size and updates once with
+            the mean of their gradients, so the effective global batch is
+            global batch x N (`tftrain.train.accumulation`). Defaults to 1 (no
+            accumulation).
+        backup_every_steps: back up the training state every N optimizer
+            steps as well as at each epoch end (`tftrain.callbacks.StepBackup`),
+            so a killed run loses at most N steps and its rerun resumes at the
+            step it was saved at; None backs up at epoch ends only. Defaults to
+            None.
+        early_stopping: stop when `val_loss` has not improved for this many
+            epochs (the patience) and keep the best epoch's weights
+            (`keras.callbacks.EarlyStopping`, `restore_best_weights=True`);
+            needs validation data; None is off. Defaults to None.
 
     Raises:
         ConfigError: when a value is out of range.
@@ -302,6 +333,13 @@ class TrainConfig:
     profile: Optional[str] = _field(None, "profile optimizer steps START,STOP into TensorBoard, e.g. 10,15", metavar="START,STOP")
     tune: int = _field(0, "keras-tuner trials over learning rate, batch size, task knobs (0 = off)", minimum=0)
     tuner: str = _field("random", "keras-tuner algorithm", TUNERS)
+    gradient_accumulation_steps: int = _field(
+        1, "micro-batches per optimizer step (effective global batch = global batch x N)", minimum=1)
+    backup_every_steps: Optional[int] = _field(
+        None, "also back up every N optimizer steps: a killed run loses at most N (None: at epoch ends only)", minimum=1)
+    early_stopping: Optional[int] = _field(
+        None, "stop when val_loss has not improved for PATIENCE epochs; keep the best weights (None: off)", minimum=0,
+        metavar="PATIENCE")
 
     def __post_init__(self):
         _validate_fields(self)

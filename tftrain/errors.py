@@ -45,3 +45,14 @@ class BatchSizeSearchError(ConfigError):
 
 class TuningError(ConfigError):
     """A hyperparameter search cannot run as configured (e.g. a multi-worker strategy)."""
+
+
+class TrainingDiverged(TftrainError, RuntimeError):
+    """The training loss became NaN or infinite (`tftrain.callbacks.NanGuard`): a run that
+    failed (exit code 1), not bad input. The message names the step and the dtype policy."""
+
+
+class JobFailed(TftrainError, RuntimeError):
+    """A worker or ps task of a parameter-server job learned that the job failed: the chief
+    reported a failure, never appeared, or went away without saying how the job ended. A run
+    that failed (exit code 1), not bad input."""

@@ -14,9 +14,12 @@ cluster and its own place in it. Each line a task prints is prefixed with the
 task (`[worker:1] ...`), on the stream it was written to.
 
 The job ends when every chief and worker task has exited; with ps tasks (a
-parameter-server job, whose workers and ps tasks serve until stopped) it ends when
-the chief exits. The launcher then stops what is left and returns the first
-non-zero exit code (a task killed by signal N counts as 128 + N, as in a shell).
+parameter-server job) when every task has: tftrain's worker and ps tasks exit by
+themselves once the chief has told them how the job ended. Tasks that still serve
+`--server-wait` seconds after the chief finished (a script whose servers
+`join()` forever) are stopped and do not count as failed. The launcher names each
+task's exit code and returns the first non-zero one (a task killed by signal N
+counts as 128 + N, as in a shell).
 When any task fails, on Ctrl-C (SIGINT), SIGTERM or SIGHUP, or when `--timeout`
 seconds pass (exit code 124, naming the task that stalled), it tears every task
 down: each task runs in its own process group, which gets SIGTERM, then SIGKILL
@@ -55,6 +58,9 @@ EXIT_TIMEOUT = 124
 
 DEFAULT_GRACE_S = 5.0
 """Seconds between SIGTERM and SIGKILL when tearing tasks down."""
+
+DEFAULT_SERVER_WAIT_S = 60.0
+"""Seconds a parameter-server job's worker and ps tasks get to exit after the chief finished."""
 
 _POLL_S = 0.05
 
@@ -280,6 +286,7 @@ def launch(
     env: Optional[Mapping[str, str]] = None,
     out: Optional[TextIO] = None,
     err: Optional[TextIO] = None,
+    server_wait_s: float = DEFAULT_SERVER_WAIT_S,
 ) -> int:
     """Runs `command` once per task of a local cluster and waits for the job.
 
@@ -299,6 +306,9 @@ def launch(
         out: stream for the tasks' prefixed stdout. Defaults to `sys.stdout`.
         err: stream for their prefixed stderr and the launcher's messages.
             Defaults to `sys.stderr`.
+        server_wait_s: in a parameter-server job, seconds the worker and ps
+            tasks get to exit by themselves after the chief exited 0; those
+            still running are then stopped. Defaults to 60.0.
 
     Returns:
         0 when the job succeeded; otherwise the first non-zero exit code of a
@@ -355,7 +365,7 @@ def launch(
                     )
                     reader.start()
                     task.readers.append(reader)
-            return _wait(tasks, cluster, timeout, started, output)
+            return _wait(tasks, cluster, timeout, started, output, server_wait_s)
         except _Stop as stop:
             name = signal.Signals(stop.signum).name
             output.say(f"got {name}; stopping {len(tasks)} task(s)")
@@ -375,29 +385,39 @@ def launch(
             signal.signal(signum, handler)
 
 
-def _wait(tasks: List[_Task], cluster: Mapping, timeout: Optional[float], started: float, output: _Output) -> int:
+def _wait(tasks: List[_Task], cluster: Mapping, timeout: Optional[float], started: float, output: _Output,
+          server_wait_s: float = DEFAULT_SERVER_WAIT_S) -> int:
     """Polls the tasks until the job is done, one fails, or the timeout passes."""
     parameter_server_job = "ps" in cluster
+    chief_done_at = None
     while True:
         for task in tasks:
             if task.returncode is None and task.proc.poll() is not None:
                 task.returncode = task.proc.returncode
-                if task.returncode != 0:
+                if task.returncode == 0:
+                    output.say(f"{task.name} exited with code 0")
+                else:
                     others = [t.name for t in tasks if t is not task and t.proc.poll() is None]
                     output.say(
                         f"{task.name} {_describe_exit(task.returncode)}; stopping "
                         + (", ".join(others) if others else "nothing else (no task left)")
                     )
                     return _exit_code(task.returncode)
+        now = time.monotonic()
+        left = [t.name for t in tasks if t.returncode is None]
         if parameter_server_job:
-            done = all(t.returncode is not None for t in tasks if t.info.task_type == "chief")
+            if chief_done_at is None and all(t.returncode is not None for t in tasks if t.info.task_type == "chief"):
+                chief_done_at = now
+            if left and chief_done_at is not None and now - chief_done_at > server_wait_s:
+                output.say(f"job finished; {', '.join(left)} still serving {server_wait_s:g} s after the chief "
+                           "finished: stopping them")
+                return 0
+            done = not left
         else:
             done = all(t.returncode is not None for t in tasks if t.info.task_type in ("chief", "worker"))
         if done:
-            left = [t.name for t in tasks if t.returncode is None]
             output.say("job finished" + (f"; stopping {', '.join(left)}" if left else ""))
             return 0
-        now = time.monotonic()
         if timeout is not None and now - started > timeout:
             running = [t for t in tasks if t.returncode is None]
             stalled = min(running, key=lambda t: t.last_output)
@@ -418,7 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The launcher's argument parser (errors raise `LaunchError`)."""
     parser = _Parser(
         prog=PROG,
-        usage=f"{PROG} --workers N [--ps M] [--chief] [--timeout S] -- COMMAND [ARG ...]",
+        usage=f"{PROG} --workers N [--ps M] [--chief] [--timeout S] [--grace S] [--server-wait S] "
+        "-- COMMAND [ARG ...]",
         description="Run COMMAND once per task of a local TensorFlow cluster on 127.0.0.1, "
         "each task with its own TF_CONFIG; prefix its output with the task; stop every task "
         "when one fails, on Ctrl-C, or at the timeout.",
@@ -430,6 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stop every task after S seconds (exit code 124)")
     parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, metavar="S",
                         help="seconds between SIGTERM and SIGKILL when stopping tasks")
+    parser.add_argument("--server-wait", type=float, default=DEFAULT_SERVER_WAIT_S, metavar="S",
+                        help="parameter-server job: seconds the worker and ps tasks get to exit after the chief "
+                        "finished, before they are stopped")
     return parser
 
 
@@ -448,9 +472,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"No command given after '--'. Usage: {PROG} --workers 2 -- "
                 "python -m tftrain.recipes.mnist --strategy multi_worker_mirrored"
             )
-        if not args.grace >= 0:
-            raise LaunchError(f"--grace must be >= 0 seconds. Received: grace={args.grace!r}.")
-        return launch(command, args.workers, args.ps, args.chief, args.timeout, args.grace)
+        for name in ("grace", "server_wait"):
+            if not getattr(args, name) >= 0:
+                raise LaunchError(f"--{name.replace('_', '-')} must be >= 0 seconds. "
+                                  f"Received: {name}={getattr(args, name)!r}.")
+        return launch(command, args.workers, args.ps, args.chief, args.timeout, args.grace,
+                      server_wait_s=args.server_wait)
     except LaunchError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -42,6 +42,11 @@ def _check_model(model: keras.Model) -> None:
             f"Model {model.name!r} must be compiled with an optimizer and a loss inside "
             "strategy.scope() before parameter-server training. Call model.compile(optimizer=..., loss=...)."
         )
+    optimizers = (model.optimizer, getattr(model.optimizer, "inner_optimizer", None))
+    if any(getattr(o, "accumulation_steps", 1) > 1 or getattr(o, "gradient_accumulation_steps", None)
+           for o in optimizers if o is not None):
+        raise ValueError("Gradient accumulation is not supported by parameter-server training (workers apply their "
+                         "steps asynchronously). Compile with an optimizer that updates every step.")
 
 
 def _loss(model: keras.Model, y, y_pred):

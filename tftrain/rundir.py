@@ -42,7 +42,8 @@ MODEL_FILE = "model.keras"
 LOG_DIR = "logs"
 BACKUP_DIR = "backup"
 
-_IGNORED_WHEN_RESUMING = (("train", "verbose"), ("train", "profile"), ("run_dir",))
+_IGNORED_WHEN_RESUMING = (("train", "verbose"), ("train", "profile"), ("train", "backup_every_steps"), ("runtime", "nvtx"),
+                          ("run_dir",))
 """Config fields that may differ between a run and its resumption."""
 
 
@@ -54,10 +55,18 @@ class RunDir:
         path: the directory.
         resumed_epochs: epochs already completed by an interrupted run of the same
             configuration (from its BackupAndRestore checkpoint); 0 for a new run.
+        resumed_steps: optimizer steps of the next epoch done as well (a
+            checkpoint written mid-epoch, `--backup-every-steps`); 0 otherwise.
     """
 
     path: Path
     resumed_epochs: int = 0
+    resumed_steps: int = 0
+
+    @property
+    def resumed(self) -> bool:
+        """Whether an interrupted run of this configuration left a checkpoint to resume from."""
+        return bool(self.resumed_epochs or self.resumed_steps)
 
     def __truediv__(self, name: str) -> Path:
         return self.path / name
@@ -199,15 +208,22 @@ def check_run_dir(path, config: dict) -> RunDir:
             "Pass a new --run-dir, or rerun with that run's settings "
             f"(--config {p / CONFIG_FILE}) to resume it."
         )
-    return RunDir(p, resumed_epochs=completed_epochs(p / BACKUP_DIR))
+    return RunDir(p, resumed_epochs=completed_epochs(p / BACKUP_DIR),
+                  resumed_steps=_backup_metadata(p / BACKUP_DIR, "steps_in_epoch"))
 
 
 def completed_epochs(backup_dir) -> int:
     """Epochs recorded by a Keras `BackupAndRestore` checkpoint in `backup_dir` (0 if none)."""
+    return _backup_metadata(backup_dir, "epoch")
+
+
+def _backup_metadata(backup_dir, key: str) -> int:
+    """An integer of the checkpoint's metadata (`epoch`; `steps_in_epoch`, written by
+    `tftrain.callbacks.StepBackup`); 0 when absent or unreadable."""
     meta = Path(backup_dir) / "training_metadata.json"
     try:
-        return int(json.loads(meta.read_text(encoding="utf-8")).get("epoch", 0))
-    except (OSError, ValueError, AttributeError):
+        return int(json.loads(meta.read_text(encoding="utf-8")).get(key, 0))
+    except (OSError, ValueError, TypeError, AttributeError):
         return 0
 
 

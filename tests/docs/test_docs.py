@@ -111,7 +111,8 @@ def _run_documented(command: str, run_dir: Path, extra=()):
 
 def test_readme_mnist_command(tmp_path):
     m = _run_documented("python -m tftrain.recipes.mnist --strategy mirrored", tmp_path / "run")
-    assert m["strategy"] == "mirrored" and m["epochs_trained"] == 1 and 0 <= m["test_accuracy"] <= 1
+    assert m["strategy"] == "mirrored" and m["epochs_trained"] == 1
+    assert m["test_accuracy"] > 0.3  # it learned in its 2 steps (chance: 0.1)
 
 
 def test_regression_example_command(tmp_path):
@@ -124,6 +125,21 @@ def test_two_input_example_command(tmp_path):
     m = _run_documented("python -m tftrain.run examples/two_input.py:task --strategy mirrored --cpu-replicas 2",
                         tmp_path / "run")
     assert m["task"] == "two_input" and m["replicas"] == 2
+
+
+NSYS_COMMAND = ("nsys profile -t cuda,nvtx,osrt -o runs/regression-nvtx "
+                "python -m tftrain.run examples/regression.py:task --nvtx --epochs 2")
+
+
+def test_nsys_command_runs_and_says_nvtx_has_nothing_to_do_without_a_gpu(tmp_path):
+    """The Python part of the documented Nsight Systems command (no nsys, no GPU here)."""
+    _shown(NSYS_COMMAND)
+    words = NSYS_COMMAND[NSYS_COMMAND.index("python -m"):].split()
+    proc = run_module(words[2], [*words[3:], *SMOKE, "--run-dir", tmp_path / "run"], cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("nvtx:      no GPU in use (NVTX ranges are for Nsight Systems on a GPU); --nvtx has nothing to do"
+            in proc.stdout.splitlines())
+    assert read_metrics(tmp_path / "run")["task"] == "regression"
 
 
 def readme_snippet() -> str:

@@ -6,7 +6,6 @@ A second, shorter run checks that the GPU suite says clearly when there is no GP
 """
 
 import json
-import math
 import subprocess
 import sys
 
@@ -71,12 +70,13 @@ def test_time_to_accuracy_records_both_contenders(quick_suite):
     for r in records:
         assert "error" not in r, r
         assert 1 <= len(r["epochs"]) <= r["max_epochs"]
-        assert all(0.0 <= e["test_accuracy"] <= 1.0 and e["train_time_s"] > 0 for e in r["epochs"])
+        assert all(e["train_time_s"] > 0 for e in r["epochs"])
         times = [e["train_time_s"] for e in r["epochs"]]
         assert times == sorted(times)
-        if r["reached_at"] is not None:
-            assert r["reached_at"]["test_accuracy"] >= r["target"]
-            assert r["reached_at"] == r["epochs"][-1]  # training stops at the target
+        # Both contenders learn to the quick target, and training stops at the first epoch that reaches it.
+        accuracies = [e["test_accuracy"] for e in r["epochs"]]
+        assert r["reached_at"] == r["epochs"][-1] and accuracies[-1] >= r["target"], (r["contender"], accuracies)
+        assert all(a < r["target"] for a in accuracies[:-1]), (r["contender"], accuracies)
     tftrain = next(r for r in records if r["contender"] == "tftrain")
     assert tftrain["settings"]["execution"] in ("graph", "xla")  # resolved by --execution auto
     keras = next(r for r in records if r["contender"] == "keras")
@@ -88,12 +88,18 @@ def test_roofline_figures_are_consistent(quick_suite):
     result = _load(out, "roofline")
     assert result["summary"]["peak_gflops"] > 0
     assert result["summary"]["training_flops_per_example"] == {"mlp": 3_209_216, "cnn": 14_256_384}
-    peak = result["data"]["peak"]["best_flops"]
-    for p in result["data"]["points"]:
-        best = max(p["examples_per_sec"].values())
-        flops = result["summary"]["training_flops_per_example"][p["model"]]
-        assert best > 0 and p["best_mode"] in p["examples_per_sec"]
-        assert math.isclose(p["fraction_of_peak"], best * flops / peak, rel_tol=1e-9)
+    points = result["data"]["points"]
+    for p in points:
+        assert min(p["examples_per_sec"].values()) > 0 and p["fraction_of_peak"] > 0
+        assert p["best_mode"] == max(p["examples_per_sec"], key=p["examples_per_sec"].get)  # the faster mode
+    for model, best in result["summary"]["best"].items():
+        mine = [p for p in points if p["model"] == model]
+        top = max(mine, key=lambda p: p["fraction_of_peak"])
+        assert (best["batch_size"], best["mode"]) == (top["batch_size"], top["best_mode"])  # the best row is named
+        # Against one peak, a larger fraction means more examples/sec (same FLOPs per example).
+        same_peak = [p for p in mine if p.get("policy", "float32") == "float32"]
+        by_fraction = sorted(same_peak, key=lambda p: p["fraction_of_peak"])
+        assert by_fraction == sorted(same_peak, key=lambda p: max(p["examples_per_sec"].values()))
 
 
 def test_execution_input_threads_and_precision_values(quick_suite):
@@ -101,8 +107,14 @@ def test_execution_input_threads_and_precision_values(quick_suite):
     execution = _load(out, "execution")["data"]["points"]
     assert {(p["model"], p["execution"]) for p in execution} >= {("mlp", "eager"), ("mlp", "xla"), ("cnn", "graph")}
     assert all(p["examples_per_sec"] > 0 and p["step_time_s"] > 0 for p in execution)
-    graph1 = [p for p in execution if p["execution"] == "graph" and p["steps_per_execution"] == 1]
-    assert all(p["speedup_vs_graph_1"] == 1.0 for p in graph1)
+    summary = _load(out, "execution")["summary"]
+    for model in {p["model"] for p in execution}:
+        mine = [p for p in execution if p["model"] == model]
+        fastest = max(mine, key=lambda p: p["examples_per_sec"])
+        best = summary["best"][model]
+        assert (best["execution"], best["steps_per_execution"]) == (fastest["execution"], fastest["steps_per_execution"])
+        # The speed-ups rank the configurations as their step times do, fastest highest.
+        assert sorted(mine, key=lambda p: p["speedup_vs_graph_1"]) == sorted(mine, key=lambda p: -p["step_time_s"])
 
     pipeline = _load(out, "input_pipeline")
     for p in pipeline["data"]["points"]:

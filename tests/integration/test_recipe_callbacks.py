@@ -4,6 +4,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, SMOKE, read_metrics, run_module
+from tests.profile_traces import read_xspace, stat_values, step_markers
 
 pytestmark = pytest.mark.integration
 
@@ -33,6 +34,12 @@ def test_profile_and_throughput_under_steps_per_execution(tmp_path):
     assert profile["captured"] == [4, 12]  # real optimizer steps, not batch hooks
     (trace,) = profile["trace_files"]
     assert (run_dir / trace).is_file() and trace.endswith(".xplane.pb")
+    # One step marker per execution, and no loop iterations left to hide them from the Overview
+    # (tests/integration/test_tensorboard_profile.py reads the Overview of such a trace).
+    space = read_xspace(run_dir / trace)
+    assert step_markers(space, with_names=True) == [(4, "train(4 steps)"), (8, "train(4 steps)")]
+    assert set(stat_values(space, "iter_num")) == {0}
+    assert "the Overview counts one step per execution of 4 steps" in proc.stdout
     assert f"tensorboard --logdir {run_dir / 'logs'}" in proc.stdout
     throughput = metrics["throughput"]
     assert throughput["total_steps"] == 2 * 8  # 1024 examples / 128 per step, 2 epochs

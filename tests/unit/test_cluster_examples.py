@@ -47,4 +47,6 @@ def test_sbatch_examples(name, strategy):
     assert command[0] == "srun" and "--kill-on-bad-exit=1" in command
     start = command.index("python")
     assert command[start:start + 3] == PREFIX
-    assert _parse(command[start + 3:]).runtime.strategy == strategy
+    assert command[-1] == "$TFTRAIN_ARGS"  # extra recipe flags, e.g. a smoke size
+    cfg = _parse([*command[start + 3:-1], "--epochs", "1", "--train-examples", "512"])
+    assert cfg.runtime.strategy == strategy and cfg.train.epochs == 1 and cfg.data.train_examples == 512

@@ -72,3 +72,12 @@ def test_default_run_dir_never_reuses_a_name(tmp_path):
     first.mkdir()
     second = rundir.default_run_dir("mnist", root=str(tmp_path), now=now)
     assert second.name == "mnist-20260102-030405-2"
+
+
+def test_every_task_of_a_cluster_derives_the_same_default_run_id():
+    spec = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}
+    assert rundir.cluster_run_id(spec, env={"TFTRAIN_RUN_ID": "20261201-101500", "SLURM_JOB_ID": "7"}) == "20261201-101500"
+    assert rundir.cluster_run_id(spec, env={"SLURM_JOB_ID": "4711"}) == "slurm4711"
+    hashed = rundir.cluster_run_id(spec, env={})
+    assert hashed == rundir.cluster_run_id(dict(reversed(list(spec.items()))), env={}) and hashed.startswith("cluster-")
+    assert hashed != rundir.cluster_run_id({**spec, "worker": ["127.0.0.1:3"]}, env={})

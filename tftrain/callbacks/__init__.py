@@ -1,6 +1,7 @@
 """Callbacks that drop into any Keras 3 `model.fit`, with or without a strategy.
 
     from tftrain.callbacks import ProfilerWindow, ThroughputMonitor, BatchSizeFinder
+    from tftrain.callbacks import NanGuard, StepBackup, ResumableEarlyStopping
 
 Each one only wires Keras hooks; the algorithms are plain code tested alone:
 `tftrain.metering` (throughput math), `tftrain.callbacks.profiler.StepWindow`
@@ -8,12 +9,17 @@ Each one only wires Keras hooks; the algorithms are plain code tested alone:
 first use, so importing one submodule does not pull in the others.
 """
 
-__all__ = ["BatchSizeFinder", "ProfileSteps", "ProfilerWindow", "ThroughputMonitor", "start_profiler_server"]
+__all__ = ["BatchSizeFinder", "NanGuard", "NvtxSteps", "ProfileSteps", "ProfilerWindow", "ResumableEarlyStopping",
+           "StepBackup", "ThroughputMonitor", "start_profiler_server"]
 
 _LAZY = {
     "BatchSizeFinder": "tftrain.callbacks.batch_size",
+    "NanGuard": "tftrain.callbacks.nan_guard",
+    "NvtxSteps": "tftrain.callbacks.nvtx",
+    "StepBackup": "tftrain.callbacks.backup",
     "ProfileSteps": "tftrain.callbacks.profiler",
     "ProfilerWindow": "tftrain.callbacks.profiler",
+    "ResumableEarlyStopping": "tftrain.callbacks.early_stopping",
     "start_profiler_server": "tftrain.callbacks.profiler",
     "ThroughputMonitor": "tftrain.callbacks.throughput",
 }

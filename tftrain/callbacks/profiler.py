@@ -14,7 +14,9 @@ Three entry points, one mechanism (`ProfileSteps`):
   profiler server so TensorBoard's "Capture profile" button can trace a running job.
 
 The trace lands in `<log_dir>/<subdir>/plugins/profile/<timestamp>/<host>.xplane.pb`,
-where TensorBoard's Profile tab finds it (`tensorboard --logdir <log_dir>`).
+where TensorBoard's Profile tab finds it (`tensorboard --logdir <log_dir>`). Each traced
+execution carries a step marker, so the tab's Overview and Input Pipeline pages measure
+step time, one step per execution under `steps_per_execution` (`_trace_steps`).
 
 Source: https://www.tensorflow.org/guide/profiler
 """
@@ -32,7 +34,8 @@ from typing import List, Optional, Tuple
 import keras
 import tensorflow as tf
 
-from tftrain.callbacks._steps import optimizer_steps, steps_per_execution
+from tftrain.callbacks._steps import steps_per_execution, train_steps
+from tftrain.callbacks._trace_steps import group_steps_by_markers, step_marker_name
 from tftrain.errors import ProfilerError
 
 PLUGIN_PACKAGES = ("tensorboard_plugin_profile", "xprof")
@@ -196,8 +199,12 @@ class ProfileSteps:
             is not installed. Defaults to True.
         step_markers: wrap each traced execution in a
             `tf.profiler.experimental.Trace("train", step_num=..., _r=1)` step
-            marker, which the Profile tab uses for its step-time breakdown.
-            Defaults to True.
+            marker (named `"train(N steps)"` for an execution of N > 1 steps),
+            which the Profile tab's Overview and Input Pipeline pages measure
+            step time by, and rewrite a trace of `tf.while_loop` iterations
+            (Keras under `steps_per_execution` > 1) so that the Profile tab
+            groups it by these markers (`tftrain.callbacks._trace_steps`). One
+            Overview step is then one execution. Defaults to True.
         verbose: 1 prints where the trace went and the TensorBoard command, 0
             is silent. Defaults to 1.
 
@@ -257,6 +264,7 @@ class ProfileSteps:
         self._before: set = set()
         self._marker = None
         self._pending_steps = 1
+        self.execution_sizes: set = set()
 
     # -- the two calls around each execution -----------------------------------
     def begin(self, num_steps: int = 1) -> None:
@@ -265,7 +273,9 @@ class ProfileSteps:
         if self.window.should_start(self.steps_done, self._pending_steps):
             self._start()
         if self.window.active and self.step_markers:
-            self._marker = tf.profiler.experimental.Trace("train", step_num=self.steps_done, _r=1)
+            self.execution_sizes.add(self._pending_steps)
+            name = step_marker_name(self._pending_steps)
+            self._marker = tf.profiler.experimental.Trace(name, step_num=self.steps_done, _r=1)
             self._marker.__enter__()
 
     def end(self, steps_done: Optional[int] = None) -> None:
@@ -322,6 +332,12 @@ class ProfileSteps:
             self._marker = None
         tf.profiler.experimental.stop()
         self.window.mark_stopped(self.steps_done)
+        if self.steps_done > self.window.stop:
+            warnings.warn(
+                f"Profile window [{self.window.start}, {self.window.stop}) ends inside an execution "
+                f"of several steps (steps_per_execution); traced up to step {self.steps_done}.",
+                stacklevel=3,
+            )
         self.trace_files = [p for p in xplane_files(self.trace_dir) if p not in self._before]
         if not self.trace_files:
             raise ProfilerError(
@@ -329,13 +345,24 @@ class ProfileSteps:
                 "Check that the log directory is writable and has free space, and that nothing else "
                 "stopped the profiler (one session per process)."
             )
+        if self.step_markers:
+            for path in self.trace_files:
+                group_steps_by_markers(path)
         if self.verbose:
-            first, stop = self.window.captured
-            print(
-                f"profile:   traced steps [{first}, {stop}) into {self.trace_files[0].parent}\n"
-                f"           open it with: {tensorboard_command(self.log_dir)}  (Profile tab)",
-                file=sys.stdout,
-            )
+            self._print_captured()
+
+    def _print_captured(self) -> None:
+        first, stop = self.window.captured
+        n = max(self.execution_sizes, default=1)
+        per_step = "" if not self.step_markers or n == 1 else (
+            f"\n           the Overview counts one step per execution of {n} steps "
+            f"('{step_marker_name(n)} {first}' = steps {first}..{first + n - 1}): divide its step time by {n}"
+        )
+        print(
+            f"profile:   traced steps [{first}, {stop}) into {self.trace_files[0].parent}{per_step}\n"
+            f"           open it with: {tensorboard_command(self.log_dir)}  (Profile tab)",
+            file=sys.stdout,
+        )
 
     def close(self, planned_steps: Optional[int] = None) -> None:
         """Ends profiling: stops a trace still running, checks the window was reached.
@@ -385,8 +412,9 @@ class ProfilerWindow(keras.callbacks.Callback):
     Steps are real optimizer steps counted from the start of this `fit` call,
     read from `model.optimizer.iterations`, so the window is right under
     `steps_per_execution` > 1 too (where Keras's `profile_batch` counts
-    executions). A window that does not fall on execution boundaries is widened
-    to them, with a warning. The trace goes to `<log_dir>/train/plugins/profile/`,
+    executions). Under gradient accumulation a step is a micro-batch (one
+    `train_step`; see `tftrain.callbacks._steps.train_steps`). A window that does
+    not fall on execution boundaries is widened to them, with a warning. The trace goes to `<log_dir>/train/plugins/profile/`,
     next to the scalars of a `keras.callbacks.TensorBoard(log_dir)` callback.
 
     Args:
@@ -482,7 +510,7 @@ class ProfilerWindow(keras.callbacks.Callback):
             self.profile = ProfileSteps(self.log_dir, self.start, self.stop, **self._kwargs)
         steps, epochs = self.params.get("steps"), self.params.get("epochs")
         check_window_fits(self.start, self.stop, steps * epochs if steps and epochs else None)
-        self._base = optimizer_steps(self.model)
+        self._base = train_steps(self.model)
 
     def on_train_batch_begin(self, batch, logs=None):
         if self.profile is not None and self.profile.needs_steps:
@@ -490,7 +518,7 @@ class ProfilerWindow(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self.profile is not None and self.profile.needs_steps:
-            self.profile.end(optimizer_steps(self.model) - self._base)
+            self.profile.end(train_steps(self.model) - self._base)
 
     def on_train_end(self, logs=None):
         if self.profile is not None:

@@ -12,14 +12,25 @@ import time
 from typing import Callable, Iterable, List, Optional
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tftrain import metering
+from tftrain.errors import ConfigError
 from tftrain.callbacks._steps import skips_steps, steps_per_execution, train_steps
 from tftrain.runtime.execution import static_batch_size
 
 SCALAR_PREFIX = "throughput/"
 """TensorBoard scalar names start with this (e.g. `throughput/examples_per_sec`)."""
+
+
+def _check_input_data(input_data) -> None:
+    """Refuses in-memory arrays as `input_data`: they have no input pipeline to time."""
+    if isinstance(input_data, (tuple, list, dict, np.ndarray)):
+        raise ConfigError(
+            f"ThroughputMonitor input_data is {type(input_data).__name__} of arrays, which has no input pipeline "
+            "to time. Pass the tf.data.Dataset (or other iterable of batches) given to fit(), or leave input_data out."
+        )
 
 
 class ThroughputMonitor(keras.callbacks.Callback):
@@ -56,6 +67,8 @@ class ThroughputMonitor(keras.callbacks.Callback):
             None.
         input_data: the training input (e.g. the `tf.data.Dataset` passed to
             `fit`) for the input-bound check; None skips it. Defaults to None.
+            In-memory arrays (`(x, y)`, a dict, an array) raise `ConfigError`:
+            they have no pipeline to time.
         warmup_steps: optimizer steps left out at the start of training.
             Defaults to 3.
         window: steps in the sliding window of `window_stats`. Defaults to 100.
@@ -91,6 +104,7 @@ class ThroughputMonitor(keras.callbacks.Callback):
         clock: Callable[[], float] = time.perf_counter,
     ):
         super().__init__()
+        _check_input_data(input_data)
         if batch_size is None and input_data is not None:
             batch_size = static_batch_size(input_data)
         self.meter = metering.StepMeter(batch_size, warmup_steps, window)  # validates

@@ -42,6 +42,7 @@ _EXPORTS = {
     "set_precision": "precision",
     "serve": "server",
     "start_server": "server",
+    "telling_servers": "server",
     "KerasMultiWorkerMirroredStrategy": "strategy",
     "cluster_resolver": "strategy",
     "make_strategy": "strategy",

@@ -16,6 +16,7 @@ from tftrain.runtime.cluster import MULTI_PROCESS_STRATEGIES, ClusterInfo, drop_
 from tftrain.runtime.devices import DeviceInfo, configure_devices
 from tftrain.runtime.execution import compile_options
 from tftrain.runtime.memory import MallocSettings, restore_malloc_thresholds
+from tftrain.runtime.nvtx import NvtxSettings, enable_nvtx_ranges, settle_nvtx
 from tftrain.runtime.precision import PrecisionInfo, set_precision
 from tftrain.runtime.strategy import make_strategy
 from tftrain.runtime.threads import ThreadSettings, set_threads
@@ -42,6 +43,8 @@ class Runtime:
         malloc: `MallocSettings` of `restore_malloc_thresholds`, or None when
             it was not called (strategies not in `GENERATOR_INPUT_STRATEGIES`,
             or a `Runtime` built by hand).
+        nvtx: `NvtxSettings` of `--nvtx` (`tftrain.runtime.nvtx`), or None
+            when it was not asked for.
     """
 
     config: RuntimeConfig
@@ -51,6 +54,7 @@ class Runtime:
     strategy: tf.distribute.Strategy
     cluster: Optional[ClusterInfo]
     malloc: Optional[MallocSettings] = None
+    nvtx: Optional[NvtxSettings] = None
 
     @property
     def num_replicas(self) -> int:
@@ -92,6 +96,8 @@ class Runtime:
         ]
         if self.malloc is not None:
             lines.append(f"memory:    {self.malloc.describe()}")
+        if self.nvtx is not None:
+            lines.append(self.nvtx.describe())
         if self.cluster is not None:
             ps = f" and {self.cluster.num_ps} ps task(s)" if self.cluster.num_ps else ""
             lines.append(
@@ -121,7 +127,7 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[C
         DeviceError: when the requested devices are unavailable.
         ConfigError: on an invalid combination (`nccl` on CPU, `xla` with more
             than one replica, or `cpu_replicas` > 1 with any strategy but
-            `mirrored`).
+            `mirrored`), or `nvtx` on a GPU without NVIDIA's `nvtx` package.
     """
     if env is None:
         drop_blank_tf_config()
@@ -140,10 +146,12 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[C
             f"strategy {config.strategy!r} would train on one of them. Add --strategy mirrored, or drop "
             "--cpu-replicas."
         )
+    nvtx_env_set = enable_nvtx_ranges() if config.nvtx else False  # before any op: read when TF first runs one
     threads = set_threads(config.intra_op_threads, config.inter_op_threads)
     # Nothing so far starts TensorFlow's runtime, so MultiWorkerMirroredStrategy can still
     # configure collective ops as it starts it.
     devices = configure_devices(config.device, config.cpu_replicas)
+    nvtx = settle_nvtx(nvtx_env_set, devices.kind) if config.nvtx else None
     precision = set_precision(config.precision, devices)
     strategy = make_strategy(config.strategy, devices, cluster, config.communication)
     if config.execution == "xla" and strategy.num_replicas_in_sync > 1:
@@ -155,4 +163,4 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[C
     # After the strategy, which must come before the runtime starts (restore_malloc_thresholds
     # starts it); only for the strategies whose fit input sets TF's malloc patch.
     malloc = restore_malloc_thresholds() if config.strategy in GENERATOR_INPUT_STRATEGIES else None
-    return Runtime(config, threads, devices, precision, strategy, cluster, malloc)
+    return Runtime(config, threads, devices, precision, strategy, cluster, malloc, nvtx)

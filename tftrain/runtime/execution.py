@@ -303,6 +303,12 @@ def choose_execution(
     replicas = model.distribute_strategy.num_replicas_in_sync
     if replicas > 1:  # Keras 3 cannot compile a cross-replica step with XLA
         return ExecutionChoice("graph", {}, f"XLA does not run across {replicas} replicas; graph is the only mode")
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built and model.built:
+        # Outside a strategy scope Keras builds the optimizer only while tracing the first
+        # step, after the snapshot; build it now so its slots (Adam's moments) are restored too.
+        with model.distribute_strategy.scope():
+            optimizer.build(model.trainable_variables)
     snapshot = []
     timings = {}
     functions = {}
@@ -344,8 +350,8 @@ def _timed_and_restored(model, dataset, snapshot, **timing_args) -> StepTiming:
     import keras
 
     class _Snapshot(keras.callbacks.Callback):
-        # fit builds the optimizer's variables just before on_train_begin, so the
-        # state is complete here and no step has run yet.
+        # The model and its optimizer are built by now (choose_execution builds the
+        # optimizer first), and no step has run yet.
         def on_train_begin(self, logs=None):
             if not snapshot:
                 snapshot.append(ModelState(model))

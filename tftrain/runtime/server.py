@@ -1,22 +1,70 @@
-"""Worker and ps tasks of a parameter-server job: run a `tf.distribute.Server` and wait.
+"""Worker and ps tasks of a parameter-server job: serve until the chief says how the job ended.
 
 In TensorFlow 2's parameter-server training only the coordinator (the chief) runs
 the training program; every worker and ps task runs a gRPC server that executes
-what the coordinator sends it, until the cluster manager (or
-`python -m tftrain.launch`) stops it.
+what the coordinator sends it. A `tf.distribute.Server` has no way to stop
+(`Server.join()` blocks forever, tensorflow/tensorflow#4713), so a cluster manager
+that waits for every task (SLURM's `srun`, a TFJob whose success policy waits for
+all pods) would have to kill the servers and would record the job as failed.
 
-Source: https://www.tensorflow.org/tutorials/distribute/parameter_server_training#clusters_in_the_real_world
+tftrain ends them the way TensorFlow's maintainers suggest in that issue, with a
+shared queue, across machines and through TensorFlow's own runtime:
+
+* each worker and ps task creates a FIFO queue named `STATUS_QUEUE` on its own
+  device and waits on it through a session on its own server (`serve`);
+* when the chief's run ends it puts the job's status into every task's queue
+  (`tell_servers`, `telling_servers`): `JOB_FINISHED` (0) or `JOB_FAILED` (1);
+* each task then exits: 0 when the job finished, 1 (`JobFailed`) when it failed.
+
+A chief can also vanish without a word (killed, its machine lost), so each task
+also watches the chief's gRPC address (`ChiefWatch`): a chief that does not appear
+within `chief_wait_s`, or is unreachable for `chief_gone_s` once it had appeared,
+ends the task with `JobFailed`.
+
+TensorFlow's coordination-service key-value store (`context.set_config_key_value`)
+would be the other candidate, but in TF 2.21 it belongs to a process's eager
+context, which a plain `tf.distribute.Server` does not have, and
+`ParameterServerStrategy` only enables the service behind the experimental
+`TF_PSS_ENABLE_COORDINATION_SERVICE` variable.
+
+Sources: https://www.tensorflow.org/tutorials/distribute/parameter_server_training#clusters_in_the_real_world,
+https://github.com/tensorflow/tensorflow/issues/4713#issuecomment-254238853
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import socket
 import sys
-from typing import Optional
+import threading
+import time
+from typing import Callable, Iterator, List, Optional
 
 import tensorflow as tf
 
-from tftrain.errors import ClusterConfigError
+from tftrain.errors import ClusterConfigError, JobFailed
 from tftrain.runtime.cluster import ClusterInfo
+
+STATUS_QUEUE = "tftrain_job_status"
+"""`shared_name` of the queue on each worker and ps task that receives the job's status."""
+
+JOB_FINISHED = 0
+"""Status the chief sends when its run finished; the servers exit 0."""
+
+JOB_FAILED = 1
+"""Status the chief sends when its run failed or was interrupted; the servers exit 1."""
+
+CHIEF_WAIT_S = 600.0
+"""Seconds a worker or ps task waits for the chief to appear at its address."""
+
+CHIEF_GONE_S = 30.0
+"""Seconds a worker or ps task waits for a chief that went away without sending a status."""
+
+POLL_S = 1.0
+"""Seconds between looks at the chief's address while waiting for the status."""
+
+_SERVER_TYPES = ("worker", "ps")
 
 
 def start_server(cluster: ClusterInfo, intra_op_threads: int = 0, inter_op_threads: int = 0) -> tf.distribute.Server:
@@ -30,12 +78,12 @@ def start_server(cluster: ClusterInfo, intra_op_threads: int = 0, inter_op_threa
             Defaults to 0.
 
     Returns:
-        The started server (`server.join()` blocks until the process is stopped).
+        The started server.
 
     Raises:
         ClusterConfigError: when this task is not a worker or ps task.
     """
-    if cluster.task_type not in ("worker", "ps"):
+    if cluster.task_type not in _SERVER_TYPES:
         raise ClusterConfigError(
             f"Only worker and ps tasks serve a parameter-server job; this task is {cluster.task}."
         )
@@ -52,28 +100,222 @@ def start_server(cluster: ClusterInfo, intra_op_threads: int = 0, inter_op_threa
     )
 
 
-def serve(cluster: ClusterInfo, intra_op_threads: int = 0, inter_op_threads: int = 0, log: Optional[object] = None) -> int:
-    """Runs this worker/ps task's server until the process is stopped.
+def _device(task_type: str, task_index: int) -> str:
+    return f"/job:{task_type}/replica:0/task:{task_index}/device:CPU:0"
+
+
+def _status_queue() -> tf.Tensor:
+    """The handle of this device's status queue (one int32 scalar per message); graph or eager."""
+    return tf.raw_ops.FIFOQueueV2(component_types=[tf.int32], shapes=[[]], capacity=-1, shared_name=STATUS_QUEUE)
+
+
+class StatusQueue:
+    """This task's status queue, read through a `tf.compat.v1.Session` on its own server.
+
+    The session is restricted to the task's own device (`device_filters`), so it
+    needs no other task. One background thread blocks on a dequeue (a poll with a
+    timeout would log a cancelled step each time); `close` ends it.
+
+    Args:
+        server: this task's started server (`start_server`).
+        cluster: this task's `ClusterInfo` (task type `worker` or `ps`).
+    """
+
+    def __init__(self, server: tf.distribute.Server, cluster: ClusterInfo):
+        device = _device(cluster.task_type, cluster.task_index)
+        graph = tf.Graph()
+        with graph.as_default(), tf.device(device):
+            handle = _status_queue()
+            self._dequeue = tf.raw_ops.QueueDequeueV2(handle=handle, component_types=[tf.int32])
+            self._close = tf.raw_ops.QueueCloseV2(handle=handle)
+        self._session = tf.compat.v1.Session(server.target, graph=graph,
+                                             config=tf.compat.v1.ConfigProto(device_filters=[device]))
+        self._status: Optional[int] = None
+        self._thread = threading.Thread(target=self._receive, name="tftrain-job-status", daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        try:
+            (status,) = self._session.run(self._dequeue)
+            self._status = int(status)
+        except tf.errors.OutOfRangeError:  # closed by `close`
+            pass
+
+    def get(self, timeout_s: float) -> Optional[int]:
+        """The status the chief sent, waiting up to `timeout_s` seconds; None when none came."""
+        self._thread.join(timeout_s)
+        return None if self._thread.is_alive() else self._status
+
+    def close(self) -> None:
+        """Stops waiting: closes the queue (the blocked dequeue ends) and the session."""
+        if self._thread.is_alive():
+            self._session.run(self._close)
+            self._thread.join()
+        self._session.close()
+
+
+def chief_reachable(address: str, timeout_s: float = 1.0) -> bool:
+    """Whether something accepts TCP connections at the chief's `host:port` (its gRPC server).
+
+    Args:
+        address: the chief's `host:port` from the cluster.
+        timeout_s: seconds to wait for the connection. Defaults to 1.0.
+    """
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+@dataclasses.dataclass
+class ChiefWatch:
+    """Decides when a worker or ps task stops waiting for a silent chief (pure; no TensorFlow).
+
+    Attributes:
+        address: the chief's `host:port`, named in messages.
+        started: `time.monotonic()` when the task began waiting, in seconds.
+        wait_s: seconds the chief may take to appear. Defaults to `CHIEF_WAIT_S` (600).
+        gone_s: seconds the chief may stay unreachable once it had appeared.
+            Defaults to `CHIEF_GONE_S` (30).
+        last_seen: when the chief was last reachable; None before it appeared.
+    """
+
+    address: str
+    started: float
+    wait_s: float = CHIEF_WAIT_S
+    gone_s: float = CHIEF_GONE_S
+    last_seen: Optional[float] = None
+
+    def check(self, now: float, reachable: bool) -> Optional[str]:
+        """Records one look at the chief at time `now` (seconds); returns why to give up, or None to wait on."""
+        if reachable:
+            self.last_seen = now
+            return None
+        if self.last_seen is None and now - self.started > self.wait_s:
+            return (f"the chief at {self.address} did not appear within {self.wait_s:g} s; "
+                    "check that it started (its output names the error)")
+        if self.last_seen is not None and now - self.last_seen > self.gone_s:
+            return (f"the chief at {self.address} went away without saying how the job ended "
+                    f"(unreachable for {self.gone_s:g} s); see the chief's output")
+        return None
+
+
+def wait_for_status(read: Callable[[float], Optional[int]], watch: ChiefWatch,
+                    is_reachable: Callable[[str], bool] = chief_reachable, poll_s: float = POLL_S,
+                    clock: Callable[[], float] = time.monotonic) -> int:
+    """Waits for the status the chief sends, watching the chief meanwhile.
+
+    Args:
+        read: `read(timeout_s) -> int | None`, e.g. `StatusQueue.get`.
+        watch: the `ChiefWatch` that decides when a silent chief is lost.
+        is_reachable: `is_reachable(address) -> bool`. Defaults to `chief_reachable`.
+        poll_s: seconds each `read` waits before the chief is looked at. Defaults to 1.0.
+        clock: monotonic clock in seconds. Defaults to `time.monotonic`.
+
+    Returns:
+        The status the chief sent (`JOB_FINISHED` or `JOB_FAILED`).
+
+    Raises:
+        JobFailed: when the chief never appeared or went away without a status.
+    """
+    while True:
+        status = read(poll_s)
+        if status is not None:
+            return status
+        reason = watch.check(clock(), is_reachable(watch.address))
+        if reason is not None:
+            status = read(0.001)  # a status that came in just before the chief left still counts
+            if status is not None:
+                return status
+            raise JobFailed(reason)
+
+
+def serve(cluster: ClusterInfo, intra_op_threads: int = 0, inter_op_threads: int = 0, log: Optional[object] = None,
+          chief_wait_s: float = CHIEF_WAIT_S, chief_gone_s: float = CHIEF_GONE_S) -> int:
+    """Runs this worker/ps task's server until the chief says how the job ended.
 
     Args:
         cluster: this task's `ClusterInfo` (task type `worker` or `ps`).
         intra_op_threads: see `start_server`. Defaults to 0.
         inter_op_threads: see `start_server`. Defaults to 0.
-        log: stream for the one status line. Defaults to `sys.stdout`.
+        log: stream for the status lines. Defaults to `sys.stdout`.
+        chief_wait_s: seconds the chief may take to appear. Defaults to 600.
+        chief_gone_s: seconds a chief that appeared may stay unreachable
+            without having sent a status. Defaults to 30.
 
     Returns:
-        Never returns normally (the server runs until SIGTERM/SIGKILL); 0 if the
-        server ever stops by itself.
+        0, once the chief reported that the job finished.
 
     Raises:
-        ClusterConfigError: when this task is not a worker or ps task.
+        ClusterConfigError: when this task is not a worker or ps task, or the
+            cluster has no chief.
+        JobFailed: when the chief reported a failure, never appeared, or went away
+            without a status (a command-line run then exits 1).
     """
+    if "chief" not in cluster.cluster:
+        raise ClusterConfigError(f"A parameter-server job needs a chief task; the {cluster.source} cluster has "
+                                 f"none (it has: {', '.join(cluster.cluster)}).")
+    log = log or sys.stdout
     server = start_server(cluster, intra_op_threads, inter_op_threads)
-    print(
-        f"{cluster.task}: serving the parameter-server job at {cluster.address} "
-        f"({server.target}); the chief coordinates, stop this task when it has finished",
-        file=log or sys.stdout,
-        flush=True,
-    )
-    server.join()
+    chief = cluster.cluster["chief"][0]
+    print(f"{cluster.task}: serving the parameter-server job at {cluster.address} ({server.target}) "
+          f"until the chief at {chief} has finished", file=log, flush=True)
+    queue = StatusQueue(server, cluster)
+    try:
+        status = wait_for_status(queue.get, ChiefWatch(chief, time.monotonic(), chief_wait_s, chief_gone_s))
+    finally:
+        queue.close()
+    if status != JOB_FINISHED:
+        raise JobFailed(f"the chief at {chief} reported that the parameter-server job failed; see its output")
+    print(f"{cluster.task}: the chief finished the job; exiting", file=log, flush=True)
     return 0
+
+
+def tell_servers(cluster: ClusterInfo, status: int) -> List[str]:
+    """Sends the job's status to every worker and ps task (run on the chief, once connected).
+
+    Call it after everything that uses the servers (evaluation, saving): each
+    task exits once it has the status.
+
+    Args:
+        cluster: the job's `ClusterInfo` (the chief's view).
+        status: `JOB_FINISHED` (0) or `JOB_FAILED` (1).
+
+    Returns:
+        The tasks (`worker:1`, ...) that could not be told (e.g. already gone).
+    """
+    missed = []
+    for task_type in _SERVER_TYPES:
+        for index in range(len(cluster.cluster.get(task_type, ()))):
+            try:
+                with tf.device(_device(task_type, index)):
+                    tf.raw_ops.QueueEnqueueV2(handle=_status_queue(), components=[tf.constant(status, tf.int32)])
+            except tf.errors.OpError:
+                missed.append(f"{task_type}:{index}")
+    return missed
+
+
+@contextlib.contextmanager
+def telling_servers(cluster: Optional[ClusterInfo], log: Optional[object] = None) -> Iterator[None]:
+    """Context manager for the chief's run: tells the servers `JOB_FINISHED` when the block
+    ends normally and `JOB_FAILED` when it raises (any exception, Ctrl-C included).
+
+    Args:
+        cluster: the job's `ClusterInfo`; None or a cluster without ps tasks
+            (not a parameter-server job) tells nobody.
+        log: stream for a line naming tasks that could not be told. Defaults to `sys.stderr`.
+    """
+    if cluster is None or "ps" not in cluster.cluster:
+        yield
+        return
+    status = JOB_FAILED
+    try:
+        yield
+        status = JOB_FINISHED
+    finally:
+        missed = tell_servers(cluster, status)
+        if missed:
+            print(f"{cluster.task}: could not tell {', '.join(missed)} that the job "
+                  f"{'finished' if status == JOB_FINISHED else 'failed'}", file=log or sys.stderr, flush=True)

@@ -5,6 +5,7 @@ Source: https://www.tensorflow.org/guide/distributed_training
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import tensorflow as tf
@@ -105,6 +106,24 @@ def cluster_resolver(cluster: ClusterInfo, devices: Optional[DeviceInfo] = None)
     )
 
 
+class _EagerOverheadFilter(logging.Filter):
+    """Drops TensorFlow's "Using <Strategy> eagerly has significant overhead" warning.
+
+    Keras builds optimizer and metric variables with one eager
+    `strategy.run`; the training steps themselves run in a `tf.function`, so the
+    warning (printed up to 5 times per process) says nothing about the run.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:  # noqa: A003 (logging API)
+        return "eagerly has significant overhead" not in record.getMessage()
+
+
+def _quiet_eager_overhead_warning() -> None:
+    logger = logging.getLogger("tensorflow")
+    if not any(isinstance(f, _EagerOverheadFilter) for f in logger.filters):
+        logger.addFilter(_EagerOverheadFilter())
+
+
 def make_strategy(
     name: str,
     devices: DeviceInfo,
@@ -160,6 +179,7 @@ def make_strategy(
             f"Invalid communication {communication!r}. Expected one of: {', '.join(COMMUNICATIONS)}. "
             f"Received: communication={communication!r}."
         )
+    _quiet_eager_overhead_warning()
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "one_device":

@@ -50,3 +50,44 @@ class Console:
     def error(self, text: str) -> None:
         """An error on stderr, always."""
         self._write(self.err or sys.stderr, text)
+
+
+def keras_progress(verbose: int, stream: Optional[TextIO] = None) -> tuple:
+    """The `verbose` to give `Model.fit`, and the progress-bar callback to add.
+
+    `--verbose 1` on a terminal gets one bar per epoch whose count stops at the
+    epoch's steps (keras-team/keras#20861); written to a file or a pipe (the
+    launcher, SLURM, a CI log), where a bar's control characters are noise, it
+    becomes one line per epoch (Keras's `verbose=2`).
+
+    Args:
+        verbose: the run's `--verbose` (0, 1 or 2).
+        stream: the output stream. Defaults to `sys.stdout`.
+
+    Returns:
+        `(verbose_for_fit, [callbacks])`.
+    """
+    stream = stream or sys.stdout
+    if verbose != 1:
+        return verbose, []
+    if not (hasattr(stream, "isatty") and stream.isatty()):
+        return 2, []
+    return 1, [_step_clamped_progbar()]
+
+
+def _step_clamped_progbar():
+    """Keras's progress bar with the step count capped at the epoch's steps.
+
+    Keras 3 reports each execution's last nominal step index, so under
+    `steps_per_execution` an epoch's bar can end at "120/117" or "8/4"
+    (keras-team/keras#20861). Built on demand: this module loads before Keras.
+    """
+    import keras
+
+    class StepClampedProgbar(keras.callbacks.ProgbarLogger):
+        def _update_progbar(self, batch, logs=None):
+            if self.target is not None:
+                batch = min(batch, self.target - 1)
+            super()._update_progbar(batch, logs)
+
+    return StepClampedProgbar()

@@ -11,7 +11,9 @@ strategy's name.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Callable, Optional, Sequence
 
@@ -26,14 +28,17 @@ class FitLoop:
     Attributes:
         name: the loop's name in messages.
         per_step_hooks: batch-level callbacks fire every `steps_per_execution`
-            steps (ThroughputMonitor, ProfilerWindow can run).
+            steps (ThroughputMonitor, ProfilerWindow, `--backup-every-steps`
+            can run; elsewhere the NaN guard checks the loss once per epoch).
         times_execution: `--execution auto` may time graph against XLA here.
         in_process_search: `--tune` and `--batch-size auto` can run here.
         checks_input: the ThroughputMonitor times this process's whole input
             pipeline alone (the input-bound verdict).
-        validates: `fit` reads the task's validation data for `val_*` metrics.
+        validates: `fit` reads the task's validation data for `val_*` metrics
+            (and `--early-stopping` can watch `val_loss`).
         needs_steps_per_epoch: the task must know `num_train_examples`.
         executions: execution modes this loop runs.
+        accumulates: `--gradient-accumulation-steps N` > 1 can run here.
     """
 
     name: str = "Model.fit"
@@ -44,10 +49,15 @@ class FitLoop:
     validates: bool = True
     needs_steps_per_epoch: bool = False
     executions: tuple = config_lib.EXECUTIONS
+    accumulates: bool = True
 
     def serves(self, cluster) -> bool:
         """Whether this process only serves the job (never for `Model.fit`)."""
         return False
+
+    def job(self, cluster):
+        """A context manager around the run after set-up; here it does nothing."""
+        return contextlib.nullcontext()
 
     def check(self, cfg: config_lib.RecipeConfig) -> None:
         """Refuses flags this loop cannot honour, before any work.
@@ -59,6 +69,10 @@ class FitLoop:
         if cfg.train.tune and auto_batch:
             raise ConfigError("--tune searches the batch size itself; drop --batch-size auto "
                               "(or drop --tune to only search the batch size).")
+        if cfg.train.tune and os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1"):  # TensorFlow's test
+            raise ConfigError("--tune runs keras-tuner, which needs Keras 3, but TF_USE_LEGACY_KERAS makes tf.keras "
+                              "the legacy tf_keras (keras-team/keras-tuner#1027). Unset TF_USE_LEGACY_KERAS, "
+                              "or drop --tune.")
         why = f"{cfg.runtime.strategy} runs every task in lockstep"
         if cfg.train.tune and not self.in_process_search:
             raise ConfigError(f"keras-tuner runs each trial in one process; {why}. Tune with a single-process strategy "
@@ -72,6 +86,32 @@ class FitLoop:
         if cfg.runtime.execution not in self.executions:
             raise ConfigError(f"execution={cfg.runtime.execution!r} is not available with {self.name}. "
                               f"Pass --execution {' or '.join(self.executions)}.")
+        self._check_accumulation(cfg)
+        self._check_checkpoints(cfg)
+
+    def _check_checkpoints(self, cfg: config_lib.RecipeConfig) -> None:
+        """Refuses `--backup-every-steps` without per-step hooks and `--early-stopping` without validation."""
+        if cfg.train.backup_every_steps is not None and not self.per_step_hooks:
+            raise ConfigError(f"--backup-every-steps needs per-step hooks, which {self.name} lacks (it backs up at "
+                              "each epoch end). Drop the flag, or use fewer steps per epoch.")
+        if cfg.train.early_stopping is not None and not self.validates:
+            raise ConfigError(f"--early-stopping watches val_loss, which {self.name} does not compute. Drop the "
+                              "flag, or train with a strategy whose loop validates (default, mirrored, "
+                              "multi_worker_mirrored).")
+
+    def _check_accumulation(self, cfg: config_lib.RecipeConfig) -> None:
+        """Refuses `--gradient-accumulation-steps` > 1 where this loop cannot honour it, and with `--tune`."""
+        steps = cfg.train.gradient_accumulation_steps
+        if steps == 1:
+            return
+        if not self.accumulates:
+            raise ConfigError(f"--gradient-accumulation-steps {steps} is not supported by {self.name} (each "
+                              "worker applies its own steps asynchronously). Drop it, or use --strategy "
+                              "multi_worker_mirrored.")
+        if cfg.train.tune:
+            raise ConfigError(f"--tune trains its trials without gradient accumulation, so it would pick a batch size "
+                              f"for updates of one batch, not {steps}. Tune without --gradient-accumulation-steps "
+                              "first, then train the best configuration with it.")
 
     def compile(self, model, compile_args: dict, runtime) -> None:
         """`model.compile(**compile_args)` with the runtime's execution options, in the strategy's scope."""
@@ -129,8 +169,17 @@ class MultiWorkerLoop(FitLoop):
         """`Model.fit` on `strategy.distribute_datasets_from_function`; see `FitLoop.fit`.
 
         `steps_per_epoch` must be known (`Trainer.check_task` refuses a task
-        without `num_train_examples` before the run starts).
+        without `num_train_examples` before the run starts). On this endless
+        data Keras runs whole executions, so an epoch of 5 steps at
+        `steps_per_execution` 3 would run 6 (keras-team/keras#20861): the
+        model then runs the largest count <= its `steps_per_execution` that
+        divides the epoch.
         """
+        spe = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+        if steps_per_epoch % spe:
+            model.steps_per_execution = max(d for d in range(1, spe + 1) if steps_per_epoch % d == 0)
+            print(f"steps per execution: {model.steps_per_execution} ({spe} does not divide the epoch's "
+                  f"{steps_per_epoch} steps, and Keras would run whole executions past the epoch's end)", flush=True)
         dataset = runtime.strategy.distribute_datasets_from_function(lambda ctx: train_data(ctx).repeat())
         return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=list(callbacks),
                          verbose=verbose, validation_data=validation_data, shuffle=False)
@@ -194,10 +243,18 @@ class ParameterServerLoop(FitLoop):
     validates: bool = False
     needs_steps_per_epoch: bool = True
     executions: tuple = ("auto", "graph")
+    accumulates: bool = False
 
     def serves(self, cluster) -> bool:
         """Worker and ps tasks serve; the chief (coordinator) trains."""
         return cluster is not None and cluster.task_type in ("worker", "ps")
+
+    def job(self, cluster):
+        """On the chief: tells every worker and ps task at the end whether the run finished or
+        failed, so they exit 0 or 1 (`tftrain.runtime.server.telling_servers`)."""
+        from tftrain.runtime.server import telling_servers
+
+        return telling_servers(cluster)
 
     def compile(self, model, compile_args: dict, runtime) -> None:
         """Compiles optimizer and loss only, in the strategy's scope: the loop updates metrics

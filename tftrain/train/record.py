@@ -23,12 +23,17 @@ class RunRecord:
         train_examples: training examples per epoch (None if unknown).
         test_examples: test examples evaluated (None if unknown).
         steps_per_epoch: optimizer steps per epoch (None if unknown).
-        global_batch_size, per_replica_batch_size: examples per step, all
-            replicas together / each replica.
+        global_batch_size, per_replica_batch_size: examples per batch (per
+            micro-batch under gradient accumulation), all replicas together /
+            each replica.
+        gradient_accumulation_steps: micro-batches per optimizer step (1: none).
+        effective_global_batch_size: examples per optimizer step:
+            `global_batch_size` x `gradient_accumulation_steps`.
         wall_time_s: seconds from program start to the end of the run.
         fit_time_s: seconds inside the training loop.
-        examples_per_sec: training examples per second over `fit_time_s`
-            (None when the steps are unknown).
+        examples_per_sec: training examples per second over `fit_time_s`,
+            every example of every micro-batch counted (None when the steps
+            are unknown).
         execution: the mode trained in (`"graph"`, `"xla"`, `"eager"`);
             execution_requested: what was asked (`"auto"`, ...);
             execution_choice: `--execution auto`'s timings, or None.
@@ -36,7 +41,8 @@ class RunRecord:
             malloc and communication, as a dict.
         hparams: the task's hyperparameters (a dict), or None.
         extras: optional sections: `throughput`, `profile`, `tuning`,
-            `batch_size_search`, `validation_examples`, ...
+            `batch_size_search`, `validation_examples`, `optimizer_steps`,
+            `backup` (`--backup-every-steps`), `early_stopping`, ...
         seed, argv, versions, learning_rate, lr_schedule: as run.
     """
 
@@ -66,6 +72,8 @@ class RunRecord:
     learning_rate: Optional[float]
     lr_schedule: str
     extras: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    gradient_accumulation_steps: int = 1
+    effective_global_batch_size: Optional[int] = None
 
     def to_dict(self) -> dict:
         """The flat dict written to `metrics.json`: every field, `runtime`, `hparams` and
@@ -92,5 +100,6 @@ RUNTIME_KEYS = ("replicas", "workers", "ps_tasks", "cluster_source", "strategy",
                 "threads", "malloc")
 """Keys of `RunRecord.runtime`."""
 
-EXTRA_KEYS = ("throughput", "profile", "tuning", "batch_size_search", "execution_auto")
+EXTRA_KEYS = ("throughput", "profile", "tuning", "batch_size_search", "execution_auto", "optimizer_steps", "backup",
+              "early_stopping")
 """Keys `RunRecord.extras` may hold."""

@@ -33,12 +33,17 @@ def print_plan(trainer) -> None:
 
 
 def print_batch(trainer) -> None:
-    """The batch line: global = per-replica x replicas; steps per epoch."""
-    b, n = trainer.batch, trainer.task.num_train_examples
-    steps = (f"{trainer.steps_per_epoch} steps/epoch on {n} examples" if n is not None
+    """The batch line: global = per-replica x replicas; effective global = global x accumulation
+    steps (under `--gradient-accumulation-steps`); optimizer steps per epoch."""
+    b, n, acc = trainer.batch, trainer.task.num_train_examples, trainer.accumulation_steps
+    spe = trainer.steps_per_epoch
+    steps = (f"{spe} steps/epoch on {n} examples" if n is not None and acc == 1
+             else f"{spe} optimizer steps/epoch ({spe * acc} micro-batches) on {n} examples" if n is not None
              else "steps/epoch: until the training data ends")
+    effective = (f"; effective global {trainer.effective_global_batch_size} = {b.global_batch_size} x {acc} "
+                 "accumulation steps" if acc > 1 else "")
     trainer.console.line(f"batch:     global {b.global_batch_size} = per-replica {b.per_replica_batch_size} "
-                         f"x {b.num_replicas} replica(s); {steps}")
+                         f"x {b.num_replicas} replica(s){effective}; {steps}")
 
 
 def announce_run_dir(trainer) -> None:
@@ -46,8 +51,9 @@ def announce_run_dir(trainer) -> None:
     run_dir, out, console = trainer.run_dir, trainer.out_dir, trainer.console
     console.line(f"run directory: {run_dir.path}" + ("" if trainer.is_chief else
                  f" (the chief's; {trainer.task_name} writes to {out.path})"))
-    if run_dir.resumed_epochs:
-        console.line(f"resuming: {run_dir.resumed_epochs}/{trainer.config.train.epochs} epochs done, "
+    if run_dir.resumed:
+        steps = f" and {run_dir.resumed_steps} steps of the next" if run_dir.resumed_steps else ""
+        console.line(f"resuming: {run_dir.resumed_epochs}/{trainer.config.train.epochs} epochs done{steps}, "
                      f"from the checkpoint in {run_dir.backup_dir}")
 
 
@@ -92,10 +98,38 @@ def _extras(trainer) -> dict:
         extras["profile"] = {
             "window": list(trainer.config.train.profile_window),
             "captured": list(profiler.captured) if profiler.captured else None,
+            "captured_unit": "micro-batches" if trainer.accumulation_steps > 1 else "optimizer steps",
             "trace_files": [str(p.relative_to(trainer.out_dir.path)) for p in profiler.trace_files],
             "tensorboard": f"tensorboard --logdir {trainer.run_dir.log_dir}",
         }
     return extras
+
+
+def _checkpoint_extras(trainer, optimizer) -> dict:
+    """`optimizer_steps` (the optimizer's step count at the end, resumed steps included), and the
+    `backup` and `early_stopping` sections when those flags were given (epochs counted from 1)."""
+    out = {"optimizer_steps": int(optimizer.iterations.numpy()) if optimizer is not None else None}
+    backup, stop = trainer.backup, trainer.early_stopping
+    if backup is not None and backup.every_steps:
+        restored = backup.restored
+        out["backup"] = {"every_steps": backup.every_steps // trainer.accumulation_steps,
+                         "resumed_from": dataclasses.asdict(restored) if restored is not None else None}
+    if stop is not None:
+        out["early_stopping"] = {
+            "monitor": stop.monitor, "patience": stop.patience,
+            "stopped_epoch": stop.stopped_epoch + 1 if stop.stopped_epoch > 0 else None,
+            "best_epoch": stop.best_epoch + 1 if stop.best is not None else None,
+            "best": float(stop.best) if stop.best is not None else None,
+        }
+    return out
+
+
+def _steps_per_execution_that_ran(history) -> dict:
+    """`{"steps_per_execution": N}` from the trained model when a loop lowered it (see
+    `MultiWorkerLoop.fit`), else {}."""
+    model = getattr(history, "model", None)
+    ran = getattr(model, "steps_per_execution", None)
+    return {"steps_per_execution": int(ran)} if isinstance(ran, int) and ran >= 1 else {}
 
 
 def make_record(trainer, history, test, started: float, fit_time: float) -> RunRecord:
@@ -106,7 +140,9 @@ def make_record(trainer, history, test, started: float, fit_time: float) -> RunR
 
     cfg, batch, spe = trainer.config, trainer.batch, trainer.steps_per_epoch
     epochs_trained = len(history.epoch)
-    examples = epochs_trained * spe * batch.global_batch_size if spe else None
+    restored = trainer.backup.restored if trainer.backup is not None else None
+    done_before = restored.steps_in_epoch // trainer.accumulation_steps if restored is not None else 0  # mid-epoch
+    examples = (epochs_trained * spe - done_before) * trainer.effective_global_batch_size if spe else None
     choice = trainer.execution_choice
     optimizer = getattr(history.model, "optimizer", None) if getattr(history, "model", None) else None
     hparams = dataclasses.asdict(cfg.task) if cfg.task is not None else None
@@ -121,11 +157,15 @@ def make_record(trainer, history, test, started: float, fit_time: float) -> RunR
         examples_per_sec=examples / fit_time if examples and fit_time > 0 else None,
         execution=trainer.execution, execution_requested=cfg.runtime.execution,
         execution_choice=choice.to_dict() if choice is not None else None,
-        runtime=runtime_facts(trainer, isinstance(optimizer, keras.optimizers.LossScaleOptimizer)),
+        runtime={**runtime_facts(trainer, isinstance(optimizer, keras.optimizers.LossScaleOptimizer)),
+                 **(_steps_per_execution_that_ran(history) if trainer.loop.per_step_hooks else {})},
         hparams=hparams, seed=cfg.seed, argv=list(trainer.command or sys.argv), versions=reports.versions(),
         learning_rate=cfg.train.learning_rate if cfg.train.learning_rate is not None else trainer.task.learning_rate,
         lr_schedule=cfg.train.lr_schedule,
-        extras={**_extras(trainer), "execution_auto": choice.describe() if choice is not None else None},
+        extras={**_extras(trainer), **_checkpoint_extras(trainer, optimizer),
+                "execution_auto": choice.describe() if choice is not None else None},
+        gradient_accumulation_steps=trainer.accumulation_steps,
+        effective_global_batch_size=trainer.effective_global_batch_size,
     )
 
 

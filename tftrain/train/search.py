@@ -76,7 +76,8 @@ def tune(trainer) -> Tuple[dict, dict]:
 
 
 def _tuning_figures(trainer, tuner, directory) -> Tuple[dict, dict]:
-    trials = tuner.oracle.get_best_trials(trainer.config.train.tune)
+    # A failed trial has no score (keras-tuner ranks it among the best when every trial failed).
+    trials = [t for t in tuner.oracle.get_best_trials(trainer.config.train.tune) if t.score is not None]
     if not trials:
         raise ConfigError("keras-tuner finished no trial; see its messages above.")
     values = trials[0].hyperparameters.values
@@ -97,7 +98,8 @@ def _tuning_figures(trainer, tuner, directory) -> Tuple[dict, dict]:
 
 def search_batch_size(trainer) -> Tuple[dict, int]:
     """`--batch-size auto`: the global batch size with the best examples/sec
-    (`tftrain.tuning.find_batch_size`), up to a tenth of the training examples.
+    (`tftrain.tuning.find_batch_size`), up to a tenth of the training examples (divided by
+    `--gradient-accumulation-steps`, so an epoch keeps 10 optimizer steps).
 
     Returns:
         `(the search's figures for metrics.json, the batch size found)`.
@@ -107,7 +109,8 @@ def search_batch_size(trainer) -> Tuple[dict, int]:
 
     task, replicas = trainer.task, trainer.runtime.num_replicas
     n = task.num_train_examples
-    max_val = None if n is None else max(replicas, n // AUTO_BATCH_MIN_STEPS // replicas * replicas)
+    per_epoch = AUTO_BATCH_MIN_STEPS * trainer.accumulation_steps  # micro-batches for that many optimizer steps
+    max_val = None if n is None else max(replicas, n // per_epoch // replicas * replicas)
     init_val = 32 * replicas if max_val is None else min(32 * replicas, max_val)
     model = trainer.build_model()  # a constant rate while searching; rebuilt once the steps are known
     trainer.console.section(f"batch size search (objective: examples/sec, at most {max_val or 'no limit'})")

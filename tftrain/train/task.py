@@ -437,7 +437,8 @@ class DatasetTask(_FunctionTask):
             Defaults to True.
         shard: shard the examples across input pipelines in multi-worker runs.
             Defaults to True.
-        prefetch: prefetch batches (AUTOTUNE). Defaults to True.
+        prefetch: prefetch batches (AUTOTUNE), unless the run says
+            `--no-prefetch`. Defaults to True.
         shuffle: shuffle training examples each epoch (`--shuffle-buffer`, 0:
             10,000 examples), after `--validation-split` holds its part out.
             Defaults to False. With `--validation-split`, let tftrain shuffle:
@@ -532,9 +533,9 @@ class DatasetTask(_FunctionTask):
         if training and self.shuffle:
             ds = ds.shuffle(self._data.shuffle_buffer or 10_000, seed=self._seed, reshuffle_each_iteration=True)
         ds = ds.batch(per_pipeline, drop_remainder=training)
-        if self.prefetch:
+        if self.prefetch and self._data.prefetch:
             ds = ds.prefetch(tf.data.AUTOTUNE)
-        return _with_shard_policy(ds, input_context)
+        return _with_shard_policy(ds, input_context, self._data.private_threads)
 
     def _batched(self, fn, global_batch_size, input_context=None):
         """The user's already batched dataset at this pipeline's batch size, sharded / prefetched as asked."""
@@ -544,9 +545,9 @@ class DatasetTask(_FunctionTask):
         ds = fn(size)
         if input_context is not None and self.shard:
             ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-        if self.prefetch:
+        if self.prefetch and self._data.prefetch:
             ds = ds.prefetch(tf.data.AUTOTUNE)
-        return _with_shard_policy(ds, input_context)
+        return _with_shard_policy(ds, input_context, self._data.private_threads)
 
     def train_data(self, global_batch_size, input_context=None):
         """The user's training data with what was asked added."""
@@ -574,14 +575,16 @@ class DatasetTask(_FunctionTask):
     def describe_data(self) -> list:
         """What tftrain adds to the user's pipeline."""
         added = [name for name, on in (("shard (multi-worker)", self.shard), ("shuffle", self.shuffle and self.batch),
-                                       ("batch", self.batch), ("prefetch", self.prefetch)) if on]
+                                       ("batch", self.batch), ("prefetch", self.prefetch and self._data.prefetch))
+                 if on]
         n = self.num_train_examples
         return [f"data:      your tf.data pipeline ({f'{n:,}' if n else 'unknown number of'} training examples); "
                 f"tftrain adds: {', '.join(added) or 'nothing'}"]
 
 
-def _with_shard_policy(ds, input_context):
-    """Sets the auto-shard policy: OFF when sharded by an InputContext, else DATA (never a warning)."""
+def _with_shard_policy(ds, input_context, private_threads: int = 0):
+    """Sets the auto-shard policy: OFF when sharded by an InputContext, else DATA (never a warning);
+    and a private thread pool of `private_threads` threads when > 0 (`--private-threads`)."""
     import tensorflow as tf
 
     options = tf.data.Options()
@@ -589,6 +592,8 @@ def _with_shard_policy(ds, input_context):
         tf.data.experimental.AutoShardPolicy.OFF if input_context is not None
         else tf.data.experimental.AutoShardPolicy.DATA
     )
+    if private_threads:
+        options.threading.private_threadpool_size = private_threads
     return ds.with_options(options)
 
 

@@ -7,7 +7,8 @@
     build        task.build_model() inside strategy.scope(); compile with the task's
                  optimizer / loss / metrics and the runtime's compile options
     execution    auto: time graph vs XLA on the first training batches, keep the faster
-    callbacks    BackupAndRestore, TensorBoard, ThroughputMonitor, ProfilerWindow, the user's
+    callbacks    NanGuard, StepBackup (BackupAndRestore), TensorBoard, ThroughputMonitor,
+                 ProfilerWindow, EarlyStopping, the user's
     train        the loop's fit (Model.fit, or the parameter-server coordinator loop)
     evaluate, save, record, report
 
@@ -29,8 +30,8 @@ from typing import Optional, Sequence
 
 from tftrain import config as config_lib
 from tftrain import rundir as rundir_lib
-from tftrain.errors import ConfigError
-from tftrain.train.console import Console
+from tftrain.errors import ConfigError, TrainingDiverged
+from tftrain.train.console import Console, keras_progress
 from tftrain.train.loops import loop_for
 from tftrain.train.record import RunRecord
 from tftrain.train.task import Task
@@ -116,6 +117,7 @@ class Trainer:
         self.steps_per_epoch = None
         self.execution, self.execution_choice = self.config.runtime.execution, None
         self.monitor = self.profiler = None
+        self.backup = self.early_stopping = None  # StepBackup, ResumableEarlyStopping (make_callbacks)
         self.compile_args: dict = {}
         self.extras: dict = {}
 
@@ -131,6 +133,9 @@ class Trainer:
         Raises:
             ConfigError: (and subclasses) on bad input found before or while setting up.
             Interrupted: on Ctrl-C once the run directory exists (the same command resumes).
+            TrainingDiverged: when the training loss becomes NaN or infinite (the message names
+                where, and the checkpoint kept in the run directory).
+            JobFailed: on a parameter-server worker or ps task whose chief failed or vanished.
         """
         started = time.perf_counter() if started is None else started
         self.check()
@@ -138,6 +143,19 @@ class Trainer:
             return self.serve()
         self.bind_task()  # before TensorFlow starts: a task's bad data folder is reported at once
         self.setup_runtime()
+        with self.loop.job(self.cluster):  # a parameter-server chief tells the servers how the run ended
+            return self.run_stages(started)
+
+    def run_stages(self, started: float) -> RunRecord:
+        """The stages after set-up: batch plan, build, train, evaluate, save, report.
+
+        Args:
+            started: `time.perf_counter()` at program start, for the wall time.
+
+        Raises:
+            Interrupted: on Ctrl-C once the run directory exists.
+            TrainingDiverged: when the training loss becomes NaN or infinite.
+        """
         self.check_task()
         self.plan_fixed_batch()
         self.print_plan()
@@ -220,12 +238,18 @@ class Trainer:
         return self.loop.serves(self.cluster)
 
     def serve(self) -> None:
-        """Starts this task's `tf.distribute.Server` and blocks until the chief is done."""
-        from tftrain.runtime import serve
+        """Starts this task's `tf.distribute.Server` on the asked devices and serves until the chief
+        says how the job ended (`tftrain.runtime.serve`).
+
+        Raises:
+            JobFailed: when the chief reported a failure, never appeared or went away.
+        """
+        from tftrain.runtime import configure_devices, serve
 
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server blocks in C++: stop at once
         rt = self.config.runtime
+        configure_devices(rt.device)  # --device cpu hides the GPUs from the ops the chief places here
         serve(self.cluster, rt.intra_op_threads, rt.inter_op_threads)
         return None
 
@@ -260,6 +284,42 @@ class Trainer:
         if self.loop.needs_steps_per_epoch and self.task.num_train_examples is None:
             raise ConfigError(f"{self.loop.name} needs steps per epoch that every task agrees on: give the task "
                               "num_train_examples (the number of training examples per epoch).")
+        if self.config.train.early_stopping is not None and not has_validation:
+            raise ConfigError("--early-stopping watches val_loss: pass --validation-split F (e.g. 0.1) or give the "
+                              "task its own validation data.")
+        self._check_backup_every()
+
+    def _check_backup_every(self) -> None:
+        """`--backup-every-steps N`: the task must know its steps per epoch (to end a resumed epoch
+        in time), and N must hold one execution (a checkpoint is written between executions)."""
+        n = self.config.train.backup_every_steps
+        if n is None:
+            return
+        if self.task.num_train_examples is None:
+            raise ConfigError("--backup-every-steps resumes mid-epoch, which needs the steps per epoch: give the task "
+                              "num_train_examples (the number of training examples per epoch).")
+        if self.backup_every() == 0:
+            unit = self._backup_unit() // self.accumulation_steps
+            raise ConfigError(f"--backup-every-steps {n} is less than one execution of {unit} optimizer steps "
+                              f"(--steps-per-execution): a checkpoint is written between executions. Pass a multiple "
+                              f"of {unit}.")
+
+    def backup_every(self) -> Optional[int]:
+        """Batches between mid-epoch checkpoints (micro-batches under gradient accumulation): `--backup-every-steps`
+        rounded down to whole executions and whole optimizer steps, so a kill loses at most that many
+        steps; None without the flag."""
+        n = self.config.train.backup_every_steps
+        if n is None:
+            return None
+        unit = self._backup_unit()
+        return n * self.accumulation_steps // unit * unit
+
+    def _backup_unit(self) -> int:
+        """Batches a checkpoint position must be a multiple of: an execution, and an optimizer step."""
+        import math
+
+        spe = self.runtime.steps_per_execution if self.loop.per_step_hooks else 1
+        return math.lcm(spe, self.accumulation_steps)
 
     # -- batch plan ------------------------------------------------------------
     def plan_fixed_batch(self, batch_size=None) -> None:
@@ -280,18 +340,31 @@ class Trainer:
                 batch_size = self.task.default_batch_size
         per_replica = data.per_replica_batch_size if batch_size is None else None
         self.batch = resolve_batch_size(batch_size, per_replica, self.runtime.num_replicas)
-        n = self.task.num_train_examples
-        self.steps_per_epoch = None if n is None else n // self.batch.global_batch_size
+        n, acc = self.task.num_train_examples, self.accumulation_steps
+        self.steps_per_epoch = None if n is None else n // self.effective_global_batch_size
         if self.steps_per_epoch == 0:
+            gb = self.batch.global_batch_size
+            batch = (f"an effective global batch of {self.effective_global_batch_size} ({acc} micro-batches of {gb})"
+                     if acc > 1 else f"a global batch of {gb}")
             raise ConfigError(
-                f"Only {n} training examples for a global batch of {self.batch.global_batch_size}: not one full "
-                "step. Pass a larger --train-examples or a smaller batch size."
+                f"Only {n} training examples for {batch}: not one full step. Pass a larger --train-examples or a "
+                "smaller batch size" + (" or fewer --gradient-accumulation-steps." if acc > 1 else ".")
             )
         window = self.config.train.profile_window
         if window is not None and self.steps_per_epoch:  # refuse a window past the end before writing anything
             from tftrain.callbacks.profiler import check_window_fits
 
             check_window_fits(*window, self.config.train.epochs * self.steps_per_epoch)
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step (`--gradient-accumulation-steps`)."""
+        return self.config.train.gradient_accumulation_steps
+
+    @property
+    def effective_global_batch_size(self) -> int:
+        """Examples per optimizer step: the global batch size x `accumulation_steps`."""
+        return self.batch.global_batch_size * self.accumulation_steps
 
     def plan_batch(self) -> None:
         """The batch plan: fixed (already set), tuned (`--tune`), or searched (`--batch-size auto`)."""
@@ -317,7 +390,7 @@ class Trainer:
         """`(search figures, batch size)` an interrupted run of this config chose, or None:
         a resumed run keeps its batch size (and so its steps per epoch and schedule)."""
         path = self.out_dir / BATCH_PLAN_FILE
-        if not self.run_dir.resumed_epochs or not path.is_file():
+        if not self.run_dir.resumed or not path.is_file():
             return None
         plan = json.loads(path.read_text(encoding="utf-8"))
         self.console.line(f"batch:     {plan['batch_size']}, as chosen by this run's search before it was interrupted")
@@ -326,16 +399,26 @@ class Trainer:
     # -- build, execution ------------------------------------------------------
     def build_model(self, compile_model: bool = True):
         """`task.build_model()` inside the strategy's scope (float32 outputs under a mixed
-        policy), compiled by the loop with `task.compile_args(steps_per_epoch)`."""
+        policy), compiled by the loop with `task.compile_args(steps_per_epoch)`, whose optimizer
+        accumulates gradients under `--gradient-accumulation-steps` (`tftrain.train.accumulation`)."""
         with self.runtime.strategy.scope():  # the optimizer too: its variables belong to the strategy
             model = self.task.build_model()
             if self.runtime.precision.compute_dtype != "float32":
                 model = self._float32_outputs(model)
             if compile_model:
-                self.compile_args = self.task.compile_args(self.steps_per_epoch)
+                self.compile_args = self._with_accumulation(self.task.compile_args(self.steps_per_epoch))
         if compile_model:
             self.loop.compile(model, self.compile_args, self.runtime)
         return model
+
+    def _with_accumulation(self, compile_args: dict) -> dict:
+        """`compile_args` whose optimizer updates once every `accumulation_steps` micro-batches."""
+        if self.accumulation_steps == 1:
+            return compile_args
+        from tftrain.train.accumulation import accumulate_gradients
+
+        optimizer = compile_args.get("optimizer") or "rmsprop"  # Model.compile's default
+        return {**compile_args, "optimizer": accumulate_gradients(optimizer, self.accumulation_steps)}
 
     def _float32_outputs(self, model):
         """Under a mixed policy: float32 outputs for a plain functional / Sequential model
@@ -371,19 +454,41 @@ class Trainer:
 
     # -- callbacks, train, evaluate, save --------------------------------------
     def make_callbacks(self) -> list:
-        """BackupAndRestore, TensorBoard, ThroughputMonitor and ProfilerWindow (where the loop has
-        per-step hooks), then the user's callbacks."""
+        """NanGuard, StepBackup (BackupAndRestore at epoch ends and every `--backup-every-steps`),
+        TensorBoard, ThroughputMonitor, ProfilerWindow and NvtxSteps (where the loop has per-step hooks),
+        EarlyStopping (with `--early-stopping`), then the user's callbacks.
+
+        The order matters: the guard raises before a checkpoint can save a diverged state, and
+        the backup clears its own early end of a resumed epoch before EarlyStopping may stop.
+        """
         import keras
 
+        from tftrain.callbacks import NanGuard, StepBackup
+
         out = self.out_dir
-        callbacks = [
-            # double_checkpoint keeps the previous epoch's state in case a task dies mid-save.
-            keras.callbacks.BackupAndRestore(str(out.backup_dir), double_checkpoint=True),
-            keras.callbacks.TensorBoard(str(out.log_dir)),
-        ]
+        batches = self.steps_per_epoch * self.accumulation_steps if self.steps_per_epoch else None
+        # double_checkpoint keeps the previous state in case a task dies mid-save.
+        self.backup = StepBackup(out.backup_dir, every_steps=self.backup_every(), steps_per_epoch=batches,
+                                 double_checkpoint=True)
+        if self.backup.every_steps:
+            self.console.line(f"backup:    every {self.backup.every_steps // self.accumulation_steps} optimizer steps "
+                              f"and at each epoch end, in {self.run_dir.backup_dir}")
+        callbacks = [NanGuard(), self.backup, keras.callbacks.TensorBoard(str(out.log_dir))]
         if self.loop.per_step_hooks:
             callbacks += self._step_callbacks()
-        return callbacks + self.callbacks
+        return callbacks + self._early_stopping() + self.callbacks
+
+    def _early_stopping(self) -> list:
+        """`--early-stopping P`: EarlyStopping on val_loss keeping the best weights, its state in the backup."""
+        from tftrain.callbacks import ResumableEarlyStopping
+
+        patience = self.config.train.early_stopping
+        if patience is None:
+            return []
+        self.early_stopping = ResumableEarlyStopping(
+            self.out_dir.backup_dir, monitor="val_loss", patience=patience, restore_best_weights=True,
+            verbose=min(1, self.config.train.verbose))
+        return [self.early_stopping]
 
     def _step_callbacks(self) -> list:
         from tftrain.callbacks import ProfilerWindow, ThroughputMonitor
@@ -393,24 +498,61 @@ class Trainer:
         # only its shard, so it is skipped there.
         input_data = self.task.probe_data(gb, INPUT_CHECK_BATCHES) if self.loop.checks_input else None
         self.monitor = ThroughputMonitor(gb, log_dir=self.out_dir.log_dir, input_data=input_data)
+        nvtx = self._nvtx_callbacks()
         window = self.config.train.profile_window
         if window is None:
-            return [self.monitor]
-        self.profiler = ProfilerWindow(self.out_dir.log_dir, *window, verbose=min(1, self.config.train.verbose))
-        return [self.monitor, self.profiler]
+            return [self.monitor] + nvtx
+        start, stop = (step * self.accumulation_steps for step in window)  # optimizer steps -> micro-batches
+        self.profiler = ProfilerWindow(self.out_dir.log_dir, start, stop, verbose=min(1, self.config.train.verbose))
+        return [self.monitor, self.profiler] + nvtx
+
+    def _nvtx_callbacks(self) -> list:
+        """`NvtxSteps` under `--nvtx` on a GPU (`tftrain.runtime.nvtx`), else none."""
+        if self.runtime.nvtx is None or not self.runtime.nvtx.active:
+            return []
+        from tftrain.callbacks import NvtxSteps
+
+        return [NvtxSteps()]
 
     def train(self, model, callbacks):
         """The loop's fit over `epochs`; returns `(History, seconds)`."""
         gb = self.batch.global_batch_size
         validation = self.task.validation_data(gb) if self.loop.validates else None
+        micro_steps = self.steps_per_epoch * self.accumulation_steps if self.steps_per_epoch else None
+        verbose, progress = keras_progress(self.config.train.verbose)
         started = time.perf_counter()
-        history = self.loop.fit(
-            model, lambda input_context=None: self.task.train_data(gb, input_context),
-            epochs=self.config.train.epochs, steps_per_epoch=self.steps_per_epoch, callbacks=callbacks,
-            verbose=self.config.train.verbose, validation_data=validation, runtime=self.runtime,
-            metrics=self.compile_args.get("metrics"),
-        )
+        try:
+            history = self.loop.fit(
+                model, self._train_data, epochs=self.config.train.epochs, steps_per_epoch=micro_steps,
+                callbacks=[*callbacks, *progress], verbose=verbose, validation_data=validation,
+                runtime=self.runtime, metrics=self.compile_args.get("metrics"),
+            )
+        except TrainingDiverged as e:  # the guard names the step; the run directory knows the checkpoint
+            raise TrainingDiverged(f"{e}; {self._checkpoint_note()}") from e
         return history, time.perf_counter() - started
+
+    def _checkpoint_note(self) -> str:
+        """Where the last good checkpoint is, and what to do about a diverged run."""
+        from tftrain.callbacks.backup import read_position
+
+        position = read_position(self.run_dir.backup_dir)
+        at = None if position is None else (f"end of epoch {position.epoch}" if not position.steps_in_epoch else
+                                            f"epoch {position.epoch + 1}, batch {position.steps_in_epoch}")
+        kept = ("no checkpoint was written before it" if at is None else
+                f"the last good checkpoint ({at}) is kept in {self.run_dir.backup_dir}")
+        return f"{kept}. Lower --learning-rate (or check the data), then train into a new --run-dir."
+
+    def _train_data(self, input_context=None):
+        """The task's training batches; under accumulation a finite epoch is cut to whole optimizer
+        steps, so that no micro-batch's gradients carry over into the next epoch's first step."""
+        dataset = self.task.train_data(self.batch.global_batch_size, input_context)
+        if self.accumulation_steps == 1 or not self.steps_per_epoch or input_context is not None:
+            return dataset  # a multi-worker loop repeats it and runs steps_per_epoch micro-batches
+        import tensorflow as tf
+
+        if int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
+            return dataset
+        return dataset.take(self.steps_per_epoch * self.accumulation_steps)
 
     def evaluate(self, model) -> Optional[dict]:
         """The loop's evaluation on the task's test data; None when the task has none."""
@@ -420,8 +562,12 @@ class Trainer:
         return self.loop.evaluate(model, dataset, self.compile_args.get("metrics"))
 
     def save(self, model) -> None:
-        """Saves the trained model as `model.keras` in this task's directory."""
-        model.save(self.out_dir / rundir_lib.MODEL_FILE)
+        """Saves the trained model as `model.keras` in this task's directory (loadable by plain Keras:
+        under gradient accumulation with the optimizer it wraps)."""
+        from tftrain.train.accumulation import saved_with_inner_optimizer
+
+        with saved_with_inner_optimizer(model):
+            model.save(self.out_dir / rundir_lib.MODEL_FILE)
 
     # -- printing, record, report ----------------------------------------------
     def print_plan(self) -> None:

@@ -36,6 +36,7 @@ from tftrain.tuning.search import (
     TIMEOUT,
     SearchResult,
     Trial,
+    propose_accumulation,
     search_batch_size,
     validate_search_args,
 )
@@ -55,6 +56,13 @@ class BatchSizeResult(SearchResult):
         learning_rate: the learning rate after linear scaling, or None when
             scaling was off.
         base_learning_rate: the learning rate before scaling, or None.
+        target_batch_size: the global batch asked for per optimizer step
+            (`find_batch_size(target_batch_size=...)`), or None.
+        micro_batch_size, gradient_accumulation_steps: when `target_batch_size`
+            does not fit, a micro-batch that does and the accumulation steps
+            that make up the target (`tftrain.tuning.search.propose_accumulation`;
+            train with `--batch-size MICRO --gradient-accumulation-steps N`);
+            else None and 1.
     """
 
     device_kind: str = "cpu"
@@ -62,6 +70,9 @@ class BatchSizeResult(SearchResult):
     seconds: float = 0.0
     learning_rate: Optional[float] = None
     base_learning_rate: Optional[float] = None
+    target_batch_size: Optional[int] = None
+    micro_batch_size: Optional[int] = None
+    gradient_accumulation_steps: int = 1
 
     def describe(self) -> str:
         """One line: the choice, the figures behind it and the search's limit."""
@@ -69,6 +80,11 @@ class BatchSizeResult(SearchResult):
             f"best examples/sec at {self.best_throughput} ({self.best_examples_per_sec:,.0f}/s)"
             if self.best_examples_per_sec else f"best at {self.best_throughput}"
         )
+        rates = [t for t in self.trials if t.fits and t.examples_per_sec]
+        top = max(rates, key=lambda t: t.examples_per_sec) if rates else None
+        if top is not None and top.batch_size != self.best_throughput:
+            best += (f", the smallest batch within the min_gain tolerance of the fastest trial "
+                     f"({top.batch_size}: {top.examples_per_sec:,.0f}/s)")
         largest = (
             f"largest fitting {self.largest_fitting}" if self.largest_fitting is not None
             else f"largest fitting >= {self.largest_tried_ok} (stopped on a throughput plateau)"
@@ -79,8 +95,15 @@ class BatchSizeResult(SearchResult):
         )
         return (
             f"batch size {self.batch_size} ({self.objective}, {self.mode}): {best}; {largest}; "
-            f"{len(self.trials)} trials in {self.seconds:.1f} s, growth ended by {self.limit}{lr}"
+            f"{len(self.trials)} trials in {self.seconds:.1f} s, growth ended by {self.limit}{lr}{self._accumulation()}"
         )
+
+    def _accumulation(self) -> str:
+        if self.gradient_accumulation_steps == 1:
+            return ""
+        micro, steps = self.micro_batch_size, self.gradient_accumulation_steps
+        return (f"; the batch of {self.target_batch_size} asked for does not fit: accumulate {steps} micro-batches of "
+                f"{micro} (effective {micro * steps}; --batch-size {micro} --gradient-accumulation-steps {steps})")
 
 
 # -- memory ----------------------------------------------------------------------
@@ -214,7 +237,9 @@ def _is_oom(error: Exception) -> bool:
 
 
 def _arrays_dataset_fn(x, y) -> Callable[[int], tf.data.Dataset]:
-    base = tf.data.Dataset.from_tensor_slices((x, y)).cache()
+    # No .cache(): the arrays are in memory already, and a trial that reads part of a
+    # cached dataset makes tf.data warn once per trial.
+    base = tf.data.Dataset.from_tensor_slices((x, y))
 
     def make(batch_size: int) -> tf.data.Dataset:
         return base.repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
@@ -242,6 +267,7 @@ def find_batch_size(
     scale_learning_rate: bool = False,
     base_batch_size: Optional[int] = None,
     verbose: int = 1,
+    target_batch_size: Optional[int] = None,
 ) -> BatchSizeResult:
     """Finds the global batch size that fits and the one with the best examples/sec.
 
@@ -288,6 +314,10 @@ def find_batch_size(
         base_batch_size: the batch size the current learning rate was chosen
             for; required with `scale_learning_rate`. Defaults to None.
         verbose: 1 prints each trial and the result, 0 is silent. Defaults to 1.
+        target_batch_size: the global batch wanted per optimizer step, with
+            objective `"largest"`: growth stops there, and when it does not fit
+            the result proposes `micro_batch_size` x `gradient_accumulation_steps`
+            that does. None searches without a target. Defaults to None.
 
     Returns:
         A `BatchSizeResult` with the choice, both figures and every trial.
@@ -300,6 +330,8 @@ def find_batch_size(
     Example:
         >>> result = find_batch_size(model, (x_train, y_train), objective="largest", mode="binsearch")
         >>> model.fit(x_train, y_train, batch_size=result.batch_size)
+        >>> result = find_batch_size(model, (x_train, y_train), objective="largest", target_batch_size=4096)
+        >>> result.micro_batch_size, result.gradient_accumulation_steps  # e.g. (1024, 4) when 4096 does not fit
     """
     started = time.perf_counter()
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
@@ -326,6 +358,9 @@ def find_batch_size(
         )
     if init_val % multiple_of:
         init_val = max(multiple_of, (init_val // multiple_of) * multiple_of)
+    if target_batch_size is not None:
+        _check_target(target_batch_size, objective, multiple_of)
+        max_val = target_batch_size if max_val is None else min(max_val, target_batch_size)
     if max_val is not None and max_val < init_val:
         init_val = max(multiple_of, (max_val // multiple_of) * multiple_of)
     validate_search_args(mode, objective, init_val, max_val, max_trials, margin, min_gain, multiple_of)
@@ -433,10 +468,28 @@ def find_batch_size(
         seconds=time.perf_counter() - started,
         learning_rate=learning_rate,
         base_learning_rate=base_lr if scale_learning_rate else None,
+        **_accumulation_fields(target_batch_size, search.largest_fitting, multiple_of),
     )
     if verbose:
         print(f"batch size search: {result.describe()}")
     return result
+
+
+def _check_target(target, objective: str, multiple_of: int) -> None:
+    """Refuses a `target_batch_size` that is not a positive multiple of `multiple_of`, or without `"largest"`."""
+    if objective != "largest":
+        raise ConfigError(f"target_batch_size needs objective='largest'. Received: objective={objective!r}.")
+    if isinstance(target, bool) or not isinstance(target, int) or target < 1 or target % multiple_of:
+        raise ConfigError(f"target_batch_size must be a positive multiple of {multiple_of} (the replica count). "
+                          f"Received: target_batch_size={target!r}.")
+
+
+def _accumulation_fields(target: Optional[int], largest: Optional[int], multiple_of: int) -> dict:
+    """`BatchSizeResult`'s target and the proposed micro-batch x accumulation steps (when it does not fit)."""
+    if target is None or largest is None or largest >= target:
+        return {"target_batch_size": target}
+    micro, steps = propose_accumulation(target, largest, multiple_of)
+    return {"target_batch_size": target, "micro_batch_size": micro, "gradient_accumulation_steps": steps}
 
 
 def _report(trial: Trial, verbose: int) -> Trial:

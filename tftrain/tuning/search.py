@@ -12,7 +12,7 @@ only wires hooks.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from tftrain.errors import BatchSizeSearchError, ConfigError
 
@@ -102,6 +102,42 @@ class SearchResult:
 
 def _round_down(value: int, multiple: int) -> int:
     return (value // multiple) * multiple
+
+
+def propose_accumulation(target: int, largest_fitting: int, multiple_of: int = 1) -> Tuple[int, int]:
+    """A micro-batch that fits and the gradient accumulation steps that make up `target`.
+
+    For a global batch `target` that does not fit in memory, with N0 =
+    `ceil(target / largest_fitting)` the fewest steps that could work: the
+    fewest steps N in [N0, 2 x N0] such that `target / N` is a whole multiple of
+    `multiple_of` (the replica count) and at most `largest_fitting`, so N
+    micro-batches give exactly `target` examples per optimizer step. When none
+    divides, the fewest steps N whose micro-batch `target / N`, rounded up to a
+    multiple of `multiple_of`, fits; their product exceeds `target` a little.
+
+    Args:
+        target: the global batch size wanted per optimizer step, >= 1.
+        largest_fitting: the largest global batch size that fits, >= 1.
+        multiple_of: micro-batches are multiples of this. Defaults to 1.
+
+    Returns:
+        `(micro_batch_size, accumulation_steps)`; `(target, 1)` when `target` fits.
+
+    Example:
+        >>> propose_accumulation(1024, 200, multiple_of=8)
+        (128, 8)
+    """
+    if target <= largest_fitting:
+        return target, 1
+    largest_fitting = max(largest_fitting, multiple_of)
+    fewest = -(-target // largest_fitting)
+    for steps in range(fewest, 2 * fewest + 1):
+        if target % steps == 0 and (target // steps) % multiple_of == 0:
+            return target // steps, steps
+    steps = fewest
+    while -(-target // (steps * multiple_of)) * multiple_of > largest_fitting:
+        steps += 1
+    return -(-target // (steps * multiple_of)) * multiple_of, steps
 
 
 def best_throughput_trial(trials: List[Trial], min_gain: float = 0.05) -> Trial:

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.profile_traces import event_counts, read_xspace, step_markers
+from tests.profile_traces import event_counts, read_xspace, stat_values, step_markers
 from tftrain.callbacks import ProfilerWindow, ProfileSteps, profiler
+from tftrain.callbacks._trace_steps import group_steps_by_markers, step_marker_name
 from tftrain.callbacks.profiler import StepWindow, check_window_fits
 from tftrain.errors import ConfigError, ProfilerError
 
@@ -105,7 +106,45 @@ def test_window_under_steps_per_execution_traces_exactly_the_requested_steps(tmp
     assert trace.parent.parent == tmp_path / "train" / "plugins" / "profile"
     space = read_xspace(trace)
     assert optimizer_steps_in_trace(space) == 8  # steps 4..11: no more, no fewer
-    assert step_markers(space) == [4, 8]  # two executions of 4 steps
+    # two executions of 4 steps, each one marker that says so
+    assert step_markers(space, with_names=True) == [(4, "train(4 steps)"), (8, "train(4 steps)")]
+    iter_nums = stat_values(space, "iter_num")
+    assert iter_nums and set(iter_nums) == {0}  # the while-loop iterations no longer group the trace
+
+
+def test_step_marker_names():
+    assert step_marker_name(1) == "train"
+    assert step_marker_name(8) == "train(8 steps)"
+    assert "/" not in step_marker_name(8)  # the Profile tab takes "train..." without "/" as a step marker
+
+
+def test_group_steps_by_markers_rewrites_only_loop_iterations(tmp_path):
+    fits = {}
+    for spe in (4, 1):  # raw traces: without markers ProfileSteps leaves the file as TensorFlow wrote it
+        window = ProfilerWindow(tmp_path / f"spe{spe}", start=spe, stop=2 * spe, step_markers=False, verbose=0)
+        small_model(steps_per_execution=spe).fit(small_dataset(batches=8), epochs=1, callbacks=[window], verbose=0,
+                                                   shuffle=False)
+        fits[spe] = window.trace_files[0]
+    looped = fits[4]
+    before = read_xspace(looped)
+    assert any(stat_values(before, "iter_num"))  # Keras ran the 4 steps as tf.while_loop iterations
+    assert group_steps_by_markers(looped) == sum(1 for v in stat_values(before, "iter_num") if v)
+    after = read_xspace(looped)
+    assert set(stat_values(after, "iter_num")) == {0}
+    assert event_counts(after) == event_counts(before)  # nothing else changed
+    assert group_steps_by_markers(looped) == 0  # idempotent
+    plain = fits[1].read_bytes()
+    assert group_steps_by_markers(fits[1]) == 0 and fits[1].read_bytes() == plain  # no loop: untouched
+
+
+def test_capture_line_says_one_overview_step_is_one_execution(tmp_path, capsys):
+    window = ProfilerWindow(tmp_path, start=4, stop=8, verbose=1)
+    small_model(steps_per_execution=4).fit(small_dataset(batches=8), epochs=1, callbacks=[window], verbose=0,
+                                         shuffle=False)
+    out = capsys.readouterr().out
+    assert "traced steps [4, 8)" in out
+    assert "one step per execution of 4 steps ('train(4 steps) 4' = steps 4..7)" in out
+    assert "divide its step time by 4" in out
 
 
 def test_window_with_one_step_executions(tmp_path):
@@ -204,3 +243,14 @@ def test_on_demand_server_requires_acknowledging_all_interfaces():
         ProfilerWindow.on_demand(6009)
     with pytest.raises(ProfilerError, match="port"):
         profiler.start_profiler_server(0, listen_on_all_interfaces=True)
+
+
+def test_a_window_widened_at_either_end_says_so(tmp_path):
+    model = small_model(steps_per_execution=4)
+    window = ProfilerWindow(tmp_path, start=5, stop=10, verbose=0)  # widened to the executions [4, 8), [8, 12)
+    with pytest.warns(UserWarning) as caught:
+        model.fit(small_dataset(batches=8), epochs=2, callbacks=[window], verbose=0, shuffle=False)
+    messages = [str(w.message) for w in caught]
+    assert any("starts inside an execution" in m and "tracing from step 4" in m for m in messages), messages
+    assert any("ends inside an execution" in m and "traced up to step 12" in m for m in messages), messages
+    assert window.captured == (4, 12)

@@ -139,3 +139,11 @@ def test_monitor_counts_steps_that_loss_scaling_skipped():
     model.fit(ds, epochs=2, steps_per_epoch=10, callbacks=[monitor], verbose=0, shuffle=False)
     assert int(model.optimizer.iterations.numpy()) < 20  # some updates were skipped
     assert monitor.result()["total_steps"] == 20
+
+
+def test_monitor_refuses_arrays_as_input_data():
+    from tftrain.errors import ConfigError
+
+    x = np.zeros((64, 4), "float32")
+    with pytest.raises(ConfigError, match="tuple of arrays, which has no input pipeline to time"):
+        ThroughputMonitor(batch_size=8, input_data=(x, np.zeros(64)))

@@ -102,6 +102,38 @@ def test_choose_execution_restores_state_and_keeps_the_winner_compiled():
     assert choice.to_dict()["execution"] == choice.execution
 
 
+def _dropout_model(seed):
+    """A model whose training depends on Dropout's seed-generator state; same seed, same start."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dropout(0.5), keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), **compile_options("graph", 1))
+    return model
+
+
+def test_training_after_choose_execution_matches_training_without_it():
+    import numpy as np
+
+    from tftrain.runtime import choose_execution
+
+    timed, untimed = _dropout_model(seed=5), _dropout_model(seed=5)
+    dropout = timed.layers[1]
+    seed_state = [v for v in dropout.variables if "seed" in v.path]
+    assert seed_state  # Dropout's seed-generator state, which every timed step advanced
+    choice = choose_execution(timed, _batches(), steps=3)
+    untimed.jit_compile = timed.jit_compile  # graph and XLA may round differently: compare like with like
+
+    timed.fit(_batches(), epochs=2, verbose=0, shuffle=False)
+    untimed.fit(_batches(), epochs=2, verbose=0, shuffle=False)
+
+    assert choice.timings and int(timed.optimizer.iterations.numpy()) == 8
+    for a, b in zip(timed.get_weights(), untimed.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_choose_execution_takes_the_faster_mode(monkeypatch):
     from tftrain.runtime import execution
 

@@ -67,12 +67,25 @@ def test_slurm_cluster_uses_tensorflows_resolver(monkeypatch):
     assert info.task == "worker:1" and info.num_workers == 4
 
 
-def test_resolve_cluster_prefers_tf_config_and_ignores_single_process_strategies():
-    tf_config = json.dumps({"cluster": {"worker": ["h:1", "h:2"]}, "task": {"type": "worker", "index": 1}})
-    assert cl.resolve_cluster("mirrored", env={"TF_CONFIG": tf_config}) is None
-    info = cl.resolve_cluster("multi_worker_mirrored", env={"TF_CONFIG": tf_config})
-    assert info.task == "worker:1" and info.source == "TF_CONFIG"
-    assert cl.resolve_cluster("multi_worker_mirrored", env={}) is None
+def test_tf_config_wins_over_a_slurm_step_and_without_it_the_step_is_used(monkeypatch):
+    # Both in the process environment, where a job would have them: SLURM's step and TF_CONFIG.
+    for key, value in SLURM.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    tf_config = {"cluster": {"worker": ["h:1", "h:2"]}, "task": {"type": "worker", "index": 0}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    info = cl.resolve_cluster("multi_worker_mirrored")
+    assert info.source == "TF_CONFIG" and info.cluster == {"worker": ("h:1", "h:2")} and info.task == "worker:0"
+    assert cl.resolve_cluster("mirrored") is None  # a single-process strategy looks for neither
+
+    monkeypatch.delenv("TF_CONFIG")
+    info = cl.resolve_cluster("multi_worker_mirrored")
+    assert info.source == "SLURM" and info.task == "worker:1" and info.num_workers == 4
+    assert info.cluster == {"worker": ("node07:8888", "node07:8889", "node08:8888", "node08:8889")}
+
+    for key in SLURM:
+        monkeypatch.delenv(key)
+    assert cl.resolve_cluster("multi_worker_mirrored") is None  # neither: one process
 
 
 @pytest.mark.parametrize(

@@ -58,3 +58,17 @@ def test_setup_validates_tf_config_before_building_the_strategy():
 
     with pytest.raises(ClusterConfigError, match="not valid JSON"):
         setup(RuntimeConfig(strategy="multi_worker_mirrored"), env={"TF_CONFIG": "{oops"})
+
+
+def test_the_eager_overhead_warning_is_silenced_and_others_are_kept(caplog):
+    import logging
+
+    from tftrain.runtime.devices import DeviceInfo
+    from tftrain.runtime.strategy import make_strategy
+
+    make_strategy("default", DeviceInfo("cpu", ("/device:CPU:0",)), None)
+    logger = logging.getLogger("tensorflow")
+    with caplog.at_level(logging.WARNING, logger="tensorflow"):
+        logger.warning("Using MirroredStrategy eagerly has significant overhead currently.")
+        logger.warning("something a user needs")
+    assert [r.getMessage() for r in caplog.records] == ["something a user needs"]

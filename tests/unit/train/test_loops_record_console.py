@@ -93,3 +93,26 @@ def test_console_is_silent_at_verbose_0_except_for_errors():
     loud = Console(1, out, err)
     loud.section("plan"), loud.lines(["a", "b"]), loud.warn("careful")
     assert out.getvalue() == "== plan ==\na\nb\n" and err.getvalue().endswith("warning: careful\n")
+
+
+def test_progress_is_one_line_per_epoch_off_a_terminal_and_a_capped_bar_on_one():
+    import io
+
+    import keras
+    import numpy as np
+
+    from tftrain.train.console import keras_progress
+
+    assert keras_progress(1, io.StringIO()) == (2, [])  # a file or pipe: no control characters
+    assert keras_progress(0, io.StringIO()) == (0, []) and keras_progress(2, io.StringIO()) == (2, [])
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    verbose, (bar,) = keras_progress(1, Tty())
+    assert verbose == 1 and isinstance(bar, keras.callbacks.ProgbarLogger)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", steps_per_execution=8)
+    model.fit(np.ones((32, 2)), np.ones((32, 1)), batch_size=8, epochs=1, callbacks=[bar], verbose=1)
+    assert bar.seen == 4  # 4 steps, not the execution's nominal 8 (keras-team/keras#20861)

@@ -230,3 +230,50 @@ def test_tfrecord_train_examples_caps_records_before_the_cache(tmp_path):
     task = tftrain.TFRecordTask(_model, [path], parse, loss="mse").bind(RecipeConfig().override({"train_examples": 6}))
     assert sorted(_labels(task.train_data(2))) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     assert task.num_train_examples == 6 and len(list(task.probe_data(2, 2))) == 2
+
+
+def _dataset_ops(ds) -> list:
+    """The op names of a dataset's graph, input first (e.g. RangeDataset ... PrefetchDataset)."""
+    graph = tf.compat.v1.GraphDef.FromString(ds._as_serialized_graph().numpy())
+    return [node.op for node in graph.node]
+
+
+def _shuffle_buffer(ds) -> int:
+    """The buffer size of the one shuffle in a dataset's graph."""
+    nodes = {node.name: node for node in tf.compat.v1.GraphDef.FromString(ds._as_serialized_graph().numpy()).node}
+    (shuffle,) = [n for n in nodes.values() if n.op.startswith("ShuffleDataset")]
+    return int(nodes[shuffle.input[1]].attr["value"].tensor.int64_val[0])  # inputs: dataset, buffer_size, ...
+
+
+def _tasks_for_flags(tmp_path):
+    from tftrain.recipes import mnist
+
+    x, y = _arrays(64)
+    records = _write_records(tmp_path / "d.tfrecord", 64, label_scale=1)
+    return {
+        "mnist-arrays": mnist.TASK,
+        "tfrecord": tftrain.TFRecordTask(_model, [records], parse, num_train_examples=64, loss="mse"),
+        "dataset": tftrain.DatasetTask(_model, lambda: tf.data.Dataset.from_tensor_slices((x, y)), loss="mse",
+                                       shuffle=True),
+    }
+
+
+@pytest.mark.parametrize("name", ["mnist-arrays", "tfrecord", "dataset"])
+def test_pipeline_flags_reach_the_training_dataset(tmp_path, name):
+    from tftrain.cli import parse_config
+
+    task = _tasks_for_flags(tmp_path)[name]
+
+    def train_data(argv):
+        return task.bind(parse_config(argv, task.default_config(), "prog")).train_data(16)
+
+    default = train_data([])
+    assert "PrefetchDataset" in _dataset_ops(default)
+    assert default.options().threading.private_threadpool_size is None
+    assert _shuffle_buffer(default) == {"mnist-arrays": 60_000, "tfrecord": 10_000, "dataset": 10_000}[name]
+
+    flagged = train_data(["--no-prefetch", "--shuffle-buffer", "77", "--private-threads", "3"])
+    assert "PrefetchDataset" not in _dataset_ops(flagged)
+    assert _shuffle_buffer(flagged) == 77
+    assert flagged.options().threading.private_threadpool_size == 3
+    assert len(list(flagged.take(2))) == 2  # still a working pipeline

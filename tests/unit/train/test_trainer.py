@@ -158,6 +158,26 @@ def test_tune_runs_trials_on_validation_data_and_trains_the_best(tmp_path):
     assert 0.005 <= record.learning_rate <= 0.5  # searched around the task's 0.05
 
 
+def test_tune_says_so_when_every_trial_failed(tmp_path):
+    import keras
+
+    class FailsInTraining(keras.layers.Layer):
+        def call(self, x, training=None):
+            if training:
+                raise RuntimeError("this layer cannot train")
+            return x
+
+    def broken_model():
+        return keras.Sequential([keras.Input((4,)), FailsInTraining(), keras.layers.Dense(1)])
+
+    x, y = np.ones((64, 4), "float32"), np.ones((64, 1), "float32")
+    task = tftrain.ArrayTask(broken_model, x, y, loss="mse", name="broken")
+    trainer = tftrain.Trainer(task, tune=2, validation_split=0.25, epochs=1, verbose=0, execution="graph",
+                              run_dir=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match="keras-tuner finished no trial"):  # not a TypeError on a None score
+        trainer.fit()
+
+
 def test_evaluate_save_and_report_stages(tmp_path, capsys):
     import keras
 
@@ -247,3 +267,26 @@ def test_the_run_directory_names_its_task(tmp_path):
     _trainer(tmp_path, epochs=1).fit()
     assert json.loads((tmp_path / "run" / "task.json").read_text()) == {
         "name": "tiny", "class": "ArrayTask", "hparams": None}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"strategy": "mirrored", "communication": "ring"}, "communication='ring' applies to multi_worker_mirrored only"),
+    ({"strategy": "default", "ps_tasks": 2}, "ps_tasks=2 applies to parameter_server only"),
+])
+def test_flags_a_strategy_ignores_are_refused(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        _trainer(tmp_path, **overrides)
+
+
+def test_a_parameter_server_worker_serves_on_the_asked_devices(tmp_path, monkeypatch):
+    from tftrain import runtime
+    from tftrain.runtime.cluster import ClusterInfo
+
+    calls = []
+    monkeypatch.setattr(runtime, "configure_devices", lambda device, *a: calls.append(("devices", device)))
+    monkeypatch.setattr(runtime, "serve", lambda cluster, *a, **k: calls.append(("serve", cluster.task)))
+    trainer = _trainer(tmp_path, strategy="parameter_server", device="cpu")
+    trainer.cluster = ClusterInfo({"chief": ("127.0.0.1:1",), "worker": ("127.0.0.1:2",), "ps": ("127.0.0.1:3",)},
+                                  "worker", 0)
+    trainer.serve()
+    assert calls == [("devices", "cpu"), ("serve", "worker:0")]

@@ -115,3 +115,17 @@ def test_best_throughput_trial_picks_the_smallest_on_the_plateau():
 def test_invalid_arguments_raise_config_error(kwargs):
     with pytest.raises(ConfigError):
         search_batch_size(fake_oom_above(100), **kwargs)
+
+
+@pytest.mark.parametrize("target, largest, multiple_of, expected", [
+    (1024, 200, 8, (128, 8)),  # 1024 / 6 and / 7 are not whole multiples of 8; / 8 is
+    (1000, 300, 8, (200, 5)),  # 250 (4 steps) is not a multiple of 8
+    (128, 200, 8, (128, 1)),  # fits: no accumulation
+    (97, 40, 1, (33, 3)),  # prime: no exact split within 2x the fewest steps; 3 x 33 = 99
+])
+def test_propose_accumulation_splits_a_batch_that_does_not_fit(target, largest, multiple_of, expected):
+    from tftrain.tuning.search import propose_accumulation
+
+    micro, steps = propose_accumulation(target, largest, multiple_of)
+    assert (micro, steps) == expected
+    assert micro <= largest and micro % multiple_of == 0 and micro * steps >= target

@@ -135,3 +135,35 @@ def test_batch_size_finder_callback_searches_then_leaves_the_model_untouched():
     assert finder.batch_size in (16, 32, 64) and finder.result.trials
     assert len(history.epoch) == 1  # stopped after the search
     assert_same_state(before, state_values(model))
+
+
+def test_describe_names_the_fastest_trial_when_the_choice_is_another(capfd):
+    from tftrain.tuning.batch_size import BatchSizeResult
+    from tftrain.tuning.search import Trial
+
+    trials = [Trial(32, "ok", examples_per_sec=1000.0), Trial(64, "ok", examples_per_sec=1030.0)]
+    result = BatchSizeResult(batch_size=32, objective="throughput", mode="power", trials=tuple(trials),
+                             best_throughput=32, best_examples_per_sec=1000.0, largest_fitting=None,
+                             largest_tried_ok=64, limit="plateau")
+    assert "smallest batch within the min_gain tolerance of the fastest trial (64: 1,030/s)" in result.describe()
+
+
+def test_arrays_search_prints_no_partial_cache_warning(capfd):
+    x, y = data()
+    find_batch_size(trained_model(), (x, y), init_val=16, max_val=64, steps_per_trial=1, verbose=0)
+    assert "did not fully read the dataset being cached" not in capfd.readouterr().err
+
+
+def test_largest_objective_proposes_accumulation_when_the_target_does_not_fit():
+    model = trained_model()
+    oom_above(model, 200)
+    result = find_batch_size(model, data(), mode="binsearch", objective="largest", init_val=32, target_batch_size=1024,
+                             steps_per_trial=1, margin=0.0, multiple_of=8, memory_budget=None, verbose=0)
+    assert result.largest_fitting == 200 and max(t.batch_size for t in result.trials) <= 1024
+    assert (result.micro_batch_size, result.gradient_accumulation_steps) == (128, 8)  # 8 x 128 = 1024
+    assert "--batch-size 128 --gradient-accumulation-steps 8" in result.describe()
+    fits = find_batch_size(model, data(), objective="largest", init_val=32, target_batch_size=64, steps_per_trial=1,
+                           multiple_of=8, memory_budget=None, verbose=0)
+    assert (fits.batch_size, fits.gradient_accumulation_steps, fits.micro_batch_size) == (64, 1, None)
+    with pytest.raises(ConfigError, match="target_batch_size needs objective='largest'"):
+        find_batch_size(model, data(), target_batch_size=64, verbose=0)

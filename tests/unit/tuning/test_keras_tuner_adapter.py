@@ -64,12 +64,25 @@ def test_unknown_algorithm_and_bad_trials(tmp_path):
         make_tuner(hypermodel(), directory=tmp_path, max_trials=0)
 
 
-@pytest.mark.parametrize("algorithm, cls", [("random", kt.RandomSearch), ("bayesian", kt.BayesianOptimization),
-                                            ("hyperband", kt.Hyperband)])
-def test_algorithms_and_trial_cap(tmp_path, algorithm, cls):
-    tuner = make_tuner(hypermodel(), directory=tmp_path / "tuning", algorithm=algorithm, max_trials=3)
-    assert isinstance(tuner, cls) and tuner.oracle.max_trials == 3
-    assert (tmp_path / "tuning" / "tuner").is_dir()
+@pytest.mark.parametrize("algorithm, cls, kwargs", [
+    # One random point, then the Gaussian process (scipy, scikit-learn) proposes the second trial.
+    ("bayesian", kt.BayesianOptimization, {"num_initial_points": 1}),
+    # max_epochs=3 gives Hyperband a first bracket of 1-epoch trials; uncapped it would run 6 trials here.
+    ("hyperband", kt.Hyperband, {"max_epochs": 3}),
+])
+def test_bayesian_and_hyperband_searches_run_and_stop_at_max_trials(tmp_path, algorithm, cls, kwargs):
+    tuner = make_tuner(hypermodel(), directory=tmp_path / "tuning", algorithm=algorithm, max_trials=2, seed=0,
+                       **kwargs)
+    assert isinstance(tuner, cls)
+    tuner.search(epochs=1, verbose=0)
+    trials = list(tuner.oracle.trials.values())
+    assert len(trials) == 2
+    assert all(t.status == "COMPLETED" and t.score is not None for t in trials), [(t.status, t.score) for t in trials]
+    if algorithm == "hyperband":
+        assert all(t.hyperparameters.values["tuner/epochs"] == 1 for t in trials)
+    best = tuner.get_best_hyperparameters(1)[0].values
+    assert best["width"] in (4, 8) and best["batch_size"] in (16, 32)
+    assert (tmp_path / "tuning" / "tuner" / "oracle.json").is_file()
 
 
 def test_search_runs_each_trial_from_clear_session_under_the_strategy(tmp_path, monkeypatch):
@@ -79,7 +92,7 @@ def test_search_runs_each_trial_from_clear_session_under_the_strategy(tmp_path, 
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     run_dir = tmp_path / "run"
     tuner = make_tuner(hypermodel(), directory=run_dir / "tuning", max_trials=2, strategy=strategy, seed=0)
-    assert tuner.distribution_strategy is strategy
+    assert isinstance(tuner, kt.RandomSearch) and tuner.distribution_strategy is strategy
     tuner.search(epochs=1, verbose=0)
     assert len(tuner.oracle.trials) == 2
     assert len(calls) >= 2  # one clear_session per trial at least
