@@ -96,6 +96,46 @@ def _headline(summaries: dict) -> list:
     return rows
 
 
+def _merge_previous(path: Path, suite_kind: str, quick: bool, statuses: dict, summaries: dict, total: float):
+    """`--only`: the previous summary's runs with the rerun ones replaced, so rerunning one benchmark
+    does not drop the others from `summary.md` (their results files are untouched). Returns
+    `(statuses, summaries, total seconds)`."""
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return statuses, summaries, total
+    if previous.get("suite") != suite_kind or previous.get("quick") != quick:
+        return statuses, summaries, total
+    merged_status = {**previous.get("runs", {}), **statuses}
+    merged_summaries = {**previous.get("summaries", {}), **summaries}
+    return merged_status, merged_summaries, sum(s["seconds"] for s in merged_status.values())
+
+
+def _write_summary(out: Path, prefix: str, suite_kind: str, quick: bool, notes: list, suite, statuses: dict,
+                   summaries: dict, total: float) -> None:
+    """Writes `<out>/<prefix>summary.md` (targets, runs, each benchmark's table) and `summary.json`."""
+    lines = [f"# Benchmark summary ({suite_kind} suite{', quick' if quick else ''})", "",
+             f"{datetime.datetime.now().isoformat(timespec='seconds')}; {common.cpu_model()}, "
+             f"{common.cpu_cores()} core(s); "
+             f"total {total / 60:.1f} min.", ""]
+    lines += [f"- {n}" for n in notes]
+    lines += ["## Targets", "", common.markdown_table(["figure", "measured", "target", "met"], headline(summaries, quick)),
+              "", "## Runs", "",
+              common.markdown_table(["benchmark", "status", "seconds"],
+                                    [[n, s["status"], f"{s['seconds']:.0f}"] for n, s in statuses.items()]), ""]
+    for name in suite:
+        md = out / f"{prefix}{name}.md"
+        if md.exists() and statuses[name]["status"] == "ok":
+            lines += [md.read_text(encoding="utf-8").replace("## ", "### ", 1), ""]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{prefix}summary.md").write_text("\n".join(lines), encoding="utf-8")
+    (out / f"{prefix}summary.json").write_text(json.dumps(
+        {"suite": suite_kind, "quick": quick, "total_s": total, "runs": statuses, "summaries": summaries,
+         "notes": notes}, indent=2) + "\n", encoding="utf-8")
+    print("\n" + "\n".join(lines[:lines.index("## Runs")]), flush=True)
+    print(f"wrote {out / (prefix + 'summary.md')}", flush=True)
+
+
 def main(argv=None) -> int:
     """Runs the suite; returns the exit code."""
     args = parse_args(argv)
@@ -153,26 +193,11 @@ def main(argv=None) -> int:
         print(f"=== {name}: {status} in {seconds:.0f} s ===", flush=True)
 
     total = time.perf_counter() - started
-    lines = [f"# Benchmark summary ({suite_kind} suite{', quick' if quick else ''})", "",
-             f"{datetime.datetime.now().isoformat(timespec='seconds')}; {common.cpu_model()}, "
-             f"{common.cpu_cores()} core(s); "
-             f"total {total / 60:.1f} min.", ""]
-    lines += [f"- {n}" for n in notes]
-    lines += ["## Targets", "", common.markdown_table(["figure", "measured", "target", "met"], headline(summaries, quick)),
-              "", "## Runs", "",
-              common.markdown_table(["benchmark", "status", "seconds"],
-                                    [[n, s["status"], f"{s['seconds']:.0f}"] for n, s in statuses.items()]), ""]
-    for name in suite:
-        md = out / f"{prefix}{name}.md"
-        if md.exists() and statuses[name]["status"] == "ok":
-            lines += [md.read_text(encoding="utf-8").replace("## ", "### ", 1), ""]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{prefix}summary.md").write_text("\n".join(lines), encoding="utf-8")
-    (out / f"{prefix}summary.json").write_text(json.dumps(
-        {"suite": suite_kind, "quick": quick, "total_s": total, "runs": statuses, "summaries": summaries,
-         "notes": notes}, indent=2) + "\n", encoding="utf-8")
-    print("\n" + "\n".join(lines[:lines.index("## Runs")]), flush=True)
-    print(f"wrote {out / (prefix + 'summary.md')}", flush=True)
+    if args.only:  # keep the other benchmarks of the last full run in the summary
+        statuses, summaries, total = _merge_previous(out / f"{prefix}summary.json", suite_kind, quick, statuses,
+                                                     summaries, total)
+        suite = tuple(statuses)
+    _write_summary(out, prefix, suite_kind, quick, notes, suite, statuses, summaries, total)
     return 0 if all(s["status"] == "ok" for s in statuses.values()) else 1
 
 
