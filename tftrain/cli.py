@@ -76,8 +76,9 @@ def build_parser(
             flag's help.
         description: text above the flag list. Defaults to "".
         default_config: recipe file named in `--config`'s help. Defaults to None.
-        omit: flat keys (`"data.cache"`) whose flags are left out (a task's
-            `unused_fields`). Defaults to ().
+        omit: flat keys (`"data.cache"`) whose flags are left out of `--help`
+            (a task's `unused_fields`; still parsed, so the task can refuse them
+            with its reason). Defaults to ().
 
     Returns:
         An `argparse.ArgumentParser` whose unset flags are absent from the parsed
@@ -104,8 +105,6 @@ def build_parser(
             "task hyperparameters", f"declared by the task ({type(defaults.task).__name__}); YAML section 'task:'"
         )
     for section, f, hint in _fields(defaults):
-        if f"{section}.{f.name}" in omit:
-            continue
         kind, _ = config_lib._field_kind(hint)
         if not isinstance(kind, type):
             kind = str
@@ -122,6 +121,8 @@ def build_parser(
             else:
                 kwargs["metavar"] = f.metadata.get("metavar") or (
                     "N" if kind is int else "F" if kind is float else f.name.split("_")[-1].upper())
+        if f"{section}.{f.name}" in omit:  # parsed, so the task's check can say why it does nothing
+            kwargs["help"] = argparse.SUPPRESS
         groups.get(section, parser).add_argument(flag_name(f.name), **kwargs)
     return parser
 

@@ -55,8 +55,9 @@ class RunDir:
         path: the directory.
         resumed_epochs: epochs already completed by an interrupted run of the same
             configuration (from its BackupAndRestore checkpoint); 0 for a new run.
-        resumed_steps: optimizer steps of the next epoch done as well (a
-            checkpoint written mid-epoch, `--backup-every-steps`); 0 otherwise.
+        resumed_steps: batches of the next epoch done as well (a checkpoint
+            written mid-epoch, `--backup-every-steps`; micro-batches under
+            gradient accumulation); 0 otherwise.
     """
 
     path: Path

@@ -50,7 +50,7 @@ def test_a_run_killed_mid_epoch_resumes_at_its_step_and_takes_the_uninterrupted_
 
     r = run_module(MODULE, args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert (f"resuming: {saved['epoch']}/2 epochs done and {saved['steps_in_epoch']} steps of the next, "
+    assert (f"resuming: {saved['epoch']}/2 epochs done and {saved['steps_in_epoch']} optimizer steps of the next, "
             f"from the checkpoint in {run_dir / 'backup'}") in r.stdout
     assert "backup:    every 8 optimizer steps and at each epoch end" in r.stdout
     m = read_metrics(run_dir)

@@ -13,7 +13,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import portpicker
 import pytest
@@ -125,7 +124,8 @@ def test_a_task_whose_chief_goes_away_without_a_status_exits_1():
             while not any("worker:0: serving the parameter-server job" in line for line in lines[-1:]):
                 lines.append(proc.stdout.readline())
                 assert lines[-1], "".join(lines)[-3000:]  # the task ended before serving
-            time.sleep(2)  # the task has seen the chief
+            listener.settimeout(60)
+            listener.accept()[0].close()  # the task has looked at the chief (its TCP probe arrived)
         except BaseException:
             _finish(proc, 1)
             raise

@@ -17,6 +17,7 @@ step per execution. Nothing else in the trace changes.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 ITER_NUM_STAT = "iter_num"
@@ -44,11 +45,18 @@ def group_steps_by_markers(path) -> int:
         path: a `.xplane.pb` file written by `tf.profiler.experimental.stop()`.
 
     Returns:
-        The number of statistics rewritten (0: the file was not touched).
+        The number of statistics rewritten (0: the file was not touched, also when
+        this TensorFlow no longer ships the schema; a warning then says so).
     """
     # The XSpace schema of the file TensorFlow writes; TensorFlow ships it, and no
     # public API reads or writes the file.
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    try:
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    except ImportError:
+        warnings.warn("This TensorFlow has no tensorflow.tsl.profiler.protobuf.xplane_pb2, so the trace is left as "
+                      "written: under steps_per_execution > 1 TensorBoard's Overview may show no step time.",
+                      stacklevel=2)
+        return 0
 
     path = Path(path)
     space = xplane_pb2.XSpace()

@@ -134,7 +134,7 @@ def fit_ring(rows: Sequence[dict], workers: int) -> dict:
         sent = 2 * (workers - 1) / workers * r["bytes"]
         out.append({**r, "bytes_sent": sent, "bytes_per_s": sent / r["median_s"]})
     largest = max(out, key=lambda r: r["bytes"])
-    if len(out) < 2:
+    if len({r["bytes"] for r in out}) < 2:  # one size: no line to fit
         return {"fixed_s": None, "bytes_per_s": largest["bytes_per_s"], "rows": out}
     xs, ts = [r["bytes_sent"] for r in out], [r["median_s"] for r in out]
     mean_x, mean_t = statistics.fmean(xs), statistics.fmean(ts)

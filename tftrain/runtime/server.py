@@ -131,6 +131,7 @@ class StatusQueue:
         self._session = tf.compat.v1.Session(server.target, graph=graph,
                                              config=tf.compat.v1.ConfigProto(device_filters=[device]))
         self._status: Optional[int] = None
+        self._error: Optional[Exception] = None
         self._thread = threading.Thread(target=self._receive, name="tftrain-job-status", daemon=True)
         self._thread.start()
 
@@ -140,10 +141,18 @@ class StatusQueue:
             self._status = int(status)
         except tf.errors.OutOfRangeError:  # closed by `close`
             pass
+        except Exception as e:  # noqa: BLE001 (kept for `get` to raise in the serving thread)
+            self._error = e
 
     def get(self, timeout_s: float) -> Optional[int]:
-        """The status the chief sent, waiting up to `timeout_s` seconds; None when none came."""
+        """The status the chief sent, waiting up to `timeout_s` seconds; None when none came.
+
+        Raises:
+            JobFailed: when waiting on the queue failed (the error is named).
+        """
         self._thread.join(timeout_s)
+        if self._error is not None:
+            raise JobFailed(f"waiting for the chief's status failed: {type(self._error).__name__}: {self._error}")
         return None if self._thread.is_alive() else self._status
 
     def close(self) -> None:
@@ -268,9 +277,19 @@ def serve(cluster: ClusterInfo, intra_op_threads: int = 0, inter_op_threads: int
     finally:
         queue.close()
     if status != JOB_FINISHED:
+        _let_the_chief_exit_first(chief, chief_gone_s)
         raise JobFailed(f"the chief at {chief} reported that the parameter-server job failed; see its output")
     print(f"{cluster.task}: the chief finished the job; exiting", file=log, flush=True)
     return 0
+
+
+def _let_the_chief_exit_first(chief: str, limit_s: float, poll_s: float = POLL_S) -> None:
+    """Waits (at most `limit_s` seconds) until the failed chief's server stops answering, so the chief
+    prints its error line and sets the job's exit code before a worker's exit 1 ends the job (the
+    launcher and `srun --kill-on-bad-exit` end it at the first failing task)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and chief_reachable(chief):
+        time.sleep(poll_s)
 
 
 def tell_servers(cluster: ClusterInfo, status: int) -> List[str]:

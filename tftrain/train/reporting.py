@@ -52,7 +52,8 @@ def announce_run_dir(trainer) -> None:
     console.line(f"run directory: {run_dir.path}" + ("" if trainer.is_chief else
                  f" (the chief's; {trainer.task_name} writes to {out.path})"))
     if run_dir.resumed:
-        steps = f" and {run_dir.resumed_steps} steps of the next" if run_dir.resumed_steps else ""
+        done = run_dir.resumed_steps // trainer.accumulation_steps  # the checkpoint counts micro-batches
+        steps = f" and {done} optimizer steps of the next" if done else ""
         console.line(f"resuming: {run_dir.resumed_epochs}/{trainer.config.train.epochs} epochs done{steps}, "
                      f"from the checkpoint in {run_dir.backup_dir}")
 

@@ -139,8 +139,8 @@ def test_cache_is_not_offered_for_in_memory_arrays(task_file, tmp_path, capsys):
     with pytest.raises(SystemExit):
         run.main([f"{task_file}:task", "--help"])
     assert "--cache" not in capsys.readouterr().out
-    assert run.main([f"{task_file}:task", "--no-cache"]) == 2
-    assert "unrecognized arguments: --no-cache" in capsys.readouterr().err
+    assert run.main([f"{task_file}:task", "--no-cache", "--run-dir", str(tmp_path / "r")]) == 2
+    assert "data.cache (--cache) does nothing for task 'filetask'" in capsys.readouterr().err
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("data:\n  cache: false\n")
     assert run.main([f"{task_file}:task", "--config", str(recipe), "--run-dir", str(tmp_path / "r")]) == 2
