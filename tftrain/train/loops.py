@@ -59,6 +59,10 @@ class FitLoop:
         """A context manager around the run after set-up; here it does nothing."""
         return contextlib.nullcontext()
 
+    def steps_per_execution_for(self, requested: int, batches_per_epoch: Optional[int]) -> int:
+        """The steps per execution this loop runs: here the requested ones (its data ends each epoch)."""
+        return requested
+
     def check(self, cfg: config_lib.RecipeConfig) -> None:
         """Refuses flags this loop cannot honour, before any work.
 
@@ -164,6 +168,13 @@ class MultiWorkerLoop(FitLoop):
     needs_steps_per_epoch: bool = True
     executions: tuple = ("auto", "graph", "eager")
 
+    def steps_per_execution_for(self, requested: int, batches_per_epoch: Optional[int]) -> int:
+        """The largest count <= `requested` that divides `batches_per_epoch`: on this endless data
+        Keras runs whole executions, past an epoch's end otherwise (keras-team/keras#20861)."""
+        if not batches_per_epoch or batches_per_epoch % requested == 0:
+            return requested
+        return max(d for d in range(1, requested + 1) if batches_per_epoch % d == 0)
+
     def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
             runtime=None, metrics=None):
         """`Model.fit` on `strategy.distribute_datasets_from_function`; see `FitLoop.fit`.
@@ -177,7 +188,7 @@ class MultiWorkerLoop(FitLoop):
         """
         spe = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
         if steps_per_epoch % spe:
-            model.steps_per_execution = max(d for d in range(1, spe + 1) if steps_per_epoch % d == 0)
+            model.steps_per_execution = self.steps_per_execution_for(spe, steps_per_epoch)
             print(f"steps per execution: {model.steps_per_execution} ({spe} does not divide the epoch's "
                   f"{steps_per_epoch} steps, and Keras would run whole executions past the epoch's end)", flush=True)
         dataset = runtime.strategy.distribute_datasets_from_function(lambda ctx: train_data(ctx).repeat())

@@ -319,6 +319,8 @@ class Trainer:
         import math
 
         spe = self.runtime.steps_per_execution if self.loop.per_step_hooks else 1
+        if self.steps_per_epoch:  # as the loop will run it (MultiWorkerLoop may lower it)
+            spe = self.loop.steps_per_execution_for(spe, self.steps_per_epoch * self.accumulation_steps)
         return math.lcm(spe, self.accumulation_steps)
 
     # -- batch plan ------------------------------------------------------------

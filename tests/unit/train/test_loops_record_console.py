@@ -116,3 +116,11 @@ def test_progress_is_one_line_per_epoch_off_a_terminal_and_a_capped_bar_on_one()
     model.compile("sgd", "mse", steps_per_execution=8)
     model.fit(np.ones((32, 2)), np.ones((32, 1)), batch_size=8, epochs=1, callbacks=[bar], verbose=1)
     assert bar.seen == 4  # 4 steps, not the execution's nominal 8 (keras-team/keras#20861)
+
+
+def test_multi_worker_loop_runs_executions_that_divide_the_epoch():
+    # Keras runs whole executions on endless data: 117 steps at 8 per execution would run 120.
+    assert MultiWorkerLoop().steps_per_execution_for(8, 117) == 3
+    assert MultiWorkerLoop().steps_per_execution_for(4, 2) == 2
+    assert MultiWorkerLoop().steps_per_execution_for(8, 16) == 8
+    assert FitLoop().steps_per_execution_for(8, 117) == 8  # its data ends each epoch
