@@ -170,10 +170,9 @@ def load_average() -> Optional[list]:
 
 def cpu_cores() -> int:
     """Cores this process may run on (CPU affinity), without importing TensorFlow."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    from tftrain.doctor.machine import usable_cores
+
+    return usable_cores()
 
 
 def machine_info() -> dict:
