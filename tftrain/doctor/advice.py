@@ -249,7 +249,8 @@ def advise_input(report: dict) -> Optional[dict]:
     memory = report["cpu"]["memory_bytes"]
     folder = disk.get("folder_bytes") or 0
     fits = folder < memory / 2
-    cache = ("keep --cache on (the default): from the second epoch the examples come from memory"
+    cache = ("for file-based tasks (TFRecord, image folders) keep --cache on (the default): from the second "
+             "epoch the examples come from memory; in-memory arrays need no cache"
              if fits else f"the data folder ({folder / 1e9:.1f} GB) is over half the memory "
              f"({memory / 1e9:.1f} GB): use --no-cache and a faster disk, or cache to a local SSD file")
     verdict = "can feed" if rate >= need else "cannot feed"
