@@ -247,6 +247,125 @@ def _arrays_dataset_fn(x, y) -> Callable[[int], tf.data.Dataset]:
     return make
 
 
+def _dataset_source(data, multiple_of: int, max_val: Optional[int]) -> tuple:
+    """`(make_dataset, max_val)` for `find_batch_size`'s `data`; arrays cap `max_val` at their length.
+
+    Raises:
+        ConfigError: when `data` is neither `(x, y)` arrays nor a function.
+    """
+    if isinstance(data, tuple) and len(data) == 2 and not callable(data[0]):
+        x, y = data
+        if max_val is None:
+            max_val = max(multiple_of, (len(x) // multiple_of) * multiple_of)
+        return _arrays_dataset_fn(x, y), max_val
+    if callable(data):
+        return data, max_val
+    raise ConfigError(
+        "data must be (x, y) arrays or a function batch_size -> tf.data.Dataset. "
+        f"Received: {type(data).__name__}."
+    )
+
+
+def _base_learning_rate(model, scale_learning_rate: bool, base_batch_size: Optional[int]) -> Optional[float]:
+    """The optimizer's constant learning rate (None under a schedule), checked for `scale_learning_rate`.
+
+    Raises:
+        ConfigError: with `scale_learning_rate` but no `base_batch_size`, or a schedule.
+    """
+    if scale_learning_rate and not base_batch_size:
+        raise ConfigError(
+            "scale_learning_rate needs base_batch_size: the batch size the current learning rate was tuned for."
+        )
+    base_lr = _constant_learning_rate(model.optimizer)
+    if scale_learning_rate and base_lr is None:
+        raise ConfigError(
+            "scale_learning_rate works with a constant learning rate; this optimizer uses a schedule. "
+            "Scale the schedule yourself or pass scale_learning_rate=False."
+        )
+    return base_lr
+
+
+def _memory_budget(memory_budget, device_kind: str) -> Optional[int]:
+    """The budget in bytes: "auto" is half the free memory on a CPU and None (OOM errors only) on a GPU.
+
+    Raises:
+        ConfigError: on anything but "auto", None or a positive int.
+    """
+    if memory_budget == "auto":
+        return default_memory_budget() if device_kind == "cpu" else None
+    if memory_budget is None or (isinstance(memory_budget, int) and not isinstance(memory_budget, bool)
+                                 and memory_budget > 0):
+        return memory_budget
+    raise ConfigError(
+        f"memory_budget must be 'auto', None or a positive number of bytes. Received: memory_budget={memory_budget!r}."
+    )
+
+
+class _TrialRunner:
+    """One trial of `find_batch_size`: trains `total_steps` steps at a batch size and measures them.
+
+    A trial predicted (linearly from the last fitting one) to exceed the memory
+    budget is not run; an OOM error, a timeout or a budget overrun marks it as
+    not fitting.
+    """
+
+    def __init__(self, model, make_dataset, warmup: int, total_steps: int, budget: Optional[int],
+                 timeout_s: Optional[float], memory: "_PeakMemory", verbose: int):
+        self.model, self.make_dataset = model, make_dataset
+        self.warmup, self.total_steps = warmup, total_steps
+        self.budget, self.timeout_s, self.memory, self.verbose = budget, timeout_s, memory, verbose
+        self.last_ok: list = []
+
+    def __call__(self, batch_size: int) -> Trial:
+        t0 = time.perf_counter()
+        if self.budget is not None and self.last_ok and self.last_ok[-1].peak_memory_bytes:
+            prev = self.last_ok[-1]
+            predicted = prev.peak_memory_bytes * batch_size / prev.batch_size
+            if predicted > self.budget:
+                return _report(Trial(batch_size, OVER_BUDGET, note=(
+                    f"predicted {predicted / 2**20:,.0f} MiB from batch {prev.batch_size} > budget "
+                    f"{self.budget / 2**20:,.0f} MiB; not run")), self.verbose)
+        dataset = self.make_dataset(batch_size)
+        if isinstance(dataset, tf.data.Dataset):
+            if int(dataset.cardinality()) == 0:
+                return _report(Trial(batch_size, NO_DATA, note="the dataset yields no batch of this size"), self.verbose)
+            dataset = dataset.repeat()
+        monitor = _TrialMonitor(batch_size, self.warmup, self.timeout_s)
+        status, note = OK, ""
+        try:
+            with self.memory:
+                self.model.fit(dataset, epochs=1, steps_per_epoch=self.total_steps, verbose=0, callbacks=[monitor],
+                          shuffle=False)
+        except Exception as e:  # noqa: BLE001 - OOM arrives as several error types
+            if not _is_oom(e):
+                raise
+            status, note = OOM, str(e).strip().splitlines()[0][:200]
+        finally:
+            self.model.stop_training = False
+            gc.collect()
+        stats = monitor.meter.stats()
+        used = self.memory.used if status == OK else None
+        if status == OK:
+            if monitor.timed_out:
+                status, note = TIMEOUT, f"still running after {self.timeout_s:g} s"
+            elif monitor.meter.total_steps == 0:
+                status, note = NO_DATA, "the dataset yielded no batch"
+            elif self.budget is not None and used is not None and used > self.budget:
+                status, note = OVER_BUDGET, f"used {used / 2**20:,.0f} MiB > budget {self.budget / 2**20:,.0f} MiB"
+        trial = Trial(
+            batch_size,
+            status,
+            examples_per_sec=stats.examples_per_sec if stats else None,
+            step_time_s=stats.step_time_median_s if stats else None,
+            peak_memory_bytes=used,
+            seconds=time.perf_counter() - t0,
+            note=note,
+        )
+        if trial.fits:
+            self.last_ok.append(trial)
+        return _report(trial, self.verbose)
+
+
 def find_batch_size(
     model: keras.Model,
     data: Union[tuple, Callable[[int], "tf.data.Dataset"]],
@@ -344,18 +463,7 @@ def find_batch_size(
     strategy = model.distribute_strategy
     replicas = strategy.num_replicas_in_sync
     multiple_of = replicas if multiple_of is None else multiple_of
-    if isinstance(data, tuple) and len(data) == 2 and not callable(data[0]):
-        x, y = data
-        make_dataset = _arrays_dataset_fn(x, y)
-        if max_val is None:
-            max_val = max(multiple_of, (len(x) // multiple_of) * multiple_of)
-    elif callable(data):
-        make_dataset = data
-    else:
-        raise ConfigError(
-            "data must be (x, y) arrays or a function batch_size -> tf.data.Dataset. "
-            f"Received: {type(data).__name__}."
-        )
+    make_dataset, max_val = _dataset_source(data, multiple_of, max_val)
     if init_val % multiple_of:
         init_val = max(multiple_of, (init_val // multiple_of) * multiple_of)
     if target_batch_size is not None:
@@ -366,86 +474,17 @@ def find_batch_size(
     validate_search_args(mode, objective, init_val, max_val, max_trials, margin, min_gain, multiple_of)
     if steps_per_trial < 1:
         raise ConfigError(f"steps_per_trial must be >= 1. Received: steps_per_trial={steps_per_trial!r}.")
-    if scale_learning_rate and not base_batch_size:
-        raise ConfigError(
-            "scale_learning_rate needs base_batch_size: the batch size the current learning rate was tuned for."
-        )
-    base_lr = _constant_learning_rate(model.optimizer)
-    if scale_learning_rate and base_lr is None:
-        raise ConfigError(
-            "scale_learning_rate works with a constant learning rate; this optimizer uses a schedule. "
-            "Scale the schedule yourself or pass scale_learning_rate=False."
-        )
-
+    base_lr = _base_learning_rate(model, scale_learning_rate, base_batch_size)
     device_kind = "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
-    if memory_budget == "auto":
-        budget = default_memory_budget() if device_kind == "cpu" else None
-    elif memory_budget is None or (isinstance(memory_budget, int) and not isinstance(memory_budget, bool) and memory_budget > 0):
-        budget = memory_budget
-    else:
-        raise ConfigError(
-            f"memory_budget must be 'auto', None or a positive number of bytes. Received: memory_budget={memory_budget!r}."
-        )
-    spe = steps_per_execution(model)
-    warmup = spe if warmup_steps is None else int(warmup_steps)
-    total_steps = warmup + steps_per_trial
-
+    budget = _memory_budget(memory_budget, device_kind)
+    warmup = steps_per_execution(model) if warmup_steps is None else int(warmup_steps)
+    run_trial = _TrialRunner(model, make_dataset, warmup, warmup + steps_per_trial, budget, trial_timeout_s,
+                             _PeakMemory(device_kind), verbose)
     if not model.optimizer.built:
         with strategy.scope():
             model.optimizer.build(model.trainable_variables)
     state = ModelState(model)
     stop_training = model.stop_training
-    memory = _PeakMemory(device_kind)
-    last_ok: list = []
-
-    def run_trial(batch_size: int) -> Trial:
-        t0 = time.perf_counter()
-        if budget is not None and last_ok and last_ok[-1].peak_memory_bytes:
-            prev = last_ok[-1]
-            predicted = prev.peak_memory_bytes * batch_size / prev.batch_size
-            if predicted > budget:
-                return _report(Trial(batch_size, OVER_BUDGET, note=(
-                    f"predicted {predicted / 2**20:,.0f} MiB from batch {prev.batch_size} > budget "
-                    f"{budget / 2**20:,.0f} MiB; not run")), verbose)
-        dataset = make_dataset(batch_size)
-        if isinstance(dataset, tf.data.Dataset):
-            if int(dataset.cardinality()) == 0:
-                return _report(Trial(batch_size, NO_DATA, note="the dataset yields no batch of this size"), verbose)
-            dataset = dataset.repeat()
-        monitor = _TrialMonitor(batch_size, warmup, trial_timeout_s)
-        status, note = OK, ""
-        try:
-            with memory:
-                model.fit(dataset, epochs=1, steps_per_epoch=total_steps, verbose=0, callbacks=[monitor],
-                          shuffle=False)
-        except Exception as e:  # noqa: BLE001 - OOM arrives as several error types
-            if not _is_oom(e):
-                raise
-            status, note = OOM, str(e).strip().splitlines()[0][:200]
-        finally:
-            model.stop_training = False
-            gc.collect()
-        stats = monitor.meter.stats()
-        used = memory.used if status == OK else None
-        if status == OK:
-            if monitor.timed_out:
-                status, note = TIMEOUT, f"still running after {trial_timeout_s:g} s"
-            elif monitor.meter.total_steps == 0:
-                status, note = NO_DATA, "the dataset yielded no batch"
-            elif budget is not None and used is not None and used > budget:
-                status, note = OVER_BUDGET, f"used {used / 2**20:,.0f} MiB > budget {budget / 2**20:,.0f} MiB"
-        trial = Trial(
-            batch_size,
-            status,
-            examples_per_sec=stats.examples_per_sec if stats else None,
-            step_time_s=stats.step_time_median_s if stats else None,
-            peak_memory_bytes=used,
-            seconds=time.perf_counter() - t0,
-            note=note,
-        )
-        if trial.fits:
-            last_ok.append(trial)
-        return _report(trial, verbose)
 
     try:
         search = search_batch_size(
