@@ -38,6 +38,7 @@ from typing import Optional
 import keras
 
 from tftrain.callbacks._steps import optimizer_steps
+from tftrain.rundir import write_text_atomic
 
 METADATA_FILE = "training_metadata.json"
 """The checkpoint's metadata file in the backup directory (Keras's name)."""
@@ -77,13 +78,6 @@ def read_position(path) -> Optional[BackupPosition]:
         return BackupPosition(int(meta["epoch"]), int(meta.get("steps_in_epoch", 0)), meta.get("optimizer_iterations"))
     except (OSError, ValueError, TypeError, KeyError):
         return None
-
-
-def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 class StepBackup(keras.callbacks.BackupAndRestore):
@@ -188,5 +182,5 @@ class StepBackup(keras.callbacks.BackupAndRestore):
         self.model.save_weights(tmp, overwrite=True)
         meta = {"epoch": epoch, "steps_in_epoch": steps_in_epoch, "optimizer_iterations": optimizer_steps(self.model)}
         os.replace(tmp, self._weights_path)
-        _write_atomic(self._training_metadata_path, json.dumps(meta))
+        write_text_atomic(self._training_metadata_path, json.dumps(meta))
         self._since_save = 0

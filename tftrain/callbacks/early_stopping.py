@@ -18,6 +18,8 @@ from typing import Optional
 import keras
 import numpy as np
 
+from tftrain.rundir import write_text_atomic
+
 STATE_FILE = "early_stopping.json"
 BEST_WEIGHTS_FILE = "early_stopping_best.npz"
 
@@ -68,9 +70,7 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
             np.savez(tmp, *self.best_weights)
             os.replace(tmp, best_file)
         state = {"best": float(self.best), "best_epoch": int(self.best_epoch), "wait": int(self.wait)}
-        tmp = self._path(f"{STATE_FILE}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(state), encoding="utf-8")
-        os.replace(tmp, self._path(STATE_FILE))
+        write_text_atomic(self._path(STATE_FILE), json.dumps(state))
 
     def _path(self, name: str) -> Path:
         return self.state_dir / name
