@@ -24,6 +24,27 @@ SMOKE = ["--train-examples", "1024", "--epochs", "1", "--verbose", "2", "--seed"
 """Recipe flags for a few-second smoke run."""
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_execution_memory(tmp_path_factory):
+    """One `--execution auto` memory (`tftrain.runtime.execution_memory`) for the whole session,
+    in a temporary folder, never the user's cache: as for a user, the first run of a model and
+    batch times graph against XLA and later runs reuse the choice. A test that needs the timing
+    to happen takes `fresh_execution_memory`."""
+    before = os.environ.get("TFTRAIN_CACHE_DIR")
+    os.environ["TFTRAIN_CACHE_DIR"] = str(tmp_path_factory.mktemp("tftrain-cache"))
+    yield
+    if before is None:
+        os.environ.pop("TFTRAIN_CACHE_DIR", None)
+    else:
+        os.environ["TFTRAIN_CACHE_DIR"] = before
+
+
+@pytest.fixture
+def fresh_execution_memory(tmp_path, monkeypatch):
+    """An empty `--execution auto` memory for this test and the processes it starts."""
+    monkeypatch.setenv("TFTRAIN_CACHE_DIR", str(tmp_path / "tftrain-cache"))
+
+
 def run_module(module, args, cwd, env=None, timeout=300):
     """Runs `python -m module *args` in `cwd`; returns `subprocess.CompletedProcess` (text)."""
     full_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}

@@ -165,6 +165,11 @@ class RuntimeConfig:
             `tftrain.runtime.execution.choose_execution`), `"eager"`
             (`run_eagerly=True`), `"graph"` (`tf.function`) or `"xla"`
             (`jit_compile=True`). Defaults to `"auto"`.
+        remember_execution: `--execution auto` reuses the choice an earlier run
+            timed for the same model, batch shapes, `steps_per_execution`,
+            devices, threads and TensorFlow / Keras versions, so it times
+            nothing (`tftrain.runtime.execution_memory`); False times every run
+            (`--no-remember-execution`). Defaults to True.
         steps_per_execution: optimizer steps run per `tf.function` call
             (Keras `compile(steps_per_execution=...)`). Defaults to 1.
         intra_op_threads: threads one op may use; 0 keeps TensorFlow's default
@@ -194,6 +199,8 @@ class RuntimeConfig:
     device: str = _field("auto", "devices to train on", DEVICES)
     precision: str = _field("auto", "Keras dtype policy", PRECISIONS)
     execution: str = _field("auto", "execution mode (auto: time graph and XLA, keep the faster)", EXECUTIONS)
+    remember_execution: bool = _field(True, "reuse --execution auto's choice for the same model, batch, devices and "
+                                            "versions (tftrain.runtime.execution_memory)")
     steps_per_execution: int = _field(1, "optimizer steps per tf.function call", minimum=1)
     intra_op_threads: int = _field(0, "threads per op (0 = TensorFlow default)", minimum=0)
     inter_op_threads: int = _field(0, "concurrent ops (0 = TensorFlow default)", minimum=0)

@@ -43,7 +43,7 @@ LOG_DIR = "logs"
 BACKUP_DIR = "backup"
 
 _IGNORED_WHEN_RESUMING = (("train", "verbose"), ("train", "profile"), ("train", "backup_every_steps"), ("runtime", "nvtx"),
-                          ("run_dir",))
+                          ("runtime", "remember_execution"), ("run_dir",))
 """Config fields that may differ between a run and its resumption."""
 
 

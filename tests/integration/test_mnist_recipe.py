@@ -70,7 +70,7 @@ def test_recipe_smoke(name, tmp_path):
         assert text not in r.stderr
 
 
-def test_default_run_writes_every_artifact_and_learns(tmp_path):
+def test_default_run_writes_every_artifact_and_learns(tmp_path, fresh_execution_memory):
     run_dir = tmp_path / "run"
     r = run_module(MODULE, [*SMOKE, "--train-examples", "4096", "--epochs", "2", "--run-dir", run_dir], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -86,7 +86,7 @@ def test_default_run_writes_every_artifact_and_learns(tmp_path):
     timings = m["execution_choice"]["timings"]
     assert set(timings) == {"graph", "xla"} and all(t["examples_per_sec"] > 0 for t in timings.values())
     assert m["execution"] == min(timings, key=lambda mode: timings[mode]["step_time_s"])
-    assert f"execution: auto -> {m['execution']} (graph " in r.stdout
+    assert f"execution: auto -> {m['execution']} (graph " in r.stdout and m["execution_choice"]["remembered"] is None
     # The model learns after the timing (which trained it in both modes, then restored it).
     losses = m["history"]["loss"]
     assert len(losses) == 2 and losses[1] < losses[0] and m["test_accuracy"] > 0.8, (losses, m["test_accuracy"])

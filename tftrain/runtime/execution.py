@@ -221,11 +221,16 @@ class ExecutionChoice:
         execution: the chosen mode (`"graph"` or `"xla"`).
         timings: mode -> `StepTiming` for every mode timed.
         reason: one sentence on why (the speed-up, or why a mode was skipped).
+        remembered: None when this run timed the modes; else when an earlier run
+            timed them (ISO 8601 local time), the choice coming from
+            `tftrain.runtime.execution_memory` with nothing timed in this run.
+            Defaults to None.
     """
 
     execution: str
     timings: Mapping[str, StepTiming]
     reason: str
+    remembered: Optional[str] = None
 
     def describe(self) -> str:
         """One line, e.g. `xla (graph 4.1 ms/step, 31,000 ex/s; xla 2.5 ms/step, ...)`."""
@@ -233,7 +238,10 @@ class ExecutionChoice:
             f"{mode} {t.step_time_s * 1e3:.2f} ms/step, {t.examples_per_sec:,.0f} examples/sec"
             for mode, t in self.timings.items()
         )
-        return f"{self.execution} ({figures}): {self.reason}" if figures else f"{self.execution}: {self.reason}"
+        line = f"{self.execution} ({figures}): {self.reason}" if figures else f"{self.execution}: {self.reason}"
+        if self.remembered:
+            line += f" [remembered: timed by a run at {self.remembered}; --no-remember-execution times it again]"
+        return line
 
     def to_dict(self) -> dict:
         """Plain-data form (for metrics.json)."""
@@ -241,6 +249,7 @@ class ExecutionChoice:
             "execution": self.execution,
             "reason": self.reason,
             "timings": {mode: t.to_dict() for mode, t in self.timings.items()},
+            "remembered": self.remembered,
         }
 
 

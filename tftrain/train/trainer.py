@@ -440,17 +440,28 @@ class Trainer:
 
     def choose_execution(self, model) -> None:
         """`--execution auto`: times graph and XLA on the first training batches where the loop
-        allows (`tftrain.runtime.choose_execution`), else graph; other modes as asked."""
+        allows (`tftrain.runtime.choose_execution`), else graph; other modes as asked. A choice an
+        earlier run timed for the same model, batch and machine is reused without timing
+        (`tftrain.runtime.execution_memory`), unless `--no-remember-execution`."""
         if self.config.runtime.execution != "auto":
             return
         if not self.loop.times_execution:
             self.execution = "graph"
             self.console.line(f"execution: auto -> graph ({self.loop.name} does not time graph against XLA)")
             return
-        from tftrain.runtime.execution import choose_execution
+        from tftrain.runtime.execution import AUTO_CANDIDATES, choose_execution
+        from tftrain.runtime.execution_memory import ExecutionMemory, execution_key
 
         probe = self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES)
-        choice = choose_execution(model, probe, steps=AUTO_PROBE_STEPS, min_timed_executions=2)
+        remember = self.config.runtime.remember_execution
+        memory, key = (ExecutionMemory(), execution_key(model, probe, AUTO_CANDIDATES)) if remember else (None, None)
+        choice = memory.get(key) if memory else None
+        if choice is not None:
+            model.jit_compile = choice.execution == "xla"
+        else:
+            choice = choose_execution(model, probe, steps=AUTO_PROBE_STEPS, min_timed_executions=2)
+            if memory:
+                memory.put(key, choice)
         self.execution, self.execution_choice = choice.execution, choice
         self.console.line(f"execution: auto -> {choice.describe()}")
 

@@ -81,9 +81,26 @@ def test_user_callbacks_run_after_tftrain_s_own(tmp_path):
     assert seen == [["loss", "mae"]]
 
 
-def test_execution_auto_times_graph_and_xla_on_one_replica(tmp_path):
+def test_execution_auto_times_graph_and_xla_on_one_replica(tmp_path, fresh_execution_memory):
     record = _trainer(tmp_path, execution="auto", epochs=1).fit()
     assert record.execution in ("graph", "xla") and set(record.execution_choice["timings"]) == {"graph", "xla"}
+
+
+def test_execution_auto_remembers_its_choice_for_the_same_model_and_batch(tmp_path, monkeypatch,
+                                                                          fresh_execution_memory):
+    from tftrain.runtime import execution
+
+    timed = []
+    real = execution.choose_execution
+    monkeypatch.setattr(execution, "choose_execution", lambda *a, **k: timed.append(1) or real(*a, **k))
+    first = _trainer(tmp_path / "a", execution="auto", epochs=1).fit()
+    again = _trainer(tmp_path / "b", execution="auto", epochs=1).fit()
+    assert len(timed) == 1 and first.execution_choice["remembered"] is None
+    assert again.execution_choice["remembered"] and again.execution == first.execution
+    assert again.execution_choice["timings"] == first.execution_choice["timings"]
+    _trainer(tmp_path / "c", execution="auto", epochs=1, batch_size=64).fit()  # another batch: timed again
+    retimed = _trainer(tmp_path / "d", execution="auto", epochs=1, remember_execution=False).fit()
+    assert len(timed) == 3 and retimed.execution_choice["remembered"] is None
 
 
 def test_overrides_must_name_config_fields():

@@ -1,0 +1,171 @@
+"""Remembered `--execution auto` choices: time graph against XLA once per model and machine.
+
+`choose_execution` costs a few seconds per run (tracing and, for XLA, compiling
+each candidate, then timing it). Its answer depends only on what the step
+computes and where: the model's architecture and dtype policy, the optimizer,
+the batch shapes, `steps_per_execution`, the devices, the thread settings and
+the TensorFlow / Keras versions. `ExecutionMemory` keeps each answer under a
+hash of exactly those, in one JSON file, so the next run of the same model,
+batch and machine starts training at once; anything else (another batch size,
+a TensorFlow upgrade, another CPU) is timed again.
+
+The file is `$TFTRAIN_CACHE_DIR/execution.json` when that variable is set, else
+`execution.json` in the user cache folder (`platformdirs.user_cache_dir("tftrain")`,
+e.g. `~/.cache/tftrain` on Linux). `--no-remember-execution` (the config field
+`runtime.remember_execution`) times every run again.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Optional
+
+CACHE_ENV = "TFTRAIN_CACHE_DIR"
+"""Environment variable naming the cache folder (overrides the user cache folder)."""
+
+FILE_NAME = "execution.json"
+"""The memory's file inside the cache folder."""
+
+MAX_ENTRIES = 256
+"""Choices kept; the oldest are dropped beyond this."""
+
+
+def cache_dir() -> Path:
+    """`$TFTRAIN_CACHE_DIR`, else `platformdirs.user_cache_dir("tftrain")`."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("tftrain"))
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _model_description(model) -> Optional[str]:
+    """The model's architecture, dtype policies and compile settings as JSON, its layer and optimizer
+    names replaced by their order of appearance (Keras numbers `dense_1`, `adam_1`, ... per process); None when Keras cannot
+    serialise it (a subclassed model without `get_config`): such a model is timed every run."""
+    try:
+        description = json.loads(model.to_json())
+    except Exception:  # noqa: BLE001 (NotImplementedError, TypeError, ...: no stable description)
+        return None
+    optimizer = getattr(model, "optimizer", None)
+    names = {model.name, getattr(optimizer, "name", None),
+             *(layer.name for layer in model._flatten_layers(include_self=False))}
+    canonical: dict = {}
+
+    def rename(value):
+        if isinstance(value, dict):
+            return {k: rename(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [rename(v) for v in value]
+        if isinstance(value, str) and value in names:
+            return canonical.setdefault(value, f"layer{len(canonical)}")
+        return value
+
+    return json.dumps(rename(description), sort_keys=True)
+
+
+def execution_key(model, dataset, candidates) -> Optional[str]:
+    """A hash of everything the graph-vs-XLA answer depends on, or None when the model has no
+    stable description.
+
+    Args:
+        model: the compiled Keras model, before `choose_execution`.
+        dataset: the probe `tf.data.Dataset` (its element spec: shapes and dtypes of a batch).
+        candidates: the modes to be timed.
+
+    Returns:
+        A 64-character hex SHA-256, or None.
+    """
+    import keras
+    import tensorflow as tf
+
+    description = _model_description(model)
+    if description is None:
+        return None
+    optimizer = getattr(model, "optimizer", None)
+    parts = {
+        "model": description,
+        "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+        "loss": repr(getattr(model, "loss", None)),
+        "batch": repr(dataset.element_spec),
+        "steps_per_execution": int(getattr(model, "steps_per_execution", 1) or 1),
+        "candidates": list(candidates),
+        "devices": [d.name for d in tf.config.list_logical_devices()],
+        "threads": [tf.config.threading.get_intra_op_parallelism_threads(),
+                    tf.config.threading.get_inter_op_parallelism_threads()],
+        "replicas": model.distribute_strategy.num_replicas_in_sync,
+        "versions": [tf.__version__, keras.__version__],
+        "machine": [_cpu_model(), os.cpu_count()],
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class ExecutionMemory:
+    """Remembered `ExecutionChoice`s in one JSON file, keyed by `execution_key`.
+
+    A missing, unreadable or corrupt file is an empty memory (the choice is timed
+    again); a file that cannot be written is skipped with no error, since the
+    memory only saves time.
+
+    Args:
+        path: the JSON file. Defaults to `cache_dir() / "execution.json"`.
+
+    Example:
+        >>> memory = ExecutionMemory()
+        >>> choice = memory.get(key) or memory.put(key, choose_execution(model, probe))
+    """
+
+    def __init__(self, path=None):
+        self.path = Path(path) if path is not None else cache_dir() / FILE_NAME
+
+    def _entries(self) -> dict:
+        try:
+            entries = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return entries if isinstance(entries, dict) else {}
+
+    def get(self, key: Optional[str]):
+        """The remembered `ExecutionChoice` for `key` (its `remembered` names when it was timed), or None."""
+        from tftrain.runtime.execution import ExecutionChoice, StepTiming
+
+        entry = self._entries().get(key) if key else None
+        try:
+            timings = {mode: StepTiming(**{**t, "execution_times_s": tuple(t["execution_times_s"])})
+                       for mode, t in entry["timings"].items()}
+            return ExecutionChoice(entry["execution"], timings, entry["reason"], remembered=entry["saved_at"])
+        except (TypeError, KeyError):  # no entry, or one written by another version
+            return None
+
+    def put(self, key: Optional[str], choice):
+        """Remembers `choice` under `key` (nothing when `key` is None); returns `choice`."""
+        if not key:
+            return choice
+        from tftrain.rundir import write_text_atomic
+
+        entries = self._entries()
+        entries.pop(key, None)
+        entries[key] = {**choice.to_dict(), "saved_at": datetime.datetime.now().isoformat(timespec="seconds")}
+        entries = dict(list(entries.items())[-MAX_ENTRIES:])
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self.path, json.dumps(entries, indent=1))
+        except OSError:
+            pass
+        return choice
