@@ -250,12 +250,15 @@ class Task:
 
 
 def _call_builder(build_model: Callable, hparams):
-    """`build_model()`, or `build_model(hparams)` when it takes an argument."""
+    """`build_model(hparams)` when the function requires an argument, or takes one and the task has
+    hyperparameters; else `build_model()` (so `def build(width=32)` keeps its own default)."""
     try:
-        takes_args = bool(inspect.signature(build_model).parameters)
+        params = [p for p in inspect.signature(build_model).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
     except (TypeError, ValueError):
-        takes_args = False
-    return build_model(hparams) if takes_args else build_model()
+        params = []
+    required = any(p.default is p.empty and p.kind != p.VAR_POSITIONAL for p in params)
+    return build_model(hparams) if required or (params and hparams is not None) else build_model()
 
 
 class _FunctionTask(Task):

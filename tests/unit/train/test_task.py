@@ -26,6 +26,16 @@ def _labels(ds):
     return np.concatenate([y.numpy() for _, y in ds]).ravel()
 
 
+def test_a_builder_gets_the_hparams_only_when_it_needs_or_can_take_them():
+    from tftrain.train.task import _call_builder
+
+    assert _call_builder(lambda width=32: width, None) == 32  # no task hparams: its own default
+    assert _call_builder(lambda hp=None: hp, "hp") == "hp"
+    assert _call_builder(lambda hp: hp, None) is None  # a required argument always gets them
+    assert _call_builder(lambda: "none", "hp") == "none"
+    assert _call_builder(lambda *, width=3: width, "hp") == 3  # keyword-only: not for the hparams
+
+
 def test_array_task_holds_out_the_last_fraction_for_validation():
     x, y = _arrays(100)
     task = tftrain.ArrayTask(_model, x, y, loss="mse").bind(RecipeConfig().override({"validation_split": 0.2}))
