@@ -51,6 +51,11 @@ AUTO_BATCH = "auto"
 """`batch_size: auto` searches the global batch size (`tftrain.tuning.find_batch_size`)."""
 LR_SCHEDULES = ("constant", "cosine")
 
+AUTO_STEPS_PER_EXECUTION = 8
+"""`steps_per_execution: auto` on one replica: 8 steps per `tf.function` call make the host's
+per-call cost (about 0.3-1 ms on a CPU) small against even a small model's step, while batch
+callbacks still fire often; `benchmarks/zoo.py` measures 1, 8 and 32 on six models."""
+
 
 def hparam(default, help: str = "", choices=None, minimum=None, special=(), metavar=None):
     """A dataclass field with its command-line help, choices and lower bound.
@@ -171,7 +176,11 @@ class RuntimeConfig:
             nothing (`tftrain.runtime.execution_memory`); False times every run
             (`--no-remember-execution`). Defaults to True.
         steps_per_execution: optimizer steps run per `tf.function` call
-            (Keras `compile(steps_per_execution=...)`). Defaults to 1.
+            (Keras `compile(steps_per_execution=...)`), or `"auto"`:
+            `AUTO_STEPS_PER_EXECUTION` (8) on one replica. With several replicas
+            1 runs whatever is asked (Keras 3, keras-team/keras#19246). Keras's
+            batch callbacks fire once per execution. Defaults to 1 (Keras's
+            default, so a user's batch callbacks fire every step).
         intra_op_threads: threads one op may use; 0 keeps TensorFlow's default
             (one per core). Defaults to 0.
         inter_op_threads: ops run concurrently; 0 keeps TensorFlow's default.
@@ -201,7 +210,8 @@ class RuntimeConfig:
     execution: str = _field("auto", "execution mode (auto: time graph and XLA, keep the faster)", EXECUTIONS)
     remember_execution: bool = _field(True, "reuse --execution auto's choice for the same model, batch, devices and "
                                             "versions (tftrain.runtime.execution_memory)")
-    steps_per_execution: int = _field(1, "optimizer steps per tf.function call", minimum=1)
+    steps_per_execution: int = _field(1, "optimizer steps per tf.function call (auto: 8 on one replica)", minimum=1,
+                                      special=("auto",))
     intra_op_threads: int = _field(0, "threads per op (0 = TensorFlow default)", minimum=0)
     inter_op_threads: int = _field(0, "concurrent ops (0 = TensorFlow default)", minimum=0)
     cpu_replicas: int = _field(1, "split the CPU into N logical devices (replicas)", minimum=1)

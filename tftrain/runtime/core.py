@@ -10,7 +10,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tftrain.config import RuntimeConfig
+from tftrain.config import AUTO_STEPS_PER_EXECUTION, RuntimeConfig
 from tftrain.errors import ConfigError
 from tftrain.runtime.cluster import MULTI_PROCESS_STRATEGIES, ClusterInfo, drop_blank_tf_config, resolve_cluster
 from tftrain.runtime.devices import DeviceInfo, configure_devices
@@ -62,14 +62,20 @@ class Runtime:
         return self.strategy.num_replicas_in_sync
 
     @property
+    def requested_steps_per_execution(self) -> int:
+        """The configured steps per execution, `"auto"` resolved to `AUTO_STEPS_PER_EXECUTION`."""
+        requested = self.config.steps_per_execution
+        return AUTO_STEPS_PER_EXECUTION if requested == "auto" else requested
+
+    @property
     def steps_per_execution(self) -> int:
         """Optimizer steps per `tf.function` call actually used.
 
-        The configured value with one replica; 1 with several, where Keras 3's
+        The requested value with one replica; 1 with several, where Keras 3's
         multi-step loop fails inside a replica context ("You must feed a value for
         placeholder tensor", https://github.com/keras-team/keras/issues/19246).
         """
-        return self.config.steps_per_execution if self.num_replicas == 1 else 1
+        return self.requested_steps_per_execution if self.num_replicas == 1 else 1
 
     def compile_options(self) -> dict:
         """`compile()` keyword arguments for the configured execution mode.
@@ -90,9 +96,10 @@ class Runtime:
             f"{self.num_replicas} replica(s) in sync",
             f"precision: {self.precision.describe()}",
             f"execution: {self.config.execution}, steps_per_execution={self.steps_per_execution}"
-            + ("" if self.steps_per_execution == self.config.steps_per_execution else
+            + ("" if self.steps_per_execution == self.requested_steps_per_execution else
                f" ({self.config.steps_per_execution} requested; Keras 3 runs one step per call across replicas, "
-               "keras-team/keras#19246)"),
+               "keras-team/keras#19246)")
+            + (" (auto)" if self.config.steps_per_execution == "auto" and self.num_replicas == 1 else ""),
         ]
         if self.malloc is not None:
             lines.append(f"memory:    {self.malloc.describe()}")

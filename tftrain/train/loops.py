@@ -286,7 +286,7 @@ class ParameterServerLoop(FitLoop):
         return ps_training.fit(
             model, lambda ctx: train_data(ctx).repeat(), epochs=epochs, steps_per_epoch=steps_per_epoch,
             metrics=metrics, callbacks=callbacks, verbose=verbose,
-            steps_per_execution=runtime.config.steps_per_execution,
+            steps_per_execution=runtime.requested_steps_per_execution,
         )
 
     def evaluate(self, model, dataset, metrics=None) -> dict:

@@ -83,7 +83,7 @@ def runtime_facts(trainer, model_loss_scaling: bool = False) -> dict:
         "precision": rt.precision.policy,
         "compute_dtype": rt.precision.compute_dtype,
         "loss_scaling": model_loss_scaling,
-        "steps_per_execution": (cfg.runtime.steps_per_execution if not trainer.loop.per_step_hooks
+        "steps_per_execution": (rt.requested_steps_per_execution if not trainer.loop.per_step_hooks
                                 else rt.steps_per_execution),
         "threads": dataclasses.asdict(rt.threads),
         "malloc": dataclasses.asdict(rt.malloc) if rt.malloc is not None else None,

@@ -103,6 +103,14 @@ def test_execution_auto_remembers_its_choice_for_the_same_model_and_batch(tmp_pa
     assert len(timed) == 3 and retimed.execution_choice["remembered"] is None
 
 
+def test_steps_per_execution_auto_runs_8_steps_per_call_on_one_replica(tmp_path):
+    trainer = _trainer(tmp_path, steps_per_execution="auto", epochs=1)
+    record = trainer.fit()
+    assert record.runtime["steps_per_execution"] == 8 and trainer.runtime.steps_per_execution == 8
+    assert "steps_per_execution=8 (auto)" in "\n".join(trainer.runtime.describe())
+    assert "auto" in (tmp_path / "run" / "config.yaml").read_text()
+
+
 def test_overrides_must_name_config_fields():
     with pytest.raises(ConfigError, match="Unknown config field 'epoch'"):
         tftrain.Trainer(_task(), epoch=3)
