@@ -1,9 +1,10 @@
 """Runs the benchmark suite: every benchmark in its own process, back to back.
 
-    python -m benchmarks            # the CPU suite, full sizes (about 24 min on 2 quiet cores)
+    python -m benchmarks            # the CPU suite, full sizes (about 40 min on 2 quiet cores)
     python -m benchmarks --quick    # tiny sizes: checks the machinery (a few minutes)
     python -m benchmarks --gpu      # the GPU suite (about 10 min on one GPU machine)
     python -m benchmarks --only roofline,threads
+    python -m benchmarks --quick --jobs 2   # two benchmarks at once (quick only)
 
 Each benchmark writes `<out>/<name>.json`, `.md` and `.png` (the GPU suite
 `gpu-<name>.*`); the runner adds `<out>/summary.md` and `summary.json`: every
@@ -14,6 +15,7 @@ failed (its error is in the summary), else 0.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
@@ -24,8 +26,8 @@ from pathlib import Path
 
 from benchmarks import common
 
-CPU_SUITE = ("time_to_accuracy", "roofline", "execution", "input_pipeline", "image_folder_input", "threads",
-             "precision")
+CPU_SUITE = ("recipe_defaults", "flagship", "time_to_accuracy", "roofline", "execution", "zoo", "input_pipeline", "image_folder_input",
+             "threads", "precision")
 """Benchmarks of the CPU suite, in running order."""
 
 GPU_SUITE = ("time_to_accuracy", "roofline", "execution", "input_pipeline", "precision", "mirrored")
@@ -33,7 +35,7 @@ GPU_SUITE = ("time_to_accuracy", "roofline", "execution", "input_pipeline", "pre
 
 EXPECTED_MINUTES = {
     # Full sizes on a quiet 2-core CPU, and on one GPU machine; --quick: seconds each.
-    "cpu": {"time_to_accuracy": 9, "roofline": 2.5, "execution": 2.5, "input_pipeline": 3,
+    "cpu": {"recipe_defaults": 7, "flagship": 3, "time_to_accuracy": 9, "roofline": 2.5, "execution": 2.5, "zoo": 16, "input_pipeline": 3,
             "image_folder_input": 2, "threads": 3, "precision": 2.5},
     "gpu": {"time_to_accuracy": 4, "roofline": 1.5, "execution": 1.5, "input_pipeline": 1, "precision": 1,
             "mirrored": 0.5},
@@ -58,14 +60,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--gpu", action="store_true",
                         help="the GPU suite (gpu-*.json); without a GPU it says so and runs --quick on the CPU")
     parser.add_argument("--only", default=None, help="comma-separated benchmark names")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="with --quick: run N benchmarks at once (their figures then contend for the cores, "
+                             "which quick figures may; full-size runs are always one at a time)")
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default: benchmarks/results/, --quick: benchmarks/results/quick/)")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1. Received: --jobs {args.jobs}.")
+    if args.jobs > 1 and not args.quick:
+        parser.error("--jobs runs benchmarks at once, so their figures contend for the cores: it is for --quick "
+                     "only. Drop --jobs for a full-size run.")
     return args
 
 
 def headline(summaries: dict, quick: bool = False) -> list:
-    """Rows `[figure, measured, target, met]` for the targets of issue 5; at `--quick`
+    """Rows `[figure, measured, target, met]` for the suite's targets; at `--quick`
     sizes the `met` column reads "n/a (quick)", since those figures mean nothing."""
     rows = _headline(summaries)
     if quick:
@@ -93,6 +103,31 @@ def _headline(summaries: dict) -> list:
     for model_name, wait in waits.items():
         rows.append([f"input wait, recipe defaults ({model_name})", f"{wait:.1%}", "< 5%",
                      "yes" if wait < 0.05 else "no"])
+    for model_name, figures in tta.items():
+        ratio = figures.get("recipe_hparams_speedup_of_mean_times")
+        if "recipe_hparams_speedup_of_mean_times" in figures:
+            rows.append([f"time to {figures['target']:.1%} ({model_name}): plain Keras with the recipe's "
+                         "hyperparameters / tftrain", "not reached" if ratio is None else f"{ratio:.2f}x", "-", ""])
+    defaults = summaries.get("recipe_defaults", {})
+    if "chosen" in defaults:
+        chosen = defaults["chosen"]
+        rows.append(["MLP defaults chosen on the validation split (seeds 0, 1)",
+                     f"batch {chosen['batch_size']}, learning rate {chosen['learning_rate']:g}",
+                     "the recipe's defaults", "yes" if defaults["recipe_default_is_chosen"] else "no"])
+    flagship = summaries.get("flagship", {})
+    if "speedup_median" in flagship:
+        speedup, accuracy = flagship["speedup_median"], flagship["mean_test_accuracy"]
+        rows.append(["flagship end to end: plain Keras / tftrain (median over seeds)", f"{speedup:.2f}x", "≥ 1.25x",
+                     "yes" if speedup >= 1.25 else "no"])
+        rows.append(["flagship mean test accuracy: tftrain vs plain Keras",
+                     f"{accuracy['tftrain']:.2%} vs {accuracy['keras']:.2%}", "same or better",
+                     "yes" if accuracy["tftrain"] >= accuracy["keras"] else "no"])
+    zoo = summaries.get("zoo", {})
+    goals = (("grid_best", "tftrain ≥ 95% of the grid's best examples/sec"), ("plain_keras", "tftrain ≥ plain Keras"),
+             ("probe", "tftrain's probe ≤ 3% of a 10-epoch run")) if "model_count" in zoo else ()
+    for key, figure in goals:
+        met, count = zoo[f"models_meeting_{key}"], zoo["model_count"]
+        rows.append([f"zoo: models where {figure}", f"{met} of {count}", "all", "yes" if met == count else "no"])
     return rows
 
 
@@ -136,6 +171,42 @@ def _write_summary(out: Path, prefix: str, suite_kind: str, quick: bool, notes: 
     print(f"wrote {out / (prefix + 'summary.md')}", flush=True)
 
 
+def _run_one(name: str, args, out: Path, prefix: str, quick: bool, expected_minutes: float) -> tuple:
+    """Runs `python -m benchmarks.<name>` in its own process; returns `(name, {"status", "seconds"},
+    its results file's summary or None)`. Under `--jobs` > 1 its output is printed whole when it ends."""
+    cmd = [sys.executable, "-m", f"benchmarks.{name}", "--out", str(out), "--prefix", prefix,
+           "--device", "gpu" if args.gpu else "cpu"]
+    if quick:
+        cmd.append("--quick")
+    timeout = 300 if quick else 3 * 60 * expected_minutes
+    capture = args.jobs > 1
+    if not capture:
+        print(f"\n=== {name} ===", flush=True)
+    t0 = time.perf_counter()
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+    output = ""
+    try:
+        proc = subprocess.run(cmd, timeout=timeout, env=env, cwd=Path(__file__).resolve().parents[1], text=True,
+                              stdout=subprocess.PIPE if capture else None,
+                              stderr=subprocess.STDOUT if capture else None)
+        output = proc.stdout or ""
+        status = "ok" if proc.returncode == 0 else f"failed (exit code {proc.returncode})"
+    except subprocess.TimeoutExpired as e:
+        output = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        status = f"failed (timed out after {timeout:.0f} s)"
+    seconds = time.perf_counter() - t0
+    result_file = out / f"{prefix}{name}.json"
+    summary = None
+    if status == "ok" and result_file.exists():
+        summary = json.loads(result_file.read_text())["summary"]
+    elif status == "ok":
+        status = "failed (no results file)"
+    if capture:
+        print(f"\n=== {name} ===\n{output}", end="", flush=True)
+    print(f"=== {name}: {status} in {seconds:.0f} s ===", flush=True)
+    return name, {"status": status, "seconds": seconds}, summary
+
+
 def main(argv=None) -> int:
     """Runs the suite; returns the exit code."""
     args = parse_args(argv)
@@ -169,28 +240,13 @@ def main(argv=None) -> int:
 
     started = time.perf_counter()
     statuses, summaries = {}, {}
-    for name in suite:
-        cmd = [sys.executable, "-m", f"benchmarks.{name}", "--out", str(out), "--prefix", prefix,
-               "--device", "gpu" if args.gpu else "cpu"]
-        if quick:
-            cmd.append("--quick")
-        timeout = 300 if quick else 3 * 60 * expected[name]
-        print(f"\n=== {name} ===", flush=True)
-        t0 = time.perf_counter()
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-        try:
-            proc = subprocess.run(cmd, timeout=timeout, env=env, cwd=Path(__file__).resolve().parents[1])
-            status = "ok" if proc.returncode == 0 else f"failed (exit code {proc.returncode})"
-        except subprocess.TimeoutExpired:
-            status = f"failed (timed out after {timeout:.0f} s)"
-        seconds = time.perf_counter() - t0
-        result_file = out / f"{prefix}{name}.json"
-        if status == "ok" and result_file.exists():
-            summaries[name] = json.loads(result_file.read_text())["summary"]
-        elif status == "ok":
-            status = "failed (no results file)"
-        statuses[name] = {"status": status, "seconds": seconds}
-        print(f"=== {name}: {status} in {seconds:.0f} s ===", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        runs = [pool.submit(_run_one, name, args, out, prefix, quick, expected[name]) for name in suite]
+        for run in runs:
+            name, status, summary = run.result()
+            statuses[name] = status
+            if summary is not None:
+                summaries[name] = summary
 
     total = time.perf_counter() - started
     if args.only:  # keep the other benchmarks of the last full run in the summary

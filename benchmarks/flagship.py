@@ -129,8 +129,21 @@ def _result(records, epochs, examples) -> common.Result:
                                               for s in seeds),
                "mean_test_accuracy": {c: statistics.mean(by[(c, s)]["test_accuracy"] for s in seeds)
                                       for c in ("keras", "tftrain")}}
+
+    def plot(fig):
+        ax = fig.subplots()
+        width = 0.38
+        for i, (contender, color) in enumerate((("keras", "tab:blue"), ("tftrain", "tab:orange"))):
+            xs = [j + (i - 0.5) * width for j in range(len(seeds))]
+            ax.bar(xs, [by[(contender, s)]["seconds"] for s in seeds], width, color=color,
+                   label="plain Keras" if contender == "keras" else "tftrain")
+        ax.set_xticks(range(len(seeds)), [f"seed {s}" for s in seeds])
+        ax.set_ylabel("whole process, s")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+
     return common.Result(
-        name=NAME,
+        name=NAME, plot=plot,
         title=f"Flagship end to end: plain Keras vs python -m tftrain.recipes.mnist (MLP, {epochs} epochs)",
         headers=["seed", "plain Keras", "tftrain", "speed-up", "Keras test acc", "tftrain test acc",
                  "tftrain settings"],

@@ -15,7 +15,7 @@ from tests.conftest import REPO, SUBPROCESS_ENV
 
 pytestmark = pytest.mark.integration
 
-CPU_SUITE = ("time_to_accuracy", "roofline", "execution", "input_pipeline", "threads", "precision")
+CPU_SUITE = ("recipe_defaults", "flagship", "time_to_accuracy", "roofline", "execution", "zoo", "input_pipeline", "threads", "precision")
 
 
 def _run(args, timeout):
@@ -30,7 +30,7 @@ def _run(args, timeout):
 @pytest.fixture(scope="module")
 def quick_suite(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    proc = _run(["--quick", "--out", str(out)], timeout=900)
+    proc = _run(["--quick", "--jobs", "2", "--out", str(out)], timeout=900)
     return proc, out
 
 
@@ -62,11 +62,12 @@ def test_quick_suite_runs_every_benchmark(quick_suite):
     assert json.loads((out / "summary.json").read_text())["runs"]["roofline"]["status"] == "ok"
 
 
-def test_time_to_accuracy_records_both_contenders(quick_suite):
+def test_time_to_accuracy_records_every_contender(quick_suite):
     _, out = quick_suite
     result = _load(out, "time_to_accuracy")
     records = result["data"]["records"]
-    assert {r["contender"] for r in records} == {"keras", "tftrain"}
+    assert sorted(r["contender"] for r in records) == ["keras", "keras_recipe", "tftrain"]
+    assert {r["seed"] for r in records} == {2}  # a seed never used to choose the recipe's defaults
     for r in records:
         assert "error" not in r, r
         assert 1 <= len(r["epochs"]) <= r["max_epochs"]
@@ -81,6 +82,19 @@ def test_time_to_accuracy_records_both_contenders(quick_suite):
     assert tftrain["settings"]["execution"] in ("graph", "xla")  # resolved by --execution auto
     keras = next(r for r in records if r["contender"] == "keras")
     assert keras["settings"]["batch_size"] == 64
+    recipe = next(r for r in records if r["contender"] == "keras_recipe")  # plain Keras, the recipe's hparams
+    assert recipe["settings"]["batch_size"] == tftrain["settings"]["batch_size"] == 512
+
+
+def test_recipe_defaults_are_chosen_on_validation_accuracy(quick_suite):
+    _, out = quick_suite
+    result = _load(out, "recipe_defaults")
+    records = result["data"]["records"]
+    assert {r["batch_size"] for r in records} == {256, 512} and {r["seed"] for r in records} == {0}
+    assert all(0.5 < r["val_accuracy"] <= 1 for r in records), records  # one epoch on 2,048 images learns
+    best = max(records, key=lambda r: r["val_accuracy"])
+    chosen = result["summary"]["chosen"]
+    assert abs(chosen["mean_val_accuracy"] - best["val_accuracy"]) <= 0.0005  # the best, or a faster tie
 
 
 def test_roofline_figures_are_consistent(quick_suite):
@@ -132,6 +146,46 @@ def test_execution_input_threads_and_precision_values(quick_suite):
     policies = {p["policy"] for p in precision["data"]["points"]}
     assert policies == {"float32", "mixed_bfloat16", "mixed_float16"}
     assert all(p["examples_per_sec"] > 0 for p in precision["data"]["points"])
+
+
+def test_flagship_runs_both_whole_processes(quick_suite):
+    _, out = quick_suite
+    result = _load(out, "flagship")
+    records = result["data"]["records"]
+    assert sorted(r["contender"] for r in records) == ["keras", "tftrain"]
+    for r in records:  # one epoch on 2,048 images already learns
+        assert r["seconds"] > 0 and r["test_accuracy"] > 0.6, r
+    tftrain = next(r for r in records if r["contender"] == "tftrain")
+    assert tftrain["execution"] in ("graph", "xla") and not tftrain["execution_remembered"]  # an empty memory
+    summary = result["summary"]
+    assert summary["speedup_median"] == pytest.approx(
+        next(r for r in records if r["contender"] == "keras")["seconds"] / tftrain["seconds"])
+
+
+def test_zoo_records_every_contender(quick_suite):
+    _, out = quick_suite
+    result = _load(out, "zoo")
+    data, models = result["data"], result["summary"]["models"]
+    assert len(models) >= 2 and set(models) == set(data["keras"]) == set(data["tftrain"])
+    for name, summary in models.items():
+        keras, tftrain = data["keras"][name], data["tftrain"][name]
+        assert "error" not in keras and "error" not in tftrain, (name, keras, tftrain)
+        assert keras["examples_per_sec"] > 0 and keras["trained_steps_per_execution"] == 1  # Keras's default
+        points = [p for p in data["points"] if p["model"] == name]
+        assert len(points) >= 2 and all(p["examples_per_sec"] > 0 for p in points), points
+        for p in points:  # each point trained with the settings it is filed under
+            trained = (p["trained_jit_compile"], p["trained_steps_per_execution"])
+            assert trained == (p["execution"] == "xla", p["steps_per_execution"]), p
+        assert summary["grid_best"]["examples_per_sec"] == max(p["examples_per_sec"] for p in points)
+        assert tftrain["examples_per_sec"] > 0 and tftrain["probe_s"] > 0
+        # The Trainer's choice is what metrics.json records and what the model trained in.
+        assert tftrain["execution"] in ("graph", "xla")
+        assert tftrain["execution"] == tftrain["metrics_execution"] == tftrain["metrics_choice"]
+        assert tftrain["trained_jit_compile"] == (tftrain["execution"] == "xla")
+        assert tftrain["steps_per_execution"] == 8  # steps_per_execution="auto" on one replica
+        assert not tftrain.get("remembered")  # a fresh memory: the first run timed its probe
+        if tftrain.get("second_run"):  # tftrain remembers choices: the next run reuses this one
+            assert tftrain["second_run"]["remembered"] and tftrain["second_run"]["execution"] == tftrain["execution"]
 
 
 def test_gpu_suite_says_when_there_is_no_gpu(tmp_path):
