@@ -1,6 +1,6 @@
 """Runs the benchmark suite: every benchmark in its own process, back to back.
 
-    python -m benchmarks            # the CPU suite, full sizes (about 40 min on 2 quiet cores)
+    python -m benchmarks            # the CPU suite, full sizes (about 50 min on 2 quiet cores)
     python -m benchmarks --quick    # tiny sizes: checks the machinery (a few minutes)
     python -m benchmarks --gpu      # the GPU suite (about 10 min on one GPU machine)
     python -m benchmarks --only roofline,threads

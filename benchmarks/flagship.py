@@ -5,7 +5,7 @@ parent, run back to back and alternated, on seeds never used to choose the
 recipe's defaults (those were chosen with seeds 0 and 1):
 
 * tftrain: `python -m tftrain.recipes.mnist --seed S` with every default (MLP,
-  batch 512, Adam 2e-3 with cosine decay to 0, 10 epochs; `--execution auto`,
+  its batch size, Adam at its rate with cosine decay to 0, 10 epochs; `--execution auto`,
   `--precision auto`, its tf.data pipeline), writing its whole run directory
   (TensorBoard logs, checkpoint, model, metrics.json);
 * keras: the same model, batch size, optimizer, schedule and epochs written as a
@@ -40,6 +40,7 @@ import numpy as np
 import keras
 
 seed, epochs, examples = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+batch_size, learning_rate = int(sys.argv[5]), float(sys.argv[6])
 keras.utils.set_random_seed(seed)
 with np.load(sys.argv[4]) as d:
     x_train, y_train = d["x_train"][:examples] / np.float32(255), d["y_train"][:examples]
@@ -50,15 +51,16 @@ model = keras.Sequential([
     keras.layers.Dense(512, activation="relu"), keras.layers.Dropout(0.2),
     keras.layers.Dense(10, activation="softmax"),
 ])
-steps = epochs * (len(x_train) // 512)
-schedule = keras.optimizers.schedules.CosineDecay(2e-3, decay_steps=steps)
+steps = epochs * (len(x_train) // batch_size)
+schedule = keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=steps)
 model.compile(keras.optimizers.Adam(schedule), "sparse_categorical_crossentropy", metrics=["accuracy"])
-model.fit(x_train.astype("float32"), y_train, batch_size=512, epochs=epochs, verbose=0)
+model.fit(x_train.astype("float32"), y_train, batch_size=batch_size, epochs=epochs, verbose=0)
 loss, accuracy = model.evaluate(x_test.astype("float32"), y_test, verbose=0)
 print(json.dumps({"test_accuracy": float(accuracy)}))
 '''
 """What a competent user writes: the recipe's MLP, batch, optimizer, schedule and epochs. Its
-epoch drops the last partial batch's schedule steps as the recipe's does (117 steps of 512)."""
+epoch drops the last partial batch's schedule steps as the recipe's does. Its arguments: seed, epochs,
+training examples, the data file, the recipe's MLP batch size and learning rate."""
 
 
 def _time(cmd, env, cwd) -> tuple:
@@ -87,7 +89,9 @@ def _keras(seed, epochs, examples, work: Path, env) -> dict:
     script = work / "plain_keras.py"
     script.write_text(PLAIN_KERAS)
     data = Path(__file__).resolve().parents[1] / "tftrain" / "data" / "mnist.npz"
-    seconds, out = _time([sys.executable, str(script), str(seed), str(epochs), str(examples), str(data)], env, work)
+    batch_size, learning_rate = common.default_batch_size("mlp"), common.recipe_defaults().train.learning_rate
+    seconds, out = _time([sys.executable, str(script), str(seed), str(epochs), str(examples), str(data),
+                          str(batch_size), repr(learning_rate)], env, work)
     return {"seconds": seconds, "test_accuracy": json.loads(out.strip().splitlines()[-1])["test_accuracy"],
             "precision": "float32", "execution": "keras default"}
 
@@ -149,8 +153,9 @@ def _result(records, epochs, examples) -> common.Result:
                  "tftrain settings"],
         rows=rows, data={"records": records, "epochs": epochs, "train_examples": examples}, summary=summary,
         notes=[f"Whole processes (interpreter start to exit, TensorFlow import included), alternated, seeds {seeds} "
-               "(never used to choose the recipe's defaults). Both: MLP 784-512-512-10 with dropout 0.2, batch 512, "
-               "Adam 2e-3 with cosine decay to 0 over the run's steps. tftrain writes its whole run directory "
+               "(never used to choose the recipe's defaults). Both: MLP 784-512-512-10 with dropout 0.2, the recipe's "
+               f"batch {common.default_batch_size('mlp')}, Adam {common.recipe_defaults().train.learning_rate:g} "
+               "with cosine decay to 0 over the run's steps. tftrain writes its whole run directory "
                "(logs, checkpoint, model, metrics.json); plain Keras keeps nothing.",
                "--execution auto starts with an empty memory: the first tftrain run times graph against XLA "
                "(\"timed\"), the later ones reuse that choice (\"remembered\", as a user's next run of the recipe "

@@ -166,3 +166,16 @@ def test_readme_your_own_model_snippet_runs(tmp_path):
     m = read_metrics(run_dir)
     assert m["task"] == "arrays" and m["epochs_trained"] == 1 and "test_mae" in m and "val_loss" in m["history"]
     assert "{'loss':" in proc.stdout  # the snippet's own print(record.test, ...)
+
+
+def test_results_tables_in_the_docs_match_the_committed_results_files():
+    """README.md and docs/benchmarks.md quote benchmark figures only through results blocks that
+    `python -m benchmarks.tables` copies from benchmarks/results/; a stale or hand-edited block fails."""
+    from benchmarks import tables
+
+    blocks = 0
+    for path in tables.DOCS:
+        text, changed = tables.refresh(path)
+        blocks += len(tables.BLOCK.findall(path.read_text(encoding="utf-8")))
+        assert changed == [], f"{path.name}: run python -m benchmarks.tables ({', '.join(changed)} stale)"
+    assert blocks >= 7

@@ -83,7 +83,9 @@ def test_time_to_accuracy_records_every_contender(quick_suite):
     keras = next(r for r in records if r["contender"] == "keras")
     assert keras["settings"]["batch_size"] == 64
     recipe = next(r for r in records if r["contender"] == "keras_recipe")  # plain Keras, the recipe's hparams
-    assert recipe["settings"]["batch_size"] == tftrain["settings"]["batch_size"] == 512
+    from benchmarks.common import default_batch_size
+
+    assert recipe["settings"]["batch_size"] == tftrain["settings"]["batch_size"] == default_batch_size("mlp")
 
 
 def test_recipe_defaults_are_chosen_on_validation_accuracy(quick_suite):

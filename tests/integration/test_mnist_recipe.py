@@ -29,8 +29,8 @@ RUNS = {
                                       precision="mixed_bfloat16", compute_dtype="bfloat16", loss_scaling=False,
                                       execution="graph", execution_requested="auto")),  # no XLA across replicas
     "mwms-float16-spe4": (["--strategy", "multi_worker", "--precision", "mixed_float16",
-                           "--steps-per-execution", "4"],
-                          # 2 steps per epoch: 4 per execution would run past the epoch's end, so 2 ran
+                           "--steps-per-execution", "4", "--batch-size", "512"],
+                          # 1024 / 512 = 2 steps per epoch: 4 per execution would run past the epoch's end, so 2 ran
                           dict(replicas=1, strategy="multi_worker_mirrored", precision="mixed_float16",
                                loss_scaling=True, steps_per_execution=2, execution="graph")),  # auto: no timing
     "mirrored1-cnn-eager": (["--strategy", "mirrored", "--model", "cnn", "--execution", "eager"],

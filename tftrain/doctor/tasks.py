@@ -1,6 +1,6 @@
 """The work the advice is for: the task's models and their training FLOPs per example.
 
-By default the MNIST recipe's two models (`mlp` at batch 512, `cnn` at batch
+By default the MNIST recipe's two models (`mlp` at batch 256, `cnn` at batch
 128); otherwise the task named by `FILE.py:NAME` or `MODULE:NAME` (as
 `python -m tftrain.run` takes it), built at its default hyperparameters.
 """
