@@ -10,7 +10,7 @@ recipe's defaults (those were chosen with seeds 0 and 1):
   (TensorBoard logs, checkpoint, model, metrics.json);
 * keras: the same model, batch size, optimizer, schedule and epochs written as a
   competent user would in plain Keras (`PLAIN_KERAS`: NumPy arrays scaled to
-  float32, `fit(batch_size=512)`, float32, Keras's default execution), then
+  float32, `fit(batch_size=B)` with the recipe's B, float32, Keras's default execution), then
   `evaluate` on the test set.
 
 Goal (issue "Performance"): tftrain's whole process >= 1.25x faster, with the

@@ -17,6 +17,7 @@ never used for choosing.
 from __future__ import annotations
 
 import itertools
+import os
 import statistics
 import sys
 import tempfile
@@ -92,6 +93,7 @@ def run(args, device) -> common.Result:
     seeds = SEEDS[:1] if args.quick else SEEDS
     records = []
     with tempfile.TemporaryDirectory(prefix="tftrain-defaults-") as tmp:
+        os.environ["TFTRAIN_CACHE_DIR"] = str(Path(tmp) / "cache")  # not the user's execution memory
         for (batch_size, lr), seed in itertools.product(grid, seeds):
             records.append(_one_run(batch_size, lr, seed, args.quick, Path(tmp)))
             print(f"batch {batch_size}, learning rate {lr:g}, seed {seed}: validation accuracy "

@@ -75,8 +75,7 @@ WIDE_VOCAB, WIDE_IDS = 100_000, 16
 
 
 # --- Models (each a builder `() -> uncompiled keras.Model`) ---------------------------
-# No builder takes an argument: `ArrayTask` calls a builder that has any parameter, even an optional
-# one, with the task's hyperparameters (None here).
+# No builder takes an argument (ArrayTask would pass a required one the task's hyperparameters).
 
 def mlp():
     """The MNIST recipe's MLP: `(batch, 28, 28)` raw pixels -> `(batch, 10)` probabilities."""

@@ -1,7 +1,7 @@
 """The benchmark suite's machinery, at `--quick` sizes: files, tables and sane values.
 
-One run of `python -m benchmarks --quick` (all six CPU benchmarks, each in its own
-process) is shared by the tests below; they check what it wrote, never speeds.
+One run of `python -m benchmarks --quick --jobs 2` (every CPU benchmark, each in its own
+process, two at a time) is shared by the tests below; they check what it wrote, never speeds.
 A second, shorter run checks that the GPU suite says clearly when there is no GPU.
 """
 
@@ -186,8 +186,8 @@ def test_zoo_records_every_contender(quick_suite):
         assert tftrain["trained_jit_compile"] == (tftrain["execution"] == "xla")
         assert tftrain["steps_per_execution"] == 8  # steps_per_execution="auto" on one replica
         assert not tftrain.get("remembered")  # a fresh memory: the first run timed its probe
-        if tftrain.get("second_run"):  # tftrain remembers choices: the next run reuses this one
-            assert tftrain["second_run"]["remembered"] and tftrain["second_run"]["execution"] == tftrain["execution"]
+        # tftrain remembers choices: the next run of the same model reuses this one
+        assert tftrain["second_run"]["remembered"] and tftrain["second_run"]["execution"] == tftrain["execution"]
 
 
 def test_gpu_suite_says_when_there_is_no_gpu(tmp_path):

@@ -157,7 +157,7 @@ class MnistTask(ArrayTask):
 
     @property
     def default_batch_size(self) -> int:
-        """512 for the MLP, 128 for the CNN (`BATCH_SIZES`)."""
+        """256 for the MLP, 128 for the CNN (`BATCH_SIZES`)."""
         return BATCH_SIZES[self.hparams.model]
 
     def bind(self, config: RecipeConfig) -> "MnistTask":

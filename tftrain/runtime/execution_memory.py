@@ -13,6 +13,11 @@ The file is `$TFTRAIN_CACHE_DIR/execution.json` when that variable is set, else
 `execution.json` in the user cache folder (`platformdirs.user_cache_dir("tftrain")`,
 e.g. `~/.cache/tftrain` on Linux). `--no-remember-execution` (the config field
 `runtime.remember_execution`) times every run again.
+
+Limits: the key sees a model through its Keras config, so an edit to a custom layer's
+`call()` that leaves its config unchanged keeps the old choice; and a choice timed in a
+noisy spell is kept until something in the key changes. Pass `--no-remember-execution`
+after such changes, or delete the file.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import os
 import platform
 from pathlib import Path
 from typing import Optional
+
+from tftrain.runtime.threads import cpu_count
 
 CACHE_ENV = "TFTRAIN_CACHE_DIR"
 """Environment variable naming the cache folder (overrides the user cache folder)."""
@@ -63,6 +70,9 @@ def _model_description(model) -> Optional[str]:
         description = json.loads(model.to_json())
     except Exception:  # noqa: BLE001 (NotImplementedError, TypeError, ...: no stable description)
         return None
+    # compile_config holds the optimizer's learning rate and schedule (decay steps change with
+    # --epochs); the step's computation is keyed by the loss and optimizer class instead.
+    description.pop("compile_config", None)
     optimizer = getattr(model, "optimizer", None)
     names = {model.name, getattr(optimizer, "name", None),
              *(layer.name for layer in model._flatten_layers(include_self=False))}
@@ -78,6 +88,30 @@ def _model_description(model) -> Optional[str]:
         return value
 
     return json.dumps(rename(description), sort_keys=True)
+
+
+def _loss_description(loss) -> str:
+    """The loss as Keras serialises it (names, classes, configs; no memory addresses), else its type."""
+    import keras
+
+    try:
+        return json.dumps(keras.saving.serialize_keras_object(loss), sort_keys=True, default=str)
+    except Exception:  # noqa: BLE001 (an object Keras cannot serialise)
+        return f"{type(loss).__module__}.{type(loss).__qualname__}"
+
+
+def _gpu_details() -> list:
+    """Each GPU's name and compute capability (empty without GPUs)."""
+    import tensorflow as tf
+
+    details = []
+    for gpu in tf.config.list_physical_devices("GPU"):
+        try:
+            info = tf.config.experimental.get_device_details(gpu)
+        except Exception:  # noqa: BLE001 (a driver that reports nothing)
+            info = {}
+        details.append([info.get("device_name"), info.get("compute_capability")])
+    return details
 
 
 def execution_key(model, dataset, candidates) -> Optional[str]:
@@ -102,7 +136,7 @@ def execution_key(model, dataset, candidates) -> Optional[str]:
     parts = {
         "model": description,
         "optimizer": type(optimizer).__name__ if optimizer is not None else None,
-        "loss": repr(getattr(model, "loss", None)),
+        "loss": _loss_description(getattr(model, "loss", None)),
         "batch": repr(dataset.element_spec),
         "steps_per_execution": int(getattr(model, "steps_per_execution", 1) or 1),
         "candidates": list(candidates),
@@ -111,7 +145,7 @@ def execution_key(model, dataset, candidates) -> Optional[str]:
                     tf.config.threading.get_inter_op_parallelism_threads()],
         "replicas": model.distribute_strategy.num_replicas_in_sync,
         "versions": [tf.__version__, keras.__version__],
-        "machine": [_cpu_model(), os.cpu_count()],
+        "machine": [_cpu_model(), cpu_count(), _gpu_details()],
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -149,9 +183,10 @@ class ExecutionMemory:
         try:
             timings = {mode: StepTiming(**{**t, "execution_times_s": tuple(t["execution_times_s"])})
                        for mode, t in entry["timings"].items()}
-            return ExecutionChoice(entry["execution"], timings, entry["reason"], remembered=entry["saved_at"])
-        except (TypeError, KeyError):  # no entry, or one written by another version
+            choice = ExecutionChoice(entry["execution"], timings, entry["reason"], remembered=entry["saved_at"])
+        except Exception:  # noqa: BLE001 (no entry, or one of another shape: time it again)
             return None
+        return choice if choice.execution in ("graph", "xla") and choice.execution in timings else None
 
     def put(self, key: Optional[str], choice):
         """Remembers `choice` under `key` (nothing when `key` is None); returns `choice`."""

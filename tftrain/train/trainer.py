@@ -7,6 +7,7 @@
     build        task.build_model() inside strategy.scope(); compile with the task's
                  optimizer / loss / metrics and the runtime's compile options
     execution    auto: time graph vs XLA on the first training batches, keep the faster
+                 (or reuse the choice an earlier run timed for the same model and machine)
     callbacks    NanGuard, StepBackup (BackupAndRestore), TensorBoard, ThroughputMonitor,
                  ProfilerWindow, EarlyStopping, the user's
     train        the loop's fit (Model.fit, or the parameter-server coordinator loop)
@@ -453,12 +454,15 @@ class Trainer:
         from tftrain.runtime.execution_memory import ExecutionMemory, execution_key
 
         probe = self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES)
-        remember = self.config.runtime.remember_execution
+        # With several replicas nothing is timed (graph is the only mode): nothing to remember.
+        remember = self.config.runtime.remember_execution and self.runtime.num_replicas == 1
         memory, key = (ExecutionMemory(), execution_key(model, probe, AUTO_CANDIDATES)) if remember else (None, None)
         choice = memory.get(key) if memory else None
         if choice is not None:
             model.jit_compile = choice.execution == "xla"
-        else:
+            if model.jit_compile != (choice.execution == "xla"):  # Keras refused XLA for this model now
+                choice = None
+        if choice is None:
             choice = choose_execution(model, probe, steps=AUTO_PROBE_STEPS, min_timed_executions=2)
             if memory:
                 memory.put(key, choice)

@@ -1,5 +1,7 @@
 """`--execution auto`'s memory: which changes retime, and a cache file that is bad or unwritable."""
 
+from pathlib import Path
+
 import numpy as np
 
 from tftrain.runtime.execution import ExecutionChoice, StepTiming
@@ -36,6 +38,23 @@ def test_the_key_changes_with_the_model_the_batch_and_the_steps_per_execution():
     assert len(others) == 4 and key not in others
 
 
+def test_the_key_ignores_the_learning_rate_schedule_and_has_no_memory_addresses():
+    import keras
+
+    from tftrain.runtime.execution_memory import _loss_description
+
+    def compiled(decay_steps):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        schedule = keras.optimizers.schedules.CosineDecay(2e-3, decay_steps=decay_steps)  # changes with --epochs
+        model.compile(keras.optimizers.Adam(schedule), keras.losses.MeanSquaredError())
+        return model
+
+    assert execution_key(compiled(100), _batches(32), ("graph",)) == execution_key(compiled(900), _batches(32),
+                                                                                    ("graph",))
+    for loss in (keras.losses.MeanSquaredError(), keras.losses.mean_squared_error, "mse"):
+        assert "0x" not in _loss_description(loss)  # the same in every process
+
+
 def test_a_remembered_choice_comes_back_with_its_timings_and_date(tmp_path):
     memory = ExecutionMemory(tmp_path / "execution.json")
     assert memory.get("k") is None
@@ -51,6 +70,8 @@ def test_a_corrupt_or_unwritable_memory_only_costs_a_retime(tmp_path):
     assert ExecutionMemory(path).get("k") is None
     path.write_text('{"k": {"execution": "xla"}}')  # an entry of another shape
     assert ExecutionMemory(path).get("k") is None
+    path.write_text('{"k": {"execution": "eager", "timings": [], "reason": "", "saved_at": "x"}}')
+    assert ExecutionMemory(path).get("k") is None
     blocked = tmp_path / "file"
     blocked.write_text("")
     choice = _choice()
@@ -61,4 +82,6 @@ def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     assert cache_dir() == tmp_path
     monkeypatch.delenv(CACHE_ENV)
-    assert cache_dir().name == "tftrain"
+    import platformdirs
+
+    assert cache_dir() == Path(platformdirs.user_cache_dir("tftrain"))

@@ -108,7 +108,7 @@ def test_steps_per_execution_auto_runs_8_steps_per_call_on_one_replica(tmp_path)
     record = trainer.fit()
     assert record.runtime["steps_per_execution"] == 8 and trainer.runtime.steps_per_execution == 8
     assert "steps_per_execution=8 (auto)" in "\n".join(trainer.runtime.describe())
-    assert "auto" in (tmp_path / "run" / "config.yaml").read_text()
+    assert "steps_per_execution: auto" in (tmp_path / "run" / "config.yaml").read_text()
 
 
 def test_overrides_must_name_config_fields():
