@@ -149,15 +149,10 @@ def select_device(requested: str) -> dict:
 
 
 def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (or `platform.processor()`)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    """The CPU's model name (`tftrain.doctor.machine.cpu_model`: /proc/cpuinfo, else the platform's)."""
+    from tftrain.doctor.machine import cpu_model as doctor_cpu_model
+
+    return doctor_cpu_model()
 
 
 def load_average() -> Optional[list]:

@@ -26,10 +26,10 @@ import datetime
 import hashlib
 import json
 import os
-import platform
 from pathlib import Path
 from typing import Optional
 
+from tftrain.doctor.machine import cpu_model
 from tftrain.runtime.threads import cpu_count
 
 CACHE_ENV = "TFTRAIN_CACHE_DIR"
@@ -49,17 +49,6 @@ def cache_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("tftrain"))
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _model_description(model) -> Optional[str]:
@@ -145,7 +134,7 @@ def execution_key(model, dataset, candidates) -> Optional[str]:
                     tf.config.threading.get_inter_op_parallelism_threads()],
         "replicas": model.distribute_strategy.num_replicas_in_sync,
         "versions": [tf.__version__, keras.__version__],
-        "machine": [_cpu_model(), cpu_count(), _gpu_details()],
+        "machine": [cpu_model(), cpu_count(), _gpu_details()],
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
