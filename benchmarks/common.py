@@ -324,7 +324,9 @@ def main_for(name: str, description: str, run: Callable, argv=None, extra: Optio
     args = parse_args(name, description, argv, extra)
     started = time.perf_counter()
     machine = machine_info()
-    if getattr(args, "no_device_setup", False):  # e.g. a parent that only starts subprocesses
+    # A parent that only starts subprocesses keeps TensorFlow out (its children set their devices up):
+    # always (`no_device_setup`), or on the CPU (`parent_only`; on a GPU it still asks for the GPU's names).
+    if getattr(args, "no_device_setup", False) or (getattr(args, "parent_only", False) and args.device == "cpu"):
         device = {"requested": args.device, "kind": "cpu", "devices": [], "gpu_found": False, "gpu_names": []}
     else:
         device = select_device(args.device)

@@ -167,7 +167,11 @@ def _result(records, epochs, examples) -> common.Result:
 
 def main(argv=None) -> int:
     """`python -m benchmarks.flagship [--quick] [--out DIR]`."""
-    return common.main_for(NAME, __doc__.split("\n\n")[0], run, argv)
+    return common.main_for(NAME, __doc__.split("\n\n")[0], run, argv, extra=_extra)
+
+
+def _extra(parser):
+    parser.set_defaults(parent_only=True)  # both contenders are whole processes: no TensorFlow here on the CPU
 
 
 if __name__ == "__main__":

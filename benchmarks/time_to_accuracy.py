@@ -59,7 +59,8 @@ SEEDS = {"mlp": (2, 3), "cnn": (2,)}
 
 def _extra(parser):
     parser.add_argument("--models", default=None, help="comma-separated models (default: mlp,cnn; quick: mlp)")
-    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: mlp 0,1 and cnn 0)")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: mlp 2,3 and cnn 2, never used "
+                                                      "to choose the recipe's defaults)")
     parser.add_argument("--max-epochs", type=int, default=None, help="epoch cap per run (default: per model)")
     parser.add_argument("--contender", choices=CONTENDERS, default=None, help="(worker) run one contender")
     parser.add_argument("--model", default="mlp", help="(worker) model")
@@ -68,6 +69,7 @@ def _extra(parser):
     parser.add_argument("--train-examples", type=int, default=None, help="(worker) first N training images")
     parser.add_argument("--point-out", type=Path, default=None, help="(worker) JSON file for the result")
     parser.add_argument("--timeout", type=float, default=900, help="seconds allowed per contender run")
+    parser.set_defaults(parent_only=True)  # the contenders run in worker processes: no TensorFlow here on the CPU
 
 
 def make_probe(x_test, y_test, target: float, start: float):

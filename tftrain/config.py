@@ -200,8 +200,10 @@ class RuntimeConfig:
             nothing to do (`tftrain.runtime.nvtx`). Defaults to False.
 
     Raises:
-        ConfigError: when a name is unknown or a count is out of range, or
-            `communication` / `ps_tasks` is set for a strategy that has no use for it.
+        ConfigError: when a name is unknown or a count is out of range,
+            `communication` / `ps_tasks` is set for a strategy that has no use for
+            it, or `cpu_replicas` > 1 comes with a strategy other than `mirrored`
+            or with `execution="xla"`.
     """
 
     strategy: str = _field("default", "tf.distribute strategy", STRATEGIES + tuple(STRATEGY_ALIASES))
@@ -233,6 +235,44 @@ class RuntimeConfig:
                 f"ps_tasks={self.ps_tasks} applies to parameter_server only; strategy {self.strategy!r} has no ps "
                 "tasks. Drop --ps-tasks, or use --strategy parameter_server."
             )
+        self._check_cpu_replicas()
+
+    def _check_cpu_replicas(self) -> None:
+        """`cpu_replicas` > 1 serves the mirrored strategy only, and never XLA (known before TensorFlow starts)."""
+        if self.cpu_replicas == 1:
+            return
+        if self.strategy in ("multi_worker_mirrored", "parameter_server"):
+            raise ConfigError(
+                f"cpu_replicas={self.cpu_replicas} splits one CPU for the mirrored strategy; "
+                f"{self.strategy} runs one replica per CPU task. Drop --cpu-replicas, or start more "
+                "workers (python -m tftrain.launch --workers N)."
+            )
+        if self.strategy != "mirrored":
+            raise ConfigError(
+                f"cpu_replicas={self.cpu_replicas} splits the CPU into replicas for the mirrored strategy; "
+                f"strategy {self.strategy!r} would train on one of them. Add --strategy mirrored, or drop "
+                "--cpu-replicas."
+            )
+        if self.execution == "xla":
+            raise ConfigError(xla_replicas_error(self.cpu_replicas))
+
+
+def xla_replicas_error(num_replicas: int) -> str:
+    """The message for `execution="xla"` with `num_replicas` > 1 replicas."""
+    return (f"execution='xla' does not work with {num_replicas} replicas: Keras 3 compiles the whole "
+            "cross-replica step with XLA, which cannot span devices. Use --execution graph, or train on one replica.")
+
+
+def check_batch_divides(batch_size: int, num_replicas: int) -> None:
+    """Raises `ConfigError` (naming the nearest sizes that work) when the global `batch_size`
+    does not divide evenly across `num_replicas` replicas."""
+    if batch_size % num_replicas:
+        lower = batch_size - batch_size % num_replicas
+        options = f"--batch-size {lower} or {lower + num_replicas}" if lower else f"--batch-size {num_replicas}"
+        raise ConfigError(
+            f"Global batch size {batch_size} does not divide evenly across {num_replicas} replicas. "
+            f"Pass {options}, or --per-replica-batch-size {max(1, batch_size // num_replicas)}."
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -445,7 +485,8 @@ class RecipeConfig:
             None.
 
     Raises:
-        ConfigError: when a section has the wrong type or a value is invalid.
+        ConfigError: when a section has the wrong type, a value is invalid, or
+            a fixed global `batch_size` does not divide across `cpu_replicas`.
     """
 
     runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
@@ -472,6 +513,9 @@ class RecipeConfig:
             minimum = f.metadata.get("minimum")
             if minimum is not None and value < minimum:
                 raise ConfigError(f"{f.name} must be >= {minimum}. Received: {f.name}={value!r}.")
+        runtime, batch_size = self.runtime, self.data.batch_size
+        if runtime.cpu_replicas > 1 and isinstance(batch_size, int) and not self.train.tune:
+            check_batch_divides(batch_size, runtime.cpu_replicas)  # before TensorFlow starts
 
     def to_dict(self) -> dict:
         """Returns the config as nested plain dicts (the recipe-file layout; `task` only when set)."""

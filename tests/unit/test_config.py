@@ -166,3 +166,27 @@ def test_validation_split_must_be_a_fraction():
     assert DataConfig(validation_split=0.1).validation_split == 0.1
     with pytest.raises(ConfigError, match=r"validation_split must be in \[0, 1\)"):
         DataConfig(validation_split=1.0)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"cpu_replicas": 2}, "strategy 'default' would train on one of them"),
+        ({"strategy": "one_device", "cpu_replicas": 2}, "strategy 'one_device' would train on one of them"),
+        ({"strategy": "multi_worker", "cpu_replicas": 2}, "multi_worker_mirrored runs one replica per CPU task"),
+        ({"strategy": "mirrored", "cpu_replicas": 2, "execution": "xla"}, "execution='xla' does not work with 2"),
+        ({"strategy": "mirrored", "cpu_replicas": 3, "batch_size": 100},
+         "Global batch size 100 does not divide evenly across 3 replicas. Pass --batch-size 99 or 102"),
+    ],
+)
+def test_cpu_replica_mistakes_are_refused_by_the_config_before_tensorflow_starts(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        RecipeConfig().override(overrides)
+
+
+def test_cpu_replicas_that_fit_are_accepted():
+    config = RecipeConfig().override({"strategy": "mirrored", "cpu_replicas": 3, "batch_size": 99})
+    assert config.runtime.cpu_replicas == 3 and config.data.batch_size == 99
+    # --tune searches the batch size itself, so a fixed one is not checked against the replicas.
+    tuned = RecipeConfig().override({"strategy": "mirrored", "cpu_replicas": 3, "batch_size": 100, "tune": 2})
+    assert tuned.data.batch_size == 100

@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 import numpy as np
 import tensorflow as tf
 
-from tftrain.config import DataConfig
+from tftrain.config import DataConfig, check_batch_divides
 from tftrain.errors import ConfigError
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -80,13 +80,7 @@ def resolve_batch_size(
     if batch_size is None:
         per_replica = per_replica_batch_size or default_per_replica
         return BatchSize(per_replica * num_replicas, per_replica, num_replicas)
-    if batch_size % num_replicas:
-        lower = batch_size - batch_size % num_replicas
-        options = f"--batch-size {lower} or {lower + num_replicas}" if lower else f"--batch-size {num_replicas}"
-        raise ConfigError(
-            f"Global batch size {batch_size} does not divide evenly across {num_replicas} replicas. "
-            f"Pass {options}, or --per-replica-batch-size {max(1, batch_size // num_replicas)}."
-        )
+    check_batch_divides(batch_size, num_replicas)
     return BatchSize(batch_size, batch_size // num_replicas, num_replicas)
 
 

@@ -10,7 +10,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tftrain.config import AUTO_STEPS_PER_EXECUTION, RuntimeConfig
+from tftrain.config import AUTO_STEPS_PER_EXECUTION, RuntimeConfig, xla_replicas_error
 from tftrain.errors import ConfigError
 from tftrain.runtime.cluster import MULTI_PROCESS_STRATEGIES, ClusterInfo, drop_blank_tf_config, resolve_cluster
 from tftrain.runtime.devices import DeviceInfo, configure_devices
@@ -133,26 +133,15 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[C
             not suit the strategy (checked before any strategy is built).
         DeviceError: when the requested devices are unavailable.
         ConfigError: on an invalid combination (`nccl` on CPU, `xla` with more
-            than one replica, or `cpu_replicas` > 1 with any strategy but
-            `mirrored`), or `nvtx` on a GPU without NVIDIA's `nvtx` package.
+            than one GPU replica), or `nvtx` on a GPU without NVIDIA's `nvtx`
+            package. (`RuntimeConfig` itself refuses `cpu_replicas` > 1 with any
+            strategy but `mirrored`, or with `xla`.)
     """
     if env is None:
         drop_blank_tf_config()
     multi_process = config.strategy in MULTI_PROCESS_STRATEGIES
     if multi_process and cluster is None:
         cluster = resolve_cluster(config.strategy, env=env, ps_tasks=config.ps_tasks)
-    if multi_process and config.cpu_replicas > 1:
-        raise ConfigError(
-            f"cpu_replicas={config.cpu_replicas} splits one CPU for the mirrored strategy; "
-            f"{config.strategy} runs one replica per CPU task. Drop --cpu-replicas, or start more "
-            "workers (python -m tftrain.launch --workers N)."
-        )
-    if config.strategy in ("default", "one_device") and config.cpu_replicas > 1:
-        raise ConfigError(
-            f"cpu_replicas={config.cpu_replicas} splits the CPU into replicas for the mirrored strategy; "
-            f"strategy {config.strategy!r} would train on one of them. Add --strategy mirrored, or drop "
-            "--cpu-replicas."
-        )
     nvtx_env_set = enable_nvtx_ranges() if config.nvtx else False  # before any op: read when TF first runs one
     threads = set_threads(config.intra_op_threads, config.inter_op_threads)
     # Nothing so far starts TensorFlow's runtime, so MultiWorkerMirroredStrategy can still
@@ -162,11 +151,7 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[C
     precision = set_precision(config.precision, devices)
     strategy = make_strategy(config.strategy, devices, cluster, config.communication)
     if config.execution == "xla" and strategy.num_replicas_in_sync > 1:
-        raise ConfigError(
-            f"execution='xla' does not work with {strategy.num_replicas_in_sync} replicas: Keras 3 "
-            "compiles the whole cross-replica step with XLA, which cannot span devices. "
-            "Use --execution graph, or train on one replica."
-        )
+        raise ConfigError(xla_replicas_error(strategy.num_replicas_in_sync))  # GPU replicas
     # After the strategy, which must come before the runtime starts (restore_malloc_thresholds
     # starts it); only for the strategies whose fit input sets TF's malloc patch.
     malloc = restore_malloc_thresholds() if config.strategy in GENERATOR_INPUT_STRATEGIES else None
