@@ -86,29 +86,6 @@ def test_two_workers_multi_worker_mirrored(two_workers):
     assert _alive(_started_pids(result.stderr).values()) == []
 
 
-@pytest.mark.timeout(320)
-def test_chief_two_workers_and_one_ps(tmp_path):
-    run_dir = tmp_path / "run"
-    args = ["--strategy", "parameter_server", *FLAGS[:2], "--epochs", "2", *FLAGS[4:], "--run-dir", run_dir]
-    result = _run(_launcher(["--chief", "--workers", "2", "--ps", "1"], args, 240), _env(tmp_path / "tmp"), 300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    # Every task exits 0 by itself: the servers once the chief has told them the job finished.
-    for task in ("chief:0", "worker:0", "worker:1", "ps:0"):
-        assert f"tftrain.launch: {task} exited with code 0\n" in result.stderr, result.stderr[-3000:]
-    assert "tftrain.launch: job finished\n" in result.stderr  # nothing left to stop
-    for task in ("worker:0", "worker:1", "ps:0"):
-        assert f"[{task}] {task}: serving the parameter-server job" in result.stdout
-        assert f"[{task}] {task}: the chief finished the job; exiting" in result.stdout
-    metrics = read_metrics(run_dir)
-    assert metrics["strategy_class"] == "ParameterServerStrategyV2"
-    assert metrics["workers"] == 2 and metrics["ps_tasks"] == 1 and metrics["epochs_trained"] == 2
-    assert set(metrics["history"]) == {"accuracy", "loss"} and len(metrics["history"]["loss"]) == 2
-    assert metrics["history"]["loss"][1] < metrics["history"]["loss"][0]
-    assert metrics["test_accuracy"] > 0.85
-    assert (run_dir / "model.keras").is_file()
-    assert _alive(_started_pids(result.stderr).values()) == []
-
-
 @pytest.mark.timeout(120)
 def test_malformed_tf_config_is_one_line_and_exit_2(tmp_path):
     env = {**_env(tmp_path / "tmp"), "TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:2222"]}, "task": {"type": "worker"}}'}

@@ -12,9 +12,11 @@ example file in tests/unit/train/test_trainer.py.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from tests.conftest import REPO, SUBPROCESS_ENV, interrupt_after_first_checkpoint, read_metrics, run_module
@@ -25,6 +27,13 @@ pytestmark = pytest.mark.integration
 REGRESSION = str(REPO / "examples" / "regression.py") + ":task"
 SMALL = ["--train-examples", "4096", "--verbose", "2", "--seed", "0"]
 MEAN_PREDICTOR_MSE = 2.0  # examples/regression.py: predicting the mean of y gives about 2.2
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _run_dir_files(run_dir):
@@ -87,6 +96,8 @@ def test_regression_file_with_two_multi_worker_mirrored_workers(tmp_path):
 
 
 def test_regression_file_with_a_parameter_server_job(tmp_path):
+    """A chief, two workers and a ps task through the launcher (the MNIST recipe's parameter-server
+    job runs in tests/integration/test_multi_worker.py, killed and resumed, and under SLURM)."""
     run_dir = tmp_path / "run"
     # Learning rate 0.02, not the example's 0.05: the workers apply stale gradients asynchronously, and on
     # a loaded machine one such run at 0.05 ended at test loss 2.53 after its training loss fell to 0.39.
@@ -94,11 +105,21 @@ def test_regression_file_with_a_parameter_server_job(tmp_path):
                 [REGRESSION, *SMALL, "--epochs", "2", "--batch-size", "128", "--strategy", "parameter_server",
                  "--learning-rate", "0.02", "--run-dir", str(run_dir)], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
+    # Every task exits 0 by itself: the servers once the chief has told them the job finished.
+    for task in ("chief:0", "worker:0", "worker:1", "ps:0"):
+        assert f"tftrain.launch: {task} exited with code 0\n" in r.stderr, r.stderr[-3000:]
+    assert "tftrain.launch: job finished\n" in r.stderr  # nothing left to stop
+    for task in ("worker:0", "worker:1", "ps:0"):
+        assert f"[{task}] {task}: serving the parameter-server job" in r.stdout
+        assert f"[{task}] {task}: the chief finished the job; exiting" in r.stdout
     m = read_metrics(run_dir)
     assert m["strategy_class"] == "ParameterServerStrategyV2" and m["workers"] == 2 and m["ps_tasks"] == 1
+    assert m["epochs_trained"] == 2 and (run_dir / "model.keras").is_file()
     assert set(m["history"]) == {"loss", "mean_absolute_error"} or set(m["history"]) == {"loss", "mae"}
     assert m["history"]["loss"][1] < m["history"]["loss"][0] and m["test_loss"] < MEAN_PREDICTOR_MSE
     assert m["throughput"] is None  # the coordinator loop has no per-step hooks
+    started = {int(pid) for pid in re.findall(r"started \S+ \(pid (\d+)\)", r.stderr)}
+    assert len(started) == 4 and not [pid for pid in started if _alive(pid)]
 
 
 def test_image_folder_recipe_on_png_and_jpeg_files(tmp_path):

@@ -129,12 +129,15 @@ def test_monitor_counts_full_last_executions_with_steps_per_epoch_on_repeated_da
 def test_monitor_counts_steps_that_loss_scaling_skipped():
     # An absurd initial loss scale makes the first float16 gradients overflow: LossScaleOptimizer
     # skips those updates and does not advance `iterations`, yet the steps ran and took time.
+    # Logits, not probabilities: a probability loss clips outputs above 1, and a model whose random
+    # initial weights gave such outputs had zero gradients, which never overflow.
+    keras.utils.set_random_seed(0)
     x = np.ones((64, 4), "float32")
     ds = tf.data.Dataset.from_tensor_slices((x, np.zeros(64, "int32"))).batch(8, drop_remainder=True).repeat()
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, dtype="mixed_float16"),
                               keras.layers.Dense(2, dtype="float32")])
     model.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=2.0 ** 60),
-                  "sparse_categorical_crossentropy", steps_per_execution=2)
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=2)
     monitor = ThroughputMonitor(batch_size=8, warmup_steps=0)
     model.fit(ds, epochs=2, steps_per_epoch=10, callbacks=[monitor], verbose=0, shuffle=False)
     assert int(model.optimizer.iterations.numpy()) < 20  # some updates were skipped
