@@ -45,6 +45,21 @@ def test_command_line_overrides_recipe_file(tmp_path):
     assert cfg.train.epochs == 2
 
 
+def test_recipe_file_and_flags_are_checked_together(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("runtime: {cpu_replicas: 2}\ndata: {batch_size: 64}\ntrain:\n")
+    # The file alone (strategy default, 2 CPU replicas) is refused; with the flag, the run is valid.
+    with pytest.raises(ConfigError, match="strategy 'default' would train on one of them"):
+        parse("--config", str(path))
+    cfg = parse("--config", str(path), "--strategy", "mirrored", "--per-replica-batch-size", "16", "--epochs", "2")
+    assert cfg.runtime.strategy == "mirrored" and cfg.runtime.cpu_replicas == 2 and cfg.train.epochs == 2
+    assert cfg.data.per_replica_batch_size == 16 and cfg.data.batch_size is None  # the flag replaced the file's
+    # An unknown key is still named with the file it is in.
+    path.write_text("runtime: {cpu_replicas: 2, strategie: mirrored}\n")
+    with pytest.raises(ConfigError, match=r"Unknown key 'runtime.strategie' in .*r\.yaml"):
+        parse("--config", str(path), "--strategy", "mirrored")
+
+
 @pytest.mark.parametrize(
     "argv, pattern",
     [
