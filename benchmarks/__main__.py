@@ -44,13 +44,13 @@ EXPECTED_MINUTES = {
 
 
 GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
-"""NVIDIA's driver, ROCm's and WSL2's GPU device nodes: without one, TensorFlow can see no GPU."""
+"""NVIDIA's driver, ROCm's and WSL2's GPU device nodes: on Linux, without one TensorFlow sees no GPU."""
 
 
 def gpu_count() -> int:
     """GPUs TensorFlow sees, asked in a subprocess (this process stays TensorFlow-free); 0 without
-    asking when the machine has none of `GPU_DEVICE_NODES`."""
-    if not any(os.path.exists(node) for node in GPU_DEVICE_NODES):
+    asking on a Linux machine that has none of `GPU_DEVICE_NODES`."""
+    if sys.platform.startswith("linux") and not any(os.path.exists(node) for node in GPU_DEVICE_NODES):
         return 0
     code = "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}

@@ -156,32 +156,4 @@ def parse_config(
         return defaults.override(namespace)
     # One layer, so that combinations are checked on what the run uses: a file's cpu_replicas: 2
     # with --strategy mirrored is fine, though the file alone (strategy default) would be refused.
-    values = flags_over_file(config_lib.load_yaml(path), namespace, defaults)
-    return config_lib.merge(defaults, values, str(path))
-
-
-def flags_over_file(values, flags: dict, defaults: config_lib.RecipeConfig):
-    """A recipe file's nested values with the command line's flat `flags` laid over them.
-
-    A flag for one of `batch_size` / `per_replica_batch_size` drops both from the
-    file, so `--per-replica-batch-size` replaces a file's `batch_size`. Values that
-    are not mappings are returned as they are, for `config.merge` to refuse.
-    """
-    if not isinstance(values, dict):
-        return values
-    out = {key: dict(value) if isinstance(value, dict) else value for key, value in values.items()}
-    index = config_lib.flat_field_index(defaults)
-    for key, value in flags.items():
-        section = index[key]
-        if section is None:
-            out[key] = value
-            continue
-        if out.get(section) is None:  # absent, or an empty `data:` line
-            out[section] = {}
-        if not isinstance(out[section], dict):
-            return out  # merge names the section that is not a mapping
-        if key in ("batch_size", "per_replica_batch_size"):
-            for name in ("batch_size", "per_replica_batch_size"):
-                out[section].pop(name, None)
-        out[section][key] = value
-    return out
+    return config_lib.from_yaml(path, base=defaults, overrides=namespace)

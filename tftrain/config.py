@@ -690,16 +690,52 @@ def load_yaml(path: str | os.PathLike) -> dict:
         raise ConfigError(f"Recipe file {path!r} is not valid YAML{where}: {getattr(e, 'problem', e)}.") from None
 
 
-def from_yaml(path: str | os.PathLike, base: Optional[RecipeConfig] = None) -> RecipeConfig:
+def from_yaml(path: str | os.PathLike, base: Optional[RecipeConfig] = None,
+              overrides: Optional[Mapping[str, Any]] = None) -> RecipeConfig:
     """Loads a recipe file and lays it over `base` (default: `RecipeConfig()`).
 
     `base` carries the task's hyperparameter dataclass, which the file's `task:`
-    section overrides.
+    section overrides. `overrides` (flat `{field_name: value}`, as
+    `RecipeConfig.override` takes them: command-line flags, a `Trainer`'s keyword
+    arguments) win over the file; file and overrides are validated as one layer,
+    so a combination is judged on what the run uses (a file's `cpu_replicas: 2`
+    with `strategy="mirrored"` given as an override is valid).
 
     Raises:
-        ConfigError: when the file is missing, not YAML, or holds bad values.
+        ConfigError: when the file is missing, not YAML, or holds bad values, or
+            an override names an unknown field.
     """
-    return merge(base or RecipeConfig(), load_yaml(path), os.fspath(path))
+    base = base or RecipeConfig()
+    values = _flat_over_nested(load_yaml(path), overrides or {}, base)
+    return merge(base, values, os.fspath(path))
+
+
+def _flat_over_nested(values, flat: Mapping[str, Any], base: RecipeConfig):
+    """Recipe-file `values` (nested) with the flat `{field_name: value}` pairs laid over them.
+
+    Setting one of `batch_size` / `per_replica_batch_size` drops both from the
+    file. Values that are not mappings are returned as they are, for `merge` to refuse.
+    """
+    if not isinstance(values, dict):
+        return values
+    out = {key: dict(value) if isinstance(value, dict) else value for key, value in values.items()}
+    index = flat_field_index(base)
+    for key, value in flat.items():
+        if key not in index:
+            raise ConfigError(f"Unknown config field {key!r}. Expected one of: {', '.join(sorted(index))}.")
+        section = index[key]
+        if section is None:
+            out[key] = value
+            continue
+        if out.get(section) is None:  # absent, or an empty `data:` line
+            out[section] = {}
+        if not isinstance(out[section], dict):
+            return out  # merge names the section that is not a mapping
+        if key in _BATCH_FIELDS:
+            for name in _BATCH_FIELDS:
+                out[section].pop(name, None)
+        out[section][key] = value
+    return out
 
 
 def to_yaml(config: RecipeConfig) -> str:

@@ -133,7 +133,7 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[C
             not suit the strategy (checked before any strategy is built).
         DeviceError: when the requested devices are unavailable.
         ConfigError: on an invalid combination (`nccl` on CPU, `xla` with more
-            than one GPU replica), or `nvtx` on a GPU without NVIDIA's `nvtx`
+            than one replica: GPUs or workers), or `nvtx` on a GPU without NVIDIA's `nvtx`
             package. (`RuntimeConfig` itself refuses `cpu_replicas` > 1 with any
             strategy but `mirrored`, or with `xla`.)
     """
@@ -151,7 +151,7 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[C
     precision = set_precision(config.precision, devices)
     strategy = make_strategy(config.strategy, devices, cluster, config.communication)
     if config.execution == "xla" and strategy.num_replicas_in_sync > 1:
-        raise ConfigError(xla_replicas_error(strategy.num_replicas_in_sync))  # GPU replicas
+        raise ConfigError(xla_replicas_error(strategy.num_replicas_in_sync))  # GPU or worker replicas
     # After the strategy, which must come before the runtime starts (restore_malloc_thresholds
     # starts it); only for the strategies whose fit input sets TF's malloc patch.
     malloc = restore_malloc_thresholds() if config.strategy in GENERATOR_INPUT_STRATEGIES else None

@@ -101,8 +101,8 @@ class Trainer:
             raise ConfigError(f"Trainer needs a tftrain.Task (e.g. tftrain.ArrayTask(...)). Received: {task!r}.")
         if config is None:
             config = task.default_config()
-        elif isinstance(config, (str, os.PathLike)):  # a recipe file, over the task's defaults
-            config = config_lib.from_yaml(config, base=task.default_config())
+        elif isinstance(config, (str, os.PathLike)):  # a recipe file over the task's defaults, overrides over it
+            config, overrides = config_lib.from_yaml(config, base=task.default_config(), overrides=overrides), {}
         elif not isinstance(config, config_lib.RecipeConfig):
             raise ConfigError(f"config must be a RecipeConfig or a recipe file path. Received: {config!r}.")
         elif config.task is None and task.hparams is not None:

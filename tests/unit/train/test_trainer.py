@@ -239,6 +239,12 @@ def test_a_config_file_path_is_laid_over_the_task_defaults(tmp_path):
     assert trainer.config.train.epochs == 7 and trainer.config.train.verbose == 0
     with pytest.raises(ConfigError, match="config must be a RecipeConfig or a recipe file path"):
         tftrain.Trainer(_task(), 3)
+    # File and keyword arguments are judged together: 2 CPU replicas need the mirrored strategy given here.
+    path.write_text("runtime: {cpu_replicas: 2}\n")
+    trainer = tftrain.Trainer(_task(), str(path), strategy="mirrored")
+    assert trainer.config.runtime.strategy == "mirrored" and trainer.config.runtime.cpu_replicas == 2
+    with pytest.raises(ConfigError, match="Unknown config field 'strategie'"):
+        tftrain.Trainer(_task(), str(path), strategie="mirrored")
 
 
 def test_hyperparameters_named_like_metrics_keys_are_refused():
