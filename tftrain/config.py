@@ -42,6 +42,9 @@ STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "par
 STRATEGY_ALIASES = {"multi_worker": "multi_worker_mirrored", "ps": "parameter_server"}
 """Alternative spellings, mapped to their canonical strategy name."""
 
+MULTI_PROCESS_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
+"""Strategies whose processes form a cluster (TF_CONFIG or SLURM)."""
+
 DEVICES = ("auto", "cpu", "gpu")
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 EXECUTIONS = ("auto", "eager", "graph", "xla")
@@ -241,7 +244,7 @@ class RuntimeConfig:
         """`cpu_replicas` > 1 serves the mirrored strategy only, and never XLA (known before TensorFlow starts)."""
         if self.cpu_replicas == 1:
             return
-        if self.strategy in ("multi_worker_mirrored", "parameter_server"):
+        if self.strategy in MULTI_PROCESS_STRATEGIES:
             raise ConfigError(
                 f"cpu_replicas={self.cpu_replicas} splits one CPU for the mirrored strategy; "
                 f"{self.strategy} runs one replica per CPU task. Drop --cpu-replicas, or start more "
@@ -556,19 +559,7 @@ class RecipeConfig:
         Raises:
             ConfigError: on an unknown field name or an invalid value.
         """
-        nested: dict = {}
-        index = flat_field_index(self)
-        for key, value in flat.items():
-            if key not in index:
-                raise ConfigError(
-                    f"Unknown config field {key!r}. Expected one of: {', '.join(sorted(index))}."
-                )
-            section = index[key]
-            if section is None:
-                nested[key] = value
-            else:
-                nested.setdefault(section, {})[key] = value
-        return merge(self, nested, "overrides")
+        return merge(self, _flat_over_nested({}, flat, self), "overrides")
 
 
 def _top_level_fields():
@@ -719,6 +710,9 @@ def _flat_over_nested(values, flat: Mapping[str, Any], base: RecipeConfig):
     if not isinstance(values, dict):
         return values
     out = {key: dict(value) if isinstance(value, dict) else value for key, value in values.items()}
+    if any(key in flat for key in _BATCH_FIELDS) and isinstance(out.get("data"), dict):
+        for name in _BATCH_FIELDS:  # the file's only: both given in `flat` still clash
+            out["data"].pop(name, None)
     index = flat_field_index(base)
     for key, value in flat.items():
         if key not in index:
@@ -731,9 +725,6 @@ def _flat_over_nested(values, flat: Mapping[str, Any], base: RecipeConfig):
             out[section] = {}
         if not isinstance(out[section], dict):
             return out  # merge names the section that is not a mapping
-        if key in _BATCH_FIELDS:
-            for name in _BATCH_FIELDS:
-                out[section].pop(name, None)
         out[section][key] = value
     return out
 

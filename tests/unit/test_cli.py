@@ -54,6 +54,8 @@ def test_recipe_file_and_flags_are_checked_together(tmp_path):
     cfg = parse("--config", str(path), "--strategy", "mirrored", "--per-replica-batch-size", "16", "--epochs", "2")
     assert cfg.runtime.strategy == "mirrored" and cfg.runtime.cpu_replicas == 2 and cfg.train.epochs == 2
     assert cfg.data.per_replica_batch_size == 16 and cfg.data.batch_size is None  # the flag replaced the file's
+    with pytest.raises(ConfigError, match="either batch_size"):  # both as flags still clash
+        parse("--config", str(path), "--strategy", "mirrored", "--batch-size", "8", "--per-replica-batch-size", "4")
     # An unknown key is still named with the file it is in.
     path.write_text("runtime: {cpu_replicas: 2, strategie: mirrored}\n")
     with pytest.raises(ConfigError, match=r"Unknown key 'runtime.strategie' in .*r\.yaml"):

@@ -35,13 +35,12 @@ import re
 import shutil
 from typing import Mapping, Optional
 
+from tftrain.config import MULTI_PROCESS_STRATEGIES
 from tftrain.errors import ClusterConfigError
 
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 """Task types TensorFlow's distributed runtime knows."""
 
-MULTI_PROCESS_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
-"""Strategies whose processes form a cluster (TF_CONFIG or SLURM)."""
 
 SLURM_PORT_BASE = 8888
 """First port of the tasks on each SLURM node (`SlurmClusterResolver`'s default)."""
