@@ -23,6 +23,24 @@ class DeviceError(ConfigError):
     """The requested devices do not exist or can no longer be configured."""
 
 
+class RuntimeStartedError(DeviceError):
+    """A device setting cannot apply because TensorFlow's runtime has already started in this
+    process (logical CPU devices and visible devices are fixed when it starts).
+
+    Attributes:
+        setting: the `RuntimeConfig` field that could not apply (`"cpu_replicas"` or `"device"`).
+    """
+
+    def __init__(self, message: str, setting: str = ""):
+        super().__init__(message)
+        self.setting = setting
+
+
+class RuntimeStartedWarning(RuntimeWarning):
+    """Thread counts were not applied because TensorFlow's runtime had already started
+    (`tftrain.runtime.set_threads`); the run goes on with the counts in effect."""
+
+
 class DataError(ConfigError):
     """A dataset file or folder is missing, corrupt or holds the wrong shapes."""
 

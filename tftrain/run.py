@@ -11,6 +11,10 @@ recipe file (YAML) whose `task:` section holds those hyperparameters.
     python -m tftrain.launch --workers 2 -- python -m tftrain.run examples/regression.py:task \\
         --strategy multi_worker_mirrored
 
+A task file that starts TensorFlow's runtime when imported (a Keras metric object
+built at module level creates variables) is named, with the fix, when that keeps
+`--cpu-replicas` (exit 2) or thread counts (a warning) from applying.
+
 Exit codes: 0 done; 2 bad input (one line on stderr, no traceback); 1 the run
 failed after it started (one line naming what failed and where the traceback was
 written); 130 interrupted with Ctrl-C (the same command resumes from the
@@ -26,11 +30,12 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from tftrain import cli
-from tftrain.errors import ConfigError
+from tftrain.errors import ConfigError, RuntimeStartedError, RuntimeStartedWarning
 
 PROG = "python -m tftrain.run"
 
@@ -135,15 +140,23 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
 
     started = time.perf_counter()
     argv = list(sys.argv[1:] if argv is None else argv)
-    command, trainer = [*prog.split(), *argv], None
+    command, trainer, started_by, threads = [*prog.split(), *argv], None, None, []
     try:
         if task is None:
-            task, argv = _task_from_argv(argv, prog)
+            task, argv, started_by = _task_from_argv(argv, prog)
         cfg = cli.parse_config(argv, task.default_config(), prog, description or _describe(task), default_config,
                                omit=task.unused_fields)
+        threads = _unapplied_thread_flags(cfg.runtime) if started_by else []
+        if threads and cfg.runtime.cpu_replicas == 1:  # with --cpu-replicas, a refusal's line names them too
+            print(f"{prog}: warning: {_started_tensorflow(started_by, task, None, threads)}", file=sys.stderr)
         trainer = Trainer(task, cfg, command=command)
-        trainer.fit(started=started)
+        _fit(trainer, started, quiet_threads=bool(threads))
         return 0
+    except RuntimeStartedError as e:  # the task file started TensorFlow: name it and the fix
+        refused = _refused_setting(e, trainer.config.runtime) if started_by and trainer else None
+        print(f"{prog}: error: {_started_tensorflow(started_by, task, refused, threads) if refused else e}",
+              file=sys.stderr)
+        return 2
     except ConfigError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
@@ -158,7 +171,17 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
         return 1
 
 
+def _fit(trainer, started: float, quiet_threads: bool) -> None:
+    """`trainer.fit`; with `quiet_threads`, without the runtime's warning that thread counts were not
+    applied (said already, with the task file that started TensorFlow and the fix)."""
+    with warnings.catch_warnings():
+        if quiet_threads:
+            warnings.simplefilter("ignore", RuntimeStartedWarning)
+        trainer.fit(started=started)
+
+
 def _task_from_argv(argv: List[str], prog: str):
+    """`(task, the other arguments, the task file when loading it started TensorFlow's runtime, else None)`."""
     spec, rest = _split_task_spec(argv)
     if spec is None:
         if any(a in ("-h", "--help") for a in argv):
@@ -166,7 +189,73 @@ def _task_from_argv(argv: List[str], prog: str):
             raise SystemExit(0)
         raise ConfigError("No task given. Usage: python -m tftrain.run FILE.py:NAME [flags], "
                           "e.g. python -m tftrain.run examples/regression.py:task --epochs 3.")
-    return load_task(spec), rest
+    started_before = _tensorflow_started()
+    task = load_task(spec)
+    started_by = spec.rpartition(":")[0] if not started_before and _tensorflow_started() else None
+    return task, rest, started_by
+
+
+def _tensorflow_started() -> bool:
+    """Whether TensorFlow's runtime has started in this process (never starts it)."""
+    if "tensorflow" not in sys.modules:  # not even imported, so not started (and not imported here)
+        return False
+    from tftrain.runtime import runtime_started
+
+    return runtime_started()
+
+
+def _unapplied_thread_flags(runtime_config) -> List[str]:
+    """`["--intra-op-threads 2", ...]`: the thread counts asked for that differ from those in effect,
+    once TensorFlow's runtime has started (`set_threads` cannot apply them then)."""
+    from tftrain.runtime.threads import current_threads
+
+    now = current_threads()
+    asked = (("--intra-op-threads", runtime_config.intra_op_threads, now.intra_op),
+             ("--inter-op-threads", runtime_config.inter_op_threads, now.inter_op))
+    return [f"{flag} {n}" for flag, n, in_effect in asked if n and n != in_effect]
+
+
+def _refused_setting(error: RuntimeStartedError, runtime_config) -> Optional[str]:
+    """What the runtime refused, in flags (`--cpu-replicas 2 cannot split the CPU`), or None if unknown."""
+    if error.setting == "cpu_replicas":
+        return f"--cpu-replicas {runtime_config.cpu_replicas} cannot split the CPU"
+    if error.setting == "device":
+        return f"--device {runtime_config.device} cannot hide the GPUs"
+    return None
+
+
+def _started_tensorflow(task_file: str, task, refused: Optional[str], threads: Sequence[str]) -> str:
+    """One line: the task file started TensorFlow, so the refused setting and the thread flags
+    cannot apply; and the fix."""
+    unmet = ([refused] if refused else []) + ([f"{' and '.join(threads)} cannot apply"] if threads else [])
+    return (f"{task_file} started TensorFlow when imported (a Keras metric, layer or tensor built at module level), "
+            f"so {' and '.join(unmet)}: {_started_tensorflow_fix(task)}")
+
+
+def _started_tensorflow_fix(task) -> str:
+    """How to keep a task file from starting TensorFlow: pass a metric's class, or build it later."""
+    metric = next(_metric_instances(getattr(task, "metrics", None)), None)
+    if metric is None:
+        return "build Keras objects and tensors inside build_model or compile_args, not at module level."
+    keras = sys.modules["keras"]  # a metric instance exists, so Keras is imported
+    cls = type(metric)
+    name = f"keras.metrics.{cls.__name__}" if getattr(keras.metrics, cls.__name__, None) is cls else cls.__name__
+    return f"build metrics inside compile_args, or pass the class (metrics=[{name}])."
+
+
+def _metric_instances(metrics):
+    """The `keras.metrics.Metric` objects in a (nested) list or dict of metrics."""
+    keras = sys.modules.get("keras")
+    if keras is None or metrics is None:
+        return
+    if isinstance(metrics, keras.metrics.Metric):
+        yield metrics
+    elif isinstance(metrics, dict):
+        for value in metrics.values():
+            yield from _metric_instances(value)
+    elif isinstance(metrics, (list, tuple)):
+        for value in metrics:
+            yield from _metric_instances(value)
 
 
 def _empty_config():

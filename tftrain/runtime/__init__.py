@@ -25,6 +25,7 @@ _EXPORTS = {
     "slurm_cluster": "cluster",
     "DeviceInfo": "devices",
     "configure_devices": "devices",
+    "runtime_started": "devices",
     "select_devices": "devices",
     "split_cpu": "devices",
     "ExecutionChoice": "execution",

@@ -12,7 +12,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tftrain.errors import DeviceError
+from tftrain.errors import DeviceError, RuntimeStartedError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +40,25 @@ class DeviceInfo:
         return f"{len(self.devices)} x CPU (logical: {', '.join(self.devices)})"
 
 
+def runtime_started() -> bool:
+    """Whether TensorFlow's runtime has started in this process, found without starting it.
+
+    Once it has, thread counts, logical CPU devices and visible devices are
+    fixed. A program can call this before and after running code it does not
+    own (a user's task file) to learn whether that code started it.
+
+    Returns:
+        True when the eager context has initialised (an op ran, a variable or
+        tensor was created, or the devices were listed).
+    """
+    # TensorFlow has no public query for this: tf.config's setters raise RuntimeError only
+    # when asked to change a value, and listing logical devices would start the runtime.
+    # The one private read in tftrain, kept here, where the runtime's global state lives.
+    from tensorflow.python.eager import context
+
+    return bool(getattr(context.context(), "_initialized", False))
+
+
 def split_cpu(num_devices: int) -> list:
     """Splits the physical CPU into `num_devices` logical CPU devices.
 
@@ -55,8 +74,9 @@ def split_cpu(num_devices: int) -> list:
 
     Raises:
         ValueError: when `num_devices` < 1.
-        DeviceError: when TensorFlow has already initialised with a different
-            number of logical CPUs (split before any op runs, or use a new process).
+        RuntimeStartedError: (a `DeviceError`) when TensorFlow has already
+            initialised with a different number of logical CPUs (split before
+            any op runs, or use a new process).
 
     Source: https://www.tensorflow.org/guide/distributed_training (logical devices).
     """
@@ -71,10 +91,10 @@ def split_cpu(num_devices: int) -> list:
         except RuntimeError:
             logical = tf.config.list_logical_devices("CPU")
             if len(logical) != num_devices:
-                raise DeviceError(
+                raise RuntimeStartedError(
                     f"Cannot split the CPU into {num_devices} logical devices: TensorFlow has "
                     f"already initialised with {len(logical)}. Split the CPU before any "
-                    "TensorFlow op runs, or start a new process."
+                    "TensorFlow op runs, or start a new process.", setting="cpu_replicas"
                 ) from None
     # Names follow from the configuration; listing logical devices would start the
     # TensorFlow runtime, which multi-worker strategies want to configure first.
@@ -108,8 +128,9 @@ def select_devices(device: str = "auto", cpu_replicas: int = 1) -> str:
         `"gpu"` or `"cpu"`: the kind of device the run will use.
 
     Raises:
-        DeviceError: when `device="gpu"` and no GPU is visible, when
-            `cpu_replicas` > 1 on a GPU run, or when TensorFlow has already
+        DeviceError: when `device="gpu"` and no GPU is visible, or when
+            `cpu_replicas` > 1 on a GPU run.
+        RuntimeStartedError: (a `DeviceError`) when TensorFlow has already
             initialised with GPUs visible and `device="cpu"`.
         ValueError: when `device` is not one of auto, cpu, gpu.
     """
@@ -127,10 +148,10 @@ def select_devices(device: str = "auto", cpu_replicas: int = 1) -> str:
             tf.config.set_visible_devices([], "GPU")
         except RuntimeError:
             if tf.config.get_visible_devices("GPU"):
-                raise DeviceError(
+                raise RuntimeStartedError(
                     "device='cpu' was requested but TensorFlow has already initialised "
                     "with GPUs visible. Choose the device before any TensorFlow op runs, "
-                    "or set CUDA_VISIBLE_DEVICES=''."
+                    "or set CUDA_VISIBLE_DEVICES=''.", setting="device"
                 ) from None
         gpus = []
     if gpus:

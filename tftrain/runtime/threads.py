@@ -17,6 +17,8 @@ import warnings
 
 import tensorflow as tf
 
+from tftrain.errors import RuntimeStartedWarning
+
 _warned = False
 
 
@@ -74,8 +76,8 @@ def set_threads(intra_op: int = 0, inter_op: int = 0) -> ThreadSettings:
     Returns:
         The `ThreadSettings` actually in effect. When TensorFlow has already
         initialised and the request differs from what is in effect, nothing
-        changes, `applied` is False, and a `RuntimeWarning` is issued once per
-        process naming the values in effect.
+        changes, `applied` is False, and a `RuntimeStartedWarning` (a
+        `RuntimeWarning`) is issued once per process naming the values in effect.
 
     Raises:
         ValueError: when a count is negative.
@@ -102,7 +104,7 @@ def set_threads(intra_op: int = 0, inter_op: int = 0) -> ThreadSettings:
                 f"Thread counts intra_op={intra_op}, inter_op={inter_op} were not applied: "
                 f"TensorFlow had already initialised. In effect: {in_effect.describe()}. "
                 "Set threads before any TensorFlow op runs (first thing in the program).",
-                RuntimeWarning,
+                RuntimeStartedWarning,
                 stacklevel=2,
             )
         return in_effect

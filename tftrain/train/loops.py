@@ -19,6 +19,7 @@ from typing import Callable, Optional, Sequence
 
 from tftrain import config as config_lib
 from tftrain.errors import ConfigError
+from tftrain.train.task import build_metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,9 +206,11 @@ def metric_objects(metrics, loss) -> list:
 
     Args:
         metrics: what `compile` would take: None, or a list of names, metric
-            objects (cloned from their config) or functions `(y_true, y_pred)`.
-            `"accuracy"` / `"acc"` resolves by the loss, as `compile` does
-            (sparse categorical, categorical or binary accuracy).
+            objects (cloned from their config) or functions `(y_true, y_pred)`;
+            metric classes and functions of no arguments returning a metric are
+            built (`tftrain.train.task.build_metrics`). `"accuracy"` / `"acc"`
+            resolves by the loss, as `compile` does (sparse categorical,
+            categorical or binary accuracy).
         loss: the compiled loss (name or object), for `"accuracy"`.
 
     Returns:
@@ -224,8 +227,11 @@ def metric_objects(metrics, loss) -> list:
     loss_name = loss if isinstance(loss, str) else getattr(loss, "name", getattr(loss, "__name__", ""))
     loss_name = str(loss_name).lower().replace("crossentropy", "_crossentropy")
     out = []
-    for m in metrics or ():
-        if isinstance(m, str) and m in ("accuracy", "acc"):
+    for given in metrics or ():
+        m = build_metrics(given)
+        if m is not given:  # a metric class or factory: a new metric already
+            out.append(m)
+        elif isinstance(m, str) and m in ("accuracy", "acc"):
             cls = next((c for key, c in _ACCURACY_BY_LOSS if key in loss_name), "Accuracy")
             out.append(getattr(keras.metrics, cls)(name="accuracy"))
         elif isinstance(m, keras.metrics.Metric):

@@ -42,8 +42,10 @@ class Task:
             a flag of `python -m tftrain.run` and a key of the recipe file's
             `task:` section. Defaults to None (none).
         loss, metrics: what `compile_args` passes to `Model.compile` (any Keras
-            loss and metrics: names, objects, dicts per output). Defaults to
-            None.
+            loss and metrics: names, objects, dicts per output). `metrics` may
+            also hold `keras.metrics.Metric` classes and functions of no
+            arguments that return a metric: `compile_args` builds them (see
+            `build_metrics`). Defaults to None.
         optimizer: a Keras optimizer name (`"adam"`, `"sgd"`, ...), an
             optimizer instance (cloned for each compile), or a function
             `(learning_rate) -> Optimizer` (called without arguments when no
@@ -139,9 +141,12 @@ class Task:
 
         Returns:
             A dict; the Trainer adds the runtime's compile options
-            (`steps_per_execution`, `jit_compile`, `run_eagerly`).
+            (`steps_per_execution`, `jit_compile`, `run_eagerly`). Its metrics
+            are `build_metrics(self.metrics)`: the Trainer calls this inside the
+            strategy's scope, where the metrics' variables belong.
         """
-        return {"optimizer": self.make_optimizer(steps_per_epoch), "loss": self.loss, "metrics": self.metrics}
+        return {"optimizer": self.make_optimizer(steps_per_epoch), "loss": self.loss,
+                "metrics": build_metrics(self.metrics)}
 
     def make_optimizer(self, steps_per_epoch: Optional[int]):
         """A fresh optimizer from `optimizer`, at `run_learning_rate(steps_per_epoch)`.
@@ -261,6 +266,117 @@ def _call_builder(build_model: Callable, hparams):
     return build_model(hparams) if required or (params and hparams is not None) else build_model()
 
 
+def _parameters(fn) -> Optional[list]:
+    """`fn`'s parameters, or None when it has no signature (some built-ins)."""
+    try:
+        return list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
+def _required(params: list) -> list:
+    """Names of the parameters without a default (`*args` and `**kwargs` are never required)."""
+    return [p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _is_metric_factory(fn) -> bool:
+    """Whether `fn` takes no arguments: no required parameter and no `*args` (a function with
+    `*args` may be a metric function `(y_true, y_pred)`)."""
+    params = _parameters(fn)
+    return params is not None and not _required(params) and all(p.kind != p.VAR_POSITIONAL for p in params)
+
+
+def _metric_class_name(cls) -> str:
+    """`keras.metrics.AUC` for a Keras metric class, else the class's own name."""
+    import keras
+
+    return f"keras.metrics.{cls.__name__}" if getattr(keras.metrics, cls.__name__, None) is cls else cls.__name__
+
+
+def _is_metric_class(item) -> bool:
+    if not isinstance(item, type):
+        return False
+    import keras
+
+    return issubclass(item, keras.metrics.Metric)
+
+
+def check_metrics(metrics) -> None:
+    """Refuses a `keras.metrics.Metric` class in `metrics` that cannot be built without arguments,
+    before anything is built.
+
+    Args:
+        metrics: what `Task.metrics` holds (see `build_metrics`).
+
+    Raises:
+        ConfigError: naming the class, its required arguments and the fix.
+    """
+    if isinstance(metrics, Mapping):
+        metrics = list(metrics.values())
+    if isinstance(metrics, (list, tuple)):
+        for item in metrics:
+            check_metrics(item)
+    elif _is_metric_class(metrics) and _required(_parameters(metrics) or []):
+        name, needed = _metric_class_name(metrics), _required(_parameters(metrics))
+        raise ConfigError(f"Metric class {name} cannot be built without arguments ({', '.join(needed)}). Pass "
+                          f"functools.partial({name}, {', '.join(f'{n}=...' for n in needed)}) instead.")
+
+
+def build_metrics(metrics):
+    """`metrics` with each metric class and metric factory replaced by a new metric.
+
+    Call it where the metrics' variables should live: the Trainer calls
+    `compile_args`, and so this, inside the strategy's scope. A task file that
+    passes a class or a factory instead of a metric object does not start
+    TensorFlow when imported, so `--cpu-replicas` and thread settings still apply.
+
+    Args:
+        metrics: what `Model.compile` takes (None, a list, a dict per output);
+            besides names, metric objects and functions `(y_true, y_pred)`, an
+            item may be a `keras.metrics.Metric` subclass
+            (`keras.metrics.MeanAbsoluteError`, built with no arguments) or a
+            function of no arguments returning a metric
+            (`functools.partial(keras.metrics.AUC, curve="PR")`,
+            `lambda: keras.metrics.AUC(curve="PR")`).
+
+    Returns:
+        The same structure (lists and tuples as lists), classes and factories
+        built; names, metric objects and functions are returned unchanged.
+
+    Raises:
+        ConfigError: when a class needs arguments, or a function of no
+            arguments returns something other than a `keras.metrics.Metric`.
+
+    Example:
+        >>> build_metrics([keras.metrics.MeanAbsoluteError, "mse"])
+        [<MeanAbsoluteError name=mean_absolute_error>, 'mse']
+    """
+    if isinstance(metrics, Mapping):
+        return {key: build_metrics(value) for key, value in metrics.items()}
+    if isinstance(metrics, (list, tuple)):
+        return [build_metrics(item) for item in metrics]
+    return _build_metric(metrics)
+
+
+def _build_metric(item):
+    """One metric: a class or factory built; anything else (a name, a metric, a function) as given."""
+    import keras
+
+    if isinstance(item, str) or isinstance(item, keras.metrics.Metric) or not callable(item):
+        return item
+    if _is_metric_class(item):
+        check_metrics(item)
+        return item()
+    if isinstance(item, type) or not _is_metric_factory(item):
+        return item  # a metric function (y_true, y_pred), or a class Keras calls as one
+    built = item()
+    if not isinstance(built, keras.metrics.Metric):
+        raise ConfigError(f"Metric {item!r} takes no arguments, so it was called to build a metric, but it returned "
+                          f"{type(built).__name__}. Pass a keras.metrics.Metric class or object, a function of no "
+                          "arguments returning one, a metric name, or a function (y_true, y_pred).")
+    return built
+
+
 class _FunctionTask(Task):
     """A task whose model comes from a function and whose compile arguments are given."""
 
@@ -271,6 +387,7 @@ class _FunctionTask(Task):
         if loss is None:
             raise ConfigError("Pass loss=... (a Keras loss name or object, e.g. loss='mse').")
         self._build_model = build_model
+        check_metrics(metrics)
         self.loss, self.optimizer, self.metrics = loss, optimizer, metrics
         self.learning_rate, self.name = learning_rate, name
         self.hparams, self.default_batch_size = hparams, default_batch_size
@@ -319,7 +436,15 @@ class ArrayTask(_FunctionTask):
             Defaults to None (use `--validation-split`).
         loss: a Keras loss (name, object, or a dict per output). Required.
         optimizer: see `Task.optimizer`. Defaults to `"adam"`.
-        metrics: Keras metrics for `compile`. Defaults to None.
+        metrics: Keras metrics for `compile`: names, metric objects, functions
+            `(y_true, y_pred)`, or a dict of these per output. An item may also
+            be a `keras.metrics.Metric` class (`keras.metrics.MeanAbsoluteError`)
+            or a function of no arguments returning a metric
+            (`functools.partial(keras.metrics.AUC, curve="PR")`): these are
+            built by `compile_args`, inside the strategy's scope, so the task
+            file does not start TensorFlow when imported (a metric object built
+            at module level does, and `--cpu-replicas` then cannot split the
+            CPU). Defaults to None.
         preprocess: function `(features, labels) -> (features, labels)` on whole
             batches, run in the pipeline. Defaults to None.
         learning_rate, name, hparams, default_batch_size, defaults: see `Task`.
@@ -716,7 +841,7 @@ class ImageFolderTask(_FunctionTask):
         num_channels: 1 (grayscale) or 3 (RGB). Defaults to 3.
         split_seed: seed of the validation split's file order. Defaults to 1337.
         loss: Defaults to `"sparse_categorical_crossentropy"`.
-        metrics: Defaults to `["accuracy"]`.
+        metrics: see `ArrayTask`. Defaults to `["accuracy"]`.
         optimizer, learning_rate, name, hparams, default_batch_size, defaults:
             see `ArrayTask`. `name` defaults to `"image_folder"`.
 

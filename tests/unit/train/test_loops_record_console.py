@@ -66,6 +66,16 @@ def test_metric_objects_resolve_accuracy_by_the_loss_and_clone_objects():
         metric_objects({"out": ["mae"]}, "mse")
 
 
+def test_metric_objects_build_metric_classes_and_factories():
+    import functools
+
+    import keras
+
+    built = metric_objects([keras.metrics.MeanAbsoluteError, functools.partial(keras.metrics.AUC, curve="PR")], "mse")
+    assert isinstance(built[0], keras.metrics.MeanAbsoluteError)
+    assert isinstance(built[1], keras.metrics.AUC) and built[1].curve.name == "PR"
+
+
 def _record(**kw):
     base = dict(task="t", run_dir="r", test={"loss": 0.5, "accuracy": 0.75}, history={"loss": [1.0]}, epochs=1,
                 epochs_trained=1, resumed_from_epoch=0, train_examples=10, test_examples=5, steps_per_epoch=2,

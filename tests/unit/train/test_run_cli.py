@@ -4,6 +4,7 @@ import textwrap
 
 import pytest
 
+from tests.conftest import REPO, read_metrics, run_module
 from tftrain import run
 from tftrain.errors import ConfigError
 
@@ -147,3 +148,60 @@ def test_cache_is_not_offered_for_in_memory_arrays(task_file, tmp_path, capsys):
     assert "data.cache (--cache) does nothing for task 'filetask': its arrays are in memory already" in \
         capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+STARTS_TENSORFLOW = textwrap.dedent('''
+    import keras, tftrain, numpy as np
+    x = np.random.rand(2048, 8).astype("float32"); y = x[:, :1]
+    M = {metric}
+    def build():
+        i = keras.Input((8,)); o = keras.layers.Dense(1)(i); return keras.Model(i, o)
+    task = tftrain.ArrayTask(build, x, y, x[:256], y[:256], loss="mse", metrics=[M])
+''')
+"""A task file as in keras-team/keras#21054: a metric object built at import creates variables,
+which starts TensorFlow's runtime before `tftrain.runtime.setup` can split the CPU."""
+
+MIRRORED_ON_TWO_CPUS = ["--strategy", "mirrored", "--cpu-replicas", "2", "--epochs", "1", "--train-examples", "512",
+                        "--verbose", "0"]
+
+
+def test_a_task_file_that_starts_tensorflow_at_import_is_named_with_the_fix(tmp_path):
+    path = tmp_path / "task.py"
+    path.write_text(STARTS_TENSORFLOW.format(metric="keras.metrics.MeanAbsoluteError()"))
+    result = run_module("tftrain.run", [f"{path}:task", *MIRRORED_ON_TWO_CPUS, "--run-dir", tmp_path / "run"],
+                        cwd=REPO, timeout=120)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("python -m tftrain.run:")]
+    assert result.returncode == 2, result.stderr
+    assert errors == [
+        f"python -m tftrain.run: error: {path} started TensorFlow when imported (a Keras metric, layer or tensor "
+        "built at module level), so --cpu-replicas 2 cannot split the CPU: build metrics inside compile_args, or "
+        "pass the class (metrics=[keras.metrics.MeanAbsoluteError])."
+    ]
+    assert "Traceback" not in result.stderr
+
+
+def test_a_metric_class_is_built_in_the_strategy_scope_and_reported(tmp_path):
+    path = tmp_path / "task.py"
+    path.write_text(STARTS_TENSORFLOW.format(metric="keras.metrics.MeanAbsoluteError"))
+    run_dir = tmp_path / "run"
+    result = run_module("tftrain.run", [f"{path}:task", *MIRRORED_ON_TWO_CPUS, "--run-dir", run_dir],
+                        cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    metrics = read_metrics(run_dir)
+    assert metrics["replicas"] == 2 and metrics["test_mean_absolute_error"] >= 0
+    assert "mean_absolute_error" in metrics["history"]
+
+
+def test_thread_flags_a_task_file_cannot_honour_are_one_warning_naming_it(tmp_path):
+    path = tmp_path / "task.py"
+    path.write_text(STARTS_TENSORFLOW.format(metric="keras.metrics.MeanAbsoluteError()"))
+    result = run_module("tftrain.run", [f"{path}:task", "--intra-op-threads", "1", "--epochs", "1", "--train-examples",
+                                        "256", "--execution", "graph", "--verbose", "0", "--run-dir", tmp_path / "run"],
+                        cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "warning" in line.lower() and "thread" in line.lower()]
+    assert said == [
+        f"python -m tftrain.run: warning: {path} started TensorFlow when imported (a Keras metric, layer or tensor "
+        "built at module level), so --intra-op-threads 1 cannot apply: build metrics inside compile_args, or pass "
+        "the class (metrics=[keras.metrics.MeanAbsoluteError])."
+    ]

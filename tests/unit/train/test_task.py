@@ -120,6 +120,42 @@ def test_optimizer_names_instances_and_functions_take_the_run_learning_rate():
         tftrain.ArrayTask(_model, x, y, loss="mse", optimizer="sgdd").bind(RecipeConfig()).compile_args(None)
 
 
+def test_metric_classes_and_factories_are_built_fresh_by_compile_args():
+    import functools
+
+    import keras
+
+    def rmse(y_true, y_pred):
+        return keras.ops.sqrt(keras.ops.mean(keras.ops.square(y_true - y_pred)))
+
+    given = keras.metrics.MeanSquaredError(name="given")
+    x, y = _arrays(8)
+    metrics = [keras.metrics.MeanAbsoluteError, functools.partial(keras.metrics.AUC, curve="PR"),
+               lambda: keras.metrics.MeanAbsolutePercentageError(name="mape"), "mse", rmse, given]
+    task = tftrain.ArrayTask(_model, x, y, loss="mse", metrics=metrics).bind(RecipeConfig())
+    first, second = task.compile_args(None)["metrics"], task.compile_args(None)["metrics"]
+    assert isinstance(first[0], keras.metrics.MeanAbsoluteError)
+    assert isinstance(first[1], keras.metrics.AUC) and first[1].curve.name == "PR"
+    assert isinstance(first[2], keras.metrics.MeanAbsolutePercentageError) and first[2].name == "mape"
+    assert first[3:] == ["mse", rmse, given]  # names, functions (y_true, y_pred) and objects as given
+    assert all(a is not b for a, b in zip(first[:3], second[:3]))  # each compile builds its own
+    assert task.metrics is metrics and metrics[0] is keras.metrics.MeanAbsoluteError  # the task keeps its specs
+    per_output = tftrain.ArrayTask(_model, x, y, loss="mse", metrics={"out": [keras.metrics.MeanAbsoluteError]})
+    assert isinstance(per_output.compile_args(None)["metrics"]["out"][0], keras.metrics.MeanAbsoluteError)
+
+
+def test_metric_classes_that_need_arguments_and_factories_of_non_metrics_are_refused():
+    import keras
+
+    x, y = _arrays(8)
+    with pytest.raises(ConfigError, match=r"Metric class keras.metrics.MeanIoU cannot be built without arguments "
+                                          r"\(num_classes.*functools.partial\(keras.metrics.MeanIoU, num_classes=...\)"):
+        tftrain.ArrayTask(_model, x, y, loss="mse", metrics=[keras.metrics.MeanIoU])
+    task = tftrain.ArrayTask(_model, x, y, loss="mse", metrics=[lambda: "mae"])
+    with pytest.raises(ConfigError, match="takes no arguments, so it was called to build a metric, but it returned str"):
+        task.compile_args(None)
+
+
 def test_cosine_schedule_spans_the_run_when_steps_are_known():
     import keras
 
