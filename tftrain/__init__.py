@@ -29,6 +29,7 @@ from tftrain.errors import (
     TftrainError,
     TrainingDiverged,
     TuningError,
+    XlaCompileError,
 )
 from tftrain.train import (
     ArrayTask,
@@ -66,5 +67,6 @@ __all__ = [
     "TrainConfig",
     "TrainingDiverged",
     "TuningError",
+    "XlaCompileError",
     "__version__",
 ]

@@ -55,9 +55,9 @@ AUTO_BATCH = "auto"
 LR_SCHEDULES = ("constant", "cosine")
 
 AUTO_STEPS_PER_EXECUTION = 8
-"""`steps_per_execution: auto` on one replica: 8 steps per `tf.function` call make the host's
-per-call cost (about 0.3-1 ms on a CPU) small against even a small model's step, while batch
-callbacks still fire often; `benchmarks/zoo.py` measures 1, 8 and 32 on six models."""
+"""`steps_per_execution: auto` compiles with 8 steps per `tf.function` call on one replica, then
+times 1, 8, 32 and 64 where the training loop allows (`Trainer.choose_execution`); loops that
+time nothing (multi-worker, parameter server) keep 8."""
 
 
 def hparam(default, help: str = "", choices=None, minimum=None, special=(), metavar=None):
@@ -179,8 +179,10 @@ class RuntimeConfig:
             nothing (`tftrain.runtime.execution_memory`); False times every run
             (`--no-remember-execution`). Defaults to True.
         steps_per_execution: optimizer steps run per `tf.function` call
-            (Keras `compile(steps_per_execution=...)`), or `"auto"`:
-            `AUTO_STEPS_PER_EXECUTION` (8) on one replica. With several replicas
+            (Keras `compile(steps_per_execution=...)`), or `"auto"`: on one
+            replica the fastest of 1, 8, 32 and 64 by timing (at most an epoch,
+            dividing `--backup-every-steps`; remembered with `--execution auto`'s
+            choice), 8 where nothing is timed. With several replicas
             1 runs whatever is asked (Keras 3, keras-team/keras#19246). Keras's
             batch callbacks fire once per execution. Defaults to 1 (Keras's
             default, so a user's batch callbacks fire every step).
@@ -215,7 +217,7 @@ class RuntimeConfig:
     execution: str = _field("auto", "execution mode (auto: time graph and XLA, keep the faster)", EXECUTIONS)
     remember_execution: bool = _field(True, "reuse --execution auto's choice for the same model, batch, devices and "
                                             "versions (tftrain.runtime.execution_memory)")
-    steps_per_execution: int = _field(1, "optimizer steps per tf.function call (auto: 8 on one replica)", minimum=1,
+    steps_per_execution: int = _field(1, "optimizer steps per tf.function call (auto: timed, 1-64, on one replica)", minimum=1,
                                       special=("auto",))
     intra_op_threads: int = _field(0, "threads per op (0 = TensorFlow default)", minimum=0)
     inter_op_threads: int = _field(0, "concurrent ops (0 = TensorFlow default)", minimum=0)

@@ -74,3 +74,9 @@ class JobFailed(TftrainError, RuntimeError):
     """A worker or ps task of a parameter-server job learned that the job failed: the chief
     reported a failure, never appeared, or went away without saying how the job ended. A run
     that failed (exit code 1), not bad input."""
+
+
+class XlaCompileError(TftrainError, RuntimeError):
+    """XLA could not compile or run the training step (`--execution xla`, or an XLA choice
+    that fails now): a run that failed (exit code 1). The message has XLA's own reason and
+    the fix (`--execution graph`)."""

@@ -184,7 +184,7 @@ def test_zoo_records_every_contender(quick_suite):
         assert tftrain["execution"] in ("graph", "xla")
         assert tftrain["execution"] == tftrain["metrics_execution"] == tftrain["metrics_choice"]
         assert tftrain["trained_jit_compile"] == (tftrain["execution"] == "xla")
-        assert tftrain["steps_per_execution"] == 8  # steps_per_execution="auto" on one replica
+        assert tftrain["steps_per_execution"] in (1, 8, 32, 64)  # steps_per_execution="auto": timed
         assert not tftrain.get("remembered")  # a fresh memory: the first run timed its probe
         # tftrain remembers choices: the next run of the same model reuses this one
         assert tftrain["second_run"]["remembered"] and tftrain["second_run"]["execution"] == tftrain["execution"]

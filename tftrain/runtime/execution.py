@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import statistics
 import time
 from typing import Mapping, Optional, Sequence
@@ -140,6 +141,7 @@ def time_training_steps(
     batch_size: Optional[int] = None,
     callbacks: Sequence = (),
     min_timed_executions: int = 3,
+    give_up_above_s: Optional[float] = None,
 ) -> StepTiming:
     """Times `model.fit` steps on `dataset`, after warm-up, without a progress bar.
 
@@ -162,6 +164,9 @@ def time_training_steps(
         callbacks: extra Keras callbacks for the `fit` call. Defaults to ().
         min_timed_executions: executions timed at least, >= 1 (the figure is
             their median). Defaults to 3.
+        give_up_above_s: stop once two or more executions are timed and their
+            median exceeds this many seconds per optimizer step (a candidate
+            clearly slower than one already timed). Defaults to None (time all).
 
     Returns:
         A `StepTiming`.
@@ -194,6 +199,9 @@ def time_training_steps(
 
         def on_train_batch_end(self, batch, logs=None):
             stamps.append(time.perf_counter())
+            timed = [b - a for a, b in zip(stamps[warmup_executions:], stamps[warmup_executions + 1:])]
+            if give_up_above_s is not None and len(timed) >= 2 and statistics.median(timed) / spe > give_up_above_s:
+                self.model.stop_training = True
 
     model.fit(dataset.repeat(), epochs=1, steps_per_epoch=total_steps, verbose=0, shuffle=False,
               callbacks=[*callbacks, _Stamp()])
@@ -219,26 +227,36 @@ class ExecutionChoice:
 
     Attributes:
         execution: the chosen mode (`"graph"` or `"xla"`).
-        timings: mode -> `StepTiming` for every mode timed.
-        reason: one sentence on why (the speed-up, or why a mode was skipped).
-        remembered: None when this run timed the modes; else when an earlier run
-            timed them (ISO 8601 local time), the choice coming from
+        timings: candidate -> `StepTiming` for every candidate timed: the mode's
+            name at the model's own `steps_per_execution`, `"<mode>, N steps/execution"`
+            for the other counts tried.
+        reason: one sentence on why (the speed-up, or why a candidate was skipped).
+        remembered: None when this run timed the candidates; else when an earlier
+            run timed them (ISO 8601 local time), the choice coming from
             `tftrain.runtime.execution_memory` with nothing timed in this run.
             Defaults to None.
+        steps_per_execution: the chosen optimizer steps per `tf.function` call.
+            Defaults to None (the model's own, unchanged).
+        skipped: one line per candidate that failed to compile or run (XLA's
+            own reason), in the order tried. Defaults to ().
     """
 
     execution: str
     timings: Mapping[str, StepTiming]
     reason: str
     remembered: Optional[str] = None
+    steps_per_execution: Optional[int] = None
+    skipped: tuple = ()
 
     def describe(self) -> str:
-        """One line, e.g. `xla (graph 4.1 ms/step, 31,000 ex/s; xla 2.5 ms/step, ...)`."""
+        """One line, e.g. `xla, 8 steps/execution (graph 4.10 ms/step, ...; xla 2.50 ms/step, ...): ...`."""
         figures = "; ".join(
-            f"{mode} {t.step_time_s * 1e3:.2f} ms/step, {t.examples_per_sec:,.0f} examples/sec"
-            for mode, t in self.timings.items()
+            f"{label} {t.step_time_s * 1e3:.2f} ms/step, {t.examples_per_sec:,.0f} examples/sec"
+            for label, t in self.timings.items()
         )
-        line = f"{self.execution} ({figures}): {self.reason}" if figures else f"{self.execution}: {self.reason}"
+        chosen = self.execution if self.steps_per_execution is None else \
+            f"{self.execution}, {self.steps_per_execution} steps/execution"
+        line = f"{chosen} ({figures}): {self.reason}" if figures else f"{chosen}: {self.reason}"
         if self.remembered:
             line += f" [remembered: timed by a run at {self.remembered}; --no-remember-execution times it again]"
         return line
@@ -247,10 +265,120 @@ class ExecutionChoice:
         """Plain-data form (for metrics.json)."""
         return {
             "execution": self.execution,
+            "steps_per_execution": self.steps_per_execution,
             "reason": self.reason,
-            "timings": {mode: t.to_dict() for mode, t in self.timings.items()},
+            "timings": {label: t.to_dict() for label, t in self.timings.items()},
+            "skipped": list(self.skipped),
             "remembered": self.remembered,
         }
+
+
+_XLA_MARKERS = ("XLA", "tf2xla", "jit_compile", "_JIT")
+
+
+def xla_failure_reason(error: BaseException) -> Optional[str]:
+    """XLA's own first line of why it could not compile or run a step, or None.
+
+    Args:
+        error: what a training step raised.
+
+    Returns:
+        A short line, e.g. `unsupported operations on XLA_CPU_JIT: AsString (No
+        registered 'AsString' OpKernel for XLA_CPU_JIT devices ...)`, or None when
+        the error does not come from XLA (a bug in the model is not XLA's).
+    """
+    text = str(error)
+    if not any(marker in text for marker in _XLA_MARKERS):
+        return None
+    lines = [re.sub(r"\{\{[^}]*\}\}", "", line).strip() for line in text.splitlines()]
+    unsupported = next((line for line in lines if "Detected unsupported operations" in line), None)
+    if unsupported is not None:
+        match = re.search(r"on (\S+): (.*)", unsupported)
+        return f"unsupported operations on {match.group(1)}: {match.group(2)}" if match else unsupported
+    first = next((line for line in lines if any(m in line for m in _XLA_MARKERS)
+                  and not line.startswith("File ")), lines[0])
+    return first[:300]
+
+
+def _label(mode: str, spe: int, base_spe: int) -> str:
+    return mode if spe == base_spe else f"{mode}, {spe} steps/execution"
+
+
+class _Trials:
+    """Runs the candidates of `choose_execution` one at a time on one state snapshot.
+
+    Each trial rebuilds the train function for a mode and a `steps_per_execution`,
+    times it (`time_training_steps`, given up once clearly slower than the best so
+    far), keeps the compiled function and restores the weights; an XLA trial that
+    raises is skipped with XLA's reason (`xla_failure_reason`) and the state restored,
+    while a graph trial's error is the model's own (plain Keras fails alike) and is raised.
+    """
+
+    GIVE_UP_RATIO = 1.3
+    """A candidate whose median step time exceeds the best's by this factor stops being timed."""
+
+    def __init__(self, model, dataset, base_spe: int, timing_args: dict):
+        self.model, self.dataset, self.base_spe, self.timing_args = model, dataset, base_spe, timing_args
+        self.snapshot: list = []
+        self.timings: dict = {}
+        self.functions: dict = {}
+        self.settings: dict = {}
+        self.skipped: list = []
+        self.errors: list = []  # XLA failures, raised when no candidate ran
+
+    def run(self, mode: str, spe: int) -> None:
+        label = _label(mode, spe, self.base_spe)
+        model = self.model
+        model.jit_compile = mode == "xla"
+        if mode == "xla" and not model.jit_compile:  # Keras refused: a layer does not support XLA
+            self.skipped.append("xla: the model does not support jit_compile")
+            return
+        model.steps_per_execution = spe
+        best = self.best()
+        give_up = self.timings[best].step_time_s * self.GIVE_UP_RATIO if best else None
+        try:
+            model.make_train_function(force=True)
+            self.timings[label] = _timed_and_restored(model, self.dataset, self.snapshot, give_up_above_s=give_up,
+                                                      **self.timing_args)
+        except Exception as error:  # noqa: BLE001 (an XLA candidate that cannot compile or run is skipped)
+            if mode == "graph":  # graph is what plain Keras runs: its failure is the model's own
+                raise
+            reason = xla_failure_reason(error)
+            self.skipped.append(f"{label}: {reason or _first_line(error)}")
+            self.errors.append(error)
+            return
+        self.functions[label], self.settings[label] = model.train_function, (mode, spe)
+
+    def best(self) -> Optional[str]:
+        """The fastest candidate so far; a count within 2% of a smaller one loses to it (batch
+        hooks fire once per execution, so fewer steps per call keep callbacks more frequent)."""
+        if not self.timings:
+            return None
+        fastest = min(t.step_time_s for t in self.timings.values())
+        near = [label for label, t in self.timings.items() if t.step_time_s <= fastest * 1.02]
+        return min(near, key=lambda label: (self.settings[label][1], self.timings[label].step_time_s))
+
+    def restore(self) -> None:
+        if self.snapshot:
+            self.snapshot[0].restore()
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def _search_steps_per_execution(trials: _Trials, mode: str, counts: Sequence[int]) -> None:
+    """Times `mode` at the other counts in `counts`: smaller ones first, then larger ones while
+    each beats the best so far (a larger count stops paying once Python's per-call cost is gone)."""
+    base = trials.base_spe
+    for spe in sorted((c for c in counts if c < base), reverse=True):
+        trials.run(mode, spe)
+    for spe in sorted(c for c in counts if c > base):
+        before = trials.best()
+        trials.run(mode, spe)
+        if trials.best() == before:
+            break
 
 
 def choose_execution(
@@ -260,15 +388,23 @@ def choose_execution(
     steps: int = 20,
     warmup_executions: int = 1,
     min_timed_executions: int = 3,
+    steps_per_execution: Sequence[int] = (),
 ) -> ExecutionChoice:
-    """Times graph and XLA training steps of `model` on `dataset`; keeps the faster.
+    """Times graph and XLA (and, if asked, several `steps_per_execution`) training steps
+    of `model` on `dataset`; keeps the fastest.
 
-    For each candidate mode, rebuilds the model's train function in that mode,
-    runs `warmup_executions` executions (tracing and compiling), then times
-    `steps` optimizer steps (see `time_training_steps`). Afterwards the model's
-    weights and optimizer state are restored to what they were before the first
-    timed step, and the model is left set up for the faster mode, with that
-    mode's already compiled train function, so the next `fit` starts at once.
+    Each candidate mode is timed at the model's own `steps_per_execution`: its train
+    function is rebuilt in that mode, `warmup_executions` executions trace and compile
+    it, then `steps` optimizer steps are timed (`time_training_steps`). With
+    `steps_per_execution` counts, the faster mode is then timed at the other counts
+    (smaller ones, then larger ones while they keep winning). A candidate more than
+    1.3x slower than the best so far is given up after two timed executions. A
+    candidate that fails to compile or run (an op XLA has no kernel for, a step XLA
+    cannot compile) is skipped: `ExecutionChoice.skipped` names XLA's reason; an
+    error in graph mode is the model's own and is raised, as plain Keras would. The
+    weights, optimizer and metric state are restored to what they were before the
+    first timed step, and the model is left set up for the fastest candidate with
+    its already compiled train function, so the next `fit` starts at once.
 
     Args:
         model: a compiled Keras model (TensorFlow backend), not `run_eagerly`.
@@ -277,85 +413,103 @@ def choose_execution(
             with it). A few dozen batches are enough; it is repeated as needed.
         candidates: modes to time, from `"graph"` and `"xla"`. Defaults to
             `("graph", "xla")`.
-        steps: optimizer steps timed per mode. Defaults to 20.
-        warmup_executions: untimed executions per mode (the first traces and
+        steps: optimizer steps timed per candidate. Defaults to 20.
+        warmup_executions: untimed executions per candidate (the first traces and
             compiles). Defaults to 1.
-        min_timed_executions: executions timed per mode at least (see
+        min_timed_executions: executions timed per candidate at least (see
             `time_training_steps`). Defaults to 3.
+        steps_per_execution: other optimizer-step counts per `tf.function` call
+            to try for the faster mode, each >= 1. Defaults to () (keep the
+            model's own).
 
     Returns:
-        An `ExecutionChoice`; `model.jit_compile` matches its `execution`. With
-        more than one replica (e.g. `MirroredStrategy` over 2 devices) nothing is
-        timed and the choice is graph: Keras 3 cannot compile a cross-replica
-        step with XLA.
+        An `ExecutionChoice`; `model.jit_compile` and `model.steps_per_execution`
+        match it. With more than one replica (e.g. `MirroredStrategy` over 2
+        devices) nothing is timed and the choice is graph: Keras 3 cannot compile
+        a cross-replica step with XLA.
 
     Raises:
         ValueError: on an unknown or empty list of candidates, an eager model,
-            or when no candidate could be timed (only `"xla"` on a model that
-            does not support it).
+            or when no candidate could be timed because Keras refused XLA for
+            the model and graph was not a candidate.
+        Exception: what the model's step raised in graph mode (a bug in the
+            model, not a mode XLA cannot compile), or in XLA mode when XLA was the
+            only candidate.
 
     Example:
-        >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-        >>> choice = choose_execution(model, train_ds.take(50))
+        >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", steps_per_execution=8)
+        >>> choice = choose_execution(model, train_ds.take(50), steps_per_execution=(1, 32, 64))
         >>> print(choice.describe())
         >>> model.fit(train_ds, epochs=10)  # runs in the chosen mode
     """
+    candidates = _check_candidates(model, candidates, steps_per_execution)
+    replicas = model.distribute_strategy.num_replicas_in_sync
+    if replicas > 1:  # Keras 3 cannot compile a cross-replica step with XLA
+        return ExecutionChoice("graph", {}, f"XLA does not run across {replicas} replicas; graph is the only mode")
+    _build_optimizer(model)
+    base_spe = int(getattr(model, "steps_per_execution", 1) or 1)
+    trials = _Trials(model, dataset, base_spe, {"steps": steps, "warmup_executions": warmup_executions,
+                                                "min_timed_executions": min_timed_executions})
+    try:
+        for mode in candidates:
+            trials.run(mode, base_spe)
+        if trials.timings and steps_per_execution:
+            _search_steps_per_execution(trials, trials.settings[trials.best()][0], steps_per_execution)
+    finally:
+        trials.restore()
+    return _settle(model, trials, base_spe)
+
+
+def _check_candidates(model, candidates, steps_per_execution) -> tuple:
     candidates = tuple(dict.fromkeys(candidates))
     if not candidates or any(c not in AUTO_CANDIDATES for c in candidates):
         raise ValueError(
             f"Invalid candidates {candidates!r}. Expected a non-empty subset of: "
             f"{', '.join(AUTO_CANDIDATES)}."
         )
+    if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in steps_per_execution):
+        raise ValueError(f"steps_per_execution counts must be integers >= 1. Received: {tuple(steps_per_execution)!r}.")
     if getattr(model, "run_eagerly", False):
         raise ValueError("choose_execution needs a model compiled with run_eagerly=False (graph mode).")
+    return candidates
 
-    replicas = model.distribute_strategy.num_replicas_in_sync
-    if replicas > 1:  # Keras 3 cannot compile a cross-replica step with XLA
-        return ExecutionChoice("graph", {}, f"XLA does not run across {replicas} replicas; graph is the only mode")
+
+def _build_optimizer(model) -> None:
+    """Outside a strategy scope Keras builds the optimizer only while tracing the first step,
+    after the snapshot; build it now so its slots (Adam's moments) are restored too."""
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and not optimizer.built and model.built:
-        # Outside a strategy scope Keras builds the optimizer only while tracing the first
-        # step, after the snapshot; build it now so its slots (Adam's moments) are restored too.
         with model.distribute_strategy.scope():
             optimizer.build(model.trainable_variables)
-    snapshot = []
-    timings = {}
-    functions = {}
-    skipped = []
-    try:
-        for mode in candidates:
-            model.jit_compile = mode == "xla"
-            if mode == "xla" and not model.jit_compile:  # Keras refused: a layer does not support XLA
-                skipped.append("xla (the model does not support jit_compile)")
-                continue
-            model.make_train_function(force=True)
-            timings[mode] = _timed_and_restored(
-                model, dataset, snapshot, steps=steps, warmup_executions=warmup_executions,
-                min_timed_executions=min_timed_executions,
-            )
-            functions[mode] = model.train_function
-    except BaseException:
-        if snapshot:
-            snapshot[0].restore()
-        raise
 
-    if not timings:
-        raise ValueError(f"No execution mode could be timed: skipped {', '.join(skipped)}. "
+
+def _settle(model, trials: _Trials, base_spe: int) -> ExecutionChoice:
+    """Leaves `model` on the fastest candidate; the `ExecutionChoice` that says why."""
+    best = trials.best()
+    if best is None:
+        model.jit_compile, model.steps_per_execution = False, base_spe
+        if trials.errors:
+            raise trials.errors[0]
+        raise ValueError(f"No execution mode could be timed: skipped {', '.join(trials.skipped)}. "
                          "Add \"graph\" to the candidates.")
-    best = min(timings, key=lambda m: timings[m].step_time_s)
-    model.jit_compile = best == "xla"
-    model.train_function = functions[best]
-    if len(timings) == 1:
-        reason = f"only {best} was timed" + (f"; skipped {', '.join(skipped)}" if skipped else "")
+    mode, spe = trials.settings[best]
+    model.jit_compile, model.steps_per_execution = mode == "xla", spe
+    model.train_function = trials.functions[best]
+    skipped = f"; skipped {'; '.join(trials.skipped)}" if trials.skipped else ""
+    others = [label for label in trials.timings if label != best]
+    if not others:
+        reason = f"only {best} was timed{skipped}"
     else:
-        others = [m for m in timings if m != best]
-        slowest = max(timings[m].step_time_s for m in others)
-        reason = f"{slowest / timings[best].step_time_s:.2f}x faster than {' and '.join(others)}"
-    return ExecutionChoice(best, dict(timings), reason)
+        runner_up = min(others, key=lambda label: trials.timings[label].step_time_s)
+        ratio = trials.timings[runner_up].step_time_s / trials.timings[best].step_time_s
+        than = runner_up if len(others) == 1 else f"the next best, {runner_up}"
+        reason = f"{ratio:.2f}x faster than {than}{skipped}"
+    return ExecutionChoice(mode, dict(trials.timings), reason, steps_per_execution=spe,
+                           skipped=tuple(trials.skipped))
 
 
 def _timed_and_restored(model, dataset, snapshot, **timing_args) -> StepTiming:
-    """Times one mode; takes the state snapshot on the first call, restores it after."""
+    """Times one candidate; takes the state snapshot on the first call, restores it after."""
     import keras
 
     class _Snapshot(keras.callbacks.Callback):

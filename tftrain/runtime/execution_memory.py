@@ -14,6 +14,13 @@ The file is `$TFTRAIN_CACHE_DIR/execution.json` when that variable is set, else
 e.g. `~/.cache/tftrain` on Linux). `--no-remember-execution` (the config field
 `runtime.remember_execution`) times every run again.
 
+Writes (`put`, `forget`) hold a lock on the sibling file `execution.json.lock`
+(`filelock`) around the read, the change and the atomic rename, so concurrent
+processes (the multi-process launcher, pytest-xdist workers) keep each other's
+entries; reads take no lock, since the file is only ever replaced whole. A
+file that cannot be written, or a lock not taken within `LOCK_TIMEOUT_S`, skips
+the write with no error: the memory only saves time.
+
 Limits: the key sees a model through its Keras config, so an edit to a custom layer's
 `call()` that leaves its config unchanged keeps the old choice; and a choice timed in a
 noisy spell is kept until something in the key changes. Pass `--no-remember-execution`
@@ -27,7 +34,9 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
+
+import filelock
 
 from tftrain.doctor.machine import cpu_model
 from tftrain.runtime.threads import cpu_count
@@ -40,6 +49,9 @@ FILE_NAME = "execution.json"
 
 MAX_ENTRIES = 256
 """Choices kept; the oldest are dropped beyond this."""
+
+LOCK_TIMEOUT_S = 10.0
+"""Seconds a write waits for another process's lock before it is skipped."""
 
 
 def cache_dir() -> Path:
@@ -143,8 +155,9 @@ class ExecutionMemory:
     """Remembered `ExecutionChoice`s in one JSON file, keyed by `execution_key`.
 
     A missing, unreadable or corrupt file is an empty memory (the choice is timed
-    again); a file that cannot be written is skipped with no error, since the
-    memory only saves time.
+    again). Writes are locked (`<file>.lock`), so concurrent processes keep each
+    other's entries; a file that cannot be written, or a lock not taken within
+    `LOCK_TIMEOUT_S`, is skipped with no error, since the memory only saves time.
 
     Args:
         path: the JSON file. Defaults to `cache_dir() / "execution.json"`.
@@ -157,12 +170,34 @@ class ExecutionMemory:
     def __init__(self, path=None):
         self.path = Path(path) if path is not None else cache_dir() / FILE_NAME
 
+    @property
+    def lock_path(self) -> Path:
+        """The lock file beside the memory's file (`execution.json.lock`)."""
+        return self.path.with_name(f"{self.path.name}.lock")
+
     def _entries(self) -> dict:
         try:
             entries = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return {}
         return entries if isinstance(entries, dict) else {}
+
+    def _update(self, change: Callable[[dict], Optional[dict]]) -> None:
+        """Reads the entries, applies `change` and writes its result, all under the lock.
+
+        Args:
+            change: takes the entries and returns the entries to write, or None to write nothing.
+        """
+        from tftrain.rundir import write_text_atomic
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with filelock.FileLock(self.lock_path, timeout=LOCK_TIMEOUT_S):
+                entries = change(self._entries())
+                if entries is not None:
+                    write_text_atomic(self.path, json.dumps(entries, indent=1))
+        except (OSError, filelock.Timeout):  # unwritable, or locked too long: the memory only saves time
+            pass
 
     def get(self, key: Optional[str]):
         """The remembered `ExecutionChoice` for `key` (its `remembered` names when it was timed), or None."""
@@ -172,24 +207,51 @@ class ExecutionMemory:
         try:
             timings = {mode: StepTiming(**{**t, "execution_times_s": tuple(t["execution_times_s"])})
                        for mode, t in entry["timings"].items()}
-            choice = ExecutionChoice(entry["execution"], timings, entry["reason"], remembered=entry["saved_at"])
+            choice = ExecutionChoice(entry["execution"], timings, entry["reason"], remembered=entry["saved_at"],
+                                     steps_per_execution=entry.get("steps_per_execution"),
+                                     skipped=tuple(entry.get("skipped", ())))
         except Exception:  # noqa: BLE001 (no entry, or one of another shape: time it again)
             return None
         return choice if choice.execution in ("graph", "xla") and choice.execution in timings else None
 
     def put(self, key: Optional[str], choice):
-        """Remembers `choice` under `key` (nothing when `key` is None); returns `choice`."""
+        """Remembers `choice` under `key`, keeping the newest `MAX_ENTRIES`.
+
+        Args:
+            key: an `execution_key`; None remembers nothing.
+            choice: the `ExecutionChoice` to remember.
+
+        Returns:
+            `choice`, whether or not it could be written.
+        """
         if not key:
             return choice
-        from tftrain.rundir import write_text_atomic
+        entry = {**choice.to_dict(), "saved_at": datetime.datetime.now().isoformat(timespec="seconds")}
 
-        entries = self._entries()
-        entries.pop(key, None)
-        entries[key] = {**choice.to_dict(), "saved_at": datetime.datetime.now().isoformat(timespec="seconds")}
-        entries = dict(list(entries.items())[-MAX_ENTRIES:])
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(self.path, json.dumps(entries, indent=1))
-        except OSError:
-            pass
+        def add(entries: dict) -> dict:
+            entries.pop(key, None)
+            entries[key] = entry
+            return dict(list(entries.items())[-MAX_ENTRIES:])
+
+        self._update(add)
         return choice
+
+    def forget(self, key: Optional[str]) -> None:
+        """Removes the choice remembered under `key`, so that the next run times it again.
+
+        A remembered choice that fails now is forgotten and timed again. Nothing
+        happens when `key` is None or not remembered.
+
+        Args:
+            key: an `execution_key`, or None.
+        """
+        if not key:
+            return
+
+        def remove(entries: dict) -> Optional[dict]:
+            if key not in entries:
+                return None  # nothing to write
+            del entries[key]
+            return entries
+
+        self._update(remove)

@@ -208,3 +208,66 @@ def ensure_float32_outputs(model: keras.Model) -> keras.Model:
     if getattr(model, "output_names", None):  # a loss or metric dict keyed by output name still applies
         fixed.output_names = list(model.output_names)
     return fixed
+
+
+def overridden_steps(model) -> tuple:
+    """Names of the Keras step methods `model`'s class replaces (`"train_step"`, `"test_step"`).
+
+    Args:
+        model: a Keras model.
+
+    Returns:
+        A tuple, empty for a functional, Sequential or subclassed model that keeps
+        Keras's own steps.
+    """
+    return tuple(name for name in ("train_step", "test_step")
+                 if getattr(type(model), name, None) is not getattr(keras.Model, name))
+
+
+def step_scales_loss(model) -> Optional[bool]:
+    """Whether `model`'s training step applies loss scaling as `mixed_float16` needs.
+
+    Keras's own `train_step` scales the loss (`optimizer.scale_loss`) before taking
+    gradients, and `LossScaleOptimizer.apply` divides them by the scale. A step of the
+    user's own that does not call `self.optimizer.scale_loss(loss)` gets its gradients
+    divided by the scale (2**15 at first): the model silently does not learn
+    (keras-team/keras#20894).
+
+    Args:
+        model: a Keras model.
+
+    Returns:
+        True for Keras's own step, or a step whose source calls `scale_loss` or
+        `super().train_step`; False when the source is readable and does neither;
+        None when the source cannot be read (built in a REPL, compiled).
+
+    Source: https://keras.io/guides/custom_train_step_in_tensorflow/ and
+    https://keras.io/api/mixed_precision/loss_scale_optimizer/
+    """
+    import inspect
+
+    if "train_step" not in overridden_steps(model):
+        return True
+    try:
+        source = inspect.getsource(type(model).train_step)
+    except (OSError, TypeError):
+        return None
+    return "scale_loss" in source or "super().train_step" in source
+
+
+def unscaled_step_precision(devices: DeviceInfo) -> str:
+    """The policy `precision: auto` takes instead of `mixed_float16` for a model whose own
+    `train_step` does not scale its loss (`step_scales_loss`): `mixed_bfloat16` where every
+    GPU computes bfloat16 natively (compute capability >= 8.0, Ampere and newer), else
+    `float32`. Neither needs loss scaling.
+
+    Args:
+        devices: the run's `DeviceInfo`.
+
+    Returns:
+        `"mixed_bfloat16"` or `"float32"`.
+
+    Source: https://www.tensorflow.org/guide/mixed_precision#supported_hardware
+    """
+    cap = min_compute_capability(devices) if devices.kind == "gpu" else None
+    return "mixed_bfloat16" if cap is not None and cap >= (8, 0) else "float32"

@@ -42,7 +42,8 @@ class RunRecord:
         hparams: the task's hyperparameters (a dict), or None.
         extras: optional sections: `throughput`, `profile`, `tuning`,
             `batch_size_search`, `validation_examples`, `optimizer_steps`,
-            `backup` (`--backup-every-steps`), `early_stopping`, ...
+            `backup` (`--backup-every-steps`), `early_stopping`, `custom_step` (a model
+            with its own `train_step` / `test_step`: whose figure `loss` is), ...
         seed, argv, versions, learning_rate, lr_schedule: as run.
     """
 
@@ -101,5 +102,5 @@ RUNTIME_KEYS = ("replicas", "workers", "ps_tasks", "cluster_source", "strategy",
 """Keys of `RunRecord.runtime`."""
 
 EXTRA_KEYS = ("throughput", "profile", "tuning", "batch_size_search", "execution_auto", "optimizer_steps", "backup",
-              "early_stopping")
+              "early_stopping", "custom_step")
 """Keys `RunRecord.extras` may hold."""

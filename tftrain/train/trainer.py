@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 
 from tftrain import config as config_lib
 from tftrain import rundir as rundir_lib
-from tftrain.errors import ConfigError, TrainingDiverged
+from tftrain.errors import ConfigError, TrainingDiverged, XlaCompileError
 from tftrain.train.console import Console, keras_progress
 from tftrain.train.loops import loop_for
 from tftrain.train.record import RunRecord
@@ -41,7 +41,10 @@ AUTO_PROBE_BATCHES = 16
 """`--execution auto` times graph and XLA on the first this-many training batches."""
 
 AUTO_PROBE_STEPS = 16
-"""Optimizer steps timed per mode by `--execution auto` (after the compiling warm-up)."""
+"""Optimizer steps timed per candidate by `--execution auto` (after the compiling warm-up)."""
+
+STEPS_PER_EXECUTION_CANDIDATES = (1, 8, 32, 64)
+"""Counts `--steps-per-execution auto` times on one replica (starting at 8, the compiled count)."""
 
 INPUT_CHECK_BATCHES = 50
 """Batches the ThroughputMonitor's input check reads from the training pipeline alone."""
@@ -169,6 +172,7 @@ class Trainer:
                 self.announce_run_dir()
                 self.plan_batch()
                 model = self.build_model()
+                self.note_custom_steps(model)
                 self.choose_execution(model)
                 history, fit_time = self.train(model, self.make_callbacks())
                 test = self.evaluate(model)
@@ -320,6 +324,8 @@ class Trainer:
         import math
 
         spe = self.runtime.steps_per_execution if self.loop.per_step_hooks else 1
+        if self._steps_per_execution_candidates():  # auto: any count it may choose divides the backup interval
+            spe = 1
         if self.steps_per_epoch:  # as the loop will run it (MultiWorkerLoop may lower it)
             spe = self.loop.steps_per_execution_for(spe, self.steps_per_epoch * self.accumulation_steps)
         return math.lcm(spe, self.accumulation_steps)
@@ -405,7 +411,7 @@ class Trainer:
         policy), compiled by the loop with `task.compile_args(steps_per_epoch)`, whose optimizer
         accumulates gradients under `--gradient-accumulation-steps` (`tftrain.train.accumulation`)."""
         with self.runtime.strategy.scope():  # the optimizer too: its variables belong to the strategy
-            model = self.task.build_model()
+            model = self._check_step_scaling(self._built(self.task.build_model()))
             if self.runtime.precision.compute_dtype != "float32":
                 model = self._float32_outputs(model)
             if compile_model:
@@ -413,6 +419,49 @@ class Trainer:
         if compile_model:
             self.loop.compile(model, self.compile_args, self.runtime)
         return model
+
+    def _built(self, model):
+        """`model`, built from the training data when it has no weights yet (a Sequential without
+        an `Input`, a subclassed model), as `Model.fit` would on its first batch: the float32-output
+        cast and the backup need its outputs and weights before `fit` runs (keras-team/keras#20712)."""
+        if model.built:
+            return model
+        import keras
+
+        dataset = self.task.probe_data(self.batch.global_batch_size if self.batch else 32, 1)
+        spec = dataset.element_spec
+        if isinstance(model, keras.Sequential):  # symbolic: its outputs exist afterwards
+            model.build(tuple((spec[0] if isinstance(spec, tuple) else spec).shape))
+            return model
+        for batch in dataset:  # a subclassed model builds its layers in call(): call it once
+            model(batch[0] if isinstance(batch, tuple) else batch, training=False)
+        return model
+
+    def _check_step_scaling(self, model):
+        """Under `mixed_float16`, a `train_step` of the model's own that does not scale its loss gets
+        its gradients divided by the loss scale and does not learn (keras-team/keras#20894):
+        `--precision auto` then takes `float32` (or `mixed_bfloat16` on Ampere and newer) and
+        rebuilds the model; an explicit `mixed_float16` is kept, with a warning that says the fix."""
+        from tftrain import runtime
+        from tftrain.runtime.precision import step_scales_loss, unscaled_step_precision
+
+        scales = step_scales_loss(model)
+        if not self.runtime.precision.loss_scaling or scales:
+            return model
+        name = type(model).__name__
+        why = (f"{name}.train_step does not call self.optimizer.scale_loss(loss)" if scales is False else
+               f"{name}.train_step's source cannot be read to check that it calls self.optimizer.scale_loss(loss)")
+        if self.config.runtime.precision != "auto":
+            self.console.warn(f"{why}: under mixed_float16 its gradients are divided by the loss scale and the model "
+                              "does not learn (keras-team/keras#20894). Take the gradients of "
+                              "self.optimizer.scale_loss(loss) in train_step, or pass --precision mixed_bfloat16 "
+                              "or float32.")
+            return model
+        policy = unscaled_step_precision(self.runtime.devices)
+        self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision(policy))
+        self.console.line(f"precision: auto -> {policy}, not mixed_float16: {why}, so loss scaling would divide its "
+                          "gradients by the scale (keras-team/keras#20894)")
+        return self._built(self.task.build_model())
 
     def _with_accumulation(self, compile_args: dict) -> dict:
         """`compile_args` whose optimizer updates once every `accumulation_steps` micro-batches."""
@@ -439,35 +488,128 @@ class Trainer:
                               "its last layer dtype='float32' so the loss is computed in float32.")
         return model
 
+    def note_custom_steps(self, model) -> None:
+        """Says, in the output and in `metrics.json` (`custom_step`), that the loss of a model with
+        its own `train_step` / `test_step` is that step's own figure: across replicas, a step that
+        tracks `self.compute_loss(...)` as Keras's guide does reports the loss divided by the
+        replicas, since `compute_loss` scales it for the all-reduce of the gradients."""
+        from tftrain.runtime.precision import overridden_steps
+
+        steps = overridden_steps(model)
+        if not steps:
+            return
+        replicas = self.runtime.num_replicas
+        note = f"'loss' and the metrics are {type(model).__name__}.{' and .'.join(steps)}'s own figures"
+        if replicas > 1:
+            note += (f"; across {replicas} replicas a step that tracks self.compute_loss(...) reports the loss / "
+                     f"{replicas} (Keras scales it for the gradients' all-reduce)")
+        self.extras["custom_step"] = {"overridden": list(steps), "replicas": replicas, "note": note}
+        self.console.line(f"loss:      {note}")
+
     def choose_execution(self, model) -> None:
-        """`--execution auto`: times graph and XLA on the first training batches where the loop
-        allows (`tftrain.runtime.choose_execution`), else graph; other modes as asked. A choice an
-        earlier run timed for the same model, batch and machine is reused without timing
-        (`tftrain.runtime.execution_memory`), unless `--no-remember-execution`."""
-        if self.config.runtime.execution != "auto":
+        """`--execution auto` and `--steps-per-execution auto`: times graph against XLA, then the
+        faster at several steps per execution, on the first training batches where the loop allows
+        (`tftrain.runtime.choose_execution`; a candidate XLA cannot compile is skipped with XLA's
+        reason), else graph and the rule's count. A choice an earlier run timed for the same model,
+        batch and machine is reused (`tftrain.runtime.execution_memory`; an XLA choice is compiled
+        once more first, and forgotten and timed again if that fails), unless `--no-remember-execution`."""
+        from tftrain.runtime.execution import AUTO_CANDIDATES
+
+        rt = self.config.runtime
+        modes = AUTO_CANDIDATES if rt.execution == "auto" else (rt.execution,)
+        counts = self._steps_per_execution_candidates()
+        if rt.execution == "eager" or (len(modes) == 1 and not counts):
             return
         if not self.loop.times_execution:
-            self.execution = "graph"
+            self.execution = "graph" if rt.execution == "auto" else rt.execution
             self.console.line(f"execution: auto -> graph ({self.loop.name} does not time graph against XLA)")
             return
-        from tftrain.runtime.execution import AUTO_CANDIDATES, choose_execution
-        from tftrain.runtime.execution_memory import ExecutionMemory, execution_key
-
+        if counts:  # start from the rule's count, or the largest allowed below it (1 always is)
+            model.steps_per_execution = max(c for c in counts if c <= model.steps_per_execution)
         probe = self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES)
-        # With several replicas nothing is timed (graph is the only mode): nothing to remember.
-        remember = self.config.runtime.remember_execution and self.runtime.num_replicas == 1
-        memory, key = (ExecutionMemory(), execution_key(model, probe, AUTO_CANDIDATES)) if remember else (None, None)
-        choice = memory.get(key) if memory else None
-        if choice is not None:
-            model.jit_compile = choice.execution == "xla"
-            if model.jit_compile != (choice.execution == "xla"):  # Keras refused XLA for this model now
-                choice = None
-        if choice is None:
-            choice = choose_execution(model, probe, steps=AUTO_PROBE_STEPS, min_timed_executions=2)
-            if memory:
-                memory.put(key, choice)
+        try:
+            choice = self._remembered_or_timed(model, probe, modes, counts)
+        except Exception as error:  # noqa: BLE001 (an explicit --execution xla that XLA cannot compile)
+            self._raise_if_xla_failed(error)
+            raise
         self.execution, self.execution_choice = choice.execution, choice
         self.console.line(f"execution: auto -> {choice.describe()}")
+        if model.steps_per_execution > 1 and counts:
+            self.console.line(f"           Keras batch callbacks fire once per execution of {model.steps_per_execution} "
+                              "steps (--steps-per-execution 1 for every step)")
+
+    def _steps_per_execution_candidates(self) -> tuple:
+        """Counts `--steps-per-execution auto` may time: one replica and per-step hooks only, at most
+        an epoch, and dividing `--backup-every-steps` (a checkpoint is written between executions)."""
+        import math
+
+        if (self.config.runtime.steps_per_execution != "auto" or self.runtime.num_replicas > 1
+                or not self.loop.per_step_hooks):
+            return ()
+        acc, batches = self.accumulation_steps, (self.steps_per_epoch or 0) * self.accumulation_steps
+        counts = [c for c in STEPS_PER_EXECUTION_CANDIDATES if not batches or c <= batches]
+        backup = self.config.train.backup_every_steps
+        if backup is not None:
+            counts = [c for c in counts if (backup * acc) % math.lcm(c, acc) == 0]
+        return tuple(counts) or (1,)
+
+    def _remembered_or_timed(self, model, probe, modes, counts):
+        """The remembered `ExecutionChoice` for this model, batch and machine, if it still compiles;
+        else a newly timed one (remembered for the next run)."""
+        from tftrain.runtime.execution import choose_execution
+        from tftrain.runtime.execution_memory import ExecutionMemory, execution_key
+
+        # With several replicas nothing is timed (graph is the only mode): nothing to remember.
+        remember = self.config.runtime.remember_execution and self.runtime.num_replicas == 1
+        memory = ExecutionMemory() if remember else None
+        # The key names auto, not this run's counts (an epoch's length or the backup interval can rule some
+        # out): a remembered count this run cannot take is timed again.
+        key = execution_key(model, probe, (*modes, *(("steps_per_execution auto",) if counts else ()))) \
+            if remember else None
+        choice = memory.get(key) if memory else None
+        if choice is not None and counts and choice.steps_per_execution not in counts:
+            choice = None
+        if choice is not None and not self._still_compiles(model, probe, choice):
+            memory.forget(key)
+            choice = None
+        if choice is None:
+            spe_counts = tuple(c for c in counts if c != model.steps_per_execution)
+            choice = choose_execution(model, probe, candidates=modes, steps=AUTO_PROBE_STEPS, min_timed_executions=2,
+                                      steps_per_execution=spe_counts)
+            if memory:
+                memory.put(key, choice)
+        return choice
+
+    def _still_compiles(self, model, probe, choice) -> bool:
+        """Sets `model` up for a remembered choice; an XLA one is compiled and run once (its train
+        function is kept for `fit`). False, with one line, when Keras or XLA refuses it now."""
+        from tftrain.runtime.execution import choose_execution, xla_failure_reason
+
+        model.jit_compile = choice.execution == "xla"
+        if choice.steps_per_execution:
+            model.steps_per_execution = choice.steps_per_execution
+        if model.jit_compile != (choice.execution == "xla"):  # Keras refused XLA for this model now
+            return False
+        if choice.execution != "xla":
+            return True
+        try:
+            choose_execution(model, probe, candidates=("xla",), steps=1, min_timed_executions=1)
+        except Exception as error:  # noqa: BLE001 (XLA refuses what it compiled before: time again)
+            reason = xla_failure_reason(error) or f"{type(error).__name__}: {str(error).strip()[:200]}"
+            self.console.line(f"execution: the remembered choice xla fails now ({reason}); timing again")
+            model.jit_compile = False
+            return False
+        return True
+
+    def _raise_if_xla_failed(self, error: Exception) -> None:
+        """Raises `XlaCompileError` (XLA's reason and the fix in one line) when XLA, asked for or
+        chosen, could not compile or run the training step."""
+        from tftrain.runtime.execution import xla_failure_reason
+
+        reason = xla_failure_reason(error) if self.execution == "xla" else None
+        if reason:
+            raise XlaCompileError(f"XLA could not compile the training step: {reason}. Try --execution graph.") \
+                from error
 
     # -- callbacks, train, evaluate, save --------------------------------------
     def make_callbacks(self) -> list:
@@ -546,6 +688,9 @@ class Trainer:
             )
         except TrainingDiverged as e:  # the guard names the step; the run directory knows the checkpoint
             raise TrainingDiverged(f"{e}; {self._checkpoint_note()}") from e
+        except Exception as e:  # noqa: BLE001 (an XLA step that does not compile: one line and the fix)
+            self._raise_if_xla_failed(e)
+            raise
         return history, time.perf_counter() - started
 
     def _checkpoint_note(self) -> str:

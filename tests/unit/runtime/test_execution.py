@@ -137,7 +137,7 @@ def test_training_after_choose_execution_matches_training_without_it():
 def test_choose_execution_takes_the_faster_mode(monkeypatch):
     from tftrain.runtime import execution
 
-    def fake_timing(model, dataset, steps, warmup_executions, min_timed_executions, callbacks=()):
+    def fake_timing(model, dataset, steps, warmup_executions, min_timed_executions, callbacks=(), give_up_above_s=None):
         step = 0.004 if model.jit_compile else 0.001  # graph 4x faster than XLA here
         return execution.StepTiming(step, 16 / step, step, 16, 1, steps, 0.1, (step,) * 3)
 
@@ -195,3 +195,102 @@ def test_runtime_runs_one_step_per_call_across_replicas():
     assert any("8 requested" in line and "19246" in line for line in two.describe())
     # auto compiles for graph; choose_execution decides later.
     assert one.compile_options()["jit_compile"] is False and runtime(1, "xla").compile_options()["jit_compile"]
+
+
+# --- candidates that fail, steps_per_execution by measurement ---------------------
+
+def _string_op_model():
+    """A model whose step runs a `tf.strings` op: graph trains it, XLA has no kernel for it
+    (the shape of keras-team/keras#18456 on a CPU)."""
+    import keras
+    import tensorflow as tf
+
+    class RoundTrip(keras.layers.Layer):
+        def call(self, x):
+            return tf.strings.to_number(tf.strings.as_string(x))
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(3)(RoundTrip()(inputs)))
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  **compile_options("graph", 1))
+    return model
+
+
+def test_a_candidate_xla_cannot_compile_is_skipped_with_xla_s_reason():
+    import numpy as np
+
+    from tftrain.runtime import choose_execution
+
+    model = _string_op_model()
+    before = [w.copy() for w in model.get_weights()]
+    choice = choose_execution(model, _batches(), steps=2)
+    assert choice.execution == "graph" and not model.jit_compile and list(choice.timings) == ["graph"]
+    assert len(choice.skipped) == 1 and choice.skipped[0].startswith("xla: unsupported operations on XLA_CPU_JIT")
+    assert "AsString" in choice.skipped[0] and "skipped xla" in choice.reason
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    model.fit(_batches(), epochs=1, verbose=0)  # trains on in the mode that worked
+    assert int(model.optimizer.iterations.numpy()) == 4
+
+
+def test_a_model_that_fails_in_every_mode_raises_its_own_error():
+    import keras
+    import tensorflow as tf
+
+    from tftrain.runtime import choose_execution
+
+    class Checked(keras.layers.Layer):
+        def call(self, x):  # fails when it runs, in graph and XLA alike: the user's bug, not XLA's
+            tf.debugging.assert_less(x, -1e9, message="inputs out of range")
+            return x
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(3)(Checked()(inputs)))
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="inputs out of range"):
+        choose_execution(model, _batches(), steps=2)
+    assert not model.jit_compile
+
+
+def test_xla_failure_reason_reads_xla_s_line_and_ignores_other_errors():
+    from tftrain.runtime.execution import xla_failure_reason
+
+    error = ValueError("Graph execution error:\n\nDetected at node f/AsString defined at:\n  File \"x.py\"\n"
+                       "Detected unsupported operations when trying to compile graph __inference_1[] on "
+                       "XLA_GPU_JIT: CudnnRNN (No registered 'CudnnRNN' OpKernel for XLA_GPU_JIT devices "
+                       "compatible with node {{node lstm/CudnnRNN}}){{node lstm/CudnnRNN}}\n")
+    assert xla_failure_reason(error) == ("unsupported operations on XLA_GPU_JIT: CudnnRNN (No registered "
+                                         "'CudnnRNN' OpKernel for XLA_GPU_JIT devices compatible with node )")
+    assert xla_failure_reason(ValueError("shapes (3,) and (4,) are incompatible")) is None
+
+
+def test_steps_per_execution_is_chosen_by_measurement(monkeypatch):
+    from tftrain.runtime import execution
+
+    per_step = {1: 0.004, 8: 0.002, 32: 0.0012, 64: 0.00119}  # 64 is within 2% of 32: the smaller count wins
+    tried = []
+
+    def fake_timing(model, dataset, steps, warmup_executions, min_timed_executions, callbacks=(),
+                    give_up_above_s=None):
+        spe = model.steps_per_execution
+        tried.append((model.jit_compile, spe))
+        step = per_step[spe] * (2 if model.jit_compile else 1)
+        return execution.StepTiming(step, 16 / step, step, 16, spe, steps, 0.1, (step,) * 3)
+
+    monkeypatch.setattr(execution, "time_training_steps", fake_timing)
+    model = _tiny_model(steps_per_execution=8)
+    choice = execution.choose_execution(model, _batches(), steps_per_execution=(1, 8, 32, 64))
+    assert (choice.execution, choice.steps_per_execution) == ("graph", 32)
+    assert model.steps_per_execution == 32 and not model.jit_compile
+    assert tried == [(False, 8), (True, 8), (False, 1), (False, 32), (False, 64)]
+    assert set(choice.timings) == {"graph", "xla", "graph, 1 steps/execution", "graph, 32 steps/execution",
+                                   "graph, 64 steps/execution"}
+    assert choice.to_dict()["steps_per_execution"] == 32
+
+
+def test_a_clearly_slower_candidate_is_given_up_early():
+    from tftrain.runtime import time_training_steps
+
+    model = _tiny_model()
+    timing = time_training_steps(model, _batches(), steps=50, give_up_above_s=1e-9)
+    assert len(timing.execution_times_s) == 2  # stopped after two timed executions, not 50

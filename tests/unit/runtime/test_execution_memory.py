@@ -85,3 +85,85 @@ def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
     import platformdirs
 
     assert cache_dir() == Path(platformdirs.user_cache_dir("tftrain"))
+
+
+_PUTTER = """
+import sys, time
+from pathlib import Path
+
+from tftrain.runtime.execution_memory import ExecutionMemory  # (tftrain/__init__ imports TensorFlow)
+
+
+class Choice:  # `put` only calls `to_dict()`
+    def to_dict(self):
+        return {"execution": "graph", "timings": {}, "reason": "fake"}
+
+
+path, worker, count, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
+Path(f"{go}.ready-{worker}").touch()
+while not go.exists():  # start together, after the slow imports
+    time.sleep(0.005)
+memory = ExecutionMemory(path)
+for i in range(count):
+    memory.put(f"{worker}-{i}", Choice())
+"""
+
+
+def test_concurrent_processes_keep_each_others_entries(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    path, go, workers, count = tmp_path / "execution.json", tmp_path / "go", 4, 25  # 100 < MAX_ENTRIES
+    processes = []
+    try:
+        for worker in range(workers):
+            processes.append(subprocess.Popen([sys.executable, "-c", _PUTTER, str(path), str(worker), str(count),
+                                               str(go)], env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}))
+        deadline = time.monotonic() + 120
+        while not all(Path(f"{go}.ready-{w}").exists() for w in range(workers)):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in processes), "a child did not start"
+            time.sleep(0.05)
+        go.touch()
+        assert [p.wait(timeout=120) for p in processes] == [0] * workers
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    entries = json.loads(path.read_text(encoding="utf-8"))
+    expected = {f"{w}-{i}" for w in range(workers) for i in range(count)}
+    assert not expected - set(entries), f"{len(expected - set(entries))} of {len(expected)} entries lost"
+
+
+def test_a_forgotten_choice_is_timed_again_and_the_others_stay(tmp_path):
+    path = tmp_path / "execution.json"
+    memory = ExecutionMemory(path)
+    memory.put("a", _choice())
+    memory.put("b", _choice())
+    memory.forget("a")
+    assert memory.get("a") is None and ExecutionMemory(path).get("b").execution == "xla"
+    before = path.read_text()
+    memory.forget("a")  # not remembered
+    memory.forget(None)
+    assert path.read_text() == before
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    ExecutionMemory(blocked / "execution.json").forget("a")  # unwritable: no error
+
+
+def test_a_write_that_cannot_take_the_lock_in_time_is_skipped(monkeypatch, tmp_path):
+    import filelock
+
+    from tftrain.runtime import execution_memory
+
+    monkeypatch.setattr(execution_memory, "LOCK_TIMEOUT_S", 0.1)
+    memory = ExecutionMemory(tmp_path / "execution.json")
+    memory.put("a", _choice())
+    choice = _choice()
+    with filelock.FileLock(memory.lock_path):  # as another process writing for longer than the timeout
+        assert memory.put("b", choice) is choice  # no error
+        memory.forget("a")
+    assert memory.get("a") is not None and memory.get("b") is None

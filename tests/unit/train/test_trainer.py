@@ -103,10 +103,13 @@ def test_execution_auto_remembers_its_choice_for_the_same_model_and_batch(tmp_pa
     assert len(timed) == 3 and retimed.execution_choice["remembered"] is None
 
 
-def test_steps_per_execution_auto_runs_8_steps_per_call_on_one_replica(tmp_path):
-    trainer = _trainer(tmp_path, steps_per_execution="auto", epochs=1)
+def test_steps_per_execution_auto_is_timed_from_8_steps_per_call_on_one_replica(tmp_path, fresh_execution_memory):
+    trainer = _trainer(tmp_path, steps_per_execution="auto", epochs=1, batch_size=16)  # 32 batches an epoch
     record = trainer.fit()
-    assert record.runtime["steps_per_execution"] == 8 and trainer.runtime.steps_per_execution == 8
+    chosen = record.execution_choice["steps_per_execution"]
+    assert trainer.runtime.steps_per_execution == 8  # compiled with the rule's count, then timed
+    assert record.runtime["steps_per_execution"] == chosen and chosen in (1, 8, 32)
+    assert {"graph", "graph, 1 steps/execution"} <= set(record.execution_choice["timings"])
     assert "steps_per_execution=8 (auto)" in "\n".join(trainer.runtime.describe())
     assert "steps_per_execution: auto" in (tmp_path / "run" / "config.yaml").read_text()
 

@@ -1,0 +1,187 @@
+"""Automatic settings never fail a run plain Keras trains (issue: unbuilt models, steps XLA
+cannot compile, custom train steps under mixed precision), and steps per execution are measured."""
+
+import numpy as np
+import pytest
+
+import tftrain
+from tests.conftest import REPO, run_module
+
+
+def _arrays(n=512):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 4)).astype("float32")
+    return x, (x @ np.array([1.0, -2.0, 0.5, 0.0], "float32"))[:, None]
+
+
+def _unbuilt():
+    import keras
+
+    return keras.Sequential([keras.layers.Dense(10), keras.layers.Dense(1)])  # no Input (keras-team/keras#20712)
+
+
+def _string_op_model():
+    """Graph trains it; XLA has no kernel for its `tf.strings` ops (keras-team/keras#18456's shape on a CPU)."""
+    import keras
+    import tensorflow as tf
+
+    class RoundTrip(keras.layers.Layer):
+        def call(self, x):
+            return tf.strings.to_number(tf.strings.as_string(x))
+
+    inputs = keras.Input((4,))
+    return keras.Model(inputs, keras.layers.Dense(1)(RoundTrip()(inputs)))
+
+
+def _task(build, **kw):
+    x, y = _arrays()
+    return tftrain.ArrayTask(build, x, y, x[:64], y[:64], loss="mse", optimizer="sgd", learning_rate=0.05,
+                             name="auto", **kw)
+
+
+def _fit(tmp_path, build, name, **overrides):
+    overrides = {"epochs": 1, "verbose": 0, "seed": 0, "batch_size": 32, "run_dir": str(tmp_path / name),
+                 **overrides}
+    return tftrain.Trainer(_task(build), **overrides).fit()
+
+
+@pytest.mark.parametrize("overrides", [
+    {"execution": "graph"},
+    {"execution": "auto"},
+    {"execution": "graph", "precision": "mixed_bfloat16"},
+    {"execution": "auto", "precision": "mixed_bfloat16"},
+], ids=["graph", "auto", "graph-bf16", "auto-bf16"])
+def test_an_unbuilt_sequential_trains_under_every_mode_and_precision(tmp_path, overrides, fresh_execution_memory):
+    first = _fit(tmp_path, _unbuilt, "a", **overrides)
+    assert np.isfinite(first.test["loss"]) and (tmp_path / "a" / "model.keras").is_file()
+    if overrides["execution"] == "auto":  # the second run reuses the remembered choice
+        again = _fit(tmp_path, _unbuilt, "b", **overrides)
+        assert again.execution_choice["remembered"] and np.isfinite(again.test["loss"])
+
+
+def test_execution_auto_skips_xla_when_it_has_no_kernel_and_trains_in_graph(tmp_path, fresh_execution_memory):
+    record = _fit(tmp_path, _string_op_model, "run", execution="auto")
+    choice = record.execution_choice
+    assert record.execution == "graph" and list(choice["timings"]) == ["graph"]
+    assert choice["skipped"] and "AsString" in choice["skipped"][0] and choice["skipped"][0].startswith("xla: ")
+    assert np.isfinite(record.test["loss"])
+
+
+def test_a_remembered_xla_choice_that_fails_now_is_forgotten_and_timed_again(tmp_path, monkeypatch,
+                                                                              fresh_execution_memory):
+    from tftrain.runtime import execution_memory
+    from tftrain.runtime.execution import ExecutionChoice, StepTiming
+
+    stale = ExecutionChoice("xla", {"xla": StepTiming(1e-3, 3.2e4, 1e-3, 32, 1, 16, 0.1)}, "timed before",
+                            remembered="2026-01-01T00:00:00", steps_per_execution=1)
+    forgotten = []
+    monkeypatch.setattr(execution_memory.ExecutionMemory, "get", lambda self, key: stale)
+    monkeypatch.setattr(execution_memory.ExecutionMemory, "forget", lambda self, key: forgotten.append(key))
+    record = _fit(tmp_path, _string_op_model, "run", execution="auto")
+    assert len(forgotten) == 1 and record.execution == "graph"
+    assert record.execution_choice["remembered"] is None and "AsString" in record.execution_choice["skipped"][0]
+
+
+def test_an_explicit_xla_that_cannot_compile_fails_in_one_line_with_the_fix(tmp_path):
+    task_file = tmp_path / "strings_task.py"
+    task_file.write_text(
+        "import numpy as np, keras, tensorflow as tf, tftrain\n"
+        "class RoundTrip(keras.layers.Layer):\n"
+        "    def call(self, x):\n"
+        "        return tf.strings.to_number(tf.strings.as_string(x))\n"
+        "def build():\n"
+        "    inputs = keras.Input((4,))\n"
+        "    return keras.Model(inputs, keras.layers.Dense(1)(RoundTrip()(inputs)))\n"
+        "x = np.random.default_rng(0).standard_normal((256, 4)).astype('float32')\n"
+        "task = tftrain.ArrayTask(build, x, x[:, :1], loss='mse')\n"
+    )
+    proc = run_module("tftrain.run", [f"{task_file}:task", "--execution", "xla", "--epochs", "1",
+                                      "--run-dir", tmp_path / "run"], cwd=REPO)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("python -m tftrain.run: run failed: XlaCompileError: XLA could not compile the training "
+                           "step: unsupported operations on XLA_CPU_JIT: AsString")
+    assert "Try --execution graph" in last
+
+
+def _own_step_model(scales: bool):
+    """A subclassed model with the Keras guide's train_step, calling `scale_loss` or not."""
+    import keras
+    import tensorflow as tf
+
+    class Scaled(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+                scaled = self.optimizer.scale_loss(loss)
+            self.optimizer.apply(tape.gradient(scaled, self.trainable_variables), self.trainable_variables)
+            return {"step_loss": loss}
+
+    class Unscaled(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+            self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+            return {"step_loss": loss}
+
+    inputs = keras.Input((4,))
+    outputs = keras.layers.Dense(1, dtype="float32")(keras.layers.Dense(16, activation="relu")(inputs))
+    return (Scaled if scales else Unscaled)(inputs, outputs)
+
+
+def test_step_scales_loss_reads_the_step_s_source():
+    from tftrain.runtime.precision import overridden_steps, step_scales_loss
+
+    assert step_scales_loss(_own_step_model(True)) is True
+    assert step_scales_loss(_own_step_model(False)) is False
+    plain = _unbuilt()
+    assert step_scales_loss(plain) is True and overridden_steps(plain) == ()
+    assert overridden_steps(_own_step_model(False)) == ("train_step",)
+
+
+def test_precision_auto_takes_float32_for_a_step_that_does_not_scale_its_loss(tmp_path, monkeypatch, capsys):
+    from tftrain.runtime import precision
+
+    real = precision.resolve_precision
+    monkeypatch.setattr(precision, "resolve_precision",  # what auto picks on a GPU with Tensor Cores
+                        lambda name, devices, native_bf16=None: "mixed_float16" if name == "auto" else real(name, devices))
+    record = _fit(tmp_path, lambda: _own_step_model(False), "run", precision="auto", execution="graph", epochs=3,
+                  verbose=1)
+    assert record.runtime["precision"] == "float32"
+    assert "precision: auto -> float32, not mixed_float16: Unscaled.train_step does not call " \
+           "self.optimizer.scale_loss(loss)" in capsys.readouterr().out
+    assert record.history["step_loss"][-1] < 0.5 * record.history["step_loss"][0]  # it learns
+
+
+def test_an_explicit_mixed_float16_warns_with_the_fix(tmp_path, capsys):
+    _fit(tmp_path, lambda: _own_step_model(False), "run", precision="mixed_float16", execution="graph", verbose=1)
+    captured = capsys.readouterr()
+    assert "Unscaled.train_step does not call self.optimizer.scale_loss(loss)" in captured.out + captured.err
+    assert "Take the gradients of self.optimizer.scale_loss(loss)" in captured.out + captured.err
+
+
+def test_a_custom_step_s_loss_is_marked_as_its_own_across_replicas(tmp_path):
+    import types
+
+    trainer = tftrain.Trainer(_task(_unbuilt), epochs=1, verbose=0, run_dir=str(tmp_path / "run"))
+    trainer.runtime = types.SimpleNamespace(num_replicas=2)
+    trainer.note_custom_steps(_own_step_model(True))
+    note = trainer.extras["custom_step"]
+    assert note["overridden"] == ["train_step"] and note["replicas"] == 2
+    assert "reports the loss / 2" in note["note"]
+    trainer.extras.clear()
+    trainer.note_custom_steps(_unbuilt())
+    assert "custom_step" not in trainer.extras
+
+
+def test_steps_per_execution_auto_is_measured_and_divides_the_backup_interval(tmp_path, fresh_execution_memory):
+    record = _fit(tmp_path, _unbuilt, "a", steps_per_execution="auto", execution="graph", epochs=1)
+    choice = record.execution_choice
+    assert choice["steps_per_execution"] in (1, 8) and record.runtime["steps_per_execution"] == \
+        choice["steps_per_execution"]
+    assert {"graph", "graph, 1 steps/execution"} <= set(choice["timings"])  # 16 batches an epoch: 32 and 64 too long
+    backed = _fit(tmp_path, _unbuilt, "b", steps_per_execution="auto", execution="graph", backup_every_steps=4)
+    assert backed.execution_choice["steps_per_execution"] in (1,) and \
+        backed.extras["backup"]["every_steps"] == 4
