@@ -583,7 +583,7 @@ class Trainer:
     def _still_compiles(self, model, probe, choice) -> bool:
         """Sets `model` up for a remembered choice; an XLA one is compiled and run once (its train
         function is kept for `fit`). False, with one line, when Keras or XLA refuses it now."""
-        from tftrain.runtime.execution import choose_execution, xla_failure_reason
+        from tftrain.runtime.execution import check_compiles, xla_failure_reason
 
         model.jit_compile = choice.execution == "xla"
         if choice.steps_per_execution:
@@ -593,7 +593,7 @@ class Trainer:
         if choice.execution != "xla":
             return True
         try:
-            choose_execution(model, probe, candidates=("xla",), steps=1, min_timed_executions=1)
+            check_compiles(model, probe)
         except Exception as error:  # noqa: BLE001 (XLA refuses what it compiled before: time again)
             reason = xla_failure_reason(error) or f"{type(error).__name__}: {str(error).strip()[:200]}"
             self.console.line(f"execution: the remembered choice xla fails now ({reason}); timing again")
