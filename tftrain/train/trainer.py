@@ -574,7 +574,7 @@ class Trainer:
             choice = None
         if choice is None:
             spe_counts = tuple(c for c in counts if c != model.steps_per_execution)
-            choice = choose_execution(model, probe, candidates=modes, steps=AUTO_PROBE_STEPS, min_timed_executions=2,
+            choice = choose_execution(model, probe, candidates=modes, steps=AUTO_PROBE_STEPS, min_timed_executions=3,
                                       steps_per_execution=spe_counts)
             if memory:
                 memory.put(key, choice)

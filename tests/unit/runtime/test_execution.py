@@ -294,3 +294,19 @@ def test_a_clearly_slower_candidate_is_given_up_early():
     model = _tiny_model()
     timing = time_training_steps(model, _batches(), steps=50, give_up_above_s=1e-9)
     assert len(timing.execution_times_s) == 2  # stopped after two timed executions, not 50
+
+
+def test_the_model_s_own_count_stays_unless_another_is_more_than_5_percent_faster(monkeypatch):
+    from tftrain.runtime import execution
+
+    per_step = {1: 0.004, 8: 0.002, 32: 0.00196}  # 32 only 2% faster: noise, not a reason to change
+
+    def fake_timing(model, dataset, steps, warmup_executions, min_timed_executions, callbacks=(),
+                    give_up_above_s=None):
+        step = per_step[model.steps_per_execution] * (2 if model.jit_compile else 1)
+        return execution.StepTiming(step, 16 / step, step, 16, model.steps_per_execution, steps, 0.1, (step,) * 3)
+
+    monkeypatch.setattr(execution, "time_training_steps", fake_timing)
+    model = _tiny_model(steps_per_execution=8)
+    choice = execution.choose_execution(model, _batches(), steps_per_execution=(1, 32))
+    assert choice.steps_per_execution == 8 and model.steps_per_execution == 8
