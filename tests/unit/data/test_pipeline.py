@@ -126,3 +126,21 @@ def test_bad_arguments():
         build_dataset((X, Y[:5]), 4, training=True)
     with pytest.raises(ConfigError, match="parse_fn"):
         build_dataset(["a.tfrecord"], 4, training=True)
+
+
+def test_index_batches_permute_every_index_once_an_epoch_and_reshuffle():
+    import numpy as np
+
+    from tftrain.data.pipeline import index_batches
+
+    ds = index_batches(10, 3, shuffle=True, seed=7)
+    assert int(ds.cardinality()) == 3 and ds.element_spec.shape.as_list() == [3]
+    first, second = ([b.numpy() for b in ds] for _ in range(2))
+    for epoch in (first, second):
+        flat = np.concatenate(epoch)
+        assert len(flat) == 9 and len(set(flat.tolist())) == 9 and set(flat.tolist()) <= set(range(10))
+    assert not np.array_equal(np.concatenate(first), np.concatenate(second))  # a new permutation each epoch
+    again = [b.numpy() for b in index_batches(10, 3, shuffle=True, seed=7)]
+    np.testing.assert_array_equal(np.concatenate(again), np.concatenate(first))  # the seed fixes the order
+    kept = [b.numpy().tolist() for b in index_batches(10, 4, shuffle=False, drop_remainder=False)]
+    assert kept == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
