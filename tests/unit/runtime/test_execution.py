@@ -296,17 +296,18 @@ def test_a_clearly_slower_candidate_is_given_up_early():
     assert len(timing.execution_times_s) == 2  # stopped after two timed executions, not 50
 
 
-def test_the_model_s_own_count_stays_unless_another_is_more_than_5_percent_faster(monkeypatch):
+def test_graph_at_the_model_s_own_count_stays_unless_another_is_more_than_5_percent_faster(monkeypatch):
     from tftrain.runtime import execution
 
     per_step = {1: 0.004, 8: 0.002, 32: 0.00196}  # 32 only 2% faster: noise, not a reason to change
 
     def fake_timing(model, dataset, steps, warmup_executions, min_timed_executions, callbacks=(),
                     give_up_above_s=None):
-        step = per_step[model.steps_per_execution] * (2 if model.jit_compile else 1)
+        step = per_step[model.steps_per_execution] * (0.97 if model.jit_compile else 1)  # XLA 3% faster
         return execution.StepTiming(step, 16 / step, step, 16, model.steps_per_execution, steps, 0.1, (step,) * 3)
 
     monkeypatch.setattr(execution, "time_training_steps", fake_timing)
     model = _tiny_model(steps_per_execution=8)
     choice = execution.choose_execution(model, _batches(), steps_per_execution=(1, 32))
-    assert choice.steps_per_execution == 8 and model.steps_per_execution == 8
+    assert (choice.execution, choice.steps_per_execution) == ("graph", 8)
+    assert model.steps_per_execution == 8 and not model.jit_compile
