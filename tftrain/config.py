@@ -56,8 +56,8 @@ LR_SCHEDULES = ("constant", "cosine")
 
 AUTO_STEPS_PER_EXECUTION = 8
 """`steps_per_execution: auto` compiles with 8 steps per `tf.function` call on one replica, then
-times 1, 8, 32 and 64 where the training loop allows (`Trainer.choose_execution`); loops that
-time nothing (multi-worker, parameter server) keep 8."""
+times 32 and 64 where the training loop allows (`Trainer.choose_execution`); loops that time
+nothing (multi-worker, parameter server) keep 8."""
 
 
 def hparam(default, help: str = "", choices=None, minimum=None, special=(), metavar=None):
@@ -180,9 +180,10 @@ class RuntimeConfig:
             (`--no-remember-execution`). Defaults to True.
         steps_per_execution: optimizer steps run per `tf.function` call
             (Keras `compile(steps_per_execution=...)`), or `"auto"`: on one
-            replica the fastest of 1, 8, 32 and 64 by timing (at most an epoch,
-            dividing `--backup-every-steps`; remembered with `--execution auto`'s
-            choice), 8 where nothing is timed. With several replicas
+            replica 8, or 32 or 64 where timing finds them more than 5% faster
+            (at most an epoch, dividing `--backup-every-steps`; 1 when 8 does
+            not fit; remembered with `--execution auto`'s choice), 8 where
+            nothing is timed. With several replicas
             1 runs whatever is asked (Keras 3, keras-team/keras#19246). Keras's
             batch callbacks fire once per execution. Defaults to 1 (Keras's
             default, so a user's batch callbacks fire every step).

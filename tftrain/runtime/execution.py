@@ -383,12 +383,10 @@ def _first_line(error: BaseException) -> str:
 
 
 def _search_steps_per_execution(trials: _Trials, mode: str, counts: Sequence[int]) -> None:
-    """Times `mode` at the other counts in `counts`: smaller ones first, then larger ones while
-    each beats the best so far (a larger count stops paying once Python's per-call cost is gone)."""
-    base = trials.base_spe
-    for spe in sorted((c for c in counts if c < base), reverse=True):
-        trials.run(mode, spe)
-    for spe in sorted(c for c in counts if c > base):
+    """Times `mode` at the larger counts in `counts`, in order, while each beats the best so far (a
+    larger count stops paying once Python's per-call cost is gone). Smaller counts are not timed:
+    fewer steps per call only add that cost, so they serve where a larger count does not fit."""
+    for spe in sorted(c for c in counts if c > trials.base_spe):
         before = trials.best()
         trials.run(mode, spe)
         if trials.best() == before:
@@ -410,8 +408,8 @@ def choose_execution(
     Each candidate mode is timed at the model's own `steps_per_execution`: its train
     function is rebuilt in that mode, `warmup_executions` executions trace and compile
     it, then `steps` optimizer steps are timed (`time_training_steps`). With
-    `steps_per_execution` counts, the faster mode is then timed at the other counts
-    (smaller ones, then larger ones while they keep winning). Another candidate replaces
+    `steps_per_execution` counts, the faster mode is then timed at the larger counts
+    while they keep winning. Another candidate replaces
     the first (the first mode at the model's own count) only when more than 5% faster:
     smaller differences are timing noise. A candidate more than
     1.3x slower than the best so far is given up after two timed executions. A
@@ -435,8 +433,8 @@ def choose_execution(
         min_timed_executions: executions timed per candidate at least (see
             `time_training_steps`). Defaults to 3.
         steps_per_execution: other optimizer-step counts per `tf.function` call
-            to try for the faster mode, each >= 1. Defaults to () (keep the
-            model's own).
+            to try for the faster mode, each >= 1; only those above the model's
+            own are timed. Defaults to () (keep the model's own).
 
     Returns:
         An `ExecutionChoice`; `model.jit_compile` and `model.steps_per_execution`

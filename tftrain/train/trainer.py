@@ -44,7 +44,8 @@ AUTO_PROBE_STEPS = 16
 """Optimizer steps timed per candidate by `--execution auto` (after the compiling warm-up)."""
 
 STEPS_PER_EXECUTION_CANDIDATES = (1, 8, 32, 64)
-"""Counts `--steps-per-execution auto` times on one replica (starting at 8, the compiled count)."""
+"""Counts `--steps-per-execution auto` may take on one replica: it compiles with the largest that fits
+up to 8, then times the larger ones (`tftrain.runtime.choose_execution`)."""
 
 INPUT_CHECK_BATCHES = 50
 """Batches the ThroughputMonitor's input check reads from the training pipeline alone."""
