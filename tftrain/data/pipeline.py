@@ -206,9 +206,11 @@ def build_dataset(
         num_examples = num_examples_of(*source)
         features, labels = (tf.nest.map_structure(tf.constant, part) for part in source)
         ds = tf.data.Dataset.range(num_examples)  # example indices; see the module docstring
-        if config.shuffle_buffer is None or config.shuffle_buffer >= num_examples:  # a whole permutation an epoch
-            batches = index_batches(num_examples, batch_size, shuffle=training, seed=seed, input_context=input_context,
-                                    drop_remainder=training if drop_remainder is None else drop_remainder)
+        if not config.shuffle_buffer or config.shuffle_buffer >= num_examples:  # 0: a whole permutation an epoch
+            per_pipeline = input_context.get_per_replica_batch_size(batch_size) if input_context else batch_size
+            batches = index_batches(num_examples, per_pipeline, shuffle=training, seed=seed,
+                                    drop_remainder=training if drop_remainder is None else drop_remainder,
+                                    input_context=input_context)
             return _gathered(batches, features, labels, preprocess, config, input_context, seed, training)
 
     if input_context is not None:

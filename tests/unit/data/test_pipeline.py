@@ -144,3 +144,19 @@ def test_index_batches_permute_every_index_once_an_epoch_and_reshuffle():
     np.testing.assert_array_equal(np.concatenate(again), np.concatenate(first))  # the seed fixes the order
     kept = [b.numpy().tolist() for b in index_batches(10, 4, shuffle=False, drop_remainder=False)]
     assert kept == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_arrays_take_index_batches_by_default_and_shuffle_single_indices_with_a_small_buffer():
+    import numpy as np
+
+    from tftrain.config import DataConfig
+    from tftrain.data.pipeline import build_dataset, index_batches
+
+    x = np.arange(40, dtype="float32")[:, None]
+    y = np.arange(40, dtype="int64")
+    default = np.concatenate([b[1].numpy() for b in build_dataset((x, y), 8, training=True, seed=3)])
+    expected = np.concatenate([b.numpy() for b in index_batches(40, 8, shuffle=True, seed=3)])
+    np.testing.assert_array_equal(default, expected)  # shuffle_buffer 0 (the whole set): one permutation an epoch
+    small = build_dataset((x, y), 8, training=True, seed=3, config=DataConfig(shuffle_buffer=4))
+    order = np.concatenate([b[1].numpy() for b in small])
+    assert sorted(order.tolist()) == list(range(40)) and not np.array_equal(order, expected)
