@@ -527,7 +527,8 @@ class Trainer:
             return
         if counts:  # start from the rule's count, or the largest allowed below it (1 always is)
             model.steps_per_execution = max(c for c in counts if c <= model.steps_per_execution)
-        probe = self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES)
+        # Cached: the candidates are timed on the model's step, not on the input pipeline refilling.
+        probe = self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES).cache()
         try:
             choice = self._remembered_or_timed(model, probe, modes, counts)
         except Exception as error:  # noqa: BLE001 (an explicit --execution xla that XLA cannot compile)
