@@ -77,6 +77,6 @@ class JobFailed(TftrainError, RuntimeError):
 
 
 class XlaCompileError(TftrainError, RuntimeError):
-    """XLA could not compile or run the training step (`--execution xla`, or an XLA choice
+    """XLA could not compile or run a step of the model (`--execution xla`, or an XLA choice
     that fails now): a run that failed (exit code 1). The message has XLA's own reason and
     the fix (`--execution graph`)."""

@@ -534,7 +534,8 @@ def _settle(model, trials: _Trials, base_spe: int) -> ExecutionChoice:
         runner_up = min(others, key=lambda label: trials.timings[label].step_time_s)
         ratio = trials.timings[runner_up].step_time_s / trials.timings[best].step_time_s
         than = runner_up if len(others) == 1 else f"the next best, {runner_up}"
-        reason = f"{ratio:.2f}x faster than {than}{skipped}"
+        reason = (f"{ratio:.2f}x faster than {than}{skipped}" if ratio >= 1 else
+                  f"kept: {runner_up} only {1 / ratio - 1:.0%} faster, within the 5% timing noise{skipped}")
     return ExecutionChoice(mode, dict(trials.timings), reason, steps_per_execution=spe,
                            skipped=tuple(trials.skipped))
 

@@ -60,6 +60,27 @@ AUTO_BATCH_MIN_STEPS = 10
 """`--batch-size auto` tries batches up to train_examples / this, so an epoch keeps this many steps."""
 
 
+PROBE_CACHE_BYTES = 256 * 2**20
+"""`--execution auto` caches its probe batches when they hold at most this many bytes (256 MiB)."""
+
+
+def _cached_if_small(probe):
+    """The probe batches cached in memory when their static shapes say they fit `PROBE_CACHE_BYTES`:
+    the candidates are then timed on the model's step, not on the input pipeline refilling (repeating
+    the first batches of a shuffled pipeline restarts it). Unknown sizes are not cached."""
+    import math
+
+    import tensorflow as tf
+
+    size = 0
+    for spec in tf.nest.flatten(probe.element_spec):
+        dims = spec.shape.as_list() if spec.shape.rank is not None else [None]
+        if None in dims or not spec.dtype.size:
+            return probe
+        size += math.prod(dims) * spec.dtype.size
+    return probe.cache() if size * AUTO_PROBE_BATCHES <= PROBE_CACHE_BYTES else probe
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during training; `run_dir` holds the checkpoint the same command resumes from."""
 
@@ -408,8 +429,10 @@ class Trainer:
 
     # -- build, execution ------------------------------------------------------
     def build_model(self, compile_model: bool = True):
-        """`task.build_model()` inside the strategy's scope (float32 outputs under a mixed
-        policy), compiled by the loop with `task.compile_args(steps_per_epoch)`, whose optimizer
+        """`task.build_model()` inside the strategy's scope: built from the training data when it has
+        no weights yet (`_built`), rebuilt under float32 when `--precision auto` chose mixed_float16 for
+        a `train_step` that does not scale its loss (`_check_step_scaling`), with float32 outputs under
+        a mixed policy; compiled by the loop with `task.compile_args(steps_per_epoch)`, whose optimizer
         accumulates gradients under `--gradient-accumulation-steps` (`tftrain.train.accumulation`)."""
         with self.runtime.strategy.scope():  # the optimizer too: its variables belong to the strategy
             model = self._check_step_scaling(self._built(self.task.build_model()))
@@ -523,12 +546,12 @@ class Trainer:
             return
         if not self.loop.times_execution:
             self.execution = "graph" if rt.execution == "auto" else rt.execution
-            self.console.line(f"execution: auto -> graph ({self.loop.name} does not time graph against XLA)")
+            if rt.execution == "auto":
+                self.console.line(f"execution: auto -> graph ({self.loop.name} does not time graph against XLA)")
             return
         if counts:  # start from the rule's count, or the largest allowed below it (1 always is)
             model.steps_per_execution = max(c for c in counts if c <= model.steps_per_execution)
-        # Cached: the candidates are timed on the model's step, not on the input pipeline refilling.
-        probe = self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES).cache()
+        probe = self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES)
         try:
             choice = self._remembered_or_timed(model, probe, modes, counts)
         except Exception as error:  # noqa: BLE001 (an explicit --execution xla that XLA cannot compile)
@@ -546,8 +569,8 @@ class Trainer:
         import math
 
         if (self.config.runtime.steps_per_execution != "auto" or self.runtime.num_replicas > 1
-                or not self.loop.per_step_hooks):
-            return ()
+                or not self.loop.per_step_hooks or not self.loop.times_execution):
+            return ()  # nothing is timed: the rule's count (AUTO_STEPS_PER_EXECUTION) runs
         acc, batches = self.accumulation_steps, (self.steps_per_epoch or 0) * self.accumulation_steps
         counts = [c for c in STEPS_PER_EXECUTION_CANDIDATES if not batches or c <= batches]
         backup = self.config.train.backup_every_steps
@@ -564,9 +587,9 @@ class Trainer:
         # With several replicas nothing is timed (graph is the only mode): nothing to remember.
         remember = self.config.runtime.remember_execution and self.runtime.num_replicas == 1
         memory = ExecutionMemory() if remember else None
-        # The key names auto, not this run's counts (an epoch's length or the backup interval can rule some
-        # out): a remembered count this run cannot take is timed again.
-        key = execution_key(model, probe, (*modes, *(("steps_per_execution auto",) if counts else ()))) \
+        # The key names the counts this run may take (an epoch's length or the backup interval can rule
+        # some out), so a short run's choice never stands in for a full run's.
+        key = execution_key(model, probe, (*modes, *(f"steps_per_execution {c}" for c in counts))) \
             if remember else None
         choice = memory.get(key) if memory else None
         if choice is not None and counts and choice.steps_per_execution not in counts:
@@ -576,7 +599,8 @@ class Trainer:
             choice = None
         if choice is None:
             spe_counts = tuple(c for c in counts if c != model.steps_per_execution)
-            choice = choose_execution(model, probe, candidates=modes, steps=AUTO_PROBE_STEPS, min_timed_executions=3,
+            choice = choose_execution(model, _cached_if_small(probe), candidates=modes, steps=AUTO_PROBE_STEPS,
+                                      min_timed_executions=3,
                                       steps_per_execution=spe_counts)
             if memory:
                 memory.put(key, choice)
@@ -587,10 +611,12 @@ class Trainer:
         function is kept for `fit`). False, with one line, when Keras or XLA refuses it now."""
         from tftrain.runtime.execution import check_compiles, xla_failure_reason
 
+        compiled_count = model.steps_per_execution
         model.jit_compile = choice.execution == "xla"
         if choice.steps_per_execution:
             model.steps_per_execution = choice.steps_per_execution
         if model.jit_compile != (choice.execution == "xla"):  # Keras refused XLA for this model now
+            model.jit_compile, model.steps_per_execution = False, compiled_count
             return False
         if choice.execution != "xla":
             return True
@@ -599,18 +625,18 @@ class Trainer:
         except Exception as error:  # noqa: BLE001 (XLA refuses what it compiled before: time again)
             reason = xla_failure_reason(error) or f"{type(error).__name__}: {str(error).strip()[:200]}"
             self.console.line(f"execution: the remembered choice xla fails now ({reason}); timing again")
-            model.jit_compile = False
+            model.jit_compile, model.steps_per_execution = False, compiled_count
             return False
         return True
 
     def _raise_if_xla_failed(self, error: Exception) -> None:
         """Raises `XlaCompileError` (XLA's reason and the fix in one line) when XLA, asked for or
-        chosen, could not compile or run the training step."""
+        chosen, could not compile or run a step (training, or validation inside `fit`)."""
         from tftrain.runtime.execution import xla_failure_reason
 
         reason = xla_failure_reason(error) if self.execution == "xla" else None
         if reason:
-            raise XlaCompileError(f"XLA could not compile the training step: {reason}. Try --execution graph.") \
+            raise XlaCompileError(f"XLA could not compile a step of this model: {reason}. Try --execution graph.") \
                 from error
 
     # -- callbacks, train, evaluate, save --------------------------------------

@@ -160,3 +160,19 @@ def test_arrays_take_index_batches_by_default_and_shuffle_single_indices_with_a_
     small = build_dataset((x, y), 8, training=True, seed=3, config=DataConfig(shuffle_buffer=4))
     order = np.concatenate([b[1].numpy() for b in small])
     assert sorted(order.tolist()) == list(range(40)) and not np.array_equal(order, expected)
+
+
+def test_index_batches_under_an_input_context_take_disjoint_shards_of_every_index():
+    import numpy as np
+    import tensorflow as tf
+
+    from tftrain.data.pipeline import index_batches
+
+    shards = []
+    for pipeline_id in (0, 1):
+        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline_id,
+                                             num_replicas_in_sync=2)
+        batches = [b.numpy() for b in index_batches(20, 5, shuffle=True, seed=1, input_context=context)]
+        assert [len(b) for b in batches] == [5, 5]
+        shards.append(set(np.concatenate(batches).tolist()))
+    assert shards[0].isdisjoint(shards[1]) and shards[0] | shards[1] == set(range(20))

@@ -99,8 +99,8 @@ def test_an_explicit_xla_that_cannot_compile_fails_in_one_line_with_the_fix(tmp_
                                       "--run-dir", tmp_path / "run"], cwd=REPO)
     assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("python -m tftrain.run: run failed: XlaCompileError: XLA could not compile the training "
-                           "step: unsupported operations on XLA_CPU_JIT: AsString")
+    assert last.startswith("python -m tftrain.run: run failed: XlaCompileError: XLA could not compile a step of "
+                           "this model: unsupported operations on XLA_CPU_JIT: AsString")
     assert "Try --execution graph" in last
 
 
@@ -182,5 +182,19 @@ def test_steps_per_execution_auto_is_measured_and_divides_the_backup_interval(tm
     assert choice["steps_per_execution"] == 8 == record.runtime["steps_per_execution"]
     assert list(choice["timings"]) == ["graph"]  # 16 batches an epoch: 32 and 64 do not fit, 1 only costs more
     backed = _fit(tmp_path, _unbuilt, "b", steps_per_execution="auto", execution="graph", backup_every_steps=4)
-    assert backed.execution_choice["steps_per_execution"] in (1,) and \
-        backed.extras["backup"]["every_steps"] == 4
+    assert backed.execution_choice["steps_per_execution"] == 1 and backed.extras["backup"]["every_steps"] == 4
+
+
+def test_a_remembered_count_that_fails_now_is_timed_again_from_the_compiled_count(tmp_path, monkeypatch,
+                                                                                   fresh_execution_memory):
+    from tftrain.runtime import execution_memory
+    from tftrain.runtime.execution import ExecutionChoice, StepTiming
+
+    stale = ExecutionChoice("xla", {"xla": StepTiming(1e-3, 8e3, 1e-3, 8, 32, 64, 0.1)}, "timed before",
+                            remembered="2026-01-01T00:00:00", steps_per_execution=32)
+    monkeypatch.setattr(execution_memory.ExecutionMemory, "get", lambda self, key: stale)
+    monkeypatch.setattr(execution_memory.ExecutionMemory, "forget", lambda self, key: None)
+    record = _fit(tmp_path, _string_op_model, "run", execution="auto", steps_per_execution="auto", batch_size=8)
+    timings = record.execution_choice["timings"]
+    assert record.execution == "graph" and "graph" in timings  # timed again from 8, not from the stale 32
+    assert timings["graph"]["steps_per_execution"] == 8
