@@ -435,7 +435,7 @@ def _train_tftrain(spec: ZooModel, x, y, run_dir: Path, device: str, **overrides
 def time_tftrain(spec: ZooModel, x, y, epochs: int, run_dir: Path, device: str) -> dict:
     """Times tftrain's run over `x, y` (`_train_tftrain`); where tftrain remembers `--execution auto`
     choices (`metrics.json`'s `execution_choice` has `remembered`), also the stage of a second, one-epoch
-    run of 64 batches (room for every steps_per_execution it may have chosen), which should find the first run's choice.
+    epoch on the same data (so the same steps_per_execution counts fit), which should find the first run's choice.
 
     Returns:
         `_figures` (with `callbacks_s`: tftrain's own callbacks at epoch begin and end), plus
@@ -450,7 +450,7 @@ def time_tftrain(spec: ZooModel, x, y, epochs: int, run_dir: Path, device: str) 
     second = None
     if "remembered" in choice:
         again, _, again_metrics = _train_tftrain(spec, x, y, run_dir.with_name(run_dir.name + "-again"), device,
-                                                 epochs=1, train_examples=64 * spec.batch_size)
+                                                 epochs=1)
         second = {"probe_s": again.probe_s, "execution": again.execution,
                   "remembered": (again_metrics.get("execution_choice") or {}).get("remembered")}
     return {**_figures(stopwatch, len(x), trainer.lead), "probe_s": trainer.probe_s, "execution": trainer.execution,
@@ -714,7 +714,7 @@ def _notes(specs: list, workers: list, quick: bool) -> list:
         "Probe = wall seconds of the Trainer's choose_execution stage (gross: it includes tracing and compiling "
         "the train function that fit then reuses); its share of a 10-epoch run = probe / (10 x dataset size / "
         "tftrain examples/sec). Where tftrain remembers choices, the benchmark gives it a fresh cache folder "
-        "(TFTRAIN_CACHE_DIR), so the timed run probes, and a second, one-epoch run of 64 batches shows what "
+        "(TFTRAIN_CACHE_DIR), so the timed run probes, and a second, one-epoch run on the same data shows what "
         "a next run of the same model pays (\"next run\"); the goal then also needs that run to reuse the choice.",
         f"A grid point whose first timed epoch takes over {DOMINATED:g}x the fastest epoch of its model so far in "
         "its process stops there (one timed epoch: it cannot be the best).",
