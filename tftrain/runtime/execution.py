@@ -351,8 +351,7 @@ class _Trials:
         except Exception as error:  # noqa: BLE001 (an XLA candidate that cannot compile or run is skipped)
             if mode == "graph":  # graph is what plain Keras runs: its failure is the model's own
                 raise
-            reason = xla_failure_reason(error)
-            self.skipped.append(f"{label}: {reason or _first_line(error)}")
+            self.skipped.append(f"{label}: {failure_line(error)}")
             self.errors.append(error)
             return
         self.functions[label], self.settings[label] = model.train_function, (mode, spe)
@@ -377,7 +376,12 @@ class _Trials:
             self.snapshot[0].restore()
 
 
-def _first_line(error: BaseException) -> str:
+def failure_line(error: BaseException) -> str:
+    """Why a candidate failed, in one line: XLA's own reason (`xla_failure_reason`), else
+    `Type: first line` of the error, at most 300 characters."""
+    reason = xla_failure_reason(error)
+    if reason:
+        return reason
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
 
@@ -535,7 +539,8 @@ def _settle(model, trials: _Trials, base_spe: int) -> ExecutionChoice:
         ratio = trials.timings[runner_up].step_time_s / trials.timings[best].step_time_s
         than = runner_up if len(others) == 1 else f"the next best, {runner_up}"
         reason = (f"{ratio:.2f}x faster than {than}{skipped}" if ratio >= 1 else
-                  f"kept: {runner_up} only {1 / ratio - 1:.0%} faster, within the 5% timing noise{skipped}")
+                  f"kept: {runner_up} only {1 / ratio - 1:.0%} faster, within the "
+                  f"{_Trials.KEEP_FIRST_WITHIN:.0%} timing noise{skipped}")
     return ExecutionChoice(mode, dict(trials.timings), reason, steps_per_execution=spe,
                            skipped=tuple(trials.skipped))
 

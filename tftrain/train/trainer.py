@@ -609,7 +609,7 @@ class Trainer:
     def _still_compiles(self, model, probe, choice) -> bool:
         """Sets `model` up for a remembered choice; an XLA one is compiled and run once (its train
         function is kept for `fit`). False, with one line, when Keras or XLA refuses it now."""
-        from tftrain.runtime.execution import check_compiles, xla_failure_reason
+        from tftrain.runtime.execution import check_compiles, failure_line
 
         compiled_count = model.steps_per_execution
         model.jit_compile = choice.execution == "xla"
@@ -623,8 +623,7 @@ class Trainer:
         try:
             check_compiles(model, probe)
         except Exception as error:  # noqa: BLE001 (XLA refuses what it compiled before: time again)
-            reason = xla_failure_reason(error) or f"{type(error).__name__}: {str(error).strip()[:200]}"
-            self.console.line(f"execution: the remembered choice xla fails now ({reason}); timing again")
+            self.console.line(f"execution: the remembered choice xla fails now ({failure_line(error)}); timing again")
             model.jit_compile, model.steps_per_execution = False, compiled_count
             return False
         return True
