@@ -237,10 +237,9 @@ def _started_tensorflow_fix(task) -> str:
     metric = next(_metric_instances(getattr(task, "metrics", None)), None)
     if metric is None:
         return "build Keras objects and tensors inside build_model or compile_args, not at module level."
-    keras = sys.modules["keras"]  # a metric instance exists, so Keras is imported
-    cls = type(metric)
-    name = f"keras.metrics.{cls.__name__}" if getattr(keras.metrics, cls.__name__, None) is cls else cls.__name__
-    return f"build metrics inside compile_args, or pass the class (metrics=[{name}])."
+    from tftrain.train.task import metric_class_name
+
+    return f"build metrics inside compile_args, or pass the class (metrics=[{metric_class_name(type(metric))}])."
 
 
 def _metric_instances(metrics):

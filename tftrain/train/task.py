@@ -286,8 +286,9 @@ def _is_metric_factory(fn) -> bool:
     return params is not None and not _required(params) and all(p.kind != p.VAR_POSITIONAL for p in params)
 
 
-def _metric_class_name(cls) -> str:
-    """`keras.metrics.AUC` for a Keras metric class, else the class's own name."""
+def metric_class_name(cls) -> str:
+    """How a user writes a metric class: `keras.metrics.AUC` for a Keras metric class, else the
+    class's own name (e.g. `MyMetric`)."""
     import keras
 
     return f"keras.metrics.{cls.__name__}" if getattr(keras.metrics, cls.__name__, None) is cls else cls.__name__
@@ -317,7 +318,7 @@ def check_metrics(metrics) -> None:
         for item in metrics:
             check_metrics(item)
     elif _is_metric_class(metrics) and _required(_parameters(metrics) or []):
-        name, needed = _metric_class_name(metrics), _required(_parameters(metrics))
+        name, needed = metric_class_name(metrics), _required(_parameters(metrics))
         raise ConfigError(f"Metric class {name} cannot be built without arguments ({', '.join(needed)}). Pass "
                           f"functools.partial({name}, {', '.join(f'{n}=...' for n in needed)}) instead.")
 

@@ -560,8 +560,8 @@ class Trainer:
         self.execution, self.execution_choice = choice.execution, choice
         self.console.line(f"execution: auto -> {choice.describe()}")
         if model.steps_per_execution > 1 and counts:
-            self.console.line(f"           Keras batch callbacks fire once per execution of {model.steps_per_execution} "
-                              "steps (--steps-per-execution 1 for every step)")
+            self.console.line(f"           Keras batch callbacks fire once per execution of "
+                              f"{model.steps_per_execution} steps (--steps-per-execution 1 for every step)")
 
     def _steps_per_execution_candidates(self) -> tuple:
         """Counts `--steps-per-execution auto` may time: one replica and per-step hooks only, at most
