@@ -35,7 +35,7 @@ GPU_SUITE = ("time_to_accuracy", "roofline", "execution", "input_pipeline", "pre
 
 EXPECTED_MINUTES = {
     # Full sizes on a quiet 2-core CPU, and on one GPU machine; --quick: seconds each.
-    "cpu": {"recipe_defaults": 7, "flagship": 3, "time_to_accuracy": 9, "roofline": 2.5, "execution": 2.5, "zoo": 16, "input_pipeline": 3,
+    "cpu": {"recipe_defaults": 7, "flagship": 3, "time_to_accuracy": 9, "roofline": 2.5, "execution": 2.5, "zoo": 60, "input_pipeline": 3,
             "image_folder_input": 2, "threads": 3, "precision": 2.5},
     "gpu": {"time_to_accuracy": 4, "roofline": 1.5, "execution": 1.5, "input_pipeline": 1, "precision": 1,
             "mirrored": 0.5},
@@ -130,10 +130,12 @@ def _headline(summaries: dict) -> list:
                      f"{accuracy['tftrain']:.2%} vs {accuracy['keras']:.2%}", "same or better",
                      "yes" if accuracy["tftrain"] >= accuracy["keras"] else "no"])
     zoo = summaries.get("zoo", {})
-    goals = (("grid_best", "tftrain ≥ 95% of the grid's best examples/sec"), ("plain_keras", "tftrain ≥ plain Keras"),
+    goals = (("oracle", "tftrain ≥ 95% of the oracle's best examples/sec (medians)"),
+             ("plain_keras", "tftrain ≥ plain Keras examples/sec (medians)"),
+             ("plain_keras_10_epochs", "tftrain's 10-epoch run no slower than plain Keras's (projected)"),
              ("probe", "tftrain's probe ≤ 3% of a 10-epoch run")) if "model_count" in zoo else ()
     for key, figure in goals:
-        met, count = zoo[f"models_meeting_{key}"], zoo["model_count"]
+        met, count = zoo[f"models_meets_{key}"], zoo["model_count"]
         rows.append([f"zoo: models where {figure}", f"{met} of {count}", "all", "yes" if met == count else "no"])
     return rows
 

@@ -170,16 +170,21 @@ def test_zoo_records_every_contender(quick_suite):
     data, models = result["data"], result["summary"]["models"]
     assert len(models) >= 2 and set(models) == set(data["keras"]) == set(data["tftrain"])
     for name, summary in models.items():
-        keras, tftrain = data["keras"][name], data["tftrain"][name]
+        [keras], [tftrain] = data["keras"][name], data["tftrain"][name]  # --quick: one round
         assert "error" not in keras and "error" not in tftrain, (name, keras, tftrain)
         assert keras["examples_per_sec"] > 0 and keras["trained_steps_per_execution"] == 1  # Keras's default
+        assert keras["wall_s"] > sum(keras["epochs_s"]) > 0
         points = [p for p in data["points"] if p["model"] == name]
         assert len(points) >= 2 and all(p["examples_per_sec"] > 0 for p in points), points
-        for p in points:  # each point trained with the settings it is filed under
+        for p in points:  # each oracle point trained with the settings it is filed under
             trained = (p["trained_jit_compile"], p["trained_steps_per_execution"])
             assert trained == (p["execution"] == "xla", p["steps_per_execution"]), p
-        assert summary["grid_best"]["examples_per_sec"] == max(p["examples_per_sec"] for p in points)
-        assert tftrain["examples_per_sec"] > 0 and tftrain["probe_s"] > 0
+        # One round: the oracle's best median is the best point; tftrain's median is its one figure.
+        assert summary["oracle_best"]["examples_per_sec"] == max(p["examples_per_sec"] for p in points)
+        assert summary["tftrain"]["examples_per_sec"] == tftrain["examples_per_sec"] > 0
+        assert summary["tftrain_vs_keras"] == pytest.approx(tftrain["examples_per_sec"] / keras["examples_per_sec"])
+        assert summary["keras"]["ten_epochs_s"] > 0 and summary["tftrain"]["ten_epochs_s"] > 0
+        assert tftrain["probe_s"] > 0
         # The Trainer's choice is what metrics.json records and what the model trained in.
         assert tftrain["execution"] in ("graph", "xla")
         assert tftrain["execution"] == tftrain["metrics_execution"] == tftrain["metrics_choice"]
