@@ -77,13 +77,16 @@ def add_flags(parser) -> None:
 
 # --- Timing one contender -------------------------------------------------------------
 
-def _stopwatch(stop_slower_than: float = math.inf):
+def _stopwatch(stop_slower_than: float = math.inf, batches: int = 0):
     """A Keras callback stamping each epoch's begin and end (`begins`, `ends`: `time.perf_counter()`),
     and the compile settings the model trained with (`settings`).
 
     Args:
-        stop_slower_than: seconds; training stops after the first timed epoch (the second) when it
-            took longer. Defaults to infinity (never).
+        stop_slower_than: seconds; training stops when an epoch is bound to take longer: after the first
+            timed epoch (the second) when it did, or during the first epoch once, after tracing and
+            compiling, its executions' pace projects an epoch of `batches` batches slower than that
+            (`early_rate` then holds that pace, batches/sec). Defaults to infinity (never).
+        batches: batches per epoch (for the projection). Defaults to 0 (no projection).
     """
     import keras
 
@@ -91,9 +94,23 @@ def _stopwatch(stop_slower_than: float = math.inf):
         def __init__(self):
             super().__init__()
             self.begins, self.ends, self.settings = [], [], {}
+            self.early_rate = self._first = None
+            self.batches = batches
 
         def on_epoch_begin(self, epoch, logs=None):
             self.begins.append(time.perf_counter())
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.ends or not batches or not math.isfinite(stop_slower_than):
+                return
+            now = time.perf_counter()
+            if self._first is None:  # the first execution traced and compiled: the pace starts here
+                self._first = (batch, now)
+                return
+            done, seconds = batch - self._first[0], now - self._first[1]
+            if done >= 2 * max(1, int(self.model.steps_per_execution)) and seconds / done * batches > stop_slower_than:
+                self.early_rate = done / seconds
+                self.model.stop_training = True
 
         def on_epoch_end(self, epoch, logs=None):
             self.ends.append(time.perf_counter())
@@ -120,12 +137,15 @@ def _figures(stopwatch, examples: int, wall_s: float, lead=None) -> dict:
 
     Returns:
         `{"examples_per_sec", "epochs_s", "wall_s", "trained_jit_compile", "trained_steps_per_execution"}`
-        (the last two: the model's settings at the end of `fit`), and `callbacks_s` with a lead.
+        (the last two: the model's settings at the end of `fit`), `callbacks_s` with a lead, and
+        `stopped_early` when the stopwatch stopped the first epoch (examples/sec is then its pace).
     """
     begins = (lead or stopwatch).begins
     seconds = [end - begin for begin, end in zip(begins, stopwatch.ends)]
     out = {"examples_per_sec": common.rate(examples, min(seconds[1:])) if seconds[1:] else math.nan,
            "epochs_s": seconds, "wall_s": wall_s, **stopwatch.settings}
+    if stopwatch.early_rate is not None:  # stopped in its first epoch: dominated, its pace stands in
+        out.update(examples_per_sec=stopwatch.early_rate * examples / max(1, stopwatch.batches), stopped_early=True)
     if lead is not None:
         steps = [end - begin for begin, end in zip(stopwatch.begins, lead.ends)]
         out["callbacks_s"] = [whole - inner for whole, inner in zip(seconds, steps)]
@@ -184,7 +204,7 @@ def train(spec: ZooModel, x, y, run_dir: Path, device: str, stop_slower_than: fl
     _reset()
     task = tftrain.ArrayTask(spec.build, x, y, loss=spec.loss, optimizer="adam", metrics=[spec.metric],
                              name=f"zoo-{spec.name}")
-    stopwatch = _stopwatch(stop_slower_than)
+    stopwatch = _stopwatch(stop_slower_than, len(x) // spec.batch_size)
     trainer = _timed_trainer()(task, precision="float32", batch_size=spec.batch_size, verbose=0,
                                run_dir=str(run_dir), device=device, callbacks=[stopwatch], **settings)
     trainer.lead = _stopwatch()
