@@ -47,6 +47,9 @@ MULTI_PROCESS_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 
 DEVICES = ("auto", "cpu", "gpu")
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+THREAD_MODES = ("auto", "default")
+"""`RuntimeConfig.threads`: the doctor's measured counts when there are some, or TensorFlow's defaults."""
+
 EXECUTIONS = ("auto", "eager", "graph", "xla")
 COMMUNICATIONS = ("auto", "ring", "nccl")
 TUNERS = ("random", "hyperband", "bayesian")
@@ -191,6 +194,12 @@ class RuntimeConfig:
             (one per core). Defaults to 0.
         inter_op_threads: ops run concurrently; 0 keeps TensorFlow's default.
             Defaults to 0.
+        threads: what thread counts left at 0 mean: `"auto"` applies the
+            counts `python -m tftrain.doctor` measured on this machine (child
+            processes timing reference models; remembered with the execution
+            choices, `tftrain.runtime.thread_choice`), TensorFlow's defaults
+            when it never measured or with `remember_execution=False`;
+            `"default"` always keeps TensorFlow's defaults. Defaults to `"auto"`.
         cpu_replicas: number of logical devices to split the CPU into, so
             `mirrored` can run N replicas without GPUs. Defaults to 1.
         communication: collective implementation for `multi_worker_mirrored`:
@@ -222,6 +231,8 @@ class RuntimeConfig:
                                       special=("auto",))
     intra_op_threads: int = _field(0, "threads per op (0 = TensorFlow default)", minimum=0)
     inter_op_threads: int = _field(0, "concurrent ops (0 = TensorFlow default)", minimum=0)
+    threads: str = _field("auto", "thread counts left at 0: auto = the doctor's measurement for this machine, "
+                                  "if any; default = TensorFlow's", THREAD_MODES)
     cpu_replicas: int = _field(1, "split the CPU into N logical devices (replicas)", minimum=1)
     communication: str = _field("auto", "multi-worker all-reduce implementation", COMMUNICATIONS)
     ps_tasks: int = _field(1, "ps tasks of a parameter_server job under SLURM", minimum=1)

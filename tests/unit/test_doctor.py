@@ -43,6 +43,10 @@ def test_json_has_every_section_and_positive_measured_figures(quick_report):
     ring = measured["loopback_allreduce"]
     assert ring["workers"] == 2 and ring["bytes_per_s"] > 0 and ring["rows"][0]["median_s"] > 0
     assert r["cpu"]["usable_cores"] >= 1 and r["cpu"]["memory_bytes"] > 0
+    threads = measured["threads"]  # one child process per candidate, TensorFlow's defaults among them
+    assert set(threads["rates"]) >= {"0,0"} and threads["failed"] == {}
+    assert all(rate > 0 for figures in threads["rates"].values() for rate in figures.values())
+    assert threads["remembered"] is False  # --quick figures are never remembered
 
 
 def test_tasks_carry_tftrain_flops_and_predictions_from_the_measured_peak(quick_report):
@@ -263,6 +267,20 @@ def test_threads_follow_physical_cores_quota_and_sockets():
     assert quota["threads"]["flags"] == "--intra-op-threads 2"
     plain, _ = _topics(_report())
     assert plain["threads"]["flags"] == ""
+
+
+def test_measured_threads_replace_the_rule():
+    report = _report(logical=16, physical=8, usable=16)
+    rates = {"0,0": {"mlp": 100.0, "cnn": 50.0}, "16,1": {"mlp": 130.0, "cnn": 60.0}}
+    report["cpu"]["measured"]["threads"] = {"intra_op": 16, "inter_op": 1, "speedup": 1.25, "rates": rates,
+                                            "remembered": True}
+    measured, _ = _topics(report)
+    assert "1.25x" in measured["threads"]["say"] and "Remembered" in measured["threads"]["say"]
+    assert measured["threads"]["flags"] == ""  # applied by --threads auto: nothing to pass
+    assert "16,1: mlp 130, cnn 60" in measured["threads"]["why"]
+    report["cpu"]["measured"]["threads"].update(intra_op=0, inter_op=0, speedup=1.0)
+    kept, _ = _topics(report)
+    assert "Keep TensorFlow's thread defaults" in kept["threads"]["say"]
 
 
 def test_multi_worker_cost_comes_from_the_measured_ring():

@@ -29,6 +29,10 @@ BUSY_LOAD = 0.5
 """Load average per usable core before measuring above which the CPU figures are flagged as low."""
 
 
+KEEP_DEFAULTS_PERCENT = 5
+"""`tftrain.runtime.thread_choice.KEEP_DEFAULTS_WITHIN`, in percent (the doctor's advice imports no TensorFlow)."""
+
+
 def _item(topic: str, say: str, why: str, source: str, **extra) -> dict:
     return {"topic": topic, "say": say, "why": why, "source": source, **extra}
 
@@ -173,6 +177,27 @@ def _gpu_precision(report: dict) -> dict:
 
 
 def advise_threads(report: dict) -> dict:
+    """The measured thread counts (`cpu.measured.threads`) when the doctor timed them, else the rule
+    `_threads_by_rule`."""
+    measured = (report["cpu"].get("measured") or {}).get("threads")
+    if not measured:
+        return _threads_by_rule(report)
+    intra, inter, speedup = measured["intra_op"], measured["inter_op"], measured["speedup"]
+    rates = "; ".join(f"{setting}: " + ", ".join(f"{m} {r:,.0f}" for m, r in figures.items())
+                      for setting, figures in measured["rates"].items())
+    why = (f"Timed in child processes (intra,inter: reference models' examples/sec; 0 = TensorFlow's default): "
+           f"{rates}.")
+    if (intra, inter) == (0, 0):
+        return _item("threads", "Keep TensorFlow's thread defaults: no other setting measured more than "
+                     f"{KEEP_DEFAULTS_PERCENT}% faster.", why, TF_THREADING, flags="")
+    kept = (" Remembered: runs on this machine apply it (--threads auto, the default)." if measured["remembered"]
+            else " Not remembered (--quick figures are rough).")
+    return _item("threads", f"Use --intra-op-threads {intra} --inter-op-threads {inter}: {speedup:.2f}x TensorFlow's "
+                 f"defaults.{kept}", why, TF_THREADING,
+                 flags="" if measured["remembered"] else f"--intra-op-threads {intra} --inter-op-threads {inter}")
+
+
+def _threads_by_rule(report: dict) -> dict:
     """Intra-op threads = physical cores usable (and no more than the CPU quota); inter-op = sockets."""
     cpu = report["cpu"]
     usable, logical = cpu["usable_cores"], cpu["logical_cores"]

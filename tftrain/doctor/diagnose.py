@@ -43,13 +43,14 @@ class Sizes:
     gpu_matmul: tuple = (4096, 8192)
     gpu_copy_bytes: int = 256 << 20
     gpu_allreduce_bytes: int = 64 << 20
+    thread_batches: int = 32
 
 
 FULL = Sizes()
 QUICK = Sizes(cpu_matmul=(256,), cpu_float16_matmul=(256,), repeats=2, min_seconds=0.0, rounds=1,
               memory_bytes=32 << 20, disk_bytes=16 << 20, disk_repeats=1, allreduce_sizes=(2_678_824,),
               allreduce_iterations=3, allreduce_warmup=2, allreduce_timeout_s=45.0, gpu_matmul=(1024,),
-              gpu_copy_bytes=16 << 20, gpu_allreduce_bytes=4 << 20)
+              gpu_copy_bytes=16 << 20, gpu_allreduce_bytes=4 << 20, thread_batches=8)
 
 _LONG_ENOUGH_S = 0.05
 """A CPU matmul at the largest size faster than this is too short to reach the peak: double n once."""
@@ -137,7 +138,21 @@ def measure_cpu(cpu: dict, data_path: Path, sizes: Sizes, errors: list, say: Cal
     say(f"disk read of {shown_path(data_path)}")
     disk = _attempt(errors, "Disk read", measure.disk_read, data_path, sizes.disk_bytes, sizes.disk_repeats)
     out["disk_read"] = {"path": shown_path(data_path), **disk} if disk else None
+    say("thread counts (one child process per candidate)")
+    out["threads"] = _attempt(errors, "Thread counts", measure_threads, sizes is not QUICK, sizes.thread_batches)
     return out
+
+
+def measure_threads(keep: bool, batches: int) -> dict:
+    """Times the thread-count candidates in child processes (`tftrain.runtime.thread_choice`) and, when `keep`,
+    remembers the choice for this machine's runs (`--threads auto`); `--quick` figures are too rough to keep.
+    Returns the `ThreadChoice` as a dict, with `remembered`."""
+    from tftrain.runtime import thread_choice
+
+    choice = thread_choice.measure_threads(batches=batches)
+    if keep:
+        choice = thread_choice.remember(choice)
+    return {**dataclasses.asdict(choice), "remembered": keep}
 
 
 def measure_gpus(gpus: list, sizes: Sizes, errors: list, say: Callable) -> Optional[dict]:

@@ -114,6 +114,22 @@ class Runtime:
         return lines
 
 
+def _threads(config: RuntimeConfig) -> ThreadSettings:
+    """Sets the thread counts: the config's, else (`threads="auto"`) the doctor's remembered measurement
+    for this machine (`tftrain.runtime.thread_choice`), else TensorFlow's defaults."""
+    intra, inter, source = config.intra_op_threads, config.inter_op_threads, ""
+    if (intra, inter) == (0, 0) and config.threads == "auto" and config.remember_execution:
+        from tftrain.runtime.thread_choice import remembered
+
+        measured = remembered()
+        if measured is not None and (measured.intra_op, measured.inter_op) != (0, 0):
+            intra, inter = measured.intra_op, measured.inter_op
+            source = (f"measured by python -m tftrain.doctor on {measured.measured_at}: "
+                      f"{measured.speedup:.2f}x TensorFlow's defaults")
+    settings = set_threads(intra, inter)
+    return dataclasses.replace(settings, source=source) if settings.applied else settings
+
+
 def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[ClusterInfo] = None) -> Runtime:
     """Configures threads, devices, precision, the strategy and the malloc thresholds, in that order.
 
@@ -143,7 +159,7 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[C
     if multi_process and cluster is None:
         cluster = resolve_cluster(config.strategy, env=env, ps_tasks=config.ps_tasks)
     nvtx_env_set = enable_nvtx_ranges() if config.nvtx else False  # before any op: read when TF first runs one
-    threads = set_threads(config.intra_op_threads, config.inter_op_threads)
+    threads = _threads(config)
     # Nothing so far starts TensorFlow's runtime, so MultiWorkerMirroredStrategy can still
     # configure collective ops as it starts it.
     devices = configure_devices(config.device, config.cpu_replicas)

@@ -224,9 +224,18 @@ class ExecutionMemory:
         Returns:
             `choice`, whether or not it could be written.
         """
-        if not key:
-            return choice
-        entry = {**choice.to_dict(), "saved_at": datetime.datetime.now().isoformat(timespec="seconds")}
+        if key:
+            self.put_entry(key, {**choice.to_dict(), "saved_at": datetime.datetime.now().isoformat(timespec="seconds")})
+        return choice
+
+    def get_entry(self, key: str) -> Optional[dict]:
+        """The raw entry (plain data) under `key`, or None; for other remembered measurements, e.g.
+        `tftrain.runtime.thread_choice`'s."""
+        entry = self._entries().get(key)
+        return entry if isinstance(entry, dict) else None
+
+    def put_entry(self, key: str, entry: dict) -> None:
+        """Writes the raw `entry` (JSON-ready) under `key`, keeping the newest `MAX_ENTRIES` (locked, as `put`)."""
 
         def add(entries: dict) -> dict:
             entries.pop(key, None)
@@ -234,7 +243,6 @@ class ExecutionMemory:
             return dict(list(entries.items())[-MAX_ENTRIES:])
 
         self._update(add)
-        return choice
 
     def forget(self, key: Optional[str]) -> None:
         """Removes the choice remembered under `key`, so that the next run times it again.

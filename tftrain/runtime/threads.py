@@ -41,17 +41,22 @@ class ThreadSettings:
         applied: False when the requested values could not be applied because
             TensorFlow had already initialised.
         cores: cores available to this process.
+        source: where the counts come from, e.g. `"measured by python -m
+            tftrain.doctor: 1.12x TensorFlow's defaults"`; "" when set by
+            the caller or left at the defaults. Defaults to "".
     """
 
     intra_op: int
     inter_op: int
     applied: bool
     cores: int
+    source: str = ""
 
     def describe(self) -> str:
-        """One line, e.g. `intra-op 2, inter-op default (2 cores)`."""
+        """One line, e.g. `intra-op 2, inter-op default (2 cores)`, then the source when there is one."""
         name = lambda n: "default" if n == 0 else str(n)  # noqa: E731
-        return f"intra-op {name(self.intra_op)}, inter-op {name(self.inter_op)} ({self.cores} cores)"
+        return (f"intra-op {name(self.intra_op)}, inter-op {name(self.inter_op)} ({self.cores} cores)"
+                + (f"; {self.source}" if self.source else ""))
 
 
 def current_threads(applied: bool = True) -> ThreadSettings:
