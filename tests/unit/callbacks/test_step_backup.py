@@ -87,3 +87,21 @@ def test_early_stopping_state_round_trips_through_its_directory(tmp_path):
     assert (again.best, again.best_epoch, again.wait) == (0.5, 1, 1)
     for loaded, saved in zip(again.best_weights, best):
         np.testing.assert_array_equal(loaded, saved)
+
+
+def test_the_previous_checkpoint_is_kept_whole_beside_the_latest(tmp_path):
+    import keras
+
+    with pytest.raises(KeyboardInterrupt):
+        _fit(tmp_path, 1, False, kill_after=13)  # saves at steps 4, 8, 10 (epoch end), 14 > 13: killed after 13
+    latest = json.loads((tmp_path / "training_metadata.json").read_text())
+    previous = json.loads((tmp_path / "training_metadata.json.bkp").read_text())
+    assert (latest["optimizer_iterations"], previous["optimizer_iterations"]) == (10, 8)
+    weights, kept = tmp_path / "latest.weights.h5", tmp_path / "latest.weights.h5.bkp"
+    assert weights.stat().st_ino != kept.stat().st_ino  # the new save replaced the file the previous one links
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    copy = tmp_path / "previous.weights.h5"  # Keras reads weights by their file name's ending
+    copy.write_bytes(kept.read_bytes())
+    model.load_weights(copy)  # a whole checkpoint, not a half-written one
+    assert int(model.optimizer.iterations) == 8
