@@ -542,6 +542,11 @@ class Trainer:
         rt = self.config.runtime
         modes = AUTO_CANDIDATES if rt.execution == "auto" else (rt.execution,)
         counts = self._steps_per_execution_candidates()
+        if rt.execution == "xla":  # before training, not after it: the test step compiles under XLA too
+            reason = self._test_step_failure(model)
+            if reason:
+                raise XlaCompileError(f"XLA could not compile the test step of this model: {reason}. "
+                                      "Try --execution graph.")
         if rt.execution == "eager" or (len(modes) == 1 and not counts):
             return
         if not self.loop.times_execution:
@@ -602,9 +607,43 @@ class Trainer:
             choice = choose_execution(model, _cached_if_small(probe), candidates=modes, steps=AUTO_PROBE_STEPS,
                                       min_timed_executions=3,
                                       steps_per_execution=spe_counts)
+            choice = self._with_test_step(model, choice)
             if memory:
                 memory.put(key, choice)
         return choice
+
+    def _test_step_failure(self, model) -> Optional[str]:
+        """XLA's reason when `model`'s test step (validation inside `fit`, the test evaluation) fails in
+        its current mode on one validation (else test) batch; None when it runs or there is no such data.
+        The compiled test function stays on the model for `fit` and `evaluate`."""
+        from tftrain.runtime.execution import xla_failure_reason
+
+        if not model.jit_compile:
+            return None
+        gb = self.batch.global_batch_size
+        data = (self.task.validation_data(gb) if self.loop.validates else None) or self.task.test_data(gb)
+        if data is None or not hasattr(data, "take"):
+            return None
+        try:
+            model.evaluate(data.take(1), verbose=0)
+        except Exception as error:  # noqa: BLE001 (XLA's refusal; any other error is the model's own)
+            reason = xla_failure_reason(error)
+            if reason is None:
+                raise
+            return reason
+        return None
+
+    def _with_test_step(self, model, choice):
+        """`choice`, or graph at its steps per execution when XLA, chosen for the training step, cannot
+        compile the test step (Keras's `jit_compile` covers both): one line says why."""
+        reason = self._test_step_failure(model) if choice.execution == "xla" else None
+        if not reason:
+            return choice
+        model.jit_compile = False
+        model.train_function = model.test_function = model.predict_function = None  # rebuilt in graph by fit
+        self.console.line(f"execution: xla compiles the training step but not the test step ({reason}); graph")
+        return dataclasses.replace(choice, execution="graph", reason=f"xla cannot compile the test step: {reason}",
+                                   skipped=(*choice.skipped, f"xla test step: {reason}"))
 
     def _still_compiles(self, model, probe, choice) -> bool:
         """Sets `model` up for a remembered choice; an XLA one is compiled and run once (its train

@@ -198,3 +198,42 @@ def test_a_remembered_count_that_fails_now_is_timed_again_from_the_compiled_coun
     timings = record.execution_choice["timings"]
     assert record.execution == "graph" and "graph" in timings  # timed again from 8, not from the stale 32
     assert timings["graph"]["steps_per_execution"] == 8
+
+
+def _string_test_step_model():
+    """A training step XLA compiles and a test step it cannot (a `tf.strings` op feeds the targets)."""
+    import keras
+    import tensorflow as tf
+
+    class StringTestStep(keras.Model):
+        def test_step(self, data):
+            x, y = data
+            digits = tf.cast(tf.strings.length(tf.strings.as_string(x[:, :1])), y.dtype)
+            return super().test_step((x, y + 0.0 * digits))
+
+    inputs = keras.Input((4,))
+    return StringTestStep(inputs, keras.layers.Dense(1)(inputs))
+
+
+def test_xla_chosen_for_a_training_step_whose_test_step_it_cannot_compile_gives_way_to_graph(
+        tmp_path, monkeypatch, fresh_execution_memory):
+    from tftrain.runtime import execution
+    from tftrain.runtime.execution import ExecutionChoice, StepTiming
+
+    def xla_wins(model, dataset, **kwargs):  # as a timing that found XLA faster would leave the model
+        model.jit_compile = True
+        return ExecutionChoice("xla", {"xla": StepTiming(1e-3, 3.2e4, 1e-3, 32, 1, 16, 0.1)}, "faster",
+                               steps_per_execution=int(model.steps_per_execution))
+
+    monkeypatch.setattr(execution, "choose_execution", xla_wins)
+    record = _fit(tmp_path, _string_test_step_model, "run", execution="auto")
+    assert record.execution == "graph" and record.execution_choice["execution"] == "graph"
+    assert any(s.startswith("xla test step: ") and "AsString" in s for s in record.execution_choice["skipped"])
+    assert np.isfinite(record.test["loss"]) and (tmp_path / "run" / "model.keras").is_file()
+
+
+def test_an_explicit_xla_whose_test_step_does_not_compile_fails_before_training(tmp_path):
+    with pytest.raises(tftrain.XlaCompileError, match=r"test step of this model: unsupported operations.*"
+                                                       r"AsString.*Try --execution graph"):
+        _fit(tmp_path, _string_test_step_model, "run", execution="xla")
+    assert not (tmp_path / "run" / "model.keras").exists() and not (tmp_path / "run" / "backup").exists()
