@@ -36,11 +36,9 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from tftrain import cli
 from tftrain.errors import ConfigError, RuntimeStartedError, RuntimeStartedWarning
+from tftrain.rundir import FAILURE_LOG  # noqa: F401 (the run directory's traceback file; re-exported here)
 
 PROG = "python -m tftrain.run"
-
-FAILURE_LOG = "failure.log"
-"""File in the run directory that holds the traceback of a run that failed."""
 
 
 def _import_file(path: Path):

@@ -4,10 +4,13 @@ Layout of a run directory::
 
     config.yaml     the resolved configuration (rerun or compare with it)
     logs/           TensorBoard logs (scalars, graphs, profiles)
-    backup/         BackupAndRestore checkpoint while training; removed when done
+    backup/         BackupAndRestore checkpoint while training; removed once metrics.json
+                    and model.keras are written (a kill before that resumes from it and
+                    writes them without training again)
     model.keras     the trained model
     metrics.json    test accuracy, loss, wall time, examples/sec, versions, ...
     report.md       the same, for people
+    failure.log     the traceback of a failed attempt; removed when a later one finishes
 
 A directory that already holds a run is only reused to resume that same run: same
 configuration, not finished. Anything else is refused with a `RunDirError`.
@@ -41,6 +44,8 @@ REPORT_FILE = "report.md"
 MODEL_FILE = "model.keras"
 LOG_DIR = "logs"
 BACKUP_DIR = "backup"
+FAILURE_LOG = "failure.log"
+"""The traceback of a failed attempt (`tftrain.run`); a later attempt that finishes removes it."""
 
 _IGNORED_WHEN_RESUMING = (("train", "verbose"), ("train", "profile"), ("train", "backup_every_steps"), ("runtime", "nvtx"),
                           ("runtime", "remember_execution"), ("run_dir",))

@@ -119,6 +119,11 @@ class StepBackup(keras.callbacks.BackupAndRestore):
         steps_per_epoch: batches per epoch, used when Keras cannot tell
             (`params["steps"]` is None: data of unknown cardinality). Defaults to None.
         double_checkpoint: keep the previous checkpoint as `*.bkp`. Defaults to True.
+        delete_checkpoint: delete `backup_dir` when training ends, as Keras does.
+            False keeps it until the caller has written what the training was
+            for (the Trainer removes it once `metrics.json` and the model are on
+            disk, so a kill in between resumes without training again).
+            Defaults to True.
 
     Raises:
         ValueError: when `every_steps` is not a positive integer.
@@ -128,11 +133,12 @@ class StepBackup(keras.callbacks.BackupAndRestore):
     """
 
     def __init__(self, backup_dir, every_steps: Optional[int] = None, steps_per_epoch: Optional[int] = None,
-                 double_checkpoint: bool = True):
+                 double_checkpoint: bool = True, delete_checkpoint: bool = True):
         if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
                                         or every_steps < 1):
             raise ValueError(f"every_steps must be a positive integer or None. Received: every_steps={every_steps!r}.")
-        super().__init__(str(backup_dir), save_freq="epoch", double_checkpoint=double_checkpoint)
+        super().__init__(str(backup_dir), save_freq="epoch", double_checkpoint=double_checkpoint,
+                         delete_checkpoint=delete_checkpoint)
         self.every_steps, self.steps_per_epoch = every_steps, steps_per_epoch
         self.restored: Optional[BackupPosition] = None
         self._resume: Optional[BackupPosition] = None

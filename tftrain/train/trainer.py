@@ -203,7 +203,18 @@ class Trainer:
             raise Interrupted(str(self.run_dir.path)) from None
         record = self.make_record(history, test, started, fit_time)
         self.report(record)
+        self.finish_run_dir()
         return record
+
+    def finish_run_dir(self) -> None:
+        """Once `metrics.json` and the model are on disk (chief only): removes the backup, which a kill
+        before this point resumes from without training again, and a failed attempt's `failure.log`."""
+        if not self.is_chief:
+            return
+        import shutil
+
+        shutil.rmtree(self.run_dir.backup_dir, ignore_errors=True)
+        (self.run_dir.path / rundir_lib.FAILURE_LOG).unlink(missing_ok=True)
 
     # -- check, set-up ---------------------------------------------------------
     def _default_run_dir(self):
@@ -693,8 +704,9 @@ class Trainer:
         out = self.out_dir
         batches = self.steps_per_epoch * self.accumulation_steps if self.steps_per_epoch else None
         # double_checkpoint keeps the previous state in case a task dies mid-save.
+        # delete_checkpoint=False: the backup outlives fit until the run is written (finish_run_dir).
         self.backup = StepBackup(out.backup_dir, every_steps=self.backup_every(), steps_per_epoch=batches,
-                                 double_checkpoint=True)
+                                 double_checkpoint=True, delete_checkpoint=False)
         if self.backup.every_steps:
             self.console.line(f"backup:    every {self.backup.every_steps // self.accumulation_steps} optimizer steps "
                               f"and at each epoch end, in {self.run_dir.backup_dir}")
