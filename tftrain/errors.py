@@ -80,3 +80,18 @@ class XlaCompileError(TftrainError, RuntimeError):
     """XLA could not compile or run a step of the model (`--execution xla`, or an XLA choice
     that fails now): a run that failed (exit code 1). The message has XLA's own reason and
     the fix (`--execution graph`)."""
+
+
+class Preempted(TftrainError):
+    """SIGTERM or SIGUSR1 (a scheduler's preemption or time-limit notice) stopped training after the
+    current execution, and a checkpoint of that step was saved: the same command resumes there.
+    Exit code 128 + the signal number (143 for SIGTERM, 138 for SIGUSR1).
+
+    Attributes:
+        signum: the signal received.
+        run_dir: the run directory holding the checkpoint.
+    """
+
+    def __init__(self, message: str, signum: int, run_dir: str = ""):
+        super().__init__(message)
+        self.signum, self.run_dir = signum, run_dir

@@ -18,7 +18,9 @@ built at module level creates variables) is named, with the fix, when that keeps
 Exit codes: 0 done; 2 bad input (one line on stderr, no traceback); 1 the run
 failed after it started (one line naming what failed and where the traceback was
 written); 130 interrupted with Ctrl-C (the same command resumes from the
-checkpoint); 143 stopped by SIGTERM.
+checkpoint); 143 stopped by SIGTERM (138 by SIGUSR1): during training in a single
+process, after saving the checkpoint of the current step, which the same command
+resumes from.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from tftrain import cli
-from tftrain.errors import ConfigError, RuntimeStartedError, RuntimeStartedWarning
+from tftrain.errors import ConfigError, Preempted, RuntimeStartedError, RuntimeStartedWarning
 from tftrain.rundir import FAILURE_LOG  # noqa: F401 (the run directory's traceback file; re-exported here)
 
 PROG = "python -m tftrain.run"
@@ -132,7 +134,8 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
         default_config: a recipe file named in `--config`'s help. Defaults to None.
 
     Returns:
-        0 on success, 2 on bad input, 1 when the run failed, 130 on Ctrl-C.
+        0 on success, 2 on bad input, 1 when the run failed, 130 on Ctrl-C, 143 (138) when
+        SIGTERM (SIGUSR1) stopped training after saving its checkpoint.
     """
     from tftrain.train.trainer import Interrupted, Trainer
 
@@ -161,6 +164,9 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
     except Interrupted as e:
         print(f"\n{prog}: interrupted. Rerun the same command with --run-dir {e.run_dir} to resume.", file=sys.stderr)
         return 130
+    except Preempted as e:  # SIGTERM / SIGUSR1: the checkpoint of the current step is saved
+        print(f"{prog}: {e}. Rerun the same command with --run-dir {e.run_dir} to resume.", file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:
         print(f"\n{prog}: interrupted before training started.", file=sys.stderr)
         return 130

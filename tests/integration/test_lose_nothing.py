@@ -56,3 +56,60 @@ def test_a_kill_after_training_resumes_without_training_again(tmp_path):
     assert metrics["resumed_from_epoch"] == 3 and metrics["epochs_trained"] == 0  # nothing trained twice
     assert metrics["test"]["loss"] < 1.0 and (run_dir / "model.keras").is_file()
     assert not (run_dir / "backup").exists() and not (run_dir / "failure.log").exists()
+
+
+_SLOW_RUN = """
+import sys, time
+import keras, numpy as np
+import tftrain
+
+class Slow(keras.callbacks.Callback):  # 20 ms a step: the signal lands mid-epoch
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.02)
+
+def build():
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+
+rng = np.random.default_rng(0)
+x = rng.standard_normal((1024, 4)).astype("float32")
+y = x @ np.array([[1.0], [-2.0], [0.5], [0.0]], "float32")
+task = tftrain.ArrayTask(build, x, y, x[:64], y[:64], loss="mse", optimizer="sgd", learning_rate=0.05, name="p")
+make_callbacks = tftrain.Trainer.make_callbacks
+tftrain.Trainer.make_callbacks = lambda self: make_callbacks(self) + [Slow()]
+from tftrain.run import main
+sys.exit(main(["--epochs", "3", "--batch-size", "32", "--execution", "graph", "--verbose", "0", "--seed", "0",
+               "--run-dir", sys.argv[1]], task=task, prog="preempted"))
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_a_preemption_signal_saves_the_current_step_and_the_rerun_resumes_there(tmp_path, signum):
+    import time
+
+    from tests.conftest import optimizer_steps
+
+    run_dir, env = tmp_path / "run", {**os.environ, **SUBPROCESS_ENV}
+    env.pop("TF_CONFIG", None)
+    cmd = [sys.executable, "-c", _SLOW_RUN, str(run_dir)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    meta = run_dir / "backup" / "training_metadata.json"
+    try:
+        deadline = time.monotonic() + 240
+        while not meta.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the first epoch's checkpoint: training runs
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.25)  # into the second epoch's 32 steps of 20 ms
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signum, err[-2000:]
+    saved = json.loads(meta.read_text())
+    assert saved["epoch"] == 1 and 0 < saved["steps_in_epoch"] < 32, saved  # the step it stopped at, mid-epoch
+    assert f"stopped by {signal.Signals(signum).name}: checkpoint saved at epoch 2, batch {saved['steps_in_epoch']}" \
+        in err and "Rerun the same command" in err
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert optimizer_steps(run_dir) == 3 * 32  # every step once: none lost, none repeated

@@ -35,7 +35,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import keras
 
@@ -124,6 +124,10 @@ class StepBackup(keras.callbacks.BackupAndRestore):
             for (the Trainer removes it once `metrics.json` and the model are on
             disk, so a kill in between resumes without training again).
             Defaults to True.
+        stop_requested: `() -> signal number or None`, read after each execution
+            and at each epoch end (`PreemptionWatch.requested`); when it returns
+            a signal, the state at that step is saved and `Preempted` is raised.
+            Defaults to None (never asked).
 
     Raises:
         ValueError: when `every_steps` is not a positive integer.
@@ -133,13 +137,15 @@ class StepBackup(keras.callbacks.BackupAndRestore):
     """
 
     def __init__(self, backup_dir, every_steps: Optional[int] = None, steps_per_epoch: Optional[int] = None,
-                 double_checkpoint: bool = True, delete_checkpoint: bool = True):
+                 double_checkpoint: bool = True, delete_checkpoint: bool = True,
+                 stop_requested: Optional[Callable[[], Optional[int]]] = None):
         if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
                                         or every_steps < 1):
             raise ValueError(f"every_steps must be a positive integer or None. Received: every_steps={every_steps!r}.")
         super().__init__(str(backup_dir), save_freq="epoch", double_checkpoint=double_checkpoint,
                          delete_checkpoint=delete_checkpoint)
         self.every_steps, self.steps_per_epoch = every_steps, steps_per_epoch
+        self.stop_requested = stop_requested
         self.restored: Optional[BackupPosition] = None
         self._resume: Optional[BackupPosition] = None
         self._steps = self._since_save = 0
@@ -184,12 +190,29 @@ class StepBackup(keras.callbacks.BackupAndRestore):
             return
         if self.every_steps and self._since_save >= self.every_steps:
             self._save(self._current_epoch, self._steps)
+        self._stop_if_requested(self._current_epoch, self._steps)
 
     def on_epoch_end(self, epoch, logs=None):
         if self._ended_early:
             self.model.stop_training = self._ended_early = False
         self._resume = None
         self._save(epoch + 1, 0)
+        self._stop_if_requested(epoch + 1, 0)
+
+    def _stop_if_requested(self, epoch: int, steps_in_epoch: int) -> None:
+        """Saves this step's state (unless just saved) and raises `Preempted` when a stop was requested."""
+        signum = self.stop_requested() if self.stop_requested else None
+        if signum is None:
+            return
+        if self._since_save:
+            self._save(epoch, steps_in_epoch)
+        import signal
+
+        from tftrain.errors import Preempted
+
+        at = f"the end of epoch {epoch}" if not steps_in_epoch else f"epoch {epoch + 1}, batch {steps_in_epoch}"
+        raise Preempted(f"stopped by {signal.Signals(signum).name}: checkpoint saved at {at} "
+                        f"(optimizer step {optimizer_steps(self.model)})", signum)
 
     def _save(self, epoch: int, steps_in_epoch: int) -> None:
         """Keeps the previous pair, then writes the weights and the metadata naming them, each whole."""

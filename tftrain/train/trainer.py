@@ -20,6 +20,7 @@ line (`tftrain.run`) turns errors into exit codes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -31,7 +32,7 @@ from typing import Optional, Sequence
 
 from tftrain import config as config_lib
 from tftrain import rundir as rundir_lib
-from tftrain.errors import ConfigError, TrainingDiverged, XlaCompileError
+from tftrain.errors import ConfigError, Preempted, TrainingDiverged, XlaCompileError
 from tftrain.train.console import Console, keras_progress
 from tftrain.train.loops import loop_for
 from tftrain.train.record import RunRecord
@@ -144,6 +145,7 @@ class Trainer:
         self.execution, self.execution_choice = self.config.runtime.execution, None
         self.monitor = self.profiler = None
         self.backup = self.early_stopping = None  # StepBackup, ResumableEarlyStopping (make_callbacks)
+        self.preemption = None  # PreemptionWatch of a single process (make_callbacks)
         self.compile_args: dict = {}
         self.extras: dict = {}
 
@@ -159,6 +161,8 @@ class Trainer:
         Raises:
             ConfigError: (and subclasses) on bad input found before or while setting up.
             Interrupted: on Ctrl-C once the run directory exists (the same command resumes).
+            Preempted: on SIGTERM or SIGUSR1 during training in a single process, once the
+                checkpoint of the current step is saved (the same command resumes there).
             TrainingDiverged: when the training loss becomes NaN or infinite (the message names
                 where, and the checkpoint kept in the run directory).
             JobFailed: on a parameter-server worker or ps task whose chief failed or vanished.
@@ -705,8 +709,14 @@ class Trainer:
         batches = self.steps_per_epoch * self.accumulation_steps if self.steps_per_epoch else None
         # double_checkpoint keeps the previous state in case a task dies mid-save.
         # delete_checkpoint=False: the backup outlives fit until the run is written (finish_run_dir).
+        # A single process checkpoints on SIGTERM / SIGUSR1; in a cluster a lone task's save would hang
+        # the others' collectives, so there the signal still ends the task.
+        from tftrain.callbacks.preemption import PreemptionWatch
+
+        self.preemption = PreemptionWatch() if self.cluster is None else None
         self.backup = StepBackup(out.backup_dir, every_steps=self.backup_every(), steps_per_epoch=batches,
-                                 double_checkpoint=True, delete_checkpoint=False)
+                                 double_checkpoint=True, delete_checkpoint=False,
+                                 stop_requested=self.preemption.requested if self.preemption else None)
         if self.backup.every_steps:
             self.console.line(f"backup:    every {self.backup.every_steps // self.accumulation_steps} optimizer steps "
                               f"and at each epoch end, in {self.run_dir.backup_dir}")
@@ -759,11 +769,15 @@ class Trainer:
         verbose, progress = keras_progress(self.config.train.verbose)
         started = time.perf_counter()
         try:
-            history = self.loop.fit(
-                model, self._train_data, epochs=self.config.train.epochs, steps_per_epoch=micro_steps,
-                callbacks=[*callbacks, *progress], verbose=verbose, validation_data=validation,
-                runtime=self.runtime, metrics=self.compile_args.get("metrics"),
-            )
+            with self.preemption or contextlib.nullcontext():
+                history = self.loop.fit(
+                    model, self._train_data, epochs=self.config.train.epochs, steps_per_epoch=micro_steps,
+                    callbacks=[*callbacks, *progress], verbose=verbose, validation_data=validation,
+                    runtime=self.runtime, metrics=self.compile_args.get("metrics"),
+                )
+        except Preempted as e:  # the checkpoint of this step is saved: name where it is
+            e.run_dir = str(self.run_dir.path)
+            raise
         except TrainingDiverged as e:  # the guard names the step; the run directory knows the checkpoint
             raise TrainingDiverged(f"{e}; {self._checkpoint_note()}") from e
         except Exception as e:  # noqa: BLE001 (an XLA step that does not compile: one line and the fix)
