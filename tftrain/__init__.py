@@ -29,6 +29,7 @@ from tftrain.errors import (
     TftrainError,
     TrainingDiverged,
     TuningError,
+    Preempted,
     XlaCompileError,
 )
 from tftrain.train import (
@@ -67,6 +68,7 @@ __all__ = [
     "TrainConfig",
     "TrainingDiverged",
     "TuningError",
+    "Preempted",
     "XlaCompileError",
     "__version__",
 ]

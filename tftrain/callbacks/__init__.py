@@ -1,7 +1,7 @@
 """Callbacks that drop into any Keras 3 `model.fit`, with or without a strategy.
 
     from tftrain.callbacks import ProfilerWindow, ThroughputMonitor, BatchSizeFinder
-    from tftrain.callbacks import NanGuard, StepBackup, ResumableEarlyStopping
+    from tftrain.callbacks import NanGuard, StepBackup, ResumableEarlyStopping, PreemptionWatch
 
 Each one only wires Keras hooks; the algorithms are plain code tested alone:
 `tftrain.metering` (throughput math), `tftrain.callbacks.profiler.StepWindow`
@@ -9,13 +9,14 @@ Each one only wires Keras hooks; the algorithms are plain code tested alone:
 first use, so importing one submodule does not pull in the others.
 """
 
-__all__ = ["BatchSizeFinder", "NanGuard", "NvtxSteps", "ProfileSteps", "ProfilerWindow", "ResumableEarlyStopping",
-           "StepBackup", "ThroughputMonitor", "start_profiler_server"]
+__all__ = ["BatchSizeFinder", "NanGuard", "NvtxSteps", "PreemptionWatch", "ProfileSteps", "ProfilerWindow",
+           "ResumableEarlyStopping", "StepBackup", "ThroughputMonitor", "start_profiler_server"]
 
 _LAZY = {
     "BatchSizeFinder": "tftrain.callbacks.batch_size",
     "NanGuard": "tftrain.callbacks.nan_guard",
     "NvtxSteps": "tftrain.callbacks.nvtx",
+    "PreemptionWatch": "tftrain.callbacks.preemption",
     "StepBackup": "tftrain.callbacks.backup",
     "ProfileSteps": "tftrain.callbacks.profiler",
     "ProfilerWindow": "tftrain.callbacks.profiler",
