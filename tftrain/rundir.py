@@ -11,6 +11,8 @@ Layout of a run directory::
     metrics.json    test accuracy, loss, wall time, examples/sec, versions, ...
     report.md       the same, for people
     failure.log     the traceback of a failed attempt; removed when a later one finishes
+    .tftrain.lock   held by the process writing the directory (a second one is refused,
+                    named by .tftrain.holder: pid, host, start time)
 
 A directory that already holds a run is only reused to resume that same run: same
 configuration, not finished. Anything else is refused with a `RunDirError`.
@@ -45,6 +47,9 @@ MODEL_FILE = "model.keras"
 LOG_DIR = "logs"
 BACKUP_DIR = "backup"
 FAILURE_LOG = "failure.log"
+LOCK_FILE, HOLDER_FILE = ".tftrain.lock", ".tftrain.holder"
+"""The lock the process writing a run directory holds (`filelock`: the operating system releases it when
+the process dies, even by SIGKILL), and the file naming that process (pid, host, start time)."""
 """The traceback of a failed attempt (`tftrain.run`); a later attempt that finishes removes it."""
 
 _IGNORED_WHEN_RESUMING = (("train", "verbose"), ("train", "profile"), ("train", "backup_every_steps"), ("runtime", "nvtx"),
@@ -187,10 +192,11 @@ def check_run_dir(path, config: dict) -> RunDir:
     if p.exists() and not p.is_dir():
         raise RunDirError(f"Run directory {str(p)!r} is a file. Pass --run-dir with a new directory.")
     _check_writable(p)
-    if not p.exists() or not any(p.iterdir()):
+    entries = [x.name for x in p.iterdir() if x.name not in (LOCK_FILE, HOLDER_FILE)] if p.exists() else []
+    if not entries:
         return RunDir(p)
     if not (p / CONFIG_FILE).is_file():
-        names = ", ".join(sorted(x.name for x in p.iterdir())[:3])
+        names = ", ".join(sorted(entries)[:3])
         raise RunDirError(
             f"Run directory {str(p)!r} already holds files tftrain did not write ({names}). "
             "Pass --run-dir with a new or empty directory."
@@ -233,6 +239,61 @@ def _backup_metadata(backup_dir, key: str) -> int:
         return 0
 
 
+def _holder(path: Path) -> str:
+    """`pid 123 on host, since 2026-...` from the holder file, or `unknown` when unreadable."""
+    try:
+        pid, host, since = (path / HOLDER_FILE).read_text(encoding="utf-8").split()[:3]
+    except (OSError, ValueError):
+        return "unknown"
+    return f"pid {pid} on {host}, since {since}"
+
+
+def _in_use(path: Path) -> RunDirError:
+    return RunDirError(f"Run directory {str(path)!r} is in use by another tftrain process ({_holder(path)}). "
+                       "Wait for it to end (or stop it), or pass a new --run-dir.")
+
+
+def check_not_in_use(path) -> None:
+    """Raises `RunDirError` naming the process when another one holds `path`'s lock (checked before
+    TensorFlow starts; `locked` takes the lock for the run itself)."""
+    import filelock
+
+    path = Path(path)
+    if not (path / LOCK_FILE).exists():
+        return
+    try:
+        with filelock.FileLock(path / LOCK_FILE, timeout=0):
+            pass
+    except filelock.Timeout:
+        raise _in_use(path) from None
+
+
+@contextlib.contextmanager
+def locked(path) -> Iterator[None]:
+    """Holds `path`'s run-directory lock, and names this process in its holder file, for the block.
+
+    Raises:
+        RunDirError: when another process holds it (the message names its pid and host).
+    """
+    import socket
+
+    import filelock
+
+    path = Path(path)
+    lock = filelock.FileLock(path / LOCK_FILE, timeout=0)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise _in_use(path) from None
+    try:
+        since = datetime.datetime.now().isoformat(timespec="seconds")
+        write_text_atomic(path / HOLDER_FILE, f"{os.getpid()} {socket.gethostname()} {since}\n")
+        yield
+    finally:
+        (path / HOLDER_FILE).unlink(missing_ok=True)
+        lock.release()
+
+
 def create_run_dir(run_dir: RunDir, config_yaml: str) -> None:
     """Creates the directory and writes `config.yaml` (kept as is when resuming)."""
     run_dir.path.mkdir(parents=True, exist_ok=True)
@@ -258,7 +319,8 @@ def task_run_dir(run_dir: RunDir, config_yaml: str, is_chief: bool = True, task:
     """The directory this task writes its logs, checkpoints and model to.
 
     The chief (or a single process) gets `run_dir` itself, created with its
-    `config.yaml` (see `create_run_dir`). Any other worker gets its temporary
+    `config.yaml` (see `create_run_dir`), and holds its lock for the block
+    (`locked`: a second process on the same directory is refused, naming the first). Any other worker gets its temporary
     directory (`worker_scratch_dir`), emptied first, seeded with a copy of the
     chief's `backup/` checkpoint so that it resumes from the same epoch as the
     chief, and removed when the block exits. (A worker killed with SIGKILL cannot
@@ -281,8 +343,10 @@ def task_run_dir(run_dir: RunDir, config_yaml: str, is_chief: bool = True, task:
         ...     model.save(out / MODEL_FILE)
     """
     if is_chief:
-        create_run_dir(run_dir, config_yaml)
-        yield run_dir
+        run_dir.path.mkdir(parents=True, exist_ok=True)
+        with locked(run_dir.path):
+            create_run_dir(run_dir, config_yaml)
+            yield run_dir
         return
     scratch = worker_scratch_dir(run_dir.path, task)
     shutil.rmtree(scratch, ignore_errors=True)  # left by a run of this task that was killed

@@ -77,7 +77,7 @@ task = tftrain.ArrayTask(build, x, y, x[:64], y[:64], loss="mse", optimizer="sgd
 make_callbacks = tftrain.Trainer.make_callbacks
 tftrain.Trainer.make_callbacks = lambda self: make_callbacks(self) + [Slow()]
 from tftrain.run import main
-sys.exit(main(["--epochs", "3", "--batch-size", "32", "--execution", "graph", "--verbose", "0", "--seed", "0",
+sys.exit(main(["--epochs", sys.argv[2] if len(sys.argv) > 2 else "3", "--batch-size", "32", "--execution", "graph", "--verbose", "0", "--seed", "0",
                "--run-dir", sys.argv[1]], task=task, prog="preempted"))
 """
 
@@ -113,3 +113,30 @@ def test_a_preemption_signal_saves_the_current_step_and_the_rerun_resumes_there(
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert optimizer_steps(run_dir) == 3 * 32  # every step once: none lost, none repeated
+
+
+def test_a_second_process_on_a_run_directory_in_use_is_refused_naming_the_first(tmp_path):
+    import time
+
+    run_dir, env = tmp_path / "run", {**os.environ, **SUBPROCESS_ENV}
+    env.pop("TF_CONFIG", None)
+    cmd = [sys.executable, "-c", _SLOW_RUN, str(run_dir), "60"]  # 60 epochs of 0.7 s: the second starts meanwhile
+    first = subprocess.Popen(cmd, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "backup").exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert first.poll() is None, first.communicate()[1][-2000:]
+        second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stderr[-2000:]
+        lines = second.stderr.strip().splitlines()
+        assert f"error: Run directory {str(run_dir)!r} is in use by another tftrain process (pid {first.pid} on " \
+            in lines[-1], lines[-3:]
+        first.send_signal(signal.SIGTERM)  # the first, undisturbed by the refused one, checkpoints and ends
+        _, err = first.communicate(timeout=120)
+        assert first.returncode == 143 and "checkpoint saved" in err, err[-2000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert not (run_dir / ".tftrain.holder").exists()  # the lock's holder file goes with the process

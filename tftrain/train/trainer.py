@@ -240,6 +240,8 @@ class Trainer:
         if self.config.run_dir is None:
             self.config = dataclasses.replace(self.config, run_dir=str(self._default_run_dir()))
         self.run_dir = rundir_lib.check_run_dir(self.config.run_dir, self.config.to_dict())
+        if self.is_chief:  # another process training into it: refused now, not after TensorFlow starts
+            rundir_lib.check_not_in_use(self.run_dir.path)
         self._check_same_task()
 
     def _task_identity(self) -> dict:
