@@ -11,6 +11,8 @@ example file in tests/unit/train/test_trainer.py.
 
 from __future__ import annotations
 
+import math
+
 import os
 import re
 import subprocess
@@ -116,7 +118,9 @@ def test_regression_file_with_a_parameter_server_job(tmp_path):
     assert m["strategy_class"] == "ParameterServerStrategyV2" and m["workers"] == 2 and m["ps_tasks"] == 1
     assert m["epochs_trained"] == 2 and (run_dir / "model.keras").is_file()
     assert set(m["history"]) == {"loss", "mean_absolute_error"} or set(m["history"]) == {"loss", "mae"}
-    assert m["history"]["loss"][1] < m["history"]["loss"][0] and m["test_loss"] < MEAN_PREDICTOR_MSE
+    # Asynchronous workers apply stale gradients: an epoch's loss may rise (0.759 after 0.743 on a loaded
+    # machine). What the job guarantees: finite losses, and a model better than predicting the mean.
+    assert all(math.isfinite(loss) for loss in m["history"]["loss"]) and m["test_loss"] < MEAN_PREDICTOR_MSE
     assert m["throughput"] is None  # the coordinator loop has no per-step hooks
     started = {int(pid) for pid in re.findall(r"started \S+ \(pid (\d+)\)", r.stderr)}
     assert len(started) == 4 and not [pid for pid in started if _alive(pid)]
