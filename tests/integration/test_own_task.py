@@ -12,7 +12,6 @@ example file in tests/unit/train/test_trainer.py.
 from __future__ import annotations
 
 import math
-
 import os
 import re
 import subprocess
