@@ -34,6 +34,7 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -128,6 +129,8 @@ class StepBackup(keras.callbacks.BackupAndRestore):
             and at each epoch end (`PreemptionWatch.requested`); when it returns
             a signal, the state at that step is saved and `Preempted` is raised.
             Defaults to None (never asked).
+        say: prints one line (a skipped damaged checkpoint). Defaults to
+            printing on stderr.
 
     Raises:
         ValueError: when `every_steps` is not a positive integer.
@@ -138,7 +141,8 @@ class StepBackup(keras.callbacks.BackupAndRestore):
 
     def __init__(self, backup_dir, every_steps: Optional[int] = None, steps_per_epoch: Optional[int] = None,
                  double_checkpoint: bool = True, delete_checkpoint: bool = True,
-                 stop_requested: Optional[Callable[[], Optional[int]]] = None):
+                 stop_requested: Optional[Callable[[], Optional[int]]] = None,
+                 say: Optional[Callable[[str], None]] = None):
         if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
                                         or every_steps < 1):
             raise ValueError(f"every_steps must be a positive integer or None. Received: every_steps={every_steps!r}.")
@@ -146,6 +150,7 @@ class StepBackup(keras.callbacks.BackupAndRestore):
                          delete_checkpoint=delete_checkpoint)
         self.every_steps, self.steps_per_epoch = every_steps, steps_per_epoch
         self.stop_requested = stop_requested
+        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
         self.restored: Optional[BackupPosition] = None
         self._resume: Optional[BackupPosition] = None
         self._steps = self._since_save = 0
@@ -153,24 +158,41 @@ class StepBackup(keras.callbacks.BackupAndRestore):
         self._ended_early = False
 
     def on_train_begin(self, logs=None):
-        """Restores weights, optimizer state and epoch (Keras), then the step within the epoch."""
-        super().on_train_begin(logs)
+        """Restores weights, optimizer state and epoch (Keras), then the step within the epoch; a newest
+        checkpoint that cannot be read, or whose metadata lags its weights, gives way to the previous
+        one, with one line (`say`) naming what was skipped and where the run resumes."""
+        try:
+            self._load_model()
+        except (OSError, ValueError) as error:  # a truncated or corrupt newest checkpoint
+            if not os.path.exists(self._prev_weights_path):
+                raise
+            damaged = self._training_metadata_path if isinstance(error, json.JSONDecodeError) else self._weights_path
+            skipped = f"{damaged} cannot be read ({(str(error).splitlines() or [''])[0][:200]})"
+            self._restore_previous(skipped, load=False)
+            self._load_model()
         position = read_position(self._training_metadata_path)
         if position is not None and position.optimizer_iterations not in (None, optimizer_steps(self.model)):
-            position = self._restore_previous() or position
+            position = self._restore_previous(f"{self._training_metadata_path} does not match its weights") \
+                or position
         self.restored = position
         self._resume = position if position is not None and position.steps_in_epoch > 0 else None
         self._since_save = 0
 
-    def _restore_previous(self) -> Optional[BackupPosition]:
-        """Loads the previous checkpoint when it is whole: the latest one's metadata lags its weights."""
+    def _restore_previous(self, skipped: str, load: bool = True) -> Optional[BackupPosition]:
+        """Puts the previous checkpoint in the newest one's place (and loads it, with `load`) when it is
+        whole; says which checkpoint was `skipped` and where the run resumes."""
         previous = read_position(self._prev_training_metadata_path)
         if previous is None or not os.path.exists(self._prev_weights_path):
             return None
         shutil.copyfile(self._prev_weights_path, self._weights_path)  # as Keras's fallback does: load the copy
         shutil.copyfile(self._prev_training_metadata_path, self._training_metadata_path)
-        self.model.load_weights(self._weights_path)
-        self.model._initial_epoch = previous.epoch  # as BackupAndRestore._load_model sets it
+        if load:
+            self.model.load_weights(self._weights_path)
+            self.model._initial_epoch = previous.epoch  # as BackupAndRestore._load_model sets it
+        at = f"the end of epoch {previous.epoch}" if not previous.steps_in_epoch else \
+            f"epoch {previous.epoch + 1}, batch {previous.steps_in_epoch}"
+        steps = f" (optimizer step {previous.optimizer_iterations})" if previous.optimizer_iterations is not None else ""
+        self.say(f"resuming: skipped the newest checkpoint ({skipped}); resuming from the previous one at {at}{steps}")
         return previous
 
     def on_epoch_begin(self, epoch, logs=None):

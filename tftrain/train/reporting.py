@@ -150,7 +150,9 @@ def make_record(trainer, history, test, started: float, fit_time: float) -> RunR
     return RunRecord(
         task=trainer.task.name, run_dir=str(trainer.run_dir.path), test=test,
         history={k: [float(v) for v in vals] for k, vals in history.history.items()},
-        epochs=cfg.train.epochs, epochs_trained=epochs_trained, resumed_from_epoch=trainer.run_dir.resumed_epochs,
+        epochs=cfg.train.epochs, epochs_trained=epochs_trained,
+        # The checkpoint actually restored: the previous one when the newest could not be read.
+        resumed_from_epoch=restored.epoch if restored is not None else trainer.run_dir.resumed_epochs,
         train_examples=trainer.task.num_train_examples, steps_per_epoch=spe,
         test_examples=trainer.task.num_test_examples if test is not None else None,
         global_batch_size=batch.global_batch_size, per_replica_batch_size=batch.per_replica_batch_size,

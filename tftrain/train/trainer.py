@@ -718,7 +718,8 @@ class Trainer:
         self.preemption = PreemptionWatch() if self.cluster is None else None
         self.backup = StepBackup(out.backup_dir, every_steps=self.backup_every(), steps_per_epoch=batches,
                                  double_checkpoint=True, delete_checkpoint=False,
-                                 stop_requested=self.preemption.requested if self.preemption else None)
+                                 stop_requested=self.preemption.requested if self.preemption else None,
+                                 say=self.console.line)
         if self.backup.every_steps:
             self.console.line(f"backup:    every {self.backup.every_steps // self.accumulation_steps} optimizer steps "
                               f"and at each epoch end, in {self.run_dir.backup_dir}")

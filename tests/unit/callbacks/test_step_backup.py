@@ -105,3 +105,26 @@ def test_the_previous_checkpoint_is_kept_whole_beside_the_latest(tmp_path):
     copy.write_bytes(kept.read_bytes())
     model.load_weights(copy)  # a whole checkpoint, not a half-written one
     assert int(model.optimizer.iterations) == 8
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "truncated metadata"])
+def test_a_damaged_newest_checkpoint_is_named_and_the_previous_one_resumes_at_its_own_position(tmp_path, damage):
+    import keras
+    import tensorflow as tf
+
+    from tftrain.callbacks import StepBackup
+
+    with pytest.raises(KeyboardInterrupt):
+        _fit(tmp_path, 1, False, kill_after=13)  # newest: the end of epoch 1 (step 10); previous: step 8
+    victim = tmp_path / ("latest.weights.h5" if damage == "truncated weights" else "training_metadata.json")
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    said = []
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    backup = StepBackup(tmp_path, every_steps=4, say=said.append)
+    x = np.zeros((80, 4), "float32")
+    model.fit(tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8), epochs=3, verbose=0, callbacks=[backup])
+    assert len(said) == 1 and "skipped the newest checkpoint" in said[0] and victim.name in said[0], said
+    assert said[0].endswith("resuming from the previous one at epoch 1, batch 8 (optimizer step 8)"), said
+    assert backup.restored.optimizer_iterations == 8 and int(model.optimizer.iterations) == 30  # nothing lost twice
