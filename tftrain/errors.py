@@ -95,3 +95,9 @@ class Preempted(TftrainError):
     def __init__(self, message: str, signum: int, run_dir: str = ""):
         super().__init__(message)
         self.signum, self.run_dir = signum, run_dir
+
+
+class CheckpointSpaceError(TftrainError, OSError):
+    """The disk holding the run directory has no room for the next checkpoint: a run that failed
+    (exit code 1). Raised before anything is written, so the previous checkpoint stays whole; the
+    message names the folder, the bytes needed and the bytes free."""

@@ -278,8 +278,12 @@ def _failure_log(trainer, error: BaseException) -> str:
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     if run_dir is not None and Path(run_dir).is_dir() and trainer.is_chief:  # other workers never write there
         log = Path(run_dir) / FAILURE_LOG
-        log.write_text(text, encoding="utf-8")
-        return f". Traceback: {log}; logs: {Path(run_dir) / 'logs'}"
+        try:
+            log.write_text(text, encoding="utf-8")
+            return f". Traceback: {log}; logs: {Path(run_dir) / 'logs'}"
+        except OSError as e:  # a full disk: the line alone, never a half-written log
+            log.unlink(missing_ok=True)
+            return f" (no {FAILURE_LOG} written: {e.strerror or e})"
     return f". Traceback:\n{text}" if os.environ.get("TFTRAIN_TRACEBACK") else \
         ". (Set TFTRAIN_TRACEBACK=1 to print the traceback.)"
 

@@ -140,3 +140,51 @@ def test_a_second_process_on_a_run_directory_in_use_is_refused_naming_the_first(
             first.kill()
             first.wait()
     assert not (run_dir / ".tftrain.holder").exists()  # the lock's holder file goes with the process
+
+
+_WIDE_RUN = """
+import sys
+import keras, numpy as np
+import tftrain
+from tftrain.run import main
+
+def build():  # 131,585 weights: 1.6 MB a checkpoint with Adam's two slots
+    return keras.Sequential([keras.Input((512,)), keras.layers.Dense(256), keras.layers.Dense(1)])
+
+x = np.random.default_rng(0).standard_normal((256, 512)).astype("float32")
+task = tftrain.ArrayTask(build, x, x[:, :1], loss="mse", optimizer="adam", name="wide")
+sys.exit(main(["--epochs", "3", "--batch-size", "32", "--execution", "graph", "--verbose", "0", "--seed", "0",
+               "--run-dir", sys.argv[1]], task=task, prog="full"))
+"""
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MB tmpfs: room for the first checkpoint, not for the next one beside it."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"a full disk needs a tmpfs mount (root): {done.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_fails_in_one_line_and_keeps_the_previous_checkpoint(small_disk):
+    import keras
+
+    run_dir, env = small_disk / "run", {**os.environ, **SUBPROCESS_ENV}
+    env.pop("TF_CONFIG", None)
+    done = subprocess.run([sys.executable, "-c", _WIDE_RUN, str(run_dir)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]  # a failed run, not a crash inside HDF5
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("full: run failed: CheckpointSpaceError: No space for the checkpoint in ") and \
+        "MB are free. The previous checkpoint is intact" in line, line
+    assert json.loads((run_dir / "backup" / "training_metadata.json").read_text())["epoch"] == 1
+    model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(256), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    model.load_weights(run_dir / "backup" / "latest.weights.h5")  # whole
+    assert int(model.optimizer.iterations) == 8  # the first epoch's 8 steps

@@ -39,9 +39,13 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import keras
+import numpy as np
 
 from tftrain.callbacks._steps import optimizer_steps
 from tftrain.rundir import write_text_atomic
+
+SPACE_MARGIN = 1 << 20
+"""Bytes of room a save needs beyond the checkpoint's own size (HDF5 structure, metadata)."""
 
 METADATA_FILE = "training_metadata.json"
 """The checkpoint's metadata file in the backup directory (Keras's name)."""
@@ -236,9 +240,31 @@ class StepBackup(keras.callbacks.BackupAndRestore):
         raise Preempted(f"stopped by {signal.Signals(signum).name}: checkpoint saved at {at} "
                         f"(optimizer step {optimizer_steps(self.model)})", signum)
 
+    def _needed_bytes(self) -> int:
+        """Bytes the next save writes: the newest checkpoint's size, else the variables' bytes (weights and
+        optimizer state), plus `SPACE_MARGIN` for HDF5's own structure and the metadata."""
+        try:
+            return os.path.getsize(self._weights_path) + SPACE_MARGIN
+        except OSError:
+            variables = [*self.model.weights, *getattr(self.model.optimizer, "variables", [])]
+            return sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in variables) + SPACE_MARGIN
+
+    def _check_space(self) -> None:
+        """Raises `CheckpointSpaceError` before writing when the disk cannot hold the new checkpoint (HDF5 can
+        crash the process on a full disk, and a half-written file helps no one)."""
+        from tftrain.errors import CheckpointSpaceError
+
+        need, free = self._needed_bytes(), shutil.disk_usage(self.backup_dir).free
+        if free < need:
+            raise CheckpointSpaceError(
+                f"No space for the checkpoint in {self.backup_dir}: it needs about {need / 1e6:,.1f} MB and "
+                f"{free / 1e6:,.1f} MB are free. The previous checkpoint is intact: free space (or use a --run-dir "
+                "on another disk) and rerun the same command to resume.")
+
     def _save(self, epoch: int, steps_in_epoch: int) -> None:
         """Keeps the previous pair, then writes the weights and the metadata naming them, each whole."""
         os.makedirs(self.backup_dir, exist_ok=True)
+        self._check_space()
         if self.double_checkpoint:
             for src, dst in ((self._weights_path, self._prev_weights_path),
                              (self._training_metadata_path, self._prev_training_metadata_path)):
