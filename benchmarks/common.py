@@ -149,8 +149,8 @@ def select_device(requested: str) -> dict:
 
 
 def cpu_model() -> str:
-    """The CPU's model name (`tftrain.doctor.machine.cpu_model`: /proc/cpuinfo, else the platform's)."""
-    from tftrain.doctor.machine import cpu_model as doctor_cpu_model
+    """The CPU's model name (`tftrain.host.cpu_model`: /proc/cpuinfo, else the platform's)."""
+    from tftrain.host import cpu_model as doctor_cpu_model
 
     return doctor_cpu_model()
 
@@ -165,7 +165,7 @@ def load_average() -> Optional[list]:
 
 def cpu_cores() -> int:
     """Cores this process may run on (CPU affinity), without importing TensorFlow."""
-    from tftrain.doctor.machine import usable_cores
+    from tftrain.host import usable_cores
 
     return usable_cores()
 

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from tftrain.doctor import advice, machine
+from tftrain import host
+from tftrain.doctor import advice
 from tftrain.doctor.tasks import build_models, load_tasks, task_figures
 from tftrain.errors import ConfigError
 
@@ -180,7 +181,7 @@ def gpu_section(env) -> dict:
 
     from tftrain.doctor import gpus as gpus_lib
 
-    hardware = machine.nvidia_hardware()
+    hardware = host.nvidia_hardware()
     build = gpus_lib.build_info()
     found = gpus_lib.tf_gpus(hardware, env)
     tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
@@ -228,7 +229,7 @@ def diagnose(task: Optional[str] = None, data_dir: Optional[str] = None, quick: 
     select_devices("auto")  # GPU memory growth on, before the models start TensorFlow's runtime
     models = build_models(loaded)
     errors = []
-    cpu = machine.cpu_facts()
+    cpu = host.cpu_facts()
     gpu = gpu_section(os.environ)
     cpu["measured"] = measure_cpu(cpu, data_path, sizes, errors, say)
     gpu["allreduce"] = measure_gpus(gpu["gpus"], sizes, errors, say)

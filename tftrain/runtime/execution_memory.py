@@ -38,7 +38,7 @@ from typing import Callable, Optional
 
 import filelock
 
-from tftrain.doctor.machine import cpu_model
+from tftrain.host import cpu_model
 from tftrain.runtime.threads import cpu_count
 
 CACHE_ENV = "TFTRAIN_CACHE_DIR"

@@ -14,34 +14,30 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import warnings
 from typing import Optional
 
 import keras
 
+from tftrain import host
 from tftrain.runtime.devices import DeviceInfo, min_compute_capability
 
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 
-_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-
 
 def cpu_has_native_bf16(cpuinfo_path: str = "/proc/cpuinfo") -> bool:
-    """True when the CPU advertises bfloat16 instructions (AVX512-BF16 or AMX-BF16).
+    """True when the CPU described at `cpuinfo_path` has native bfloat16 arithmetic (AVX512-BF16 or
+    AMX-BF16: `tftrain.host.native_bf16`, the doctor's rule too).
 
     Args:
         cpuinfo_path: Linux CPU description to read. Defaults to `/proc/cpuinfo`;
-            on other systems (file absent) the answer is False.
+            when it cannot be read (another system) the answer is False.
     """
-    try:
-        with open(cpuinfo_path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return any(flag in flags for flag in _BF16_CPU_FLAGS)
-    except OSError:
+    if not os.path.isfile(cpuinfo_path):
         return False
-    return False
+    flags, _ = host.cpu_flags(cpuinfo_path)
+    return host.native_bf16(flags)
 
 
 def resolve_precision(name: str, devices: DeviceInfo, native_bf16: Optional[bool] = None) -> str:

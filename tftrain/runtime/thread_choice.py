@@ -64,7 +64,7 @@ def machine_key() -> str:
     the TensorFlow version (importing TensorFlow does not start its runtime)."""
     import tensorflow as tf
 
-    from tftrain.doctor.machine import cpu_model
+    from tftrain.host import cpu_model
 
     facts = json.dumps(["threads", cpu_model(), cpu_count(), tf.__version__])
     return "threads-" + hashlib.sha256(facts.encode()).hexdigest()
