@@ -13,7 +13,7 @@ __all__ = ["BatchSizeFinder", "NanGuard", "NvtxSteps", "PreemptionWatch", "Profi
            "ResumableEarlyStopping", "StepBackup", "ThroughputMonitor", "start_profiler_server"]
 
 _LAZY = {
-    "BatchSizeFinder": "tftrain.callbacks.batch_size",
+    "BatchSizeFinder": "tftrain.tuning.finder",  # lives with the search it runs (the tuning layer)
     "NanGuard": "tftrain.callbacks.nan_guard",
     "NvtxSteps": "tftrain.callbacks.nvtx",
     "PreemptionWatch": "tftrain.callbacks.preemption",

@@ -245,7 +245,7 @@ def metric_objects(metrics, loss) -> list:
 
 @dataclasses.dataclass(frozen=True)
 class ParameterServerLoop(FitLoop):
-    """The coordinator loop of a `parameter_server` job (`tftrain.ps_training`).
+    """The coordinator loop of a `parameter_server` job (`tftrain.train.ps_training`).
 
     Steps run asynchronously on the workers through a `ClusterCoordinator`:
     no per-step hooks (no throughput figures, no profile window), graph mode
@@ -284,8 +284,8 @@ class ParameterServerLoop(FitLoop):
 
     def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
             runtime=None, metrics=None):
-        """`tftrain.ps_training.fit` on per-worker datasets; see `FitLoop.fit`."""
-        from tftrain import ps_training
+        """`tftrain.train.ps_training.fit` on per-worker datasets; see `FitLoop.fit`."""
+        from tftrain.train import ps_training
 
         with runtime.strategy.scope():
             metrics = metric_objects(metrics, model.loss)
@@ -296,8 +296,8 @@ class ParameterServerLoop(FitLoop):
         )
 
     def evaluate(self, model, dataset, metrics=None) -> dict:
-        """`tftrain.ps_training.evaluate` on the chief (every example exactly once)."""
-        from tftrain import ps_training
+        """`tftrain.train.ps_training.evaluate` on the chief (every example exactly once)."""
+        from tftrain.train import ps_training
 
         return ps_training.evaluate(model, dataset, metric_objects(metrics, model.loss))
 

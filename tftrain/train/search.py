@@ -9,6 +9,9 @@ from typing import Tuple
 
 from tftrain.errors import ConfigError
 
+AUTO_BATCH_MIN_STEPS = 10
+"""`--batch-size auto` tries batches up to train_examples / this, so an epoch keeps this many steps."""
+
 TUNE_BATCH_SIZES = (32, 64, 128, 256, 512)
 """Global batch sizes `--tune` chooses from (those that fit the data and replicas)."""
 
@@ -104,7 +107,6 @@ def search_batch_size(trainer) -> Tuple[dict, int]:
     Returns:
         `(the search's figures for metrics.json, the batch size found)`.
     """
-    from tftrain.train.trainer import AUTO_BATCH_MIN_STEPS
     from tftrain.tuning.batch_size import find_batch_size
 
     task, replicas = trainer.task, trainer.runtime.num_replicas

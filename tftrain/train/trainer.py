@@ -57,9 +57,6 @@ TASK_FILE = "task.json"
 BATCH_PLAN_FILE = "batch_plan.json"
 """File in the run directory that keeps the batch size `--batch-size auto` chose, for a resumed run."""
 
-AUTO_BATCH_MIN_STEPS = 10
-"""`--batch-size auto` tries batches up to train_examples / this, so an epoch keeps this many steps."""
-
 
 PROBE_CACHE_BYTES = 256 * 2**20
 """`--execution auto` caches its probe batches when they hold at most this many bytes (256 MiB)."""

@@ -11,6 +11,7 @@ does not need keras-tuner.
 from tftrain.tuning.search import SearchResult, Trial, search_batch_size
 
 __all__ = [
+    "BatchSizeFinder",
     "BatchSizeResult",
     "ModelState",
     "SearchResult",
@@ -22,6 +23,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "BatchSizeFinder": "tftrain.tuning.finder",
     "BatchSizeResult": "tftrain.tuning.batch_size",
     "ModelState": "tftrain.tuning.batch_size",
     "find_batch_size": "tftrain.tuning.batch_size",

@@ -1,5 +1,8 @@
 """BatchSizeFinder: run the batch-size search from inside `model.fit`.
 
+It lives with the search it calls (the tuning layer, above the callbacks) and is
+re-exported as `tftrain.callbacks.BatchSizeFinder`, with the other callbacks.
+
 The search itself is `tftrain.tuning.find_batch_size`; this callback only calls
 it when training begins. Keras fixes the dataset (and so the batch size) before
 any callback runs, so the callback cannot switch the running `fit` to the new
