@@ -8,6 +8,7 @@ Layout of a run directory::
                     and model.keras are written (a kill before that resumes from it and
                     writes them without training again)
     model.keras     the trained model
+    history.csv     one row per epoch, every metric, appended across resumes
     metrics.json    test accuracy, loss, wall time, examples/sec, versions, ...
     report.md       the same, for people
     failure.log     the traceback of a failed attempt; removed when a later one finishes
@@ -46,6 +47,8 @@ REPORT_FILE = "report.md"
 MODEL_FILE = "model.keras"
 LOG_DIR = "logs"
 BACKUP_DIR = "backup"
+HISTORY_FILE = "history.csv"
+"""One row per epoch (`epoch` and every logged metric), appended across resumes (Keras's `CSVLogger`)."""
 FAILURE_LOG = "failure.log"
 LOCK_FILE, HOLDER_FILE = ".tftrain.lock", ".tftrain.holder"
 """The lock the process writing a run directory holds (`filelock`: the operating system releases it when
@@ -357,6 +360,42 @@ def task_run_dir(run_dir: RunDir, config_yaml: str, is_chief: bool = True, task:
         yield RunDir(scratch, resumed_epochs=run_dir.resumed_epochs)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def read_history(path) -> dict:
+    """The whole run's per-epoch metrics from `history.csv`, across resumes.
+
+    An epoch logged twice (a run killed after logging it and before its checkpoint,
+    which trained it again) keeps its last row.
+
+    Args:
+        path: the `history.csv` file.
+
+    Returns:
+        `{metric: [value per epoch, in epoch order]}` (floats; NaN where a row
+        lacks the metric; a column with no number at all, such as the `val_`
+        columns Keras's `CSVLogger` adds without validation data, is left out);
+        {} when the file is missing or empty.
+    """
+    import csv
+    import math
+
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = {int(row["epoch"]): row for row in csv.DictReader(f) if row.get("epoch", "").strip()}
+    except (OSError, ValueError, KeyError):
+        return {}
+    names = list(dict.fromkeys(k for row in rows.values() for k in row if k != "epoch"))
+
+    def value(text) -> float:
+        try:
+            return float(text)
+        except (TypeError, ValueError):
+            return math.nan
+
+    history = {name: [value(rows[e].get(name)) for e in sorted(rows)] for name in names}
+    # Keras's CSVLogger adds val_ columns holding "NA" to a run without validation data: not metrics.
+    return {name: values for name, values in history.items() if not all(math.isnan(v) for v in values)}
 
 
 def write_text_atomic(path, text: str) -> None:

@@ -113,6 +113,10 @@ def test_a_preemption_signal_saves_the_current_step_and_the_rerun_resumes_there(
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert optimizer_steps(run_dir) == 3 * 32  # every step once: none lost, none repeated
+    history = json.loads((run_dir / "metrics.json").read_text())["history"]
+    assert len(history["loss"]) == 3 and all(loss > 0 for loss in history["loss"])  # the whole run, both processes
+    rows = (run_dir / "history.csv").read_text().splitlines()
+    assert rows[0].split(",")[0] == "epoch" and [r.split(",")[0] for r in rows[1:]] == ["0", "1", "2"]
 
 
 def test_a_second_process_on_a_run_directory_in_use_is_refused_naming_the_first(tmp_path):

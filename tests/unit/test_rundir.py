@@ -81,3 +81,14 @@ def test_every_task_of_a_cluster_derives_the_same_default_run_id():
     hashed = rundir.cluster_run_id(spec, env={})
     assert hashed == rundir.cluster_run_id(dict(reversed(list(spec.items()))), env={}) and hashed.startswith("cluster-")
     assert hashed != rundir.cluster_run_id({**spec, "worker": ["127.0.0.1:3"]}, env={})
+
+
+def test_history_reads_the_whole_run_and_keeps_an_epoch_logged_twice_once(tmp_path):
+    from tftrain.rundir import read_history
+
+    path = tmp_path / "history.csv"
+    path.write_text("epoch,loss,val_loss\n0,0.9,1.0\n1,0.5,0.7\n1,0.45,0.65\n2,0.3,\n")  # epoch 1 trained again
+    history = read_history(path)
+    assert list(history) == ["loss", "val_loss"] and history["loss"] == [0.9, 0.45, 0.3]
+    assert history["val_loss"][:2] == [1.0, 0.65] and history["val_loss"][2] != history["val_loss"][2]  # NaN
+    assert read_history(tmp_path / "missing.csv") == {}

@@ -7,6 +7,7 @@ import sys
 import time
 
 from tftrain import config as config_lib
+from tftrain import rundir as rundir_lib
 from tftrain.train.record import RunRecord
 
 
@@ -149,7 +150,9 @@ def make_record(trainer, history, test, started: float, fit_time: float) -> RunR
     hparams = dataclasses.asdict(cfg.task) if cfg.task is not None else None
     return RunRecord(
         task=trainer.task.name, run_dir=str(trainer.run_dir.path), test=test,
-        history={k: [float(v) for v in vals] for k, vals in history.history.items()},
+        # The whole run's epochs (history.csv, across resumes), else this process's.
+        history=rundir_lib.read_history(trainer.out_dir.path / rundir_lib.HISTORY_FILE)
+        or {k: [float(v) for v in vals] for k, vals in history.history.items()},
         epochs=cfg.train.epochs, epochs_trained=epochs_trained,
         # The checkpoint actually restored: the previous one when the newest could not be read.
         resumed_from_epoch=restored.epoch if restored is not None else trainer.run_dir.resumed_epochs,

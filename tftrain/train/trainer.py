@@ -693,37 +693,45 @@ class Trainer:
 
     # -- callbacks, train, evaluate, save --------------------------------------
     def make_callbacks(self) -> list:
-        """NanGuard, StepBackup (BackupAndRestore at epoch ends and every `--backup-every-steps`),
-        TensorBoard, ThroughputMonitor, ProfilerWindow and NvtxSteps (where the loop has per-step hooks),
-        EarlyStopping (with `--early-stopping`), then the user's callbacks.
+        """NanGuard, CSVLogger (`history.csv`), StepBackup (BackupAndRestore at epoch ends and every
+        `--backup-every-steps`), TensorBoard, ThroughputMonitor, ProfilerWindow and NvtxSteps (where
+        the loop has per-step hooks), EarlyStopping (with `--early-stopping`), then the user's callbacks.
 
-        The order matters: the guard raises before a checkpoint can save a diverged state, and
-        the backup clears its own early end of a resumed epoch before EarlyStopping may stop.
+        The order matters: the guard raises before a checkpoint can save a diverged state; the epoch
+        log comes before the backup, so a kill between the two repeats a logged epoch (`read_history`
+        keeps its last row) rather than losing one; the backup clears its own early end of a resumed
+        epoch before EarlyStopping may stop.
         """
         import keras
 
-        from tftrain.callbacks import NanGuard, StepBackup
+        from tftrain.callbacks import NanGuard
 
         out = self.out_dir
-        batches = self.steps_per_epoch * self.accumulation_steps if self.steps_per_epoch else None
-        # double_checkpoint keeps the previous state in case a task dies mid-save.
-        # delete_checkpoint=False: the backup outlives fit until the run is written (finish_run_dir).
-        # A single process checkpoints on SIGTERM / SIGUSR1; in a cluster a lone task's save would hang
-        # the others' collectives, so there the signal still ends the task.
-        from tftrain.callbacks.preemption import PreemptionWatch
-
-        self.preemption = PreemptionWatch() if self.cluster is None else None
-        self.backup = StepBackup(out.backup_dir, every_steps=self.backup_every(), steps_per_epoch=batches,
-                                 double_checkpoint=True, delete_checkpoint=False,
-                                 stop_requested=self.preemption.requested if self.preemption else None,
-                                 say=self.console.line)
-        if self.backup.every_steps:
-            self.console.line(f"backup:    every {self.backup.every_steps // self.accumulation_steps} optimizer steps "
-                              f"and at each epoch end, in {self.run_dir.backup_dir}")
-        callbacks = [NanGuard(), self.backup, keras.callbacks.TensorBoard(str(out.log_dir))]
+        self.backup = self._make_backup()
+        history = keras.callbacks.CSVLogger(str(out.path / rundir_lib.HISTORY_FILE), append=True)
+        callbacks = [NanGuard(), history, self.backup, keras.callbacks.TensorBoard(str(out.log_dir))]
         if self.loop.per_step_hooks:
             callbacks += self._step_callbacks()
         return callbacks + self._early_stopping() + self.callbacks
+
+    def _make_backup(self):
+        """The `StepBackup`: it keeps the previous checkpoint (a task may die mid-save) and outlives `fit`
+        until the run is written (`finish_run_dir`). A single process checkpoints on SIGTERM / SIGUSR1
+        (`PreemptionWatch`); in a cluster a lone task's save would hang the others' collectives, so
+        there the signal still ends the task."""
+        from tftrain.callbacks import StepBackup
+        from tftrain.callbacks.preemption import PreemptionWatch
+
+        batches = self.steps_per_epoch * self.accumulation_steps if self.steps_per_epoch else None
+        self.preemption = PreemptionWatch() if self.cluster is None else None
+        backup = StepBackup(self.out_dir.backup_dir, every_steps=self.backup_every(), steps_per_epoch=batches,
+                            double_checkpoint=True, delete_checkpoint=False,
+                            stop_requested=self.preemption.requested if self.preemption else None,
+                            say=self.console.line)
+        if backup.every_steps:
+            self.console.line(f"backup:    every {backup.every_steps // self.accumulation_steps} optimizer steps "
+                              f"and at each epoch end, in {self.run_dir.backup_dir}")
+        return backup
 
     def _early_stopping(self) -> list:
         """`--early-stopping P`: EarlyStopping on val_loss keeping the best weights, its state in the backup."""
