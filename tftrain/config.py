@@ -496,6 +496,9 @@ class RecipeConfig:
         run_dir: where the run's config, logs, checkpoint, model and metrics go;
             None makes `runs/<task name>-<timestamp>` under the working
             directory. Defaults to None.
+        resume: without `run_dir`, resume the newest unfinished run of the same
+            task and configuration under `runs/` (`--resume`; none found is an
+            error). Defaults to False.
         task: the task's own hyperparameters, a frozen dataclass instance whose
             fields are declared with `hparam` (recipe-file section `task:`,
             one flag per field); None when the task declares none. Defaults to
@@ -511,6 +514,7 @@ class RecipeConfig:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     seed: Optional[int] = _field(None, "random seed (repeatable runs)", minimum=0)
     run_dir: Optional[str] = _field(None, "run directory (None: runs/<task>-<time>)")
+    resume: bool = _field(False, "resume the newest unfinished run of this task and settings under runs/")
     task: Any = None
 
     def __post_init__(self):
@@ -523,7 +527,7 @@ class RecipeConfig:
             if value is None:
                 continue
             kind, _ = _field_kind(typing.get_type_hints(RecipeConfig)[f.name])
-            if isinstance(value, bool) or not isinstance(value, kind):
+            if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
                 raise ConfigError(
                     f"{f.name} must be of type {kind.__name__}. Received: {f.name}={value!r}."
                 )

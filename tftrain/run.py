@@ -162,10 +162,10 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except Interrupted as e:
-        print(f"\n{prog}: interrupted. Rerun the same command with --run-dir {e.run_dir} to resume.", file=sys.stderr)
+        print(f"\n{prog}: interrupted. {_resume_hint(e.run_dir)}", file=sys.stderr)
         return 130
     except Preempted as e:  # SIGTERM / SIGUSR1: the checkpoint of the current step is saved
-        print(f"{prog}: {e}. Rerun the same command with --run-dir {e.run_dir} to resume.", file=sys.stderr)
+        print(f"{prog}: {e}. {_resume_hint(e.run_dir)}", file=sys.stderr)
         return 128 + e.signum
     except KeyboardInterrupt:
         print(f"\n{prog}: interrupted before training started.", file=sys.stderr)
@@ -173,6 +173,12 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
     except Exception as e:  # a run that failed after starting: one line, the traceback in the run directory
         print(f"{prog}: run failed: {_one_line(e)}{_failure_log(trainer, e)}", file=sys.stderr)
         return 1
+
+
+def _resume_hint(run_dir: str) -> str:
+    """How to resume: the same command with `--resume` (the newest unfinished run of the task and settings)
+    or `--run-dir` (this one)."""
+    return f"To resume, rerun the same command with --resume (or --run-dir {run_dir})."
 
 
 def _fit(trainer, started: float, quiet_threads: bool) -> None:

@@ -50,13 +50,13 @@ BACKUP_DIR = "backup"
 HISTORY_FILE = "history.csv"
 """One row per epoch (`epoch` and every logged metric), appended across resumes (Keras's `CSVLogger`)."""
 FAILURE_LOG = "failure.log"
+"""The traceback of a failed attempt (`tftrain.run`); a later attempt that finishes removes it."""
 LOCK_FILE, HOLDER_FILE = ".tftrain.lock", ".tftrain.holder"
 """The lock the process writing a run directory holds (`filelock`: the operating system releases it when
 the process dies, even by SIGKILL), and the file naming that process (pid, host, start time)."""
-"""The traceback of a failed attempt (`tftrain.run`); a later attempt that finishes removes it."""
 
 _IGNORED_WHEN_RESUMING = (("train", "verbose"), ("train", "profile"), ("train", "backup_every_steps"), ("runtime", "nvtx"),
-                          ("runtime", "remember_execution"), ("run_dir",))
+                          ("runtime", "remember_execution"), ("run_dir",), ("resume",))
 """Config fields that may differ between a run and its resumption."""
 
 
@@ -105,6 +105,29 @@ def default_run_dir(recipe: str, root: str = "runs", now: Optional[datetime.date
         n += 1
         candidate = base.with_name(f"{base.name}-{n}")
     return candidate
+
+
+def newest_unfinished(task: str, config: dict, root: str = "runs") -> Optional[Path]:
+    """The newest run directory `root/<task>-*` that this run may resume: unfinished (no `metrics.json`),
+    of the same configuration, not in use by another process (`--resume`).
+
+    Args:
+        task: the task's name (the directories' prefix).
+        config: this run's configuration as nested dicts (`RecipeConfig.to_dict()`).
+        root: the folder of default run directories. Defaults to `"runs"`.
+
+    Returns:
+        The directory, or None when there is none.
+    """
+    candidates = [p for p in Path(root).glob(f"{task}-*") if (p / CONFIG_FILE).is_file()]
+    for path in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            check_run_dir(path, config)
+            check_not_in_use(path)
+        except RunDirError:
+            continue
+        return path
+    return None
 
 
 RUN_ID_ENV = "TFTRAIN_RUN_ID"

@@ -177,7 +177,7 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
             "--seed", "0", "--run-dir", str(run_dir)]
     code, err, done = interrupt_after_first_checkpoint(MODULE, args, run_dir, tmp_path)
     assert code == 130, err[-2000:]
-    assert f"interrupted. Rerun the same command with --run-dir {run_dir} to resume" in err
+    assert f"interrupted. To resume, rerun the same command with --resume (or --run-dir {run_dir})" in err
     assert 1 <= done < 4
     assert not (run_dir / "metrics.json").exists()
 

@@ -66,7 +66,7 @@ def test_regression_resumes_after_ctrl_c(tmp_path):
             "--seed", "0", "--execution", "graph", "--run-dir", str(run_dir)]
     code, err, done = interrupt_after_first_checkpoint("tftrain.run", args, run_dir, tmp_path)
     assert code == 130, err[-2000:]
-    assert f"interrupted. Rerun the same command with --run-dir {run_dir} to resume" in err
+    assert f"interrupted. To resume, rerun the same command with --resume (or --run-dir {run_dir})" in err
     r = run_module("tftrain.run", args, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"resuming: {done}/4 epochs done" in r.stdout

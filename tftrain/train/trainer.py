@@ -235,11 +235,26 @@ class Trainer:
         if self.serves():
             return
         if self.config.run_dir is None:
-            self.config = dataclasses.replace(self.config, run_dir=str(self._default_run_dir()))
+            self.config = dataclasses.replace(self.config, run_dir=str(self._resumed() or self._default_run_dir()))
         self.run_dir = rundir_lib.check_run_dir(self.config.run_dir, self.config.to_dict())
         if self.is_chief:  # another process training into it: refused now, not after TensorFlow starts
             rundir_lib.check_not_in_use(self.run_dir.path)
         self._check_same_task()
+
+    def _resumed(self) -> Optional[Path]:
+        """`--resume`: the newest unfinished run directory of this task and configuration (`runs/<task>-*`).
+
+        Raises:
+            RunDirError: when there is none.
+        """
+        if not self.config.resume or self.cluster is not None:  # a cluster's default directory is already fixed
+            return None
+        found = rundir_lib.newest_unfinished(self.task.name, self.config.to_dict())
+        if found is None:
+            raise rundir_lib.RunDirError(
+                f"--resume found no unfinished run of task {self.task.name!r} with these settings under runs/. "
+                "Drop --resume to start a new run, or pass --run-dir DIR of the run to resume.")
+        return found
 
     def _task_identity(self) -> dict:
         hparams = self.config.task

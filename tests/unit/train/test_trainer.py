@@ -1,6 +1,7 @@
 """The Trainer's stages in this process (default strategy), each on a tiny model."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -324,3 +325,29 @@ def test_a_parameter_server_worker_serves_on_the_asked_devices(tmp_path, monkeyp
                                   "worker", 0)
     trainer.serve()
     assert calls == [("devices", "cpu"), ("serve", "worker:0")]
+
+
+def test_resume_finds_the_newest_unfinished_run_of_the_same_settings(tmp_path, monkeypatch):
+    import keras
+
+    monkeypatch.chdir(tmp_path)  # default run directories go under ./runs
+
+    class StopAfterOneEpoch(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise KeyboardInterrupt
+
+    x = np.random.default_rng(0).standard_normal((128, 4)).astype("float32")
+
+    def trainer(**kw):
+        task = tftrain.ArrayTask(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]), x, x[:, :1],
+                                 loss="mse", optimizer="sgd", name="resumable")
+        return tftrain.Trainer(task, epochs=2, verbose=0, execution="graph", batch_size=32, **kw)
+
+    with pytest.raises(RunDirError, match="--resume found no unfinished run of task 'resumable'"):
+        trainer(resume=True).fit()
+    with pytest.raises(KeyboardInterrupt):
+        trainer(callbacks=[StopAfterOneEpoch()]).fit()
+    (interrupted,) = (tmp_path / "runs").iterdir()
+    record = trainer(resume=True).fit()
+    assert record.run_dir == str(Path("runs") / interrupted.name) and record.resumed_from_epoch == 1
+    assert (interrupted / "metrics.json").is_file()
