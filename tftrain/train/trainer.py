@@ -236,10 +236,10 @@ class Trainer:
             return
         if self.config.run_dir is None:
             self.config = dataclasses.replace(self.config, run_dir=str(self._resumed() or self._default_run_dir()))
+        self._check_same_task(Path(self.config.run_dir))  # first: another task's settings differ too
         self.run_dir = rundir_lib.check_run_dir(self.config.run_dir, self.config.to_dict())
         if self.is_chief:  # another process training into it: refused now, not after TensorFlow starts
             rundir_lib.check_not_in_use(self.run_dir.path)
-        self._check_same_task()
 
     def _resumed(self) -> Optional[Path]:
         """`--resume`: the newest unfinished run directory of this task and configuration (`runs/<task>-*`).
@@ -261,21 +261,26 @@ class Trainer:
         return {"name": self.task.name, "class": type(self.task).__qualname__,
                 "hparams": type(hparams).__qualname__ if hparams is not None else None}
 
-    def _check_same_task(self) -> None:
-        """Refuses a run directory that holds another task's run (same flags, other model and data).
+    def _check_same_task(self, run_dir: Path) -> None:
+        """Refuses a run directory that holds another task's run, before comparing settings: a task's
+        run is only ever resumed by the same task, so "rerun with its settings" would go in a circle.
 
         Raises:
             RunDirError: naming both tasks and the fix.
         """
         from tftrain.errors import RunDirError
 
-        path = self.run_dir.path / TASK_FILE
+        path = run_dir / TASK_FILE
         if not path.is_file():
             return
-        theirs, ours = json.loads(path.read_text(encoding="utf-8")), self._task_identity()
+        try:
+            theirs = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            theirs = {}
+        ours = self._task_identity()
         if theirs != ours:
             raise RunDirError(
-                f"Run directory {str(self.run_dir.path)!r} holds a run of task {theirs.get('name')!r} "
+                f"Run directory {str(run_dir)!r} holds a run of task {theirs.get('name')!r} "
                 f"({theirs.get('class')}); this is task {ours['name']!r} ({ours['class']}). Pass a new --run-dir."
             )
 

@@ -351,3 +351,24 @@ def test_resume_finds_the_newest_unfinished_run_of_the_same_settings(tmp_path, m
     record = trainer(resume=True).fit()
     assert record.run_dir == str(Path("runs") / interrupted.name) and record.resumed_from_epoch == 1
     assert (interrupted / "metrics.json").is_file()
+
+
+def test_another_tasks_run_directory_is_refused_by_task_before_settings(tmp_path):
+    import keras
+
+    class StopAfterOneEpoch(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise KeyboardInterrupt
+
+    x = np.random.default_rng(0).standard_normal((64, 4)).astype("float32")
+
+    def trainer(name, **kw):
+        task = tftrain.ArrayTask(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]), x, x[:, :1],
+                                 loss="mse", optimizer="sgd", name=name)
+        return tftrain.Trainer(task, verbose=0, execution="graph", batch_size=32, run_dir=str(tmp_path / "run"), **kw)
+
+    with pytest.raises(KeyboardInterrupt):
+        trainer("first", epochs=2, callbacks=[StopAfterOneEpoch()]).fit()
+    # Other settings too: naming the settings would send the user to rerun with them, and be refused again.
+    with pytest.raises(RunDirError, match="holds a run of task 'first' \\(ArrayTask\\); this is task 'second'"):
+        trainer("second", epochs=5).fit()
