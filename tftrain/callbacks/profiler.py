@@ -29,7 +29,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import keras
 import tensorflow as tf
@@ -207,6 +207,9 @@ class ProfileSteps:
             Overview step is then one execution. Defaults to True.
         verbose: 1 prints where the trace went and the TensorBoard command, 0
             is silent. Defaults to 1.
+        say: called once with one line when the window does not fall on
+            execution boundaries (the traced steps then differ from the asked
+            ones). Defaults to a Python warning.
 
     Raises:
         ProfilerError: on an invalid window or a missing plugin.
@@ -231,8 +234,11 @@ class ProfileSteps:
         require_plugin: bool = True,
         step_markers: bool = True,
         verbose: int = 1,
+        say: Optional[Callable[[str], None]] = None,
     ):
         self.window = StepWindow(start, stop)
+        self.say = say or (lambda line: warnings.warn(line, stacklevel=4))
+        self._told_alignment = False
         for name, value, top in (
             ("host_tracer_level", host_tracer_level, 3),
             ("python_tracer_level", python_tracer_level, 1),
@@ -319,12 +325,12 @@ class ProfileSteps:
                 "(e.g. TensorBoard(profile_batch=...)); TensorFlow allows one session at a time."
             ) from None
         self.window.mark_started(self.steps_done)
-        if self.window.start != self.steps_done:
-            warnings.warn(
-                f"Profile window [{self.window.start}, {self.window.stop}) starts inside an execution "
-                f"of several steps (steps_per_execution); tracing from step {self.steps_done}.",
-                stacklevel=3,
-            )
+        n = self._pending_steps  # executions are assumed the same size through the window
+        end = self.steps_done + -(-(self.window.stop - self.steps_done) // n) * n
+        if (self.steps_done, end) != (self.window.start, self.window.stop):
+            self._told_alignment = True
+            self.say(f"profile: steps [{self.window.start}, {self.window.stop}) fall inside executions of {n} "
+                     f"steps (steps_per_execution); tracing steps [{self.steps_done}, {end}).")
 
     def _stop(self) -> None:
         if self._marker is not None:
@@ -332,12 +338,9 @@ class ProfileSteps:
             self._marker = None
         tf.profiler.experimental.stop()
         self.window.mark_stopped(self.steps_done)
-        if self.steps_done > self.window.stop:
-            warnings.warn(
-                f"Profile window [{self.window.start}, {self.window.stop}) ends inside an execution "
-                f"of several steps (steps_per_execution); traced up to step {self.steps_done}.",
-                stacklevel=3,
-            )
+        if self.steps_done > self.window.stop and not self._told_alignment:
+            self.say(f"profile: steps [{self.window.start}, {self.window.stop}) end inside an execution of several "
+                     f"steps (steps_per_execution); traced up to step {self.steps_done}.")
         self.trace_files = [p for p in xplane_files(self.trace_dir) if p not in self._before]
         if not self.trace_files:
             raise ProfilerError(
@@ -423,7 +426,7 @@ class ProfilerWindow(keras.callbacks.Callback):
             which trace and compile the training function.
         stop: first step not traced. Defaults to 15.
         host_tracer_level, python_tracer_level, device_tracer_level, subdir,
-            require_plugin, step_markers, verbose: see `ProfileSteps`.
+            require_plugin, step_markers, verbose, say: see `ProfileSteps`.
 
     Raises:
         ProfilerError: at construction on an invalid window or a missing
@@ -452,9 +455,11 @@ class ProfilerWindow(keras.callbacks.Callback):
         require_plugin: bool = True,
         step_markers: bool = True,
         verbose: int = 1,
+        say: Optional[Callable[[str], None]] = None,
     ):
         super().__init__()
         self._kwargs = dict(
+            say=say,
             host_tracer_level=host_tracer_level,
             python_tracer_level=python_tracer_level,
             device_tracer_level=device_tracer_level,

@@ -778,7 +778,8 @@ class Trainer:
         if window is None:
             return [self.monitor] + nvtx
         start, stop = (step * self.accumulation_steps for step in window)  # optimizer steps -> micro-batches
-        self.profiler = ProfilerWindow(self.out_dir.log_dir, start, stop, verbose=min(1, self.config.train.verbose))
+        self.profiler = ProfilerWindow(self.out_dir.log_dir, start, stop, verbose=min(1, self.config.train.verbose),
+                                       say=self.console.line)
         return [self.monitor, self.profiler] + nvtx
 
     def _nvtx_callbacks(self) -> list:

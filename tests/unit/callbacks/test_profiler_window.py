@@ -245,12 +245,17 @@ def test_on_demand_server_requires_acknowledging_all_interfaces():
         profiler.start_profiler_server(0, listen_on_all_interfaces=True)
 
 
-def test_a_window_widened_at_either_end_says_so(tmp_path):
+def test_a_window_widened_at_either_end_says_so_once(tmp_path):
     model = small_model(steps_per_execution=4)
     window = ProfilerWindow(tmp_path, start=5, stop=10, verbose=0)  # widened to the executions [4, 8), [8, 12)
     with pytest.warns(UserWarning) as caught:
         model.fit(small_dataset(batches=8), epochs=2, callbacks=[window], verbose=0, shuffle=False)
-    messages = [str(w.message) for w in caught]
-    assert any("starts inside an execution" in m and "tracing from step 4" in m for m in messages), messages
-    assert any("ends inside an execution" in m and "traced up to step 12" in m for m in messages), messages
+    messages = [str(w.message) for w in caught if "profile:" in str(w.message)]
+    assert messages == ["profile: steps [5, 10) fall inside executions of 4 steps (steps_per_execution); "
+                        "tracing steps [4, 12)."], messages
     assert window.captured == (4, 12)
+    said = []
+    again = ProfilerWindow(tmp_path / "again", start=5, stop=10, verbose=0, say=said.append)  # e.g. a console
+    small_model(steps_per_execution=4).fit(small_dataset(batches=8), epochs=2, callbacks=[again], verbose=0,
+                                           shuffle=False)
+    assert len(said) == 1 and "tracing steps [4, 12)" in said[0]
