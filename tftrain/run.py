@@ -96,6 +96,8 @@ def load_task(spec: str):
 
 def _one_line(error: BaseException) -> str:
     """`Type: first line` of an error (with the next line when the first ends in a colon)."""
+    if isinstance(error, SyntaxError) and error.msg:  # its str() repeats the file and line `_where` names
+        return f"{type(error).__name__}: {error.msg}"
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     if not lines:
         return type(error).__name__
@@ -197,6 +199,10 @@ def _task_from_argv(argv: List[str], prog: str):
         if any(a in ("-h", "--help") for a in argv):
             cli.build_parser(f"{prog} FILE.py:NAME", _empty_config(), __doc__.split("\n\n")[0]).print_help()
             raise SystemExit(0)
+        file = next((a for a in rest if not a.startswith("-") and a.endswith(".py")), None)
+        if file is not None:
+            raise ConfigError(f"{file!r} names a file but not the task in it. Pass {file}:NAME, the task's name in "
+                              f"the file, e.g. python -m tftrain.run {file}:task.")
         raise ConfigError("No task given. Usage: python -m tftrain.run FILE.py:NAME [flags], "
                           "e.g. python -m tftrain.run examples/regression.py:task --epochs 3.")
     started_before = _tensorflow_started()

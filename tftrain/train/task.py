@@ -707,8 +707,18 @@ class DatasetTask(_FunctionTask):
                                        ("batch", self.batch), ("prefetch", self.prefetch and self._data.prefetch))
                  if on]
         n = self.num_train_examples
-        return [f"data:      your tf.data pipeline ({f'{n:,}' if n else 'unknown number of'} training examples); "
-                f"tftrain adds: {', '.join(added) or 'nothing'}"]
+        held_out = ""
+        if self._data.validation_split and self.validation_fn is None and n is not None:
+            held_out = f", {self._held_out_count():,} held out for validation (the last {self._data.validation_split:g})"
+        return [f"data:      your tf.data pipeline ({f'{n:,}' if n else 'unknown number of'} training examples"
+                f"{held_out}); tftrain adds: {', '.join(added) or 'nothing'}"]
+
+    def _held_out_count(self) -> int:
+        """Examples `--validation-split` holds out of the (known) training count."""
+        n = self._known_count()
+        if self._data.train_examples is not None:
+            n = min(n, self._data.train_examples)
+        return max(1, int(n * self._data.validation_split))
 
 
 def _with_shard_policy(ds, input_context, private_threads: int = 0):

@@ -192,6 +192,8 @@ def test_dataset_task_validation_split_needs_a_known_count():
                                 num_train_examples=20).bind(RecipeConfig().override({"validation_split": 0.25}))
     np.testing.assert_array_equal(_labels(known.validation_data(4)), y[15:].ravel())
     assert known.num_train_examples == 15
+    [line] = known.describe_data()  # the data line says what was held out
+    assert "(15 training examples, 5 held out for validation (the last 0.25))" in line, line
 
 
 def _write_records(path, n, label_scale):
