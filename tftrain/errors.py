@@ -54,7 +54,12 @@ class LaunchError(ConfigError):
 
 
 class ProfilerError(ConfigError):
-    """A profile could not be captured (plugin missing, window never reached, no trace)."""
+    """A profile cannot be captured as asked (plugin missing, an invalid window, a window the run never
+    reaches, a port): input the user can fix (exit code 2)."""
+
+
+class ProfileNotWritten(TftrainError, RuntimeError):
+    """The profiler ran but wrote no trace file: a run that failed (exit code 1), not bad input."""
 
 
 class BatchSizeSearchError(ConfigError):
@@ -62,7 +67,11 @@ class BatchSizeSearchError(ConfigError):
 
 
 class TuningError(ConfigError):
-    """A hyperparameter search cannot run as configured (e.g. a multi-worker strategy)."""
+    """A hyperparameter search cannot run as configured (e.g. a multi-worker strategy): exit code 2."""
+
+
+class TuningFailed(TftrainError, RuntimeError):
+    """A hyperparameter search ran and finished no trial: a run that failed (exit code 1)."""
 
 
 class TrainingDiverged(TftrainError, RuntimeError):

@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from tftrain.callbacks._steps import steps_per_execution, train_steps
 from tftrain.callbacks._trace_steps import group_steps_by_markers, step_marker_name
-from tftrain.errors import ProfilerError
+from tftrain.errors import ProfileNotWritten, ProfilerError
 
 PLUGIN_PACKAGES = ("tensorboard_plugin_profile", "xprof")
 """Python packages that provide TensorBoard's Profile tab (either one)."""
@@ -343,7 +343,7 @@ class ProfileSteps:
                      f"steps (steps_per_execution); traced up to step {self.steps_done}.")
         self.trace_files = [p for p in xplane_files(self.trace_dir) if p not in self._before]
         if not self.trace_files:
-            raise ProfilerError(
+            raise ProfileNotWritten(
                 f"The profiler stopped but wrote no .xplane.pb file under {self.trace_dir}/plugins/profile. "
                 "Check that the log directory is writable and has free space, and that nothing else "
                 "stopped the profiler (one session per process)."
@@ -375,8 +375,8 @@ class ProfileSteps:
                 Defaults to `steps_done`.
 
         Raises:
-            ProfilerError: when training ended before the window's start step, or
-                the trace wrote no `.xplane.pb` file.
+            ProfilerError: when training ended before the window's start step.
+            ProfileNotWritten: when the trace wrote no `.xplane.pb` file.
         """
         if self.window.active:
             if self.window.stop > self.steps_done:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from tftrain.errors import ConfigError
+from tftrain.errors import ConfigError, TuningFailed
 
 AUTO_BATCH_MIN_STEPS = 10
 """`--batch-size auto` tries batches up to train_examples / this, so an epoch keeps this many steps."""
@@ -82,7 +82,7 @@ def _tuning_figures(trainer, tuner, directory) -> Tuple[dict, dict]:
     # A failed trial has no score (keras-tuner ranks it among the best when every trial failed).
     trials = [t for t in tuner.oracle.get_best_trials(trainer.config.train.tune) if t.score is not None]
     if not trials:
-        raise ConfigError("keras-tuner finished no trial; see its messages above.")
+        raise TuningFailed("keras-tuner finished no trial; see its messages above.")
     values = trials[0].hyperparameters.values
     best = {k: (float(v) if k == "learning_rate" else v) for k, v in values.items()}
     trainer.console.line(f"tuning:    best {tuner.oracle.objective.name} {trials[0].score:.4f} with {best}")

@@ -9,7 +9,7 @@ from tests.profile_traces import event_counts, read_xspace, stat_values, step_ma
 from tftrain.callbacks import ProfilerWindow, ProfileSteps, profiler
 from tftrain.callbacks._trace_steps import group_steps_by_markers, step_marker_name
 from tftrain.callbacks.profiler import StepWindow, check_window_fits
-from tftrain.errors import ConfigError, ProfilerError
+from tftrain.errors import ConfigError, ProfileNotWritten, ProfilerError
 
 
 # -- the window alone ------------------------------------------------------------
@@ -222,7 +222,7 @@ def test_missing_profile_plugin_names_the_fix(tmp_path, monkeypatch):
 
 def test_trace_without_xplane_file_is_reported(tmp_path, monkeypatch):
     monkeypatch.setattr(profiler, "xplane_files", lambda log_dir: [])
-    with pytest.raises(ProfilerError, match=r"wrote no \.xplane\.pb"):
+    with pytest.raises(ProfileNotWritten, match=r"wrote no \.xplane\.pb"):  # a failed run (exit 1), not bad input
         with ProfileSteps(tmp_path, start=0, stop=1, verbose=0) as prof:
             with prof.step():
                 tf.constant(1.0) + 1.0

@@ -203,7 +203,9 @@ def test_tune_says_so_when_every_trial_failed(tmp_path):
     task = tftrain.ArrayTask(broken_model, x, y, loss="mse", name="broken")
     trainer = tftrain.Trainer(task, tune=2, validation_split=0.25, epochs=1, verbose=0, execution="graph",
                               run_dir=str(tmp_path / "run"))
-    with pytest.raises(ConfigError, match="keras-tuner finished no trial"):  # not a TypeError on a None score
+    from tftrain.errors import TuningFailed
+
+    with pytest.raises(TuningFailed, match="keras-tuner finished no trial"):  # not a TypeError on a None score
         trainer.fit()
 
 
