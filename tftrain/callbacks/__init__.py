@@ -9,8 +9,8 @@ Each one only wires Keras hooks; the algorithms are plain code tested alone:
 first use, so importing one submodule does not pull in the others.
 """
 
-__all__ = ["BatchSizeFinder", "NanGuard", "NvtxSteps", "PreemptionWatch", "ProfileSteps", "ProfilerWindow",
-           "ResumableEarlyStopping", "StepBackup", "ThroughputMonitor", "start_profiler_server"]
+__all__ = ["BatchSizeFinder", "NanGuard", "NvtxSteps", "PreemptionWatch", "ProfileSteps", "ProfilerServer",
+           "ProfilerWindow", "ResumableEarlyStopping", "StepBackup", "ThroughputMonitor", "start_profiler_server"]
 
 _LAZY = {
     "BatchSizeFinder": "tftrain.tuning.finder",  # lives with the search it runs (the tuning layer)
@@ -19,6 +19,7 @@ _LAZY = {
     "PreemptionWatch": "tftrain.callbacks.preemption",
     "StepBackup": "tftrain.callbacks.backup",
     "ProfileSteps": "tftrain.callbacks.profiler",
+    "ProfilerServer": "tftrain.callbacks.profiler",
     "ProfilerWindow": "tftrain.callbacks.profiler",
     "ResumableEarlyStopping": "tftrain.callbacks.early_stopping",
     "start_profiler_server": "tftrain.callbacks.profiler",

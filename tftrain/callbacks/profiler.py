@@ -10,7 +10,7 @@ Three entry points, one mechanism (`ProfileSteps`):
 
 - `ProfilerWindow(log_dir, start, stop)`: a Keras callback for `model.fit`.
 - `ProfileSteps(log_dir, start, stop)`: a context manager for custom training loops.
-- `ProfilerWindow.on_demand(port, ...)` / `start_profiler_server`: start TensorFlow's
+- `ProfilerServer(port, ...)` (also `ProfilerWindow.on_demand`) / `start_profiler_server`: start TensorFlow's
   profiler server so TensorBoard's "Capture profile" button can trace a running job.
 
 The trace lands in `<log_dir>/<subdir>/plugins/profile/<timestamp>/<host>.xplane.pb`,
@@ -471,11 +471,10 @@ class ProfilerWindow(keras.callbacks.Callback):
         self.log_dir = log_dir
         self.start, self.stop = start, stop
         self.profile = ProfileSteps(log_dir, start, stop, **self._kwargs)  # validates early
-        self.server_port: Optional[int] = None
         self._base = 0
 
     @classmethod
-    def on_demand(cls, port: int, *, listen_on_all_interfaces: bool = False, verbose: int = 1) -> "ProfilerWindow":
+    def on_demand(cls, port: int, *, listen_on_all_interfaces: bool = False, verbose: int = 1) -> "ProfilerServer":
         """A callback that starts TensorFlow's profiler server when `fit` begins.
 
         Capture then happens from TensorBoard (Profile tab -> "Capture profile",
@@ -490,27 +489,14 @@ class ProfilerWindow(keras.callbacks.Callback):
             verbose: 1 prints the capture address. Defaults to 1.
 
         Returns:
-            A `ProfilerWindow` in on-demand mode (no fixed window).
+            A `ProfilerServer` callback (no fixed window).
 
         Raises:
             ProfilerError: on a bad port or without `listen_on_all_interfaces`.
         """
-        _check_server_request(port, listen_on_all_interfaces)
-        window = cls.__new__(cls)
-        keras.callbacks.Callback.__init__(window)
-        window.profile = None
-        window.server_port = port
-        window._listen_all = listen_on_all_interfaces
-        window._kwargs = {"verbose": verbose}
-        window._base = 0
-        return window
+        return ProfilerServer(port, listen_on_all_interfaces=listen_on_all_interfaces, verbose=verbose)
 
     def on_train_begin(self, logs=None):
-        if self.server_port is not None:
-            start_profiler_server(
-                self.server_port, listen_on_all_interfaces=self._listen_all, verbose=self._kwargs["verbose"]
-            )
-            return
         if self.profile.window.started_at is not None:  # a second fit(): fresh window
             self.profile = ProfileSteps(self.log_dir, self.start, self.stop, **self._kwargs)
         steps, epochs = self.params.get("steps"), self.params.get("epochs")
@@ -518,26 +504,53 @@ class ProfilerWindow(keras.callbacks.Callback):
         self._base = train_steps(self.model)
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self.profile is not None and self.profile.needs_steps:
+        if self.profile.needs_steps:
             self.profile.begin(steps_per_execution(self.model))
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.profile is not None and self.profile.needs_steps:
+        if self.profile.needs_steps:
             self.profile.end(train_steps(self.model) - self._base)
 
     def on_train_end(self, logs=None):
-        if self.profile is not None:
-            self.profile.close()
+        self.profile.close()
 
     @property
     def captured(self) -> Optional[Tuple[int, int]]:
         """Steps `[first, stop)` traced by the last `fit`, or None."""
-        return None if self.profile is None else self.profile.window.captured
+        return self.profile.window.captured
 
     @property
     def trace_files(self) -> List[Path]:
         """The `.xplane.pb` files the last capture wrote."""
-        return [] if self.profile is None else list(self.profile.trace_files)
+        return list(self.profile.trace_files)
+
+
+class ProfilerServer(keras.callbacks.Callback):
+    """Starts TensorFlow's profiler server when `fit` begins, for captures from TensorBoard (Profile tab ->
+    "Capture profile", address `localhost:<port>`) while training runs; see `start_profiler_server` for why
+    `listen_on_all_interfaces` is required.
+
+    Args:
+        port: TCP port, 1..65535.
+        listen_on_all_interfaces: must be True; acknowledges that TensorFlow's
+            server listens on every network interface. Defaults to False.
+        verbose: 1 prints the capture address. Defaults to 1.
+
+    Raises:
+        ProfilerError: on a bad port or without `listen_on_all_interfaces` (at construction).
+
+    Example:
+        >>> model.fit(data, callbacks=[ProfilerServer(6009, listen_on_all_interfaces=True)])
+    """
+
+    def __init__(self, port: int, *, listen_on_all_interfaces: bool = False, verbose: int = 1):
+        super().__init__()
+        _check_server_request(port, listen_on_all_interfaces)
+        self.server_port, self.listen_on_all_interfaces, self.verbose = port, listen_on_all_interfaces, verbose
+
+    def on_train_begin(self, logs=None):
+        start_profiler_server(self.server_port, listen_on_all_interfaces=self.listen_on_all_interfaces,
+                              verbose=self.verbose)
 
 
 def _check_server_request(port, listen_on_all_interfaces) -> None:

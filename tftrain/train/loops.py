@@ -124,7 +124,7 @@ class FitLoop:
             model.compile(**compile_args, **runtime.compile_options())
 
     def fit(self, model, train_data: Callable, *, epochs: int, steps_per_epoch: Optional[int],
-            callbacks: Sequence, verbose: int, validation_data=None, runtime=None, metrics=None):
+            callbacks: Sequence, verbose: int, validation_data=None, runtime=None, metrics=None, say=print):
         """Trains with `Model.fit` on `train_data()`; returns the `History`.
 
         Args:
@@ -139,6 +139,8 @@ class FitLoop:
             runtime: the `Runtime`. Defaults to None.
             metrics: the task's metrics, for loops that update them
                 themselves (not `Model.fit`). Defaults to None.
+            say: prints one line about a setting the loop changed (the run's
+                console under the Trainer). Defaults to `print`.
         """
         import tensorflow as tf
 
@@ -177,7 +179,7 @@ class MultiWorkerLoop(FitLoop):
         return max(d for d in range(1, requested + 1) if batches_per_epoch % d == 0)
 
     def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
-            runtime=None, metrics=None):
+            runtime=None, metrics=None, say=print):
         """`Model.fit` on `strategy.distribute_datasets_from_function`; see `FitLoop.fit`.
 
         `steps_per_epoch` must be known (`Trainer.check_task` refuses a task
@@ -190,8 +192,8 @@ class MultiWorkerLoop(FitLoop):
         spe = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
         if steps_per_epoch % spe:
             model.steps_per_execution = self.steps_per_execution_for(spe, steps_per_epoch)
-            print(f"steps per execution: {model.steps_per_execution} ({spe} does not divide the epoch's "
-                  f"{steps_per_epoch} steps, and Keras would run whole executions past the epoch's end)", flush=True)
+            say(f"steps per execution: {model.steps_per_execution} ({spe} does not divide the epoch's "
+                f"{steps_per_epoch} steps, and Keras would run whole executions past the epoch's end)")
         dataset = runtime.strategy.distribute_datasets_from_function(lambda ctx: train_data(ctx).repeat())
         return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=list(callbacks),
                          verbose=verbose, validation_data=validation_data, shuffle=False)
@@ -283,7 +285,7 @@ class ParameterServerLoop(FitLoop):
             model.compile(optimizer=compile_args.get("optimizer"), loss=compile_args.get("loss"))
 
     def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
-            runtime=None, metrics=None):
+            runtime=None, metrics=None, say=print):
         """`tftrain.train.ps_training.fit` on per-worker datasets; see `FitLoop.fit`."""
         from tftrain.train import ps_training
 

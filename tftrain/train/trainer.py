@@ -802,7 +802,7 @@ class Trainer:
                 history = self.loop.fit(
                     model, self._train_data, epochs=self.config.train.epochs, steps_per_epoch=micro_steps,
                     callbacks=[*callbacks, *progress], verbose=verbose, validation_data=validation,
-                    runtime=self.runtime, metrics=self.compile_args.get("metrics"),
+                    runtime=self.runtime, metrics=self.compile_args.get("metrics"), say=self.console.line,
                 )
         except Preempted as e:  # the checkpoint of this step is saved: name where it is
             e.run_dir = str(self.run_dir.path)

@@ -259,3 +259,11 @@ def test_a_window_widened_at_either_end_says_so_once(tmp_path):
     small_model(steps_per_execution=4).fit(small_dataset(batches=8), epochs=2, callbacks=[again], verbose=0,
                                            shuffle=False)
     assert len(said) == 1 and "tracing steps [4, 12)" in said[0]
+
+
+def test_on_demand_is_its_own_callback_holding_its_settings():
+    from tftrain.callbacks import ProfilerServer
+
+    server = ProfilerWindow.on_demand(6009, listen_on_all_interfaces=True, verbose=0)
+    assert type(server) is ProfilerServer and (server.server_port, server.verbose) == (6009, 0)
+    assert server.listen_on_all_interfaces is True
