@@ -110,3 +110,36 @@ class CheckpointSpaceError(TftrainError, OSError):
     """The disk holding the run directory has no room for the next checkpoint: a run that failed
     (exit code 1). Raised before anything is written, so the previous checkpoint stays whole; the
     message names the folder, the bytes needed and the bytes free."""
+
+
+def check_int(value, name: str, *, minimum: int = 1, maximum=None, error: type = ValueError,
+              none_ok: bool = False):
+    """The one check of an integer argument: `value` itself when it is an `int` (not a `bool`) in
+    `[minimum, maximum]` (or None with `none_ok`).
+
+    Args:
+        value: what the caller received.
+        name: the argument's name in the message (e.g. `"batch_size"` or `"--workers"`).
+        minimum: the smallest value allowed. Defaults to 1.
+        maximum: the largest value allowed, or None for no bound. Defaults to None.
+        error: the exception class raised: `ValueError` for a library argument, a
+            `ConfigError` subclass for input the command line reports (exit 2).
+            Defaults to `ValueError`.
+        none_ok: whether None is allowed (and returned). Defaults to False.
+
+    Returns:
+        `value`.
+
+    Raises:
+        error: one line, e.g. `batch_size must be an integer >= 1. Received: batch_size=0.`
+
+    Example:
+        >>> steps = check_int(steps, "gradient_accumulation_steps", error=ConfigError)
+    """
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or \
+            (maximum is not None and value > maximum):
+        bound = f"in {minimum}..{maximum}" if maximum is not None else f">= {minimum}"
+        raise error(f"{name} must be an integer {bound}{' or None' if none_ok else ''}. Received: {name}={value!r}.")
+    return value

@@ -45,7 +45,7 @@ import threading
 import time
 from typing import Callable, List, Mapping, Optional, Sequence, TextIO
 
-from tftrain.errors import LaunchError
+from tftrain.errors import LaunchError, check_int
 from tftrain.rundir import RUN_ID_ENV
 
 PROG = "python -m tftrain.launch"
@@ -104,9 +104,8 @@ def make_cluster(
         >>> make_cluster(2)
         {'worker': ['127.0.0.1:21043', '127.0.0.1:17611']}
     """
-    for name, value, minimum in (("workers", workers, 1), ("ps", ps, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise LaunchError(f"--{name} must be an integer >= {minimum}. Received: {name}={value!r}.")
+    check_int(workers, "--workers", error=LaunchError)
+    check_int(ps, "--ps", minimum=0, error=LaunchError)
     if ps and not chief:
         raise LaunchError(
             f"--ps {ps} needs --chief: a parameter-server job is coordinated by the chief task. "

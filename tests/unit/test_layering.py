@@ -75,3 +75,4 @@ def test_the_checks_see_imports_inside_functions(tmp_path):
     found = _imports("tftrain.runtime.probe", path, {"tftrain.doctor.diagnose": None})
     assert found == {"tftrain.doctor.diagnose", "tftrain.train.trainer"}
     assert max(_layer(t) for t in found) > _layer("tftrain.runtime.probe")  # what the first test would flag
+

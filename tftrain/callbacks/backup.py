@@ -42,6 +42,7 @@ import keras
 import numpy as np
 
 from tftrain.callbacks._steps import optimizer_steps
+from tftrain.errors import check_int
 from tftrain.rundir import write_text_atomic
 
 SPACE_MARGIN = 1 << 20
@@ -147,9 +148,7 @@ class StepBackup(keras.callbacks.BackupAndRestore):
                  double_checkpoint: bool = True, delete_checkpoint: bool = True,
                  stop_requested: Optional[Callable[[], Optional[int]]] = None,
                  say: Optional[Callable[[str], None]] = None):
-        if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
-                                        or every_steps < 1):
-            raise ValueError(f"every_steps must be a positive integer or None. Received: every_steps={every_steps!r}.")
+        check_int(every_steps, "every_steps", none_ok=True)
         super().__init__(str(backup_dir), save_freq="epoch", double_checkpoint=double_checkpoint,
                          delete_checkpoint=delete_checkpoint)
         self.every_steps, self.steps_per_epoch = every_steps, steps_per_epoch

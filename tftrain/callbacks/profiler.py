@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from tftrain.callbacks._steps import steps_per_execution, train_steps
 from tftrain.callbacks._trace_steps import group_steps_by_markers, step_marker_name
-from tftrain.errors import ProfileNotWritten, ProfilerError
+from tftrain.errors import ProfileNotWritten, ProfilerError, check_int
 
 PLUGIN_PACKAGES = ("tensorboard_plugin_profile", "xprof")
 """Python packages that provide TensorBoard's Profile tab (either one)."""
@@ -554,8 +554,7 @@ class ProfilerServer(keras.callbacks.Callback):
 
 
 def _check_server_request(port, listen_on_all_interfaces) -> None:
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        raise ProfilerError(f"Profiler server port must be an integer in 1..65535. Received: port={port!r}.")
+    check_int(port, "port", maximum=65535, error=ProfilerError)
     if not listen_on_all_interfaces:
         raise ProfilerError(
             "TensorFlow's profiler server listens on every network interface ([::]:PORT) and cannot be "

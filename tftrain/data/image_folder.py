@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Tuple, Union
 import numpy as np
 
 from tftrain.config import DataConfig
-from tftrain.errors import ConfigError, DataError
+from tftrain.errors import ConfigError, DataError, check_int
 
 if TYPE_CHECKING:  # TensorFlow is imported only when a dataset is built
     import tensorflow as tf
@@ -194,8 +194,7 @@ def _check_dataset_args(files, image_size, batch_size, num_channels) -> None:
         )
     if not len(files):
         raise DataError("files holds no image. Expected at least one file; check the folder and the split.")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}.")
+    check_int(batch_size, "batch_size", error=ConfigError)
     size_ok = isinstance(image_size, (tuple, list)) and len(image_size) == 2 and all(
         isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in image_size)
     if not size_ok:

@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain.config import DataConfig, check_batch_divides
-from tftrain.errors import ConfigError
+from tftrain.errors import ConfigError, check_int
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -74,8 +74,7 @@ def resolve_batch_size(
         )
     for name, value in (("batch_size", batch_size), ("per_replica_batch_size", per_replica_batch_size),
                         ("num_replicas", num_replicas)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ConfigError(f"{name} must be a positive integer. Received: {name}={value!r}.")
+        check_int(value, name, error=ConfigError, none_ok=True)
     if batch_size is None:
         per_replica = per_replica_batch_size or default_per_replica
         return BatchSize(per_replica * num_replicas, per_replica, num_replicas)
@@ -191,8 +190,7 @@ def build_dataset(
         ...                    preprocess=scale_pixels)
     """
     config = config or DataConfig()
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}.")
+    check_int(batch_size, "batch_size", error=ConfigError)
     from_files = not (isinstance(source, tuple) and len(source) == 2 and not isinstance(source[0], str))
     drop_remainder = training if drop_remainder is None else drop_remainder
     batched = False

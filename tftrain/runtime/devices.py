@@ -12,7 +12,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tftrain.errors import DeviceError, RuntimeStartedError
+from tftrain.errors import DeviceError, RuntimeStartedError, check_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +80,7 @@ def split_cpu(num_devices: int) -> list:
 
     Source: https://www.tensorflow.org/guide/distributed_training (logical devices).
     """
-    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
-        raise ValueError(f"num_devices must be an integer >= 1. Received: {num_devices!r}.")
+    check_int(num_devices, "num_devices")
     (cpu,) = tf.config.list_physical_devices("CPU")[:1]
     current = tf.config.get_logical_device_configuration(cpu)
     wanted = [tf.config.LogicalDeviceConfiguration() for _ in range(num_devices)]

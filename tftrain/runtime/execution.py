@@ -20,6 +20,8 @@ import statistics
 import time
 from typing import Mapping, Optional, Sequence
 
+from tftrain.errors import check_int
+
 EXECUTIONS = ("eager", "graph", "xla")
 """Execution modes `compile_options` accepts."""
 
@@ -54,10 +56,7 @@ def compile_options(execution: str = "graph", steps_per_execution: int = 1) -> d
             f"Invalid execution {execution!r}. Expected one of: {', '.join(EXECUTIONS)}. "
             f"Received: execution={execution!r}."
         )
-    if isinstance(steps_per_execution, bool) or not isinstance(steps_per_execution, int) or steps_per_execution < 1:
-        raise ValueError(
-            f"steps_per_execution must be an integer >= 1. Received: steps_per_execution={steps_per_execution!r}."
-        )
+    check_int(steps_per_execution, "steps_per_execution")
     return {
         "run_eagerly": execution == "eager",
         "jit_compile": execution == "xla",
@@ -182,10 +181,9 @@ def time_training_steps(
     """
     import keras
 
-    for name, value, minimum in (("steps", steps, 1), ("warmup_executions", warmup_executions, 1),
-                                 ("min_timed_executions", min_timed_executions, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}. Received: {name}={value!r}.")
+    for name, value in (("steps", steps), ("warmup_executions", warmup_executions),
+                        ("min_timed_executions", min_timed_executions)):
+        check_int(value, name)
     batch = batch_size if batch_size is not None else _batch_size_of(dataset)
     spe = int(getattr(model, "steps_per_execution", 1) or 1)
     timed_executions = max(min_timed_executions, math.ceil(steps / spe))

@@ -25,6 +25,8 @@ import dataclasses
 import os
 import sys
 
+from tftrain.errors import check_int
+
 M_TRIM_THRESHOLD = -1
 """glibc's `mallopt` parameter number for the trim threshold (malloc.h)."""
 
@@ -162,8 +164,7 @@ def restore_malloc_thresholds(
     """
     for name, value in (("mmap_threshold_bytes", mmap_threshold_bytes),
                         ("trim_threshold_bytes", trim_threshold_bytes)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**31:
-            raise ValueError(f"{name} must be a positive integer below 2**31. Received: {name}={value!r}.")
+        check_int(value, name, maximum=2**31 - 1)
     user_setting = _user_malloc_setting()
     if user_setting:
         return MallocSettings(False, reason=f"{user_setting} is set: malloc keeps the user's settings")

@@ -17,7 +17,7 @@ import warnings
 
 import tensorflow as tf
 
-from tftrain.errors import RuntimeStartedWarning
+from tftrain.errors import RuntimeStartedWarning, check_int
 
 _warned = False
 
@@ -91,9 +91,8 @@ def set_threads(intra_op: int = 0, inter_op: int = 0) -> ThreadSettings:
         >>> from tftrain.runtime import set_threads
         >>> set_threads(intra_op=2, inter_op=1)  # before building any model
     """
-    for name, value in (("intra_op", intra_op), ("inter_op", inter_op)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an integer >= 0. Received: {name}={value!r}.")
+    check_int(intra_op, "intra_op", minimum=0)
+    check_int(inter_op, "inter_op", minimum=0)
     try:
         tf.config.threading.set_intra_op_parallelism_threads(intra_op)
         tf.config.threading.set_inter_op_parallelism_threads(inter_op)

@@ -36,7 +36,7 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from tftrain.errors import ConfigError
+from tftrain.errors import ConfigError, check_int
 
 
 @keras.saving.register_keras_serializable(package="tftrain")
@@ -195,9 +195,7 @@ def _add(accumulator, grad):
 
 def check_accumulation_steps(steps) -> None:
     """Raises `ConfigError` unless `steps` is an int >= 1."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ConfigError(f"gradient_accumulation_steps must be an integer >= 1. "
-                          f"Received: gradient_accumulation_steps={steps!r}.")
+    check_int(steps, "gradient_accumulation_steps", error=ConfigError)
 
 
 def accumulate_gradients(optimizer, steps: int):

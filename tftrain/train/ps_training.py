@@ -35,6 +35,8 @@ from typing import Callable, Optional, Sequence
 import keras
 import tensorflow as tf
 
+from tftrain.errors import check_int
+
 
 def _check_model(model: keras.Model) -> None:
     if getattr(model, "optimizer", None) is None or getattr(model, "loss", None) is None:
@@ -124,8 +126,7 @@ def fit(
         )
     for name, value in (("epochs", epochs), ("steps_per_epoch", steps_per_epoch),
                         ("steps_per_execution", steps_per_execution)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}.")
+        check_int(value, name)
     coordinator = coordinator or tf.distribute.coordinator.ClusterCoordinator(strategy)
     metrics = list(metrics)
     with strategy.scope():

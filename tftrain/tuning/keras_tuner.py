@@ -26,7 +26,7 @@ import keras
 import keras_tuner as kt
 import tensorflow as tf
 
-from tftrain.errors import TuningError
+from tftrain.errors import TuningError, check_int
 
 ALGORITHMS = ("random", "hyperband", "bayesian")
 """Tuner names accepted by `make_tuner`."""
@@ -123,8 +123,7 @@ def make_tuner(
         raise TuningError(
             f"Invalid tuner {algorithm!r}. Expected one of: {', '.join(ALGORITHMS)}. Received: tuner={algorithm!r}."
         )
-    if isinstance(max_trials, bool) or not isinstance(max_trials, int) or max_trials < 1:
-        raise TuningError(f"max_trials must be a positive integer. Received: max_trials={max_trials!r}.")
+    check_int(max_trials, "max_trials", error=TuningError)
     distribution = check_strategy(strategy)
     common = dict(
         objective=objective,

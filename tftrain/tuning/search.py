@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, List, Optional, Tuple
 
-from tftrain.errors import BatchSizeSearchError, ConfigError
+from tftrain.errors import BatchSizeSearchError, ConfigError, check_int
 
 MODES = ("power", "binsearch")
 OBJECTIVES = ("throughput", "largest")
@@ -176,8 +176,7 @@ def validate_search_args(mode, objective, init_val, max_val, max_trials, margin,
             f"Invalid objective {objective!r}. Expected one of: {', '.join(OBJECTIVES)}. Received: objective={objective!r}."
         )
     for name, value in (("init_val", init_val), ("max_trials", max_trials), ("multiple_of", multiple_of)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer. Received: {name}={value!r}.")
+        check_int(value, name, error=ConfigError)
     if max_val is not None and (isinstance(max_val, bool) or not isinstance(max_val, int) or max_val < init_val):
         raise ConfigError(f"max_val must be an integer >= init_val ({init_val}) or None. Received: max_val={max_val!r}.")
     if not 0 <= margin < 1:
@@ -246,8 +245,7 @@ def search_batch_size(
         1000
     """
     validate_search_args(mode, objective, init_val, max_val, max_trials, margin, min_gain, multiple_of)
-    if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-        raise ConfigError(f"patience must be a positive integer. Received: patience={patience!r}.")
+    check_int(patience, "patience", error=ConfigError)
     trials: List[Trial] = []
 
     def attempt(batch_size: int) -> Trial:

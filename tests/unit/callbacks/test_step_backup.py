@@ -63,7 +63,7 @@ def test_every_steps_must_be_a_positive_integer(tmp_path):
     from tftrain.callbacks import StepBackup
 
     for bad in (0, -1, 2.5, True):
-        with pytest.raises(ValueError, match="every_steps must be a positive integer or None"):
+        with pytest.raises(ValueError, match="every_steps must be an integer >= 1 or None"):
             StepBackup(tmp_path, every_steps=bad)
 
 

@@ -289,7 +289,7 @@ def test_random_flip_and_translate_rejects_bad_values(kwargs, message):
         (dict(files=("a.png",)), ConfigError,
          r"files must be an ImageFiles \(from list_image_files\)\. Received: files of type tuple\."),
         (dict(files=ImageFiles((), (), ("a",))), DataError, r"files holds no image\. Expected at least one file"),
-        (dict(batch_size=0), ConfigError, r"batch_size must be a positive integer\. Received: batch_size=0\."),
+        (dict(batch_size=0), ConfigError, r"batch_size must be an integer >= 1\. Received: batch_size=0\."),
         (dict(image_size=(28,)), ConfigError,
          r"image_size must be \(height, width\), two positive integers\. Received: image_size=\(28,\)\."),
         (dict(num_channels=2), ConfigError,
