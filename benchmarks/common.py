@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
+from tftrain.reports import jsonable  # no TensorFlow: the parent process of a benchmark stays light
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 """Where full runs write (`benchmarks/results/`)."""
 
@@ -239,18 +241,6 @@ def ratio(a: float, b: float) -> float:
     return a / b if ok else math.nan
 
 
-def _jsonable(value):
-    if hasattr(value, "item"):
-        return value.item()
-    if isinstance(value, (set, tuple)):
-        return list(value)
-    if isinstance(value, Path):
-        return str(value)
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
 def write_result(result: Result, args: argparse.Namespace, started: float, machine: dict, device: dict) -> dict:
     """Writes `<prefix><name>.json`, `.md` and `.png` into `args.out`; prints the table.
 
@@ -292,7 +282,7 @@ def write_result(result: Result, args: argparse.Namespace, started: float, machi
     md_path = out / f"{stem}.md"
     png_path = out / f"{stem}.png"
     replaced = [p.name for p in (json_path, md_path, png_path) if p.exists()]
-    json_path.write_text(json.dumps(payload, indent=2, default=_jsonable) + "\n", encoding="utf-8")
+    json_path.write_text(json.dumps(payload, indent=2, default=jsonable) + "\n", encoding="utf-8")
     md_path.write_text(markdown, encoding="utf-8")
     if result.plot is not None:
         import matplotlib

@@ -18,11 +18,22 @@ from tftrain import config as config_lib
 from tftrain.errors import ConfigError
 
 
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors raise `ConfigError` instead of printing usage."""
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors raise one line (`error`, a `ConfigError` by default: exit 2)
+    naming the `--help` command, instead of printing usage and exiting; every command of tftrain
+    parses with it.
+
+    Args:
+        *args, **kwargs: `argparse.ArgumentParser`'s.
+        error: the `ConfigError` subclass raised. Defaults to `ConfigError`.
+    """
+
+    def __init__(self, *args, error: type = ConfigError, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._error = error
 
     def error(self, message):  # noqa: D102 (argparse API)
-        raise ConfigError(f"{message}. Run with --help to list the flags.")
+        raise self._error(f"{message}. Run {self.prog} --help for usage.")
 
 
 def flag_name(field_name: str) -> str:
@@ -85,7 +96,7 @@ def build_parser(
         namespace (so they do not override the recipe file), and whose errors raise
         `ConfigError`.
     """
-    parser = _Parser(
+    parser = OneLineParser(
         prog=prog,
         description=description,
         allow_abbrev=False,  # `--epoch 2` is a typo, not --epochs

@@ -428,14 +428,12 @@ def _wait(tasks: List[_Task], cluster: Mapping, timeout: Optional[float], starte
         time.sleep(_POLL_S)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # noqa: D102 (argparse API)
-        raise LaunchError(f"{message}. Run {PROG} --help for usage.")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The launcher's argument parser (errors raise `LaunchError`)."""
-    parser = _Parser(
+    from tftrain.cli import OneLineParser
+
+    parser = OneLineParser(
+        error=LaunchError,
         prog=PROG,
         usage=f"{PROG} --workers N [--ps M] [--chief] [--timeout S] [--grace S] [--server-wait S] "
         "-- COMMAND [ARG ...]",

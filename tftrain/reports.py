@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import sys
@@ -28,17 +29,25 @@ def versions() -> dict:
 def write_metrics(run_dir, metrics: Mapping) -> Path:
     """Writes `metrics.json` (sorted keys, 2-space indent) atomically; returns its path."""
     path = Path(run_dir) / METRICS_FILE
-    write_text_atomic(path, json.dumps(metrics, indent=2, sort_keys=True, default=_jsonable) + "\n")
+    write_text_atomic(path, json.dumps(metrics, indent=2, sort_keys=True, default=jsonable) + "\n")
     return path
 
 
-def _jsonable(value):
+def jsonable(value):
+    """`json.dumps`'s `default` for what runs and benchmarks record: NumPy / TF scalars, sets and tuples,
+    paths, dataclasses.
+
+    Raises:
+        TypeError: for anything else (as `json.dumps` does).
+    """
     if hasattr(value, "item"):  # NumPy / TF scalars
         return value.item()
     if isinstance(value, (set, tuple)):
         return list(value)
     if isinstance(value, Path):
         return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 

@@ -13,21 +13,15 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from tftrain.cli import OneLineParser
 from tftrain.errors import ConfigError
 
 PROG = "python -m tftrain.doctor"
 
 
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors raise `ConfigError` (one line, exit 2)."""
-
-    def error(self, message):  # noqa: D102 (argparse API)
-        raise ConfigError(f"{message}. Run {PROG} --help for usage.")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The doctor's flags: the task, `--data-dir`, `--json`, `--quick`."""
-    parser = _Parser(prog=PROG, allow_abbrev=False,
+    parser = OneLineParser(prog=PROG, allow_abbrev=False,
                      description="Measure this machine (CPU, memory, disk, GPUs, all-reduce) in under a minute "
                                  "and say which device, precision, threads and strategy to train with.")
     parser.add_argument("task", nargs="?", default=None, metavar="FILE.py:NAME",

@@ -20,10 +20,12 @@ import statistics
 import time
 from typing import Mapping, Optional, Sequence
 
+from tftrain import config as config_lib
 from tftrain.errors import check_int
 
-EXECUTIONS = ("eager", "graph", "xla")
-"""Execution modes `compile_options` accepts."""
+EXECUTIONS = tuple(m for m in config_lib.EXECUTIONS if m != "auto")
+"""Execution modes `compile_options` accepts: `tftrain.config.EXECUTIONS` but `"auto"`, which
+`choose_execution` resolves to one of these."""
 
 AUTO_CANDIDATES = ("graph", "xla")
 """Modes `choose_execution` times by default."""

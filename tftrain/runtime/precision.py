@@ -21,9 +21,8 @@ from typing import Optional
 import keras
 
 from tftrain import host
+from tftrain.config import PRECISIONS  # noqa: F401 (the one list of names; re-exported here)
 from tftrain.runtime.devices import DeviceInfo, min_compute_capability
-
-PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 
 
 def cpu_has_native_bf16(cpuinfo_path: str = "/proc/cpuinfo") -> bool:
