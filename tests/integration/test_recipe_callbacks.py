@@ -105,7 +105,8 @@ def test_tune_refuses_multi_worker_strategies(tmp_path):
     run_dir = tmp_path / "run"
     line = refused(run_module(RECIPE, [*SMOKE, "--strategy", "multi_worker", "--tune", "1", "--run-dir", run_dir],
                               cwd=REPO))
-    assert "keras-tuner runs each trial in one process; multi_worker_mirrored runs every task in lockstep" in line
+    assert ("keras-tuner runs each trial in one process; multi_worker_mirrored: every worker runs the same steps in "
+            "lockstep") in line
     assert not run_dir.exists()
 
 

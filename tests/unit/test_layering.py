@@ -13,7 +13,7 @@ LAYERS = (
     ("runtime", "data", "rundir", "flops"),
     ("callbacks",),
     ("tuning", "reports"),
-    ("train", "ps_training"),  # ps_training: a re-export of tftrain.train.ps_training
+    ("train", "ps_training"),  # ps_training: a re-export of tftrain.train.loops.ps_training
     ("run", "cli"),
     ("recipes",),
     ("doctor", "launch"),

@@ -134,3 +134,16 @@ def test_multi_worker_loop_runs_executions_that_divide_the_epoch():
     assert MultiWorkerLoop().steps_per_execution_for(4, 2) == 2
     assert MultiWorkerLoop().steps_per_execution_for(8, 16) == 8
     assert FitLoop().steps_per_execution_for(8, 117) == 8  # its data ends each epoch
+
+
+def test_each_loop_says_its_own_reason_for_refusing_a_search():
+    from tftrain.config import RecipeConfig, RuntimeConfig, TrainConfig
+    from tftrain.errors import ConfigError
+    from tftrain.train.loops import loop_for
+
+    for strategy, reason in (("multi_worker_mirrored", "in lockstep"), ("parameter_server", "asynchronously")):
+        cfg = RecipeConfig(runtime=RuntimeConfig(strategy=strategy), train=TrainConfig(tune=2))
+        with pytest.raises(ConfigError) as refused:
+            loop_for(strategy).check(cfg)
+        assert f"{strategy}: " in str(refused.value) and reason in str(refused.value)
+    assert "lockstep" not in loop_for("parameter_server").no_search_reason  # its workers are asynchronous

@@ -1,0 +1,148 @@
+"""`FitLoop`: `Model.fit` in one process (default, one_device and mirrored strategies), the base every
+loop refines by saying what it supports (`tftrain.train.loops`)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from typing import Callable, Optional, Sequence
+
+from tftrain import config as config_lib
+from tftrain.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class FitLoop:
+    """`Model.fit` in one process (default, one_device and mirrored strategies).
+
+    Attributes:
+        name: the loop's name in messages.
+        per_step_hooks: batch-level callbacks fire every `steps_per_execution`
+            steps (ThroughputMonitor, ProfilerWindow, `--backup-every-steps`
+            can run; elsewhere the NaN guard checks the loss once per epoch).
+        times_execution: `--execution auto` may time graph against XLA here.
+        in_process_search: `--tune` and `--batch-size auto` can run here.
+        checks_input: the ThroughputMonitor times this process's whole input
+            pipeline alone (the input-bound verdict).
+        validates: `fit` reads the task's validation data for `val_*` metrics
+            (and `--early-stopping` can watch `val_loss`).
+        needs_steps_per_epoch: the task must know `num_train_examples`.
+        executions: execution modes this loop runs.
+        accumulates: `--gradient-accumulation-steps N` > 1 can run here.
+        no_search_reason: why `--tune` and `--batch-size auto` cannot run here
+            (said when refused); "" where they can.
+    """
+
+    name: str = "Model.fit"
+    per_step_hooks: bool = True
+    times_execution: bool = True
+    in_process_search: bool = True
+    checks_input: bool = True
+    validates: bool = True
+    needs_steps_per_epoch: bool = False
+    executions: tuple = config_lib.EXECUTIONS
+    accumulates: bool = True
+    no_search_reason: str = ""
+
+    def serves(self, cluster) -> bool:
+        """Whether this process only serves the job (never for `Model.fit`)."""
+        return False
+
+    def job(self, cluster):
+        """A context manager around the run after set-up; here it does nothing."""
+        return contextlib.nullcontext()
+
+    def steps_per_execution_for(self, requested: int, batches_per_epoch: Optional[int]) -> int:
+        """The steps per execution this loop runs: here the requested ones (its data ends each epoch)."""
+        return requested
+
+    def check(self, cfg: config_lib.RecipeConfig) -> None:
+        """Refuses flags this loop cannot honour, before any work.
+
+        Raises:
+            ConfigError: naming the flag, why, and what to do instead.
+        """
+        auto_batch = cfg.data.batch_size == config_lib.AUTO_BATCH
+        if cfg.train.tune and auto_batch:
+            raise ConfigError("--tune searches the batch size itself; drop --batch-size auto "
+                              "(or drop --tune to only search the batch size).")
+        if cfg.train.tune and os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1"):  # TensorFlow's test
+            raise ConfigError("--tune runs keras-tuner, which needs Keras 3, but TF_USE_LEGACY_KERAS makes tf.keras "
+                              "the legacy tf_keras (keras-team/keras-tuner#1027). Unset TF_USE_LEGACY_KERAS, "
+                              "or drop --tune.")
+        why = f"{cfg.runtime.strategy}: {self.no_search_reason}"
+        if cfg.train.tune and not self.in_process_search:
+            raise ConfigError(f"keras-tuner runs each trial in one process; {why}. Tune with a single-process strategy "
+                              "(--strategy mirrored, one_device or default), then train the best configuration here.")
+        if auto_batch and not self.in_process_search:
+            raise ConfigError(f"--batch-size auto searches in one process; {why}. Search on one machine "
+                              "(--batch-size auto --strategy mirrored), then pass the result with --batch-size N.")
+        if cfg.train.profile is not None and not self.per_step_hooks:
+            raise ConfigError(f"--profile needs per-step hooks, which {self.name} lacks. "
+                              "Profile a single-process run instead.")
+        if cfg.runtime.execution not in self.executions:
+            raise ConfigError(f"execution={cfg.runtime.execution!r} is not available with {self.name}. "
+                              f"Pass --execution {' or '.join(self.executions)}.")
+        self._check_accumulation(cfg)
+        self._check_checkpoints(cfg)
+
+    def _check_checkpoints(self, cfg: config_lib.RecipeConfig) -> None:
+        """Refuses `--backup-every-steps` without per-step hooks and `--early-stopping` without validation."""
+        if cfg.train.backup_every_steps is not None and not self.per_step_hooks:
+            raise ConfigError(f"--backup-every-steps needs per-step hooks, which {self.name} lacks (it backs up at "
+                              "each epoch end). Drop the flag, or use fewer steps per epoch.")
+        if cfg.train.early_stopping is not None and not self.validates:
+            raise ConfigError(f"--early-stopping watches val_loss, which {self.name} does not compute. Drop the "
+                              "flag, or train with a strategy whose loop validates (default, mirrored, "
+                              "multi_worker_mirrored).")
+
+    def _check_accumulation(self, cfg: config_lib.RecipeConfig) -> None:
+        """Refuses `--gradient-accumulation-steps` > 1 where this loop cannot honour it, and with `--tune`."""
+        steps = cfg.train.gradient_accumulation_steps
+        if steps == 1:
+            return
+        if not self.accumulates:
+            raise ConfigError(f"--gradient-accumulation-steps {steps} is not supported by {self.name} (each "
+                              "worker applies its own steps asynchronously). Drop it, or use --strategy "
+                              "multi_worker_mirrored.")
+        if cfg.train.tune:
+            raise ConfigError(f"--tune trains its trials without gradient accumulation, so it would pick a batch size "
+                              f"for updates of one batch, not {steps}. Tune without --gradient-accumulation-steps "
+                              "first, then train the best configuration with it.")
+
+    def compile(self, model, compile_args: dict, runtime) -> None:
+        """`model.compile(**compile_args)` with the runtime's execution options, in the strategy's scope."""
+        with runtime.strategy.scope():
+            model.compile(**compile_args, **runtime.compile_options())
+
+    def fit(self, model, train_data: Callable, *, epochs: int, steps_per_epoch: Optional[int],
+            callbacks: Sequence, verbose: int, validation_data=None, runtime=None, metrics=None, say=print):
+        """Trains with `Model.fit` on `train_data()`; returns the `History`.
+
+        Args:
+            model: the compiled model.
+            train_data: function `(input_context=None) -> tf.data.Dataset`.
+            epochs: last epoch (BackupAndRestore resumes where it stopped).
+            steps_per_epoch: optimizer steps per epoch, used when the dataset
+                repeats forever (else the dataset ends each epoch).
+            callbacks: Keras callbacks.
+            verbose: Keras verbosity.
+            validation_data: a dataset for `val_*` metrics, or None.
+            runtime: the `Runtime`. Defaults to None.
+            metrics: the task's metrics, for loops that update them
+                themselves (not `Model.fit`). Defaults to None.
+            say: prints one line about a setting the loop changed (the run's
+                console under the Trainer). Defaults to `print`.
+        """
+        import tensorflow as tf
+
+        dataset = train_data()
+        endless = int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY
+        return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch if endless else None,
+                         callbacks=list(callbacks), verbose=verbose, validation_data=validation_data, shuffle=False)
+
+    def evaluate(self, model, dataset, metrics=None) -> dict:
+        """`Model.evaluate` as a `{name: float}` dict (`"loss"` and each metric; `metrics` unused)."""
+        results = model.evaluate(dataset, verbose=0, return_dict=True)
+        return {name: float(value) for name, value in results.items()}

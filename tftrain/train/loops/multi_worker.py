@@ -1,0 +1,54 @@
+"""`MultiWorkerLoop`: `Model.fit` in every task of a `multi_worker_mirrored` job."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from tftrain.train.loops.fit import FitLoop
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiWorkerLoop(FitLoop):
+    """`Model.fit` in every task of a `multi_worker_mirrored` job.
+
+    Each worker builds its own shard of the input (`InputContext`), repeated,
+    and every worker runs exactly `steps_per_epoch` steps per epoch, so none
+    waits for a step another never takes.
+    """
+
+    name: str = "Model.fit (multi-worker)"
+    times_execution: bool = False
+    in_process_search: bool = False
+    checks_input: bool = False  # each worker reads only its shard
+    needs_steps_per_epoch: bool = True
+    executions: tuple = ("auto", "graph", "eager")
+    no_search_reason: str = ("every worker runs the same steps in lockstep (collective all-reduce), so one task "
+                             "cannot try settings alone")
+
+    def steps_per_execution_for(self, requested: int, batches_per_epoch: Optional[int]) -> int:
+        """The largest count <= `requested` that divides `batches_per_epoch`: on this endless data
+        Keras runs whole executions, past an epoch's end otherwise (keras-team/keras#20861)."""
+        if not batches_per_epoch or batches_per_epoch % requested == 0:
+            return requested
+        return max(d for d in range(1, requested + 1) if batches_per_epoch % d == 0)
+
+    def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
+            runtime=None, metrics=None, say=print):
+        """`Model.fit` on `strategy.distribute_datasets_from_function`; see `FitLoop.fit`.
+
+        `steps_per_epoch` must be known (`Trainer.check_task` refuses a task
+        without `num_train_examples` before the run starts). On this endless
+        data Keras runs whole executions, so an epoch of 5 steps at
+        `steps_per_execution` 3 would run 6 (keras-team/keras#20861): the
+        model then runs the largest count <= its `steps_per_execution` that
+        divides the epoch.
+        """
+        spe = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+        if steps_per_epoch % spe:
+            model.steps_per_execution = self.steps_per_execution_for(spe, steps_per_epoch)
+            say(f"steps per execution: {model.steps_per_execution} ({spe} does not divide the epoch's "
+                f"{steps_per_epoch} steps, and Keras would run whole executions past the epoch's end)")
+        dataset = runtime.strategy.distribute_datasets_from_function(lambda ctx: train_data(ctx).repeat())
+        return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=list(callbacks),
+                         verbose=verbose, validation_data=validation_data, shuffle=False)

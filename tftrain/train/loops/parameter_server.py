@@ -1,0 +1,118 @@
+"""`ParameterServerLoop`: the coordinator loop of a `parameter_server` job, and the metric objects it
+updates itself (`tftrain.train.loops.ps_training` holds the `ClusterCoordinator` training loop)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from tftrain.errors import ConfigError
+from tftrain.train.loops.fit import FitLoop
+from tftrain.train.task import build_metrics
+
+
+_ACCURACY_BY_LOSS = (("sparse_categorical", "SparseCategoricalAccuracy"), ("categorical", "CategoricalAccuracy"),
+                     ("binary", "BinaryAccuracy"))
+
+
+def metric_objects(metrics, loss) -> list:
+    """Fresh Keras metric objects for loops that update metrics themselves.
+
+    Args:
+        metrics: what `compile` would take: None, or a list of names, metric
+            objects (cloned from their config) or functions `(y_true, y_pred)`;
+            metric classes and functions of no arguments returning a metric are
+            built (`tftrain.train.task.build_metrics`). `"accuracy"` / `"acc"`
+            resolves by the loss, as `compile` does (sparse categorical,
+            categorical or binary accuracy).
+        loss: the compiled loss (name or object), for `"accuracy"`.
+
+    Returns:
+        A list of new `keras.metrics.Metric`s.
+
+    Raises:
+        ConfigError: for a per-output dict of metrics (not supported here).
+    """
+    import keras
+
+    if isinstance(metrics, Mapping):
+        raise ConfigError("Per-output metrics (a dict) are not supported by the parameter-server loop; "
+                          "give a flat list of metrics.")
+    loss_name = loss if isinstance(loss, str) else getattr(loss, "name", getattr(loss, "__name__", ""))
+    loss_name = str(loss_name).lower().replace("crossentropy", "_crossentropy")
+    out = []
+    for given in metrics or ():
+        m = build_metrics(given)
+        if m is not given:  # a metric class or factory: a new metric already
+            out.append(m)
+        elif isinstance(m, str) and m in ("accuracy", "acc"):
+            cls = next((c for key, c in _ACCURACY_BY_LOSS if key in loss_name), "Accuracy")
+            out.append(getattr(keras.metrics, cls)(name="accuracy"))
+        elif isinstance(m, keras.metrics.Metric):
+            out.append(type(m).from_config(m.get_config()))
+        elif isinstance(m, str):
+            out.append(keras.metrics.get(m))
+        else:
+            out.append(keras.metrics.MeanMetricWrapper(m, name=getattr(m, "__name__", "metric")))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterServerLoop(FitLoop):
+    """The coordinator loop of a `parameter_server` job (`tftrain.train.loops.ps_training`).
+
+    Steps run asynchronously on the workers through a `ClusterCoordinator`:
+    no per-step hooks (no throughput figures, no profile window), graph mode
+    only, no in-process search. Metrics are updated by the loop itself.
+    """
+
+    name: str = "the parameter-server coordinator loop"
+    per_step_hooks: bool = False
+    times_execution: bool = False
+    in_process_search: bool = False
+    checks_input: bool = False
+    validates: bool = False
+    needs_steps_per_epoch: bool = True
+    executions: tuple = ("auto", "graph")
+    accumulates: bool = False
+    no_search_reason: str = ("its workers run steps asynchronously under the chief's coordinator, and keras-tuner "
+                             "and the batch-size search time trials in one process")
+
+    def serves(self, cluster) -> bool:
+        """Worker and ps tasks serve; the chief (coordinator) trains."""
+        return cluster is not None and cluster.task_type in ("worker", "ps")
+
+    def job(self, cluster):
+        """On the chief: tells every worker and ps task at the end whether the run finished or
+        failed, so they exit 0 or 1 (`tftrain.runtime.server.telling_servers`)."""
+        from tftrain.runtime.server import telling_servers
+
+        return telling_servers(cluster)
+
+    def compile(self, model, compile_args: dict, runtime) -> None:
+        """Compiles optimizer and loss only, in the strategy's scope: the loop updates metrics
+        itself, and the coordinator schedules its own `tf.function`s."""
+        if isinstance(compile_args.get("loss"), Mapping):
+            raise ConfigError("The parameter-server loop takes one loss for the whole model, not a dict per output. "
+                              "Train a multi-output model with another strategy.")
+        with runtime.strategy.scope():
+            model.compile(optimizer=compile_args.get("optimizer"), loss=compile_args.get("loss"))
+
+    def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
+            runtime=None, metrics=None, say=print):
+        """`tftrain.train.loops.ps_training.fit` on per-worker datasets; see `FitLoop.fit`."""
+        from tftrain.train.loops import ps_training
+
+        with runtime.strategy.scope():
+            metrics = metric_objects(metrics, model.loss)
+        return ps_training.fit(
+            model, lambda ctx: train_data(ctx).repeat(), epochs=epochs, steps_per_epoch=steps_per_epoch,
+            metrics=metrics, callbacks=callbacks, verbose=verbose,
+            steps_per_execution=runtime.requested_steps_per_execution,
+        )
+
+    def evaluate(self, model, dataset, metrics=None) -> dict:
+        """`tftrain.train.loops.ps_training.evaluate` on the chief (every example exactly once)."""
+        from tftrain.train.loops import ps_training
+
+        return ps_training.evaluate(model, dataset, metric_objects(metrics, model.loss))
