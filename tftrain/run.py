@@ -71,7 +71,7 @@ def load_task(spec: str):
             imported (the error and its line are named), NAME is missing, or it
             is not (and does not return) a Task.
     """
-    from tftrain.train.task import Task
+    from tftrain.train.tasks import Task
 
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name:
@@ -253,7 +253,7 @@ def _started_tensorflow_fix(task) -> str:
     metric = next(_metric_instances(getattr(task, "metrics", None)), None)
     if metric is None:
         return "build Keras objects and tensors inside build_model or compile_args, not at module level."
-    from tftrain.train.task import metric_class_name
+    from tftrain.train.tasks import metric_class_name
 
     return f"build metrics inside compile_args, or pass the class (metrics=[{metric_class_name(type(metric))}])."
 

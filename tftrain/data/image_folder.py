@@ -329,20 +329,11 @@ def image_folder_dataset(
         ds = ds.map(augment, num_parallel_calls=parallel if seed is None else None)
     if config.prefetch:
         ds = ds.prefetch(tf.data.AUTOTUNE)
-    return ds.with_options(_options(input_context is not None, seed is not None or not training, config))
+    from tftrain.data.pipeline import dataset_options
 
-
-def _options(sharded: bool, deterministic: bool, config: DataConfig) -> "tf.data.Options":
-    import tensorflow as tf
-
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.OFF if sharded else tf.data.experimental.AutoShardPolicy.DATA
-    )
-    options.deterministic = deterministic
-    if config.private_threads:
-        options.threading.private_threadpool_size = config.private_threads
-    return options
+    policy = tf.data.experimental.AutoShardPolicy
+    return ds.with_options(dataset_options(policy.OFF if input_context is not None else policy.DATA,
+                                           seed is not None or not training, config.private_threads))
 
 
 def random_flip_and_translate(

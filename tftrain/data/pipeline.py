@@ -238,7 +238,7 @@ def build_dataset(
     policy = (tf.data.experimental.AutoShardPolicy.OFF if input_context is not None  # already sharded above
               else tf.data.experimental.AutoShardPolicy.FILE if from_files and len(files) > 1
               else tf.data.experimental.AutoShardPolicy.DATA)
-    return ds.with_options(_options(policy, seed is not None or not training, config.private_threads))
+    return ds.with_options(dataset_options(policy, seed is not None or not training, config.private_threads))
 
 
 def index_batches(num_examples: int, batch_size: int, *, shuffle: bool, seed: Optional[int] = None,
@@ -285,11 +285,25 @@ def index_batches(num_examples: int, batch_size: int, *, shuffle: bool, seed: Op
     return seeds.flat_map(batches).apply(tf.data.experimental.assert_cardinality(full + int(keep_rest)))
 
 
-def _options(shard_policy, deterministic: bool, private_threads: int) -> tf.data.Options:
-    """tf.data options: the auto-shard policy, deterministic order, a private thread pool (when > 0)."""
+def dataset_options(shard_policy, deterministic: Optional[bool] = None, private_threads: int = 0) -> tf.data.Options:
+    """The tf.data options every tftrain pipeline sets, in one place: the auto-shard policy, the order, and
+    a private thread pool.
+
+    Args:
+        shard_policy: a `tf.data.experimental.AutoShardPolicy` (OFF where an
+            InputContext already shards, FILE or DATA otherwise).
+        deterministic: keep the element order (None: tf.data's default, True).
+            Defaults to None.
+        private_threads: threads of a private pool for this pipeline; 0 uses
+            the shared pool (`--private-threads`). Defaults to 0.
+
+    Returns:
+        A `tf.data.Options` for `Dataset.with_options`.
+    """
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = shard_policy
-    options.deterministic = deterministic
+    if deterministic is not None:
+        options.deterministic = deterministic
     if private_threads:
         options.threading.private_threadpool_size = private_threads
     return options

@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 from tftrain.config import hparam
 from tftrain.errors import ConfigError
-from tftrain.train.task import ImageFolderTask
+from tftrain.train.tasks import ImageFolderTask
 
 MODELS = ("mobilenet_v2", "resnet50", "efficientnet_b0", "small_cnn")
 """Models `--model` accepts."""

@@ -19,7 +19,7 @@ import functools
 from typing import Optional, Sequence
 
 from tftrain.config import RecipeConfig, hparam
-from tftrain.train.task import ArrayTask
+from tftrain.train.tasks import ArrayTask
 
 NUM_CLASSES = 10
 IMAGE_SHAPE = (28, 28)

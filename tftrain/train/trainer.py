@@ -36,7 +36,7 @@ from tftrain.errors import ConfigError, Preempted, TrainingDiverged, XlaCompileE
 from tftrain.train.console import Console, keras_progress
 from tftrain.train.loops import loop_for
 from tftrain.train.record import RunRecord
-from tftrain.train.task import Task
+from tftrain.train.tasks import Task
 
 AUTO_PROBE_BATCHES = 16
 """`--execution auto` times graph and XLA on the first this-many training batches."""

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from tftrain.errors import ConfigError
 from tftrain.train.loops.fit import FitLoop
-from tftrain.train.task import build_metrics
+from tftrain.train.tasks.base import build_metrics
 
 
 _ACCURACY_BY_LOSS = (("sparse_categorical", "SparseCategoricalAccuracy"), ("categorical", "CategoricalAccuracy"),
@@ -22,7 +22,7 @@ def metric_objects(metrics, loss) -> list:
         metrics: what `compile` would take: None, or a list of names, metric
             objects (cloned from their config) or functions `(y_true, y_pred)`;
             metric classes and functions of no arguments returning a metric are
-            built (`tftrain.train.task.build_metrics`). `"accuracy"` / `"acc"`
+            built (`tftrain.train.tasks.build_metrics`). `"accuracy"` / `"acc"`
             resolves by the loss, as `compile` does (sparse categorical,
             categorical or binary accuracy).
         loss: the compiled loss (name or object), for `"accuracy"`.

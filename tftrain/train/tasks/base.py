@@ -1,0 +1,401 @@
+"""The `Task` base (model, compile arguments, data), the metric helpers, and the function-task base
+the adapters share (`tftrain.train.tasks`)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from tftrain import config as config_lib
+from tftrain.errors import ConfigError
+
+
+class Task:
+    """Base class of a training task: override what differs.
+
+    Class attributes a subclass may set:
+        name: short name, used in run directory names (`runs/<name>-<time>`)
+            and reports. Defaults to `"task"`.
+        hparams: the task's own hyperparameters, a frozen dataclass instance
+            whose fields are declared with `tftrain.hparam`; each field becomes
+            a flag of `python -m tftrain.run` and a key of the recipe file's
+            `task:` section. Defaults to None (none).
+        loss, metrics: what `compile_args` passes to `Model.compile` (any Keras
+            loss and metrics: names, objects, dicts per output). `metrics` may
+            also hold `keras.metrics.Metric` classes and functions of no
+            arguments that return a metric: `compile_args` builds them (see
+            `build_metrics`). Defaults to None.
+        optimizer: a Keras optimizer name (`"adam"`, `"sgd"`, ...), an
+            optimizer instance (cloned for each compile), or a function
+            `(learning_rate) -> Optimizer` (called without arguments when no
+            learning rate is set). Defaults to `"adam"`.
+        learning_rate: the task's default learning rate; `--learning-rate`
+            overrides it; None keeps the optimizer's own default. Defaults to
+            None.
+        example_unit: what one example is called in printed figures
+            (`"images"` gives images/sec). Defaults to `"examples"`.
+        default_batch_size: global batch size when the config gives neither
+            `batch_size` nor `per_replica_batch_size`; None means 128 per
+            replica. Defaults to None.
+        defaults: flat config overrides the task brings (e.g.
+            `{"epochs": 5, "steps_per_execution": 8}`), applied under the
+            recipe file and the flags. Defaults to {}.
+        unused_fields: flat config keys the task's data ignores (e.g.
+            `{"data.cache": "its arrays are in memory already"}`) -> why; their
+            flags are left out of its command line, and a recipe file that sets
+            one is refused. Defaults to {}.
+
+    Set by `bind` (read them in the methods):
+        config: the run's `RecipeConfig`.
+
+    Example:
+        >>> class Regression(tftrain.Task):
+        ...     name, loss, optimizer = "regression", "mse", "sgd"
+        ...     num_train_examples = 4096
+        ...     def build_model(self):
+        ...         return keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        ...     def train_data(self, global_batch_size, input_context=None):
+        ...         return make_dataset(global_batch_size, input_context)
+    """
+
+    name: str = "task"
+    hparams: Any = None
+    loss: Any = None
+    metrics: Any = None
+    optimizer: Any = "adam"
+    learning_rate: Optional[float] = None
+    default_batch_size: Optional[int] = None
+    example_unit: str = "examples"
+    defaults: Mapping[str, Any] = {}
+    unused_fields: Mapping[str, str] = {}
+    config: Optional[config_lib.RecipeConfig] = None
+
+    # -- what the Trainer calls ------------------------------------------------
+    def check_unused_fields(self, config: config_lib.RecipeConfig) -> None:
+        """Refuses a value other than tftrain's default for a field in `unused_fields`.
+
+        Raises:
+            ConfigError: naming the field, why this task ignores it, and the fix.
+        """
+        given, default = config.to_dict(), config_lib.RecipeConfig().to_dict()
+        for key, why in self.unused_fields.items():
+            section, name = key.split(".")
+            if given[section][name] != default[section][name]:
+                raise ConfigError(f"{key} (--{name.replace('_', '-')}) does nothing for task {self.name!r}: {why}. "
+                                  "Remove it.")
+
+    def default_config(self) -> config_lib.RecipeConfig:
+        """The task's default `RecipeConfig`: tftrain's defaults, then `defaults`, with `hparams`."""
+        return config_lib.RecipeConfig(task=self.hparams).override(dict(self.defaults))
+
+    def bind(self, config: config_lib.RecipeConfig) -> "Task":
+        """Returns a shallow copy of this task bound to `config` (its `hparams` from `config.task`).
+
+        The Trainer binds before TensorFlow starts: an override may read files and
+        check them, but must build no dataset and run no TensorFlow op.
+
+        Raises:
+            ConfigError: when `config.task` is not the task's hyperparameter type.
+        """
+        if self.hparams is not None and not isinstance(config.task, type(self.hparams)):
+            raise ConfigError(
+                f"The config's task hyperparameters must be a {type(self.hparams).__name__}; "
+                f"received {type(config.task).__name__}. Build the config with task.default_config()."
+            )
+        bound = copy.copy(self)
+        bound.config = config
+        bound.hparams = config.task
+        return bound
+
+    def build_model(self):
+        """Returns a new, uncompiled `keras.Model`; called inside `strategy.scope()`."""
+        raise NotImplementedError(f"{type(self).__name__} must define build_model(self) -> keras.Model.")
+
+    def compile_args(self, steps_per_epoch: Optional[int]) -> dict:
+        """Keyword arguments for `Model.compile`: `optimizer`, `loss`, `metrics`.
+
+        Args:
+            steps_per_epoch: optimizer steps per epoch, or None when unknown
+                (a learning-rate schedule then stays constant).
+
+        Returns:
+            A dict; the Trainer adds the runtime's compile options
+            (`steps_per_execution`, `jit_compile`, `run_eagerly`). Its metrics
+            are `build_metrics(self.metrics)`: the Trainer calls this inside the
+            strategy's scope, where the metrics' variables belong.
+        """
+        return {"optimizer": self.make_optimizer(steps_per_epoch), "loss": self.loss,
+                "metrics": build_metrics(self.metrics)}
+
+    def make_optimizer(self, steps_per_epoch: Optional[int]):
+        """A fresh optimizer from `optimizer`, at `run_learning_rate(steps_per_epoch)`.
+
+        Raises:
+            ConfigError: when `optimizer` is not a known name, instance or function.
+        """
+        return self._optimizer_from_spec(self.run_learning_rate(steps_per_epoch))
+
+    def _optimizer_from_spec(self, rate):
+        import keras
+
+        spec = self.optimizer
+        if isinstance(spec, keras.optimizers.Optimizer):
+            config = spec.get_config()
+            if rate is not None:
+                config["learning_rate"] = rate
+            return type(spec).from_config(config)
+        if isinstance(spec, str):
+            try:
+                cls = type(keras.optimizers.get(spec))
+            except ValueError:
+                raise ConfigError(
+                    f"Unknown optimizer {spec!r}. Expected a Keras optimizer name (adam, sgd, rmsprop, adamw, ...), "
+                    "an optimizer instance or a function (learning_rate) -> optimizer."
+                ) from None
+            return cls() if rate is None else cls(learning_rate=rate)
+        if callable(spec):
+            return spec() if rate is None else spec(rate)
+        raise ConfigError(f"optimizer must be a name, an optimizer or a function. Received: {spec!r}.")
+
+    def run_learning_rate(self, steps_per_epoch: Optional[int]):
+        """The run's learning rate: `--learning-rate`, else the task's; under `--lr-schedule
+        cosine` (and known steps) a `keras.optimizers.schedules.CosineDecay` from it (or from
+        the optimizer's default rate) to 0 over the run's optimizer steps; None when nothing
+        sets a rate and the schedule is constant."""
+        import keras
+
+        train = self.config.train if self.config is not None else config_lib.TrainConfig()
+        rate = train.learning_rate if train.learning_rate is not None else self.learning_rate
+        if train.lr_schedule != "cosine" or not steps_per_epoch:
+            return rate
+        if rate is None:  # the schedule decays from the optimizer's own default rate
+            rate = float(keras.ops.convert_to_numpy(self._optimizer_from_spec(None).learning_rate))
+        return keras.optimizers.schedules.CosineDecay(rate, decay_steps=train.epochs * steps_per_epoch)
+
+    def train_data(self, global_batch_size: int, input_context=None):
+        """The training batches, an epoch's worth (the Trainer iterates it once per epoch).
+
+        Args:
+            global_batch_size: examples per optimizer step, all replicas together.
+            input_context: a `tf.distribute.InputContext` in multi-worker runs:
+                shard by `input_context.input_pipeline_id` and batch by
+                `input_context.get_per_replica_batch_size(global_batch_size)`.
+                Defaults to None (one input pipeline, global batches).
+
+        Returns:
+            A `tf.data.Dataset` of `(features, labels)` batches (drop the last
+            partial batch so every step has the same shape).
+        """
+        raise NotImplementedError(f"{type(self).__name__} must define train_data(self, global_batch_size, input_context=None).")
+
+    def validation_data(self, global_batch_size: int):
+        """Validation batches for `fit`'s `val_*` metrics and model selection, or None (default)."""
+        return None
+
+    def test_data(self, global_batch_size: int):
+        """Test batches evaluated once after training, or None (default)."""
+        return None
+
+    @property
+    def num_train_examples(self) -> Optional[int]:
+        """Training examples per epoch (for steps per epoch and schedules), or None if unknown."""
+        return None
+
+    @property
+    def num_test_examples(self) -> Optional[int]:
+        """Test examples, or None if unknown (recorded in metrics.json)."""
+        return None
+
+    def probe_data(self, global_batch_size: int, num_batches: int):
+        """The first `num_batches` training batches, for timing (`--execution auto`).
+
+        Defaults to `train_data(global_batch_size).take(num_batches)`; a task
+        whose pipeline caches should override it to skip the cache (tf.data warns
+        about a partly read cache).
+        """
+        return self.train_data(global_batch_size).take(num_batches)
+
+    def input_bound_hint(self) -> str:
+        """What to try when training waits for this task's input, printed under the
+        input verdict; "" for none (default)."""
+        return ""
+
+    def tune_space(self) -> Mapping[str, Sequence]:
+        """Task hyperparameters `--tune` chooses from, `{name: values}`. Defaults to {}.
+
+        Only hyperparameters of the model: every trial reads the run's data (a
+        knob that changes the data, such as an image size, does not belong here).
+        """
+        return {}
+
+    def describe_data(self) -> list:
+        """Lines saying where the data comes from and what tftrain does to it. Defaults to []."""
+        return []
+
+
+def _call_builder(build_model: Callable, hparams):
+    """`build_model(hparams)` when the function requires an argument, or takes one and the task has
+    hyperparameters; else `build_model()` (so `def build(width=32)` keeps its own default)."""
+    try:
+        params = [p for p in inspect.signature(build_model).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    except (TypeError, ValueError):
+        params = []
+    required = any(p.default is p.empty and p.kind != p.VAR_POSITIONAL for p in params)
+    return build_model(hparams) if required or (params and hparams is not None) else build_model()
+
+
+def _parameters(fn) -> Optional[list]:
+    """`fn`'s parameters, or None when it has no signature (some built-ins)."""
+    try:
+        return list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
+def _required(params: list) -> list:
+    """Names of the parameters without a default (`*args` and `**kwargs` are never required)."""
+    return [p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _is_metric_factory(fn) -> bool:
+    """Whether `fn` takes no arguments: no required parameter and no `*args` (a function with
+    `*args` may be a metric function `(y_true, y_pred)`)."""
+    params = _parameters(fn)
+    return params is not None and not _required(params) and all(p.kind != p.VAR_POSITIONAL for p in params)
+
+
+def metric_class_name(cls) -> str:
+    """How a user writes a metric class: `keras.metrics.AUC` for a Keras metric class, else the
+    class's own name (e.g. `MyMetric`)."""
+    import keras
+
+    return f"keras.metrics.{cls.__name__}" if getattr(keras.metrics, cls.__name__, None) is cls else cls.__name__
+
+
+def _is_metric_class(item) -> bool:
+    if not isinstance(item, type):
+        return False
+    import keras
+
+    return issubclass(item, keras.metrics.Metric)
+
+
+def check_metrics(metrics) -> None:
+    """Refuses a `keras.metrics.Metric` class in `metrics` that cannot be built without arguments,
+    before anything is built.
+
+    Args:
+        metrics: what `Task.metrics` holds (see `build_metrics`).
+
+    Raises:
+        ConfigError: naming the class, its required arguments and the fix.
+    """
+    if isinstance(metrics, Mapping):
+        metrics = list(metrics.values())
+    if isinstance(metrics, (list, tuple)):
+        for item in metrics:
+            check_metrics(item)
+    elif _is_metric_class(metrics) and _required(_parameters(metrics) or []):
+        name, needed = metric_class_name(metrics), _required(_parameters(metrics))
+        raise ConfigError(f"Metric class {name} cannot be built without arguments ({', '.join(needed)}). Pass "
+                          f"functools.partial({name}, {', '.join(f'{n}=...' for n in needed)}) instead.")
+
+
+def build_metrics(metrics):
+    """`metrics` with each metric class and metric factory replaced by a new metric.
+
+    Call it where the metrics' variables should live: the Trainer calls
+    `compile_args`, and so this, inside the strategy's scope. A task file that
+    passes a class or a factory instead of a metric object does not start
+    TensorFlow when imported, so `--cpu-replicas` and thread settings still apply.
+
+    Args:
+        metrics: what `Model.compile` takes (None, a list, a dict per output);
+            besides names, metric objects and functions `(y_true, y_pred)`, an
+            item may be a `keras.metrics.Metric` subclass
+            (`keras.metrics.MeanAbsoluteError`, built with no arguments) or a
+            function of no arguments returning a metric
+            (`functools.partial(keras.metrics.AUC, curve="PR")`,
+            `lambda: keras.metrics.AUC(curve="PR")`).
+
+    Returns:
+        The same structure (lists and tuples as lists), classes and factories
+        built; names, metric objects and functions are returned unchanged.
+
+    Raises:
+        ConfigError: when a class needs arguments, or a function of no
+            arguments returns something other than a `keras.metrics.Metric`.
+
+    Example:
+        >>> build_metrics([keras.metrics.MeanAbsoluteError, "mse"])
+        [<MeanAbsoluteError name=mean_absolute_error>, 'mse']
+    """
+    if isinstance(metrics, Mapping):
+        return {key: build_metrics(value) for key, value in metrics.items()}
+    if isinstance(metrics, (list, tuple)):
+        return [build_metrics(item) for item in metrics]
+    return _build_metric(metrics)
+
+
+def _build_metric(item):
+    """One metric: a class or factory built; anything else (a name, a metric, a function) as given."""
+    import keras
+
+    if isinstance(item, str) or isinstance(item, keras.metrics.Metric) or not callable(item):
+        return item
+    if _is_metric_class(item):
+        check_metrics(item)
+        return item()
+    if isinstance(item, type) or not _is_metric_factory(item):
+        return item  # a metric function (y_true, y_pred), or a class Keras calls as one
+    built = item()
+    if not isinstance(built, keras.metrics.Metric):
+        raise ConfigError(f"Metric {item!r} takes no arguments, so it was called to build a metric, but it returned "
+                          f"{type(built).__name__}. Pass a keras.metrics.Metric class or object, a function of no "
+                          "arguments returning one, a metric name, or a function (y_true, y_pred).")
+    return built
+
+
+class FunctionTask(Task):
+    """A task whose model comes from a function and whose compile arguments are given."""
+
+    def __init__(self, build_model, *, loss, optimizer="adam", metrics=None, learning_rate=None, name="task",
+                 hparams=None, default_batch_size=None, defaults=None):
+        if not callable(build_model):
+            raise ConfigError(f"build_model must be a function returning a keras.Model. Received: {build_model!r}.")
+        if loss is None:
+            raise ConfigError("Pass loss=... (a Keras loss name or object, e.g. loss='mse').")
+        self._build_model = build_model
+        check_metrics(metrics)
+        self.loss, self.optimizer, self.metrics = loss, optimizer, metrics
+        self.learning_rate, self.name = learning_rate, name
+        self.hparams, self.default_batch_size = hparams, default_batch_size
+        self.defaults = dict(defaults or {})
+        config_lib.check_hparams(hparams)
+
+    def build_model(self):
+        """Calls the `build_model` function (with `hparams` when it takes an argument)."""
+        return _call_builder(self._build_model, self.hparams)
+
+    @property
+    def _data(self) -> config_lib.DataConfig:
+        return self.config.data if self.config is not None else config_lib.DataConfig()
+
+    @property
+    def _seed(self) -> Optional[int]:
+        return self.config.seed if self.config is not None else None
+
+
+def with_shard_policy(ds, input_context, private_threads: int = 0):
+    """`ds` with the auto-shard policy OFF when sharded by an InputContext, else DATA (never a warning),
+    and a private thread pool of `private_threads` threads when > 0 (`tftrain.data.pipeline.dataset_options`)."""
+    import tensorflow as tf
+
+    from tftrain.data.pipeline import dataset_options
+
+    policy = tf.data.experimental.AutoShardPolicy
+    return ds.with_options(dataset_options(policy.OFF if input_context is not None else policy.DATA,
+                                           private_threads=private_threads))

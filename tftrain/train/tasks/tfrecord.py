@@ -1,0 +1,80 @@
+"""`TFRecordTask`: a task over TFRecord files and the user's parse function."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from tftrain.errors import ConfigError
+from tftrain.train.tasks.files import FileSplitTask
+
+
+class TFRecordTask(FileSplitTask):
+    """A task over TFRecord files and the user's parse function.
+
+    The pipeline is `tftrain.data.build_dataset` over files: parallel reads,
+    parallel parse, cache (`--cache`), shuffle, batch, `preprocess`, prefetch.
+    Multi-worker input is sharded by record (every worker reads every file and
+    keeps its share); without an InputContext, the strategy shards by file when
+    there are several.
+
+    Args:
+        build_model: function `() -> keras.Model` (or `(hparams) -> ...`).
+        train_files: TFRecord file paths (list of str).
+        parse_fn: maps one serialized record (a scalar string tensor) to
+            `(features, labels)`.
+        validation_files, test_files: file lists, or None. Default to None.
+        num_train_examples: records in `train_files`, when known (schedules,
+            steps per epoch, multi-process strategies). Defaults to None.
+        preprocess: batch map `(features, labels) -> (features, labels)`.
+            Defaults to None.
+        loss, optimizer, metrics, learning_rate, name, hparams,
+        default_batch_size, defaults: see `ArrayTask`. `name` defaults to
+            `"tfrecord"`.
+
+    Raises:
+        ConfigError: when `train_files` is empty or `loss` is missing.
+    """
+
+    def __init__(self, build_model, train_files, parse_fn, *, validation_files=None, test_files=None,
+                 num_train_examples=None, preprocess=None, loss, optimizer="adam", metrics=None, learning_rate=None,
+                 name="tfrecord", hparams=None, default_batch_size=None, defaults=None):
+        super().__init__(build_model, loss=loss, optimizer=optimizer, metrics=metrics, learning_rate=learning_rate,
+                         name=name, hparams=hparams, default_batch_size=default_batch_size, defaults=defaults)
+        if not train_files or isinstance(train_files, str):
+            raise ConfigError(f"train_files must be a non-empty list of TFRecord paths. Received: {train_files!r}.")
+        self.files = {"train": list(train_files), "validation": validation_files, "test": test_files}
+        self.parse_fn, self.preprocess, self._num_train_examples = parse_fn, preprocess, num_train_examples
+
+    @property
+    def num_train_examples(self) -> Optional[int]:
+        """`num_train_examples`, capped by `--train-examples`."""
+        n, cap = self._num_train_examples, self._data.train_examples
+        return cap if n is None and cap is not None else n if cap is None else min(n, cap)
+
+    def _dataset(self, split, global_batch_size, training, input_context=None, config=None):
+        from tftrain.data.pipeline import build_dataset
+
+        files = self.files[split]
+        if not files:
+            return None
+        return build_dataset(list(files), global_batch_size, training=training, config=config or self._data,
+                             seed=self._seed, preprocess=self.preprocess, parse_fn=self.parse_fn,
+                             input_context=input_context,
+                             max_examples=self._data.train_examples if split == "train" else None)
+
+
+
+    def validation_data(self, global_batch_size):
+        """Batches of `validation_files`; `--validation-split` is refused (records are not counted)."""
+        if self._data.validation_split and not self.files["validation"]:
+            raise ConfigError("TFRecordTask cannot hold out a fraction of its records: pass validation_files=[...] "
+                              "instead of --validation-split.")
+        return self._dataset("validation", global_batch_size, False)
+
+
+    def describe_data(self) -> list:
+        """The file counts and the pipeline."""
+        counts = ", ".join(f"{len(v)} {k}" for k, v in self.files.items() if v)
+        return [f"data:      TFRecord files ({counts}); pipeline: parallel read and parse"
+                + (", cache" if self._data.cache else "") + ", shuffle, batch"
+                + (", prefetch" if self._data.prefetch else "")]
