@@ -32,6 +32,7 @@ Bad launcher input ends with one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
@@ -331,43 +332,17 @@ def launch(
     base_env = dict(os.environ if env is None else env)
     # One run id for all tasks, so that they agree on the default run directory.
     base_env.setdefault(RUN_ID_ENV, datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    preexec = _parent_death_signal()
-
     tasks: List[_Task] = []
-    previous = {}
-
-    def on_signal(signum, frame):
-        raise _Stop(signum)
-
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            previous[signum] = signal.signal(signum, on_signal)
-    started = time.monotonic()
-    try:
+    with _signals_stop() as previous:
+        started = time.monotonic()
         try:
             for info in tasks_of(cluster):
-                task_env = {**base_env, "TF_CONFIG": info.to_tf_config(), "PYTHONUNBUFFERED": "1"}
-                try:
-                    proc = subprocess.Popen(
-                        list(command), env=task_env, stdin=subprocess.DEVNULL,
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        start_new_session=True, preexec_fn=preexec,
-                    )
-                except OSError as e:
-                    raise LaunchError(f"Cannot start {command[0]!r}: {e.strerror or e}. Check the command after --.") from None
-                tasks.append(_Task(info, proc, [], time.monotonic()))
-                output.say(f"started {info.task} (pid {proc.pid}) at {info.address}")
+                tasks.append(_start_task(command, info, base_env, output))
             for task in tasks:
-                for pipe, stream in ((task.proc.stdout, output.out), (task.proc.stderr, output.err)):
-                    reader = threading.Thread(
-                        target=_pump, args=(pipe, stream, f"[{task.name}] ", output, task), daemon=True
-                    )
-                    reader.start()
-                    task.readers.append(reader)
+                _pump_output(task, output)
             return _wait(tasks, cluster, timeout, started, output, server_wait_s)
         except _Stop as stop:
-            name = signal.Signals(stop.signum).name
-            output.say(f"got {name}; stopping {len(tasks)} task(s)")
+            output.say(f"got {signal.Signals(stop.signum).name}; stopping {len(tasks)} task(s)")
             return 128 + stop.signum
         except KeyboardInterrupt:
             output.say(f"interrupted; stopping {len(tasks)} task(s)")
@@ -379,9 +354,48 @@ def launch(
             for task in tasks:
                 for reader in task.readers:
                     reader.join(timeout=grace_s)
+
+
+@contextlib.contextmanager
+def _signals_stop():
+    """While open (main thread only), SIGINT, SIGTERM and SIGHUP raise `_Stop` so that the tasks are torn
+    down; yields the previous handlers, restored on exit."""
+    def on_signal(signum, frame):
+        raise _Stop(signum)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[signum] = signal.signal(signum, on_signal)
+    try:
+        yield previous
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _start_task(command: Sequence[str], info, base_env: Mapping[str, str], output: "_Output") -> _Task:
+    """Starts one task of the cluster in its own session, with its TF_CONFIG.
+
+    Raises:
+        LaunchError: when the program cannot be started.
+    """
+    task_env = {**base_env, "TF_CONFIG": info.to_tf_config(), "PYTHONUNBUFFERED": "1"}
+    try:
+        proc = subprocess.Popen(list(command), env=task_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_parent_death_signal())
+    except OSError as e:
+        raise LaunchError(f"Cannot start {command[0]!r}: {e.strerror or e}. Check the command after --.") from None
+    output.say(f"started {info.task} (pid {proc.pid}) at {info.address}")
+    return _Task(info, proc, [], time.monotonic())
+
+
+def _pump_output(task: _Task, output: "_Output") -> None:
+    """Copies the task's stdout and stderr, each line prefixed with the task, in reader threads."""
+    for pipe, stream in ((task.proc.stdout, output.out), (task.proc.stderr, output.err)):
+        reader = threading.Thread(target=_pump, args=(pipe, stream, f"[{task.name}] ", output, task), daemon=True)
+        reader.start()
+        task.readers.append(reader)
 
 
 def _wait(tasks: List[_Task], cluster: Mapping, timeout: Optional[float], started: float, output: _Output,
