@@ -101,6 +101,6 @@ RUNTIME_KEYS = ("replicas", "workers", "ps_tasks", "cluster_source", "strategy",
                 "threads", "malloc")
 """Keys of `RunRecord.runtime`."""
 
-EXTRA_KEYS = ("throughput", "profile", "tuning", "batch_size_search", "execution_auto", "optimizer_steps", "backup",
-              "early_stopping", "custom_step")
+EXTRA_KEYS = ("throughput", "profile", "tuning", "batch_size_search", "execution_auto", "precision_auto",
+              "optimizer_steps", "backup", "early_stopping", "custom_step")
 """Keys `RunRecord.extras` may hold."""

@@ -194,7 +194,7 @@ class Trainer:
                     rundir_lib.write_text_atomic(out / TASK_FILE, json.dumps(self._task_identity()))
                 self.announce_run_dir()
                 self.plan_batch()
-                model = self.build_model()
+                model = self.choose_precision(self.build_model())
                 self.note_custom_steps(model)
                 self.choose_execution(model)
                 history, fit_time = self.train(model, self.make_callbacks())
@@ -520,6 +520,44 @@ class Trainer:
         self.console.line(f"precision: auto -> {policy}, not mixed_float16: {why}, so loss scaling would divide its "
                           "gradients by the scale (keras-team/keras#20894)")
         return self._built(self.task.build_model())
+
+    def choose_precision(self, model):
+        """`--precision auto` on a CPU with native bfloat16 (where it picked mixed_bfloat16): times the
+        step under mixed_bfloat16 and float32 on the run's own model and batches
+        (`tftrain.runtime.precision.choose_precision`) and keeps float32 unless bfloat16 is more than
+        5% faster; remembered per model, batch and machine like the execution choice. Returns the model
+        to train (its float32 twin when float32 wins)."""
+        from tftrain import runtime
+        from tftrain.runtime.execution_memory import ExecutionMemory, execution_key
+        from tftrain.runtime.precision import PrecisionChoice, choose_precision
+
+        if (self.config.runtime.precision != "auto" or self.runtime.devices.kind != "cpu"
+                or self.runtime.precision.policy != "mixed_bfloat16" or not self.loop.times_execution
+                or self.runtime.num_replicas > 1):
+            return model
+        probe = _cached_if_small(self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES))
+        memory = ExecutionMemory() if self.config.runtime.remember_execution else None
+        key = execution_key(model, probe, ("precision: float32 vs mixed_bfloat16",)) if memory else None
+        entry = memory.get_entry(f"precision-{key}") if key else None
+        try:
+            choice = PrecisionChoice(**{k: entry[k] for k in ("policy", "step_time_s", "reason")})
+        except (TypeError, KeyError):  # none remembered, or of another shape: time it
+            choice = choose_precision(model, lambda: self._rebuilt_in("float32"), probe)
+            if key:
+                memory.put_entry(f"precision-{key}", choice.to_dict())
+        self.extras["precision_auto"] = choice.to_dict()
+        self.console.line(f"precision: auto -> {choice.describe()}" + ("" if entry is None else " [remembered]"))
+        if choice.policy == "float32":
+            return model if self.runtime.precision.policy == "float32" else self._rebuilt_in("float32")
+        self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision("mixed_bfloat16"))
+        return model
+
+    def _rebuilt_in(self, policy: str):
+        """The task's model built and compiled again under the dtype policy `policy` (set globally)."""
+        from tftrain import runtime
+
+        self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision(policy))
+        return self.build_model()
 
     def _with_accumulation(self, compile_args: dict) -> dict:
         """`compile_args` whose optimizer updates once every `accumulation_steps` micro-batches."""

@@ -237,3 +237,42 @@ def test_an_explicit_xla_whose_test_step_does_not_compile_fails_before_training(
                                                        r"AsString.*Try --execution graph"):
         _fit(tmp_path, _string_test_step_model, "run", execution="xla")
     assert not (tmp_path / "run" / "model.keras").exists() and not (tmp_path / "run" / "backup").exists()
+
+
+def _dense():
+    import keras
+
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+
+
+def test_precision_auto_times_bfloat16_against_float32_on_a_cpu_and_remembers(tmp_path, monkeypatch,
+                                                                                fresh_execution_memory):
+    from tftrain.runtime import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)  # auto would take mixed_bfloat16
+    first = _fit(tmp_path, _dense, "a", execution="graph", precision="auto")
+    choice = first.extras["precision_auto"]
+    assert choice["policy"] in ("float32", "mixed_bfloat16") and set(choice["step_time_s"]) == {
+        "float32", "mixed_bfloat16"} and all(t > 0 for t in choice["step_time_s"].values())
+    assert first.runtime["precision"] == choice["policy"] and np.isfinite(first.test["loss"])
+
+    def not_again(*args, **kwargs):
+        raise AssertionError("a remembered precision is not timed again")
+
+    monkeypatch.setattr(precision, "choose_precision", not_again)
+    again = _fit(tmp_path, _dense, "b", execution="graph", precision="auto")
+    assert again.extras["precision_auto"] == choice and again.runtime["precision"] == choice["policy"]
+
+
+def test_precision_auto_trains_the_float32_twin_when_float32_is_faster(tmp_path, monkeypatch, fresh_execution_memory):
+    import keras
+
+    from tftrain.runtime import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
+    monkeypatch.setattr(precision, "choose_precision", lambda model, build, data: precision.PrecisionChoice(
+        "float32", {"mixed_bfloat16": 4e-3, "float32": 2e-3}, "2.00x faster than mixed_bfloat16"))
+    record = _fit(tmp_path, _dense, "run", execution="graph", precision="auto")
+    assert record.runtime["precision"] == "float32" and record.runtime["compute_dtype"] == "float32"
+    saved = keras.saving.load_model(tmp_path / "run" / "model.keras")
+    assert all(layer.dtype_policy.name == "float32" for layer in saved.layers)
