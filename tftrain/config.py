@@ -395,6 +395,11 @@ class TrainConfig:
             epochs (the patience) and keep the best epoch's weights
             (`keras.callbacks.EarlyStopping`, `restore_best_weights=True`);
             needs validation data; None is off. Defaults to None.
+        callbacks: the user's own Keras callbacks, `"WHERE:NAME[,WHERE:NAME...]"`
+            (WHERE a `.py` file or a module, as for a task; NAME a callback, a
+            callback class, or a function returning a callback or a list of
+            them), added after tftrain's own (`tftrain.train.user_callbacks`);
+            None adds none. Defaults to None.
 
     Raises:
         ConfigError: when a value is out of range.
@@ -414,6 +419,8 @@ class TrainConfig:
     early_stopping: Optional[int] = _field(
         None, "stop when val_loss has not improved for PATIENCE epochs; keep the best weights (None: off)", minimum=0,
         metavar="PATIENCE")
+    callbacks: Optional[str] = _field(
+        None, "your own Keras callbacks: FILE.py:NAME or MODULE:NAME, comma-separated", metavar="WHERE:NAME[,...]")
 
     def __post_init__(self):
         _validate_fields(self)

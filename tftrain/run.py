@@ -26,7 +26,6 @@ resumes from.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import signal
 import sys
@@ -39,21 +38,9 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from tftrain import cli
 from tftrain.errors import ConfigError, Preempted, RuntimeStartedError, RuntimeStartedWarning
 from tftrain.rundir import FAILURE_LOG  # noqa: F401 (the run directory's traceback file; re-exported here)
+from tftrain.train.user_code import import_file, line_of, one_line
 
 PROG = "python -m tftrain.run"
-
-
-def _import_file(path: Path):
-    """Imports a Python file as a module (its folder first on `sys.path`, so it can import its neighbours)."""
-    if not path.is_file():
-        raise ConfigError(f"Task file {str(path)!r} does not exist. Pass FILE.py:NAME with an existing file.")
-    sys.path.insert(0, str(path.resolve().parent))
-    name = f"tftrain_user_task_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def load_task(spec: str):
@@ -77,12 +64,12 @@ def load_task(spec: str):
     if not sep or not where or not name:
         raise ConfigError(f"Invalid task {spec!r}. Expected FILE.py:NAME or MODULE:NAME, e.g. examples/regression.py:task.")
     try:
-        module = (_import_file(Path(where)) if where.endswith(".py") or os.sep in where
+        module = (import_file(Path(where)) if where.endswith(".py") or os.sep in where
                   else importlib.import_module(where))
     except ConfigError:
         raise
     except Exception as e:  # the user's file: say what and where, in one line
-        raise ConfigError(f"Could not import {where!r}: {_one_line(e)}{_where(e, where)}.") from None
+        raise ConfigError(f"Could not import {where!r}: {one_line(e)}{line_of(e, where)}.") from None
     if not hasattr(module, name):
         found = sorted(k for k, v in vars(module).items() if isinstance(v, Task))
         raise ConfigError(f"{where!r} has no {name!r}." + (f" Tasks in it: {', '.join(found)}." if found else ""))
@@ -92,25 +79,6 @@ def load_task(spec: str):
     if not isinstance(obj, Task):
         raise ConfigError(f"{spec} is a {type(obj).__name__}, not a tftrain.Task (or a function returning one).")
     return obj
-
-
-def _one_line(error: BaseException) -> str:
-    """`Type: first line` of an error (with the next line when the first ends in a colon)."""
-    if isinstance(error, SyntaxError) and error.msg:  # its str() repeats the file and line `_where` names
-        return f"{type(error).__name__}: {error.msg}"
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    if not lines:
-        return type(error).__name__
-    text = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
-    return f"{type(error).__name__}: {text.rstrip('.:')}"
-
-
-def _where(error: BaseException, where: str) -> str:
-    """` (line N)` for an error raised in the user's file or a syntax error, else ""."""
-    if isinstance(error, SyntaxError) and error.lineno:
-        return f" (line {error.lineno})"
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename.endswith(os.path.basename(where))]
-    return f" (line {frames[-1].lineno})" if frames else ""
 
 
 def _split_task_spec(argv: List[str]) -> Tuple[Optional[str], List[str]]:
@@ -173,7 +141,7 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
         print(f"\n{prog}: interrupted before training started.", file=sys.stderr)
         return 130
     except Exception as e:  # a run that failed after starting: one line, the traceback in the run directory
-        print(f"{prog}: run failed: {_one_line(e)}{_failure_log(trainer, e)}", file=sys.stderr)
+        print(f"{prog}: run failed: {one_line(e)}{_failure_log(trainer, e)}", file=sys.stderr)
         return 1
 
 

@@ -51,9 +51,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"\n{PROG}: interrupted.", file=sys.stderr)
         return 130
     except Exception as e:  # one line; the traceback on request, as tftrain.run
-        from tftrain.run import _one_line
+        from tftrain.train.user_code import one_line
 
-        print(f"{PROG}: failed: {_one_line(e)}", file=sys.stderr)
+        print(f"{PROG}: failed: {one_line(e)}", file=sys.stderr)
         return 1
     from tftrain.doctor.report import render
 

@@ -51,14 +51,14 @@ def build_models(loaded: List[tuple]) -> List[tuple]:
     Raises:
         ConfigError: when a task's `build_model` raises (one line naming the error).
     """
-    from tftrain.run import _one_line
+    from tftrain.train.user_code import one_line
 
     out = []
     for name, build, batch in loaded:
         try:
             out.append((name, build(), batch))
         except Exception as e:  # the user's code: one line naming it
-            raise ConfigError(f"Could not build the model of task {name!r}: {_one_line(e)}.") from None
+            raise ConfigError(f"Could not build the model of task {name!r}: {one_line(e)}.") from None
     return out
 
 

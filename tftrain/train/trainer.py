@@ -143,6 +143,7 @@ class Trainer:
         self.monitor = self.profiler = None
         self.backup = self.early_stopping = None  # StepBackup, ResumableEarlyStopping (make_callbacks)
         self.preemption = None  # PreemptionWatch of a single process (make_callbacks)
+        self._user_callbacks = []  # makers of --callbacks (check)
         self.compile_args: dict = {}
         self.extras: dict = {}
 
@@ -236,6 +237,9 @@ class Trainer:
             return
         if self.config.run_dir is None:
             self.config = dataclasses.replace(self.config, run_dir=str(self._resumed() or self._default_run_dir()))
+        from tftrain.train import user_callbacks
+
+        self._user_callbacks = user_callbacks.resolve(self.config.train.callbacks or "")  # bad names: now
         self._check_same_task(Path(self.config.run_dir))  # first: another task's settings differ too
         self.run_dir = rundir_lib.check_run_dir(self.config.run_dir, self.config.to_dict())
         if self.is_chief:  # another process training into it: refused now, not after TensorFlow starts
@@ -753,7 +757,8 @@ class Trainer:
     def make_callbacks(self) -> list:
         """NanGuard, CSVLogger (`history.csv`), StepBackup (BackupAndRestore at epoch ends and every
         `--backup-every-steps`), TensorBoard, ThroughputMonitor, ProfilerWindow and NvtxSteps (where
-        the loop has per-step hooks), EarlyStopping (with `--early-stopping`), then the user's callbacks.
+        the loop has per-step hooks), EarlyStopping (with `--early-stopping`), then the user's callbacks (the
+        `callbacks` argument, then `--callbacks`).
 
         The order matters: the guard raises before a checkpoint can save a diverged state; the epoch
         log comes before the backup, so a kill between the two repeats a logged epoch (`read_history`
@@ -770,7 +775,7 @@ class Trainer:
         callbacks = [NanGuard(), history, self.backup, keras.callbacks.TensorBoard(str(out.log_dir))]
         if self.loop.per_step_hooks:
             callbacks += self._step_callbacks()
-        return callbacks + self._early_stopping() + self.callbacks
+        return callbacks + self._early_stopping() + self.callbacks + [c for make in self._user_callbacks for c in make()]
 
     def _make_backup(self):
         """The `StepBackup`: it keeps the previous checkpoint (a task may die mid-save) and outlives `fit`

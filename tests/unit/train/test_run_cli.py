@@ -208,3 +208,31 @@ def test_thread_flags_a_task_file_cannot_honour_are_one_warning_naming_it(tmp_pa
         "built at module level), so --intra-op-threads 1 cannot apply: build metrics inside compile_args, or pass "
         "the class (metrics=[keras.metrics.MeanAbsoluteError])."
     ]
+
+
+def test_callbacks_from_the_command_line(task_file, tmp_path, capsys):
+    mine = tmp_path / "my_callbacks.py"
+    mine.write_text(
+        "import keras\n"
+        "seen = []\n"
+        "class Marker(keras.callbacks.Callback):\n"
+        "    def __init__(self, path=None):\n"
+        "        super().__init__()\n"
+        "        self.path = path\n"
+        "    def on_train_end(self, logs=None):\n"
+        f"        open({str(tmp_path / 'marker')!r}, 'a').write(type(self).__name__ + '\\n')\n"
+        "class Other(Marker):\n"
+        "    pass\n"
+        "def two():\n"
+        "    return [Marker(), Other()]\n"
+        "not_a_callback = 3\n")
+    args = [f"{task_file}:task", "--epochs", "1", "--batch-size", "16", "--verbose", "0", "--execution", "graph"]
+    assert run.main([*args, "--callbacks", f"{mine}:Marker,{mine}:two", "--run-dir", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "marker").read_text().split() == ["Marker", "Marker", "Other"]  # after tftrain's own
+    for spec, message in ((f"{mine}:missing", "has no 'missing'"), (f"{mine}:not_a_callback", "is of type int, not a Keras"),
+                          ("nocolon", "invalid 'nocolon'")):
+        capsys.readouterr()
+        assert run.main([*args, "--callbacks", spec, "--run-dir", str(tmp_path / "bad")]) == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith("python -m tftrain.run: error: --callbacks: ") and message in line, line
+    assert not (tmp_path / "bad").exists()  # refused before the run directory

@@ -1,0 +1,85 @@
+"""`--callbacks WHERE:NAME[,...]`: the user's own Keras callbacks, named on the command line.
+
+WHERE is a `.py` file or an importable module, as for a task (`tftrain.run.load_task`);
+NAME is a `keras.callbacks.Callback` instance, a callback class (built with no
+arguments), or a function of no arguments returning a callback or a list of them.
+The names are resolved when the run is checked (a bad one is one line, exit 2, before
+TensorFlow starts); classes and functions are called when the callbacks are made, in
+every process of the job, after tftrain's own callbacks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+from pathlib import Path
+from typing import Callable, List
+
+from tftrain.errors import ConfigError
+
+
+def resolve(specs: str) -> List[Callable[[], list]]:
+    """Imports each `WHERE:NAME` of the comma-separated `specs`.
+
+    Returns:
+        One maker per spec: `() -> list of keras callbacks`.
+
+    Raises:
+        ConfigError: on a malformed spec, a file or module that does not import (its error in
+            one line), a missing NAME, or a NAME that is no callback, class or function.
+    """
+    return [_maker(spec.strip()) for spec in specs.split(",") if spec.strip()]
+
+
+def _import(where: str):
+    from tftrain.train.user_code import import_file, one_line
+
+    try:
+        if where.endswith(".py") or os.sep in where:
+            return import_file(Path(where))
+        return importlib.import_module(where)
+    except ConfigError:
+        raise
+    except Exception as e:  # the user's file: what failed, in one line
+        raise ConfigError(f"--callbacks: could not import {where!r}: {one_line(e)}.") from None
+
+
+def _maker(spec: str) -> Callable[[], list]:
+    import keras
+
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise ConfigError(f"--callbacks: invalid {spec!r}. Expected FILE.py:NAME or MODULE:NAME, e.g. "
+                          "my_callbacks.py:Logger.")
+    module = _import(where)
+    if not hasattr(module, name):
+        raise ConfigError(f"--callbacks: {where!r} has no {name!r}.")
+    obj = getattr(module, name)
+    if isinstance(obj, keras.callbacks.Callback):
+        return lambda: [obj]
+    if not callable(obj):
+        raise ConfigError(f"--callbacks: {spec} is of type {type(obj).__name__}, not a Keras callback, a callback class "
+                          "or a function returning callbacks.")
+    return lambda: _made(spec, obj)
+
+
+def _made(spec: str, factory) -> list:
+    """`factory()` as a list of callbacks.
+
+    Raises:
+        ConfigError: when it needs arguments or returns something else than callbacks.
+    """
+    import keras
+
+    required = [p for p in inspect.signature(factory).parameters.values()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if required:
+        raise ConfigError(f"--callbacks: {spec} needs arguments ({', '.join(p.name for p in required)}); give it "
+                          "defaults, or name a function of no arguments that builds it.")
+    made = factory()
+    made = list(made) if isinstance(made, (list, tuple)) else [made]
+    wrong = [type(c).__name__ for c in made if not isinstance(c, keras.callbacks.Callback)]
+    if wrong:
+        raise ConfigError(f"--callbacks: {spec} gave {', '.join(wrong)}, not Keras callbacks.")
+    return made
