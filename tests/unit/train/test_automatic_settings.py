@@ -276,3 +276,11 @@ def test_precision_auto_trains_the_float32_twin_when_float32_is_faster(tmp_path,
     assert record.runtime["precision"] == "float32" and record.runtime["compute_dtype"] == "float32"
     saved = keras.saving.load_model(tmp_path / "run" / "model.keras")
     assert all(layer.dtype_policy.name == "float32" for layer in saved.layers)
+
+
+def test_precision_auto_times_nothing_under_eager_execution(tmp_path, monkeypatch, fresh_execution_memory):
+    from tftrain.runtime import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
+    record = _fit(tmp_path, _dense, "run", execution="eager", precision="auto")  # no graph step to time
+    assert "precision_auto" not in record.extras and record.runtime["precision"] == "mixed_bfloat16"
