@@ -478,6 +478,36 @@ def choose_execution(
     return _settle(model, trials, base_spe)
 
 
+def time_graph_step(model, dataset, steps: int = 16) -> float:
+    """Median seconds per optimizer step of `model`'s training step in graph mode at its own
+    `steps_per_execution`, its weights, optimizer and metric state restored afterwards; the model's
+    `jit_compile` is left as it was (the graph train function is dropped when it was XLA).
+
+    Args:
+        model: a compiled Keras model (TensorFlow backend), not `run_eagerly`.
+        dataset: training batches (repeated as needed).
+        steps: optimizer steps timed. Defaults to 16.
+
+    Returns:
+        Seconds per optimizer step (float).
+
+    Raises:
+        Exception: what the model's graph step raised.
+    """
+    jit = model.jit_compile
+    _build_optimizer(model)
+    trials = _Trials(model, dataset, int(getattr(model, "steps_per_execution", 1) or 1),
+                     {"steps": steps, "warmup_executions": 1, "min_timed_executions": 3})
+    try:
+        trials.run("graph", trials.base_spe)
+    finally:
+        trials.restore()
+        model.jit_compile = jit
+        if jit:
+            model.train_function = None  # rebuilt in XLA by the next fit
+    return trials.timings["graph"].step_time_s
+
+
 def check_compiles(model, dataset) -> None:
     """Builds `model`'s train function in its current mode (`jit_compile`, `steps_per_execution`)
     and runs two executions on `dataset`, then restores the weights, optimizer and metric state.

@@ -304,8 +304,7 @@ def choose_precision(bf16_model, build_float32, dataset, steps: int = 16) -> Pre
     elementwise ops gain less or lose: measured on this 2-core EPYC with AVX512-BF16, a
     depthwise-separable CNN trained at half the float32 speed under mixed_bfloat16, a
     dense MLP faster. So the choice is timed on the run's own model and batches, graph
-    mode at the model's own `steps_per_execution` (`choose_execution` with one
-    candidate: state restored, train function kept).
+    mode at the model's own `steps_per_execution` (`time_graph_step`: state restored).
 
     Args:
         bf16_model: the compiled model, built under mixed_bfloat16.
@@ -318,13 +317,10 @@ def choose_precision(bf16_model, build_float32, dataset, steps: int = 16) -> Pre
         A `PrecisionChoice`: mixed_bfloat16 only when more than
         `KEEP_FLOAT32_WITHIN` faster than float32.
     """
-    from tftrain.runtime.execution import choose_execution
+    from tftrain.runtime.execution import time_graph_step
 
-    def step_time(model) -> float:
-        return choose_execution(model, dataset, candidates=("graph",), steps=steps).timings["graph"].step_time_s
-
-    times = {"mixed_bfloat16": step_time(bf16_model)}
-    times["float32"] = step_time(build_float32())
+    times = {"mixed_bfloat16": time_graph_step(bf16_model, dataset, steps)}
+    times["float32"] = time_graph_step(build_float32(), dataset, steps)
     ratio = times["float32"] / times["mixed_bfloat16"]
     if ratio > 1 + KEEP_FLOAT32_WITHIN:
         return PrecisionChoice("mixed_bfloat16", times, f"{ratio:.2f}x faster than float32")

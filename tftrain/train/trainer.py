@@ -529,13 +529,14 @@ class Trainer:
         """`--precision auto` on a CPU with native bfloat16 (where it picked mixed_bfloat16): times the
         step under mixed_bfloat16 and float32 on the run's own model and batches
         (`tftrain.runtime.precision.choose_precision`) and keeps float32 unless bfloat16 is more than
-        5% faster; remembered per model, batch and machine like the execution choice. Returns the model
-        to train (its float32 twin when float32 wins)."""
+        5% faster; remembered per model, batch and machine like the execution choice. Not under an
+        explicit `--execution eager` or `xla` (the user chose how the step runs; the rule's policy stays).
+        Returns the model to train (its float32 twin when float32 wins)."""
         from tftrain import runtime
         from tftrain.runtime.execution_memory import ExecutionMemory, execution_key
         from tftrain.runtime.precision import PrecisionChoice, choose_precision
 
-        if (self.config.runtime.precision != "auto" or self.config.runtime.execution == "eager"
+        if (self.config.runtime.precision != "auto" or self.config.runtime.execution not in ("auto", "graph")
                 or self.runtime.devices.kind != "cpu"
                 or self.runtime.precision.policy != "mixed_bfloat16" or not self.loop.times_execution
                 or self.runtime.num_replicas > 1):
@@ -544,16 +545,17 @@ class Trainer:
         memory = ExecutionMemory() if self.config.runtime.remember_execution else None
         key = execution_key(model, probe, ("precision: float32 vs mixed_bfloat16",)) if memory else None
         entry = memory.get_entry(f"precision-{key}") if key else None
+        twins = []  # the float32 twin built for the timing, trained when float32 wins
         try:
             choice = PrecisionChoice(**{k: entry[k] for k in ("policy", "step_time_s", "reason")})
         except (TypeError, KeyError):  # none remembered, or of another shape: time it
-            choice = choose_precision(model, lambda: self._rebuilt_in("float32"), probe)
+            choice = choose_precision(model, lambda: twins.append(self._rebuilt_in("float32")) or twins[-1], probe)
             if key:
                 memory.put_entry(f"precision-{key}", choice.to_dict())
         self.extras["precision_auto"] = choice.to_dict()
         self.console.line(f"precision: auto -> {choice.describe()}" + ("" if entry is None else " [remembered]"))
         if choice.policy == "float32":
-            return model if self.runtime.precision.policy == "float32" else self._rebuilt_in("float32")
+            return twins[-1] if twins else self._rebuilt_in("float32")
         self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision("mixed_bfloat16"))
         return model
 

@@ -255,6 +255,10 @@ def test_precision_auto_times_bfloat16_against_float32_on_a_cpu_and_remembers(tm
     assert choice["policy"] in ("float32", "mixed_bfloat16") and set(choice["step_time_s"]) == {
         "float32", "mixed_bfloat16"} and all(t > 0 for t in choice["step_time_s"].values())
     assert first.runtime["precision"] == choice["policy"] and np.isfinite(first.test["loss"])
+    import keras
+
+    saved = keras.saving.load_model(tmp_path / "a" / "model.keras")
+    assert saved.layers[0].dtype_policy.name == choice["policy"]  # the model trained is the one chosen
 
     def not_again(*args, **kwargs):
         raise AssertionError("a remembered precision is not timed again")
@@ -269,10 +273,18 @@ def test_precision_auto_trains_the_float32_twin_when_float32_is_faster(tmp_path,
 
     from tftrain.runtime import precision
 
+    from tftrain.runtime import execution
+
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
-    monkeypatch.setattr(precision, "choose_precision", lambda model, build, data: precision.PrecisionChoice(
-        "float32", {"mixed_bfloat16": 4e-3, "float32": 2e-3}, "2.00x faster than mixed_bfloat16"))
+    timed = []  # float32 twice as fast: the twin built for the timing is the model trained
+
+    def step_time(model, dataset, steps=16):
+        timed.append(model.dtype_policy.name)
+        return 2e-3 if model.dtype_policy.name == "float32" else 4e-3
+
+    monkeypatch.setattr(execution, "time_graph_step", step_time)
     record = _fit(tmp_path, _dense, "run", execution="graph", precision="auto")
+    assert timed == ["mixed_bfloat16", "float32"] and record.extras["precision_auto"]["policy"] == "float32"
     assert record.runtime["precision"] == "float32" and record.runtime["compute_dtype"] == "float32"
     saved = keras.saving.load_model(tmp_path / "run" / "model.keras")
     assert all(layer.dtype_policy.name == "float32" for layer in saved.layers)
