@@ -5,6 +5,7 @@
     python -m benchmarks --gpu      # the GPU suite (about 10 min on one GPU machine)
     python -m benchmarks --only roofline,threads
     python -m benchmarks --quick --jobs 2   # two benchmarks at once (quick only)
+    python -m benchmarks --summary-only     # rebuild the summary from the results files
 
 Each benchmark writes `<out>/<name>.json`, `.md` and `.png` (the GPU suite
 `gpu-<name>.*`); the runner adds `<out>/summary.md` and `summary.json`: every
@@ -72,6 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "which quick figures may; full-size runs are always one at a time)")
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default: benchmarks/results/, --quick: benchmarks/results/quick/)")
+    parser.add_argument("--summary-only", action="store_true",
+                        help="run nothing: rebuild summary.md and summary.json from the results files in --out "
+                             "(after a benchmark was run on its own, e.g. python -m benchmarks.zoo)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1. Received: --jobs {args.jobs}.")
@@ -216,9 +220,33 @@ def _run_one(name: str, args, out: Path, prefix: str, quick: bool, expected_minu
     return name, {"status": status, "seconds": seconds}, summary
 
 
+def rebuild_summary(out: Path, prefix: str, suite_kind: str, quick: bool) -> int:
+    """`--summary-only`: the summary from the results files in `out` (each benchmark's latest run, its
+    seconds from its own file), the runs and notes of the last summary; returns the exit code."""
+    try:
+        previous = json.loads((out / f"{prefix}summary.json").read_text())
+    except (OSError, ValueError):
+        print(f"python -m benchmarks: error: no {prefix}summary.json in {out} to rebuild.", file=sys.stderr)
+        return 2
+    statuses, summaries = dict(previous.get("runs", {})), {}
+    for name in statuses:
+        path = out / f"{prefix}{name}.json"
+        if path.exists():
+            result = json.loads(path.read_text())
+            summaries[name] = result["summary"]
+            statuses[name] = {**statuses[name], "seconds": result.get("wall_time_s", statuses[name]["seconds"])}
+    total = sum(s["seconds"] for s in statuses.values())
+    _write_summary(out, prefix, suite_kind, quick, previous.get("notes", []), tuple(statuses), statuses, summaries,
+                   total)
+    return 0
+
+
 def main(argv=None) -> int:
     """Runs the suite; returns the exit code."""
     args = parse_args(argv)
+    if args.summary_only:
+        out = args.out or (common.QUICK_DIR if args.quick else common.RESULTS_DIR)
+        return rebuild_summary(out, "gpu-" if args.gpu else "", "gpu" if args.gpu else "cpu", args.quick)
     suite_kind = "gpu" if args.gpu else "cpu"
     suite = GPU_SUITE if args.gpu else CPU_SUITE
     quick = args.quick

@@ -212,3 +212,19 @@ def test_gpu_suite_says_when_there_is_no_gpu(tmp_path):
 def test_unknown_benchmark_name_is_refused():
     proc = _run(["--only", "rooflin"], timeout=120)
     assert proc.returncode == 2 and "unknown benchmark(s) rooflin" in proc.stderr
+
+
+def test_the_summary_rebuilds_from_the_results_files(quick_suite, tmp_path):
+    import shutil
+
+    _, out = quick_suite
+    copy = tmp_path / "results"
+    shutil.copytree(out, copy)
+    zoo = json.loads((copy / "zoo.json").read_text())
+    zoo["summary"]["model_count"] = 99  # as if the zoo had been rerun on its own
+    (copy / "zoo.json").write_text(json.dumps(zoo))
+    proc = _run(["--summary-only", "--quick", "--out", str(copy)], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((copy / "summary.json").read_text())
+    assert summary["summaries"]["zoo"]["model_count"] == 99 and set(summary["runs"]) >= set(CPU_SUITE)
+    assert "of 99" in (copy / "summary.md").read_text()  # the zoo's rows count its models
