@@ -246,97 +246,102 @@ def search_batch_size(
     """
     validate_search_args(mode, objective, init_val, max_val, max_trials, margin, min_gain, multiple_of)
     check_int(patience, "patience", error=ConfigError)
-    trials: List[Trial] = []
+    search = _Search(run_trial, max_trials, multiple_of, min_gain)
+    search.shrink(init_val)
+    if search.high_fail is None:
+        search.grow(max_val, patience if objective == "throughput" else None)
+    if mode == "binsearch" and objective == "largest" and search.high_fail is not None:
+        search.bisect()
+    return search.result(mode, objective, margin)
 
-    def attempt(batch_size: int) -> Trial:
-        trial = run_trial(batch_size)
-        trials.append(trial)
+
+class _Search:
+    """The state of one `search_batch_size`: its trials, the largest fitting and the smallest failing
+    batch so far, and why growth stopped (`limit`)."""
+
+    def __init__(self, run_trial: Callable[[int], Trial], max_trials: int, multiple_of: int, min_gain: float):
+        self.run_trial, self.max_trials, self.multiple_of, self.min_gain = run_trial, max_trials, multiple_of, min_gain
+        self.trials: List[Trial] = []
+        self.low_ok: Optional[int] = None  # largest fitting
+        self.high_fail: Optional[int] = None  # smallest failing
+        self.limit = "max_trials"
+
+    def _attempt(self, batch_size: int) -> Trial:
+        trial = self.run_trial(batch_size)
+        self.trials.append(trial)
         return trial
 
-    low_ok: Optional[int] = None  # largest fitting
-    high_fail: Optional[int] = None  # smallest failing
-    limit = "max_trials"
-    size = init_val
-    best_rate: Optional[float] = None
-    stale = 0  # trials in a row without a min_gain improvement
+    @property
+    def _trials_left(self) -> bool:
+        return len(self.trials) < self.max_trials
 
-    # Shrink until something fits (only when init_val fails).
-    while len(trials) < max_trials:
-        trial = attempt(size)
-        if trial.fits:
-            low_ok, best_rate = size, trial.examples_per_sec
-            break
-        high_fail = size
-        smaller = _round_down(size // 2, multiple_of)
-        if smaller < multiple_of or smaller == size:
-            break
-        size = smaller
-    if low_ok is None:
-        tried = ", ".join(f"{t.batch_size} ({t.status})" for t in trials)
-        raise BatchSizeSearchError(
-            f"No batch size fits: tried {tried}. Free memory, raise the memory budget or the per-trial "
-            "time limit, or use a smaller model."
-        )
+    def shrink(self, size: int) -> None:
+        """Tries `size`, halving while it does not fit; `limit` becomes "failure" when it did not.
 
-    # Grow by doubling.
-    if high_fail is not None:
-        limit = "failure"
-    else:
-        while len(trials) < max_trials:
-            if max_val is not None and low_ok >= max_val:
-                limit = "max_val"
+        Raises:
+            BatchSizeSearchError: when not even a batch of `multiple_of` fits.
+        """
+        while self._trials_left:
+            if self._attempt(size).fits:
+                self.low_ok = size
                 break
-            size = low_ok * 2 if max_val is None else min(low_ok * 2, _round_down(max_val, multiple_of))
-            if size <= low_ok:
-                limit = "max_val"
+            self.high_fail, self.limit = size, "failure"
+            smaller = _round_down(size // 2, self.multiple_of)
+            if smaller < self.multiple_of or smaller == size:
                 break
-            trial = attempt(size)
+            size = smaller
+        if self.low_ok is None:
+            tried = ", ".join(f"{t.batch_size} ({t.status})" for t in self.trials)
+            raise BatchSizeSearchError(
+                f"No batch size fits: tried {tried}. Free memory, raise the memory budget or the per-trial "
+                "time limit, or use a smaller model."
+            )
+
+    def grow(self, max_val: Optional[int], patience: Optional[int]) -> None:
+        """Doubles the fitting batch (capped at `max_val`) until one fails, the cap, or (with `patience`)
+        `patience` trials in a row without a `min_gain` examples/sec gain."""
+        best_rate, stale = self.trials[-1].examples_per_sec, 0
+        while self._trials_left:
+            cap = None if max_val is None else _round_down(max_val, self.multiple_of)
+            size = self.low_ok * 2 if cap is None else min(self.low_ok * 2, cap)
+            if size <= self.low_ok:
+                self.limit = "max_val"
+                return
+            trial = self._attempt(size)
             if not trial.fits:
-                high_fail, limit = size, "failure"
-                break
-            low_ok = size
-            rate = trial.examples_per_sec
-            if rate is not None and best_rate and rate < best_rate * (1 + min_gain):
-                stale += 1
-            else:
-                stale = 0
+                self.high_fail, self.limit = size, "failure"
+                return
+            self.low_ok, rate = size, trial.examples_per_sec
+            stale = stale + 1 if rate is not None and best_rate and rate < best_rate * (1 + self.min_gain) else 0
             if rate is not None and (best_rate is None or rate > best_rate):
                 best_rate = rate
-            if objective == "throughput" and stale >= patience:
-                limit = "plateau"
-                break
+            if patience is not None and stale >= patience:
+                self.limit = "plateau"
+                return
 
-    # Bisect between the largest fitting and the smallest failing size.
-    if mode == "binsearch" and objective == "largest" and high_fail is not None:
-        while len(trials) < max_trials and high_fail - low_ok > multiple_of:
-            mid = _round_down((low_ok + high_fail) // 2, multiple_of)
-            if mid <= low_ok:
-                break
-            if attempt(mid).fits:
-                low_ok = mid
+    def bisect(self) -> None:
+        """Bisects between the largest fitting and the smallest failing batch until `multiple_of` apart."""
+        while self._trials_left and self.high_fail - self.low_ok > self.multiple_of:
+            mid = _round_down((self.low_ok + self.high_fail) // 2, self.multiple_of)
+            if mid <= self.low_ok:
+                return
+            if self._attempt(mid).fits:
+                self.low_ok = mid
             else:
-                high_fail = mid
+                self.high_fail = mid
 
-    largest_tried_ok = low_ok
-    if limit == "plateau":
-        largest_fitting = None
-    elif mode == "binsearch":
-        largest_fitting = max(multiple_of, _round_down(int(low_ok * (1 - margin)), multiple_of))
-    else:
-        largest_fitting = low_ok
-    best = best_throughput_trial([t for t in trials if t.fits], min_gain)
-    if objective == "throughput":
-        chosen = best.batch_size
-    else:
-        chosen = largest_fitting
-    return SearchResult(
-        batch_size=chosen,
-        largest_fitting=largest_fitting,
-        largest_tried_ok=largest_tried_ok,
-        best_throughput=best.batch_size,
-        best_examples_per_sec=best.examples_per_sec,
-        limit=limit,
-        mode=mode,
-        objective=objective,
-        trials=trials,
-    )
+    def result(self, mode: str, objective: str, margin: float) -> SearchResult:
+        """The `SearchResult`: in binsearch mode the largest fitting batch less `margin`."""
+        if self.limit == "plateau":
+            largest_fitting = None
+        elif mode == "binsearch":
+            largest_fitting = max(self.multiple_of, _round_down(int(self.low_ok * (1 - margin)), self.multiple_of))
+        else:
+            largest_fitting = self.low_ok
+        best = best_throughput_trial([t for t in self.trials if t.fits], self.min_gain)
+        return SearchResult(
+            batch_size=best.batch_size if objective == "throughput" else largest_fitting,
+            largest_fitting=largest_fitting, largest_tried_ok=self.low_ok, best_throughput=best.batch_size,
+            best_examples_per_sec=best.examples_per_sec, limit=self.limit, mode=mode, objective=objective,
+            trials=self.trials,
+        )
