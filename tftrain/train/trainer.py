@@ -6,16 +6,19 @@
     batch plan   fixed | tuned (keras-tuner, on validation data) | auto (batch-size search)
     build        task.build_model() inside strategy.scope(); compile with the task's
                  optimizer / loss / metrics and the runtime's compile options
-    execution    auto: time graph vs XLA on the first training batches, keep the faster
-                 (or reuse the choice an earlier run timed for the same model and machine)
-    callbacks    NanGuard, StepBackup (BackupAndRestore), TensorBoard, ThroughputMonitor,
-                 ProfilerWindow, EarlyStopping, the user's
+    precision    auto on a CPU with native bfloat16: time it against float32 (automatic.py)
+    execution    auto: time graph vs XLA (and steps per execution) on the first training
+                 batches, keep the faster, or reuse the choice an earlier run timed for the
+                 same model and machine (automatic.py)
+    callbacks    NanGuard, CSVLogger, StepBackup (BackupAndRestore), TensorBoard,
+                 ThroughputMonitor, ProfilerWindow, EarlyStopping, the user's
     train        the loop's fit (Model.fit, or the parameter-server coordinator loop)
-    evaluate, save, record, report
+    evaluate, save, record, report, then the backup is removed
 
 Each stage is a short method; a subclass may replace any of them. What a training
-loop can do lives in `tftrain.train.loops`, not in branches here. Only the command
-line (`tftrain.run`) turns errors into exit codes.
+loop can do lives in `tftrain.train.loops`, not in branches here; the stages that
+choose settings by measurement live in `tftrain.train.automatic` (a mixin). Only the
+command line (`tftrain.run`) turns errors into exit codes.
 """
 
 from __future__ import annotations
@@ -32,21 +35,13 @@ from typing import Optional, Sequence
 
 from tftrain import config as config_lib
 from tftrain import rundir as rundir_lib
-from tftrain.errors import ConfigError, Preempted, TrainingDiverged, XlaCompileError
+from tftrain.errors import ConfigError, Preempted, TrainingDiverged
+from tftrain.train.automatic import AUTO_PROBE_BATCHES, AUTO_PROBE_STEPS, STEPS_PER_EXECUTION_CANDIDATES  # noqa: F401
+from tftrain.train.automatic import AutomaticSettings
 from tftrain.train.console import Console, keras_progress
 from tftrain.train.loops import loop_for
 from tftrain.train.record import RunRecord
 from tftrain.train.tasks import Task
-
-AUTO_PROBE_BATCHES = 16
-"""`--execution auto` times graph and XLA on the first this-many training batches."""
-
-AUTO_PROBE_STEPS = 16
-"""Optimizer steps timed per candidate by `--execution auto` (after the compiling warm-up)."""
-
-STEPS_PER_EXECUTION_CANDIDATES = (1, 8, 32, 64)
-"""Counts `--steps-per-execution auto` may take on one replica: it compiles with the largest that fits
-up to 8, then times the larger ones (`tftrain.runtime.choose_execution`)."""
 
 INPUT_CHECK_BATCHES = 50
 """Batches the ThroughputMonitor's input check reads from the training pipeline alone."""
@@ -56,27 +51,6 @@ TASK_FILE = "task.json"
 
 BATCH_PLAN_FILE = "batch_plan.json"
 """File in the run directory that keeps the batch size `--batch-size auto` chose, for a resumed run."""
-
-
-PROBE_CACHE_BYTES = 256 * 2**20
-"""`--execution auto` caches its probe batches when they hold at most this many bytes (256 MiB)."""
-
-
-def _cached_if_small(probe):
-    """The probe batches cached in memory when their static shapes say they fit `PROBE_CACHE_BYTES`:
-    the candidates are then timed on the model's step, not on the input pipeline refilling (repeating
-    the first batches of a shuffled pipeline restarts it). Unknown sizes are not cached."""
-    import math
-
-    import tensorflow as tf
-
-    size = 0
-    for spec in tf.nest.flatten(probe.element_spec):
-        dims = spec.shape.as_list() if spec.shape.rank is not None else [None]
-        if None in dims or not spec.dtype.size:
-            return probe
-        size += math.prod(dims) * spec.dtype.size
-    return probe.cache() if size * AUTO_PROBE_BATCHES <= PROBE_CACHE_BYTES else probe
 
 
 class Interrupted(KeyboardInterrupt):
@@ -96,7 +70,7 @@ def _check_hparam_names(hparams) -> None:
                           "task's hparams dataclass.")
 
 
-class Trainer:
+class Trainer(AutomaticSettings):
     """Trains a `Task` with tftrain's whole machinery and writes its run directory.
 
     Args:
@@ -525,47 +499,6 @@ class Trainer:
                           "gradients by the scale (keras-team/keras#20894)")
         return self._built(self.task.build_model())
 
-    def choose_precision(self, model):
-        """`--precision auto` on a CPU with native bfloat16 (where it picked mixed_bfloat16): times the
-        step under mixed_bfloat16 and float32 on the run's own model and batches
-        (`tftrain.runtime.precision.choose_precision`) and keeps float32 unless bfloat16 is more than
-        5% faster; remembered per model, batch and machine like the execution choice. Not under an
-        explicit `--execution eager` or `xla` (the user chose how the step runs; the rule's policy stays).
-        Returns the model to train (its float32 twin when float32 wins)."""
-        from tftrain import runtime
-        from tftrain.runtime.execution_memory import ExecutionMemory, execution_key
-        from tftrain.runtime.precision import PrecisionChoice, choose_precision
-
-        if (self.config.runtime.precision != "auto" or self.config.runtime.execution not in ("auto", "graph")
-                or self.runtime.devices.kind != "cpu"
-                or self.runtime.precision.policy != "mixed_bfloat16" or not self.loop.times_execution
-                or self.runtime.num_replicas > 1):
-            return model
-        probe = _cached_if_small(self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES))
-        memory = ExecutionMemory() if self.config.runtime.remember_execution else None
-        key = execution_key(model, probe, ("precision: float32 vs mixed_bfloat16",)) if memory else None
-        entry = memory.get_entry(f"precision-{key}") if key else None
-        twins = []  # the float32 twin built for the timing, trained when float32 wins
-        try:
-            choice = PrecisionChoice(**{k: entry[k] for k in ("policy", "step_time_s", "reason")})
-        except (TypeError, KeyError):  # none remembered, or of another shape: time it
-            choice = choose_precision(model, lambda: twins.append(self._rebuilt_in("float32")) or twins[-1], probe)
-            if key:
-                memory.put_entry(f"precision-{key}", choice.to_dict())
-        self.extras["precision_auto"] = choice.to_dict()
-        self.console.line(f"precision: auto -> {choice.describe()}" + ("" if entry is None else " [remembered]"))
-        if choice.policy == "float32":
-            return twins[-1] if twins else self._rebuilt_in("float32")
-        self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision("mixed_bfloat16"))
-        return model
-
-    def _rebuilt_in(self, policy: str):
-        """The task's model built and compiled again under the dtype policy `policy` (set globally)."""
-        from tftrain import runtime
-
-        self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision(policy))
-        return self.build_model()
-
     def _with_accumulation(self, compile_args: dict) -> dict:
         """`compile_args` whose optimizer updates once every `accumulation_steps` micro-batches."""
         if self.accumulation_steps == 1:
@@ -608,153 +541,6 @@ class Trainer:
                      f"{replicas} (Keras scales it for the gradients' all-reduce)")
         self.extras["custom_step"] = {"overridden": list(steps), "replicas": replicas, "note": note}
         self.console.line(f"loss:      {note}")
-
-    def choose_execution(self, model) -> None:
-        """`--execution auto` and `--steps-per-execution auto`: times graph against XLA, then the
-        faster at several steps per execution, on the first training batches where the loop allows
-        (`tftrain.runtime.choose_execution`; a candidate XLA cannot compile is skipped with XLA's
-        reason), else graph and the rule's count. A choice an earlier run timed for the same model,
-        batch and machine is reused (`tftrain.runtime.execution_memory`; an XLA choice is compiled
-        once more first, and forgotten and timed again if that fails), unless `--no-remember-execution`."""
-        from tftrain.runtime.execution import AUTO_CANDIDATES
-
-        rt = self.config.runtime
-        modes = AUTO_CANDIDATES if rt.execution == "auto" else (rt.execution,)
-        counts = self._steps_per_execution_candidates()
-        if rt.execution == "xla":  # before training, not after it: the test step compiles under XLA too
-            reason = self._test_step_failure(model)
-            if reason:
-                raise XlaCompileError(f"XLA could not compile the test step of this model: {reason}. "
-                                      "Try --execution graph.")
-        if rt.execution == "eager" or (len(modes) == 1 and not counts):
-            return
-        if not self.loop.times_execution:
-            self.execution = "graph" if rt.execution == "auto" else rt.execution
-            if rt.execution == "auto":
-                self.console.line(f"execution: auto -> graph ({self.loop.name} does not time graph against XLA)")
-            return
-        if counts:  # start from the rule's count, or the largest allowed below it (1 always is)
-            model.steps_per_execution = max(c for c in counts if c <= model.steps_per_execution)
-        probe = self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES)
-        try:
-            choice = self._remembered_or_timed(model, probe, modes, counts)
-        except Exception as error:  # noqa: BLE001 (an explicit --execution xla that XLA cannot compile)
-            self._raise_if_xla_failed(error)
-            raise
-        self.execution, self.execution_choice = choice.execution, choice
-        self.console.line(f"execution: auto -> {choice.describe()}")
-        if model.steps_per_execution > 1 and counts:
-            self.console.line(f"           Keras batch callbacks fire once per execution of "
-                              f"{model.steps_per_execution} steps (--steps-per-execution 1 for every step)")
-
-    def _steps_per_execution_candidates(self) -> tuple:
-        """Counts `--steps-per-execution auto` may time: one replica and per-step hooks only, at most
-        an epoch, and dividing `--backup-every-steps` (a checkpoint is written between executions)."""
-        import math
-
-        if (self.config.runtime.steps_per_execution != "auto" or self.runtime.num_replicas > 1
-                or not self.loop.per_step_hooks or not self.loop.times_execution):
-            return ()  # nothing is timed: the rule's count (AUTO_STEPS_PER_EXECUTION) runs
-        acc, batches = self.accumulation_steps, (self.steps_per_epoch or 0) * self.accumulation_steps
-        counts = [c for c in STEPS_PER_EXECUTION_CANDIDATES if not batches or c <= batches]
-        backup = self.config.train.backup_every_steps
-        if backup is not None:
-            counts = [c for c in counts if (backup * acc) % math.lcm(c, acc) == 0]
-        return tuple(counts) or (1,)
-
-    def _remembered_or_timed(self, model, probe, modes, counts):
-        """The remembered `ExecutionChoice` for this model, batch and machine, if it still compiles;
-        else a newly timed one (remembered for the next run)."""
-        from tftrain.runtime.execution import choose_execution
-        from tftrain.runtime.execution_memory import ExecutionMemory, execution_key
-
-        # With several replicas nothing is timed (graph is the only mode): nothing to remember.
-        remember = self.config.runtime.remember_execution and self.runtime.num_replicas == 1
-        memory = ExecutionMemory() if remember else None
-        # The key names the counts this run may take (an epoch's length or the backup interval can rule
-        # some out), so a short run's choice never stands in for a full run's.
-        key = execution_key(model, probe, (*modes, *(f"steps_per_execution {c}" for c in counts))) \
-            if remember else None
-        choice = memory.get(key) if memory else None
-        if choice is not None and counts and choice.steps_per_execution not in counts:
-            choice = None
-        if choice is not None and not self._still_compiles(model, probe, choice):
-            memory.forget(key)
-            choice = None
-        if choice is None:
-            spe_counts = tuple(c for c in counts if c != model.steps_per_execution)
-            choice = choose_execution(model, _cached_if_small(probe), candidates=modes, steps=AUTO_PROBE_STEPS,
-                                      min_timed_executions=3,
-                                      steps_per_execution=spe_counts)
-            choice = self._with_test_step(model, choice)
-            if memory:
-                memory.put(key, choice)
-        return choice
-
-    def _test_step_failure(self, model) -> Optional[str]:
-        """XLA's reason when `model`'s test step (validation inside `fit`, the test evaluation) fails in
-        its current mode on one validation (else test) batch; None when it runs or there is no such data.
-        The compiled test function stays on the model for `fit` and `evaluate`."""
-        from tftrain.runtime.execution import xla_failure_reason
-
-        if not model.jit_compile:
-            return None
-        gb = self.batch.global_batch_size
-        data = (self.task.validation_data(gb) if self.loop.validates else None) or self.task.test_data(gb)
-        if data is None or not hasattr(data, "take"):
-            return None
-        try:
-            model.evaluate(data.take(1), verbose=0)
-        except Exception as error:  # noqa: BLE001 (XLA's refusal; any other error is the model's own)
-            reason = xla_failure_reason(error)
-            if reason is None:
-                raise
-            return reason
-        return None
-
-    def _with_test_step(self, model, choice):
-        """`choice`, or graph at its steps per execution when XLA, chosen for the training step, cannot
-        compile the test step (Keras's `jit_compile` covers both): one line says why."""
-        reason = self._test_step_failure(model) if choice.execution == "xla" else None
-        if not reason:
-            return choice
-        model.jit_compile = False
-        model.train_function = model.test_function = model.predict_function = None  # rebuilt in graph by fit
-        self.console.line(f"execution: xla compiles the training step but not the test step ({reason}); graph")
-        return dataclasses.replace(choice, execution="graph", reason=f"xla cannot compile the test step: {reason}",
-                                   skipped=(*choice.skipped, f"xla test step: {reason}"))
-
-    def _still_compiles(self, model, probe, choice) -> bool:
-        """Sets `model` up for a remembered choice; an XLA one is compiled and run once (its train
-        function is kept for `fit`). False, with one line, when Keras or XLA refuses it now."""
-        from tftrain.runtime.execution import check_compiles, failure_line
-
-        compiled_count = model.steps_per_execution
-        model.jit_compile = choice.execution == "xla"
-        if choice.steps_per_execution:
-            model.steps_per_execution = choice.steps_per_execution
-        if model.jit_compile != (choice.execution == "xla"):  # Keras refused XLA for this model now
-            model.jit_compile, model.steps_per_execution = False, compiled_count
-            return False
-        if choice.execution != "xla":
-            return True
-        try:
-            check_compiles(model, probe)
-        except Exception as error:  # noqa: BLE001 (XLA refuses what it compiled before: time again)
-            self.console.line(f"execution: the remembered choice xla fails now ({failure_line(error)}); timing again")
-            model.jit_compile, model.steps_per_execution = False, compiled_count
-            return False
-        return True
-
-    def _raise_if_xla_failed(self, error: Exception) -> None:
-        """Raises `XlaCompileError` (XLA's reason and the fix in one line) when XLA, asked for or
-        chosen, could not compile or run a step (training, or validation inside `fit`)."""
-        from tftrain.runtime.execution import xla_failure_reason
-
-        reason = xla_failure_reason(error) if self.execution == "xla" else None
-        if reason:
-            raise XlaCompileError(f"XLA could not compile a step of this model: {reason}. Try --execution graph.") \
-                from error
 
     # -- callbacks, train, evaluate, save --------------------------------------
     def make_callbacks(self) -> list:
