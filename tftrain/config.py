@@ -437,6 +437,24 @@ class TrainConfig:
         return None if self.profile is None else parse_profile_window(self.profile)
 
 
+def deterministic_config(config: "RecipeConfig") -> "RecipeConfig":
+    """`config` as `--deterministic` runs it: a seed (0 when none), `execution` `auto` -> `graph` and
+    `steps_per_execution` `auto` -> `AUTO_STEPS_PER_EXECUTION` (timed choices differ between runs); the
+    config unchanged without `deterministic`. The Trainer also enables TensorFlow's op determinism and
+    keeps `--precision auto`'s rule untimed.
+
+    Source: https://www.tensorflow.org/api_docs/python/tf/config/experimental/enable_op_determinism
+    """
+    if not config.deterministic:
+        return config
+    runtime = config.runtime
+    runtime = dataclasses.replace(
+        runtime, execution="graph" if runtime.execution == "auto" else runtime.execution,
+        steps_per_execution=AUTO_STEPS_PER_EXECUTION if runtime.steps_per_execution == "auto"
+        else runtime.steps_per_execution)
+    return dataclasses.replace(config, runtime=runtime, seed=0 if config.seed is None else config.seed)
+
+
 def parse_profile_window(text: str) -> tuple:
     """Parses `"START,STOP"` into `(start, stop)` with 0 <= start < stop.
 
@@ -506,6 +524,12 @@ class RecipeConfig:
         resume: without `run_dir`, resume the newest unfinished run of the same
             task and configuration under `runs/` (`--resume`; none found is an
             error). Defaults to False.
+        deterministic: repeatable figures (`--deterministic`): TensorFlow's op
+            determinism (`tf.config.experimental.enable_op_determinism`), a seed
+            (0 when `seed` is None), and no setting chosen by timing (`execution`
+            `auto` runs graph, `steps_per_execution` `auto` runs
+            `AUTO_STEPS_PER_EXECUTION`, `precision` `auto` keeps its rule); see
+            `deterministic_config`. Defaults to False.
         task: the task's own hyperparameters, a frozen dataclass instance whose
             fields are declared with `hparam` (recipe-file section `task:`,
             one flag per field); None when the task declares none. Defaults to
@@ -522,6 +546,7 @@ class RecipeConfig:
     seed: Optional[int] = _field(None, "random seed (repeatable runs)", minimum=0)
     run_dir: Optional[str] = _field(None, "run directory (None: runs/<task>-<time>)")
     resume: bool = _field(False, "resume the newest unfinished run of this task and settings under runs/")
+    deterministic: bool = _field(False, "repeatable figures: op determinism, a seed, no setting chosen by timing")
     task: Any = None
 
     def __post_init__(self):

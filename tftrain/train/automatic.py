@@ -56,7 +56,8 @@ class AutomaticSettings:
         from tftrain.runtime.execution_memory import ExecutionMemory, execution_key
         from tftrain.runtime.precision import PrecisionChoice, choose_precision
 
-        if (self.config.runtime.precision != "auto" or self.config.runtime.execution not in ("auto", "graph")
+        if (self.config.runtime.precision != "auto" or self.config.deterministic
+                or self.config.runtime.execution not in ("auto", "graph")
                 or self.runtime.devices.kind != "cpu"
                 or self.runtime.precision.policy != "mixed_bfloat16" or not self.loop.times_execution
                 or self.runtime.num_replicas > 1):

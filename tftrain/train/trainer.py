@@ -104,7 +104,7 @@ class Trainer(AutomaticSettings):
             raise ConfigError(f"config must be a RecipeConfig or a recipe file path. Received: {config!r}.")
         elif config.task is None and task.hparams is not None:
             config = dataclasses.replace(config, task=task.hparams)
-        self.config = config.override(overrides) if overrides else config
+        self.config = config_lib.deterministic_config(config.override(overrides) if overrides else config)
         _check_hparam_names(self.config.task)
         self.task = task
         self.callbacks = list(callbacks)
@@ -293,7 +293,8 @@ class Trainer(AutomaticSettings):
         return None
 
     def setup_runtime(self) -> None:
-        """Threads, devices, precision, strategy (`tftrain.runtime.setup`); seeds when asked."""
+        """Threads, devices, precision, strategy (`tftrain.runtime.setup`); seeds when asked; TensorFlow's
+        op determinism under `--deterministic`."""
         import keras
 
         from tftrain import runtime
@@ -301,6 +302,10 @@ class Trainer(AutomaticSettings):
         self.runtime = runtime.setup(self.config.runtime, cluster=self.cluster)
         if self.config.seed is not None:
             keras.utils.set_random_seed(self.config.seed)
+        if self.config.deterministic:  # the seed and untimed settings: config_lib.deterministic_config
+            import tensorflow as tf
+
+            tf.config.experimental.enable_op_determinism()
 
     def bind_task(self) -> None:
         """Binds the task to the run's config (its hyperparameters, data options, seed).

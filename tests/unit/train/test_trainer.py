@@ -374,3 +374,26 @@ def test_another_tasks_run_directory_is_refused_by_task_before_settings(tmp_path
     # Other settings too: naming the settings would send the user to rerun with them, and be refused again.
     with pytest.raises(RunDirError, match="holds a run of task 'first' \\(ArrayTask\\); this is task 'second'"):
         trainer("second", epochs=5).fit()
+
+
+def test_deterministic_runs_give_identical_figures(tmp_path):
+    import keras
+
+    x = np.random.default_rng(0).standard_normal((512, 8)).astype("float32")
+    y = (x[:, :1] * 2 - x[:, 1:2]).astype("float32")
+
+    def build():
+        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dropout(0.3),
+                                 keras.layers.Dense(1)])
+
+    records = []
+    for name in ("a", "b"):
+        task = tftrain.ArrayTask(build, x, y, x[:64], y[:64], loss="mse", optimizer="adam", name="det")
+        trainer = tftrain.Trainer(task, epochs=2, verbose=0, batch_size=32, deterministic=True,
+                                  steps_per_execution="auto", run_dir=str(tmp_path / name))
+        records.append(trainer.fit())
+        runtime = trainer.config.runtime  # nothing chosen by timing, a seed
+        assert (runtime.execution, runtime.steps_per_execution, trainer.config.seed) == ("graph", 8, 0)
+    a, b = records
+    assert a.history == b.history and a.test == b.test  # shuffle, dropout and initial weights repeat exactly
+    assert a.history["loss"][1] < a.history["loss"][0]
