@@ -59,11 +59,25 @@ def _setup_threads(cache, **config):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_setup_applies_the_remembered_counts_unless_told_otherwise(tmp_path):
+def test_setup_applies_the_remembered_counts(tmp_path):
     assert _setup_threads(tmp_path)[:2] == [0, 0]  # never measured: TensorFlow's defaults
     thread_choice.remember(ThreadChoice(1, 1, 1.3, {}), ExecutionMemory(tmp_path / "execution.json"))
-    intra, inter, source = _setup_threads(tmp_path)
+    intra, inter, source = _setup_threads(tmp_path)  # a fresh process: the pools really take the counts
     assert (intra, inter) == (1, 1) and "measured by python -m tftrain.doctor" in source and "1.30x" in source
-    assert _setup_threads(tmp_path, threads="default")[:2] == [0, 0]
-    assert _setup_threads(tmp_path, remember_execution=False)[:2] == [0, 0]
-    assert _setup_threads(tmp_path, intra_op_threads=2, inter_op_threads=2) == [2, 2, ""]  # the user's counts win
+
+
+def test_remembered_counts_give_way_to_the_users_and_to_default(tmp_path, monkeypatch):
+    from tftrain.config import RuntimeConfig
+    from tftrain.runtime import core
+    from tftrain.runtime.threads import ThreadSettings
+
+    monkeypatch.setenv("TFTRAIN_CACHE_DIR", str(tmp_path))
+    thread_choice.remember(ThreadChoice(1, 1, 1.3, {}), ExecutionMemory(tmp_path / "execution.json"))
+    asked = []
+    monkeypatch.setattr(core, "set_threads", lambda intra, inter: asked.append((intra, inter)) or ThreadSettings(
+        intra, inter, True, 2))
+    for config, expected in ((RuntimeConfig(), (1, 1)), (RuntimeConfig(threads="default"), (0, 0)),
+                             (RuntimeConfig(remember_execution=False), (0, 0)),
+                             (RuntimeConfig(intra_op_threads=2, inter_op_threads=2), (2, 2))):
+        settings = core._threads(config)
+        assert asked[-1] == expected and bool(settings.source) == (expected == (1, 1)), config
