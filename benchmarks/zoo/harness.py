@@ -62,7 +62,7 @@ def thread_settings(cores: int, quick: bool) -> list:
 
 def add_flags(parser) -> None:
     """The zoo's flags: `--models`, `--rounds`, `--timeout`, and the worker's own."""
-    parser.add_argument("--models", default=None, help="comma-separated models (default: all; --quick: mlp,wide)")
+    parser.add_argument("--models", default=None, help="comma-separated models (default: all; --quick: wide)")
     parser.add_argument("--rounds", type=int, default=None,
                         help=f"interleaved rounds (default {ROUNDS}; --quick {QUICK_ROUNDS})")
     parser.add_argument("--threads", default=None,

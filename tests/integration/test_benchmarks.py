@@ -168,7 +168,7 @@ def test_zoo_records_every_contender(quick_suite):
     _, out = quick_suite
     result = _load(out, "zoo")
     data, models = result["data"], result["summary"]["models"]
-    assert len(models) >= 2 and set(models) == set(data["keras"]) == set(data["tftrain"])
+    assert len(models) >= 1 and set(models) == set(data["keras"]) == set(data["tftrain"])
     for name, summary in models.items():
         [keras], [tftrain] = data["keras"][name], data["tftrain"][name]  # --quick: one round
         assert "error" not in keras and "error" not in tftrain, (name, keras, tftrain)

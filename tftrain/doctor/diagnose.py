@@ -150,7 +150,7 @@ def measure_threads(keep: bool, batches: int) -> dict:
     Returns the `ThreadChoice` as a dict, with `remembered`."""
     from tftrain.runtime import thread_choice
 
-    choice = thread_choice.measure_threads(batches=batches)
+    choice = thread_choice.measure_threads(batches=batches, most=None if keep else 2)  # --quick: two candidates
     if keep:
         choice = thread_choice.remember(choice)
     return {**dataclasses.asdict(choice), "remembered": keep}

@@ -144,7 +144,7 @@ def _child(intra: int, inter: int, batches: int) -> dict:
     return json.loads(lines[-1])
 
 
-def measure_threads(cores: Optional[int] = None, batches: int = BATCHES) -> ThreadChoice:
+def measure_threads(cores: Optional[int] = None, batches: int = BATCHES, most: Optional[int] = None) -> ThreadChoice:
     """Times every `candidates(cores)` setting in its own child process and picks one (`pick`).
 
     Takes about 5-10 seconds per candidate (a TensorFlow start, two small
@@ -154,13 +154,15 @@ def measure_threads(cores: Optional[int] = None, batches: int = BATCHES) -> Thre
     Args:
         cores: usable cores; None reads them. Defaults to None.
         batches: batches per timed epoch, >= 8. Defaults to `BATCHES`.
+        most: time only the first this-many candidates (the defaults first);
+            None times them all. Defaults to None.
 
     Returns:
         A `ThreadChoice`. A candidate whose child fails is listed in `failed`;
         when the defaults' child fails, the defaults are kept (speedup 1.0).
     """
     rates, failed = {}, {}
-    for intra, inter in candidates(cores):
+    for intra, inter in candidates(cores)[:most]:
         try:
             rates[(intra, inter)] = _child(intra, inter, batches)
         except (RuntimeError, ValueError) as e:
