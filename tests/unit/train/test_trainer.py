@@ -376,24 +376,44 @@ def test_another_tasks_run_directory_is_refused_by_task_before_settings(tmp_path
         trainer("second", epochs=5).fit()
 
 
+_DETERMINISTIC_RUNS = """
+import json, sys
+import keras, numpy as np
+import tftrain
+
+x = np.random.default_rng(0).standard_normal((512, 8)).astype("float32")
+y = (x[:, :1] * 2 - x[:, 1:2]).astype("float32")
+
+def build():
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dropout(0.3),
+                             keras.layers.Dense(1)])
+
+out = []
+for name in ("a", "b"):
+    task = tftrain.ArrayTask(build, x, y, x[:64], y[:64], loss="mse", optimizer="adam", name="det")
+    trainer = tftrain.Trainer(task, epochs=2, verbose=0, batch_size=32, deterministic=True,
+                              steps_per_execution="auto", run_dir=sys.argv[1] + "/" + name)
+    record = trainer.fit()
+    rt = trainer.config.runtime
+    out.append({"history": record.history, "test": record.test,
+                "settings": [rt.execution, rt.steps_per_execution, trainer.config.seed]})
+print(json.dumps(out))
+"""
+
+
 def test_deterministic_runs_give_identical_figures(tmp_path):
-    import keras
+    # Its own process: TensorFlow's op determinism cannot be switched off again, and under it Keras refuses XLA.
+    import os
+    import subprocess
+    import sys
 
-    x = np.random.default_rng(0).standard_normal((512, 8)).astype("float32")
-    y = (x[:, :1] * 2 - x[:, 1:2]).astype("float32")
+    from tests.conftest import SUBPROCESS_ENV
 
-    def build():
-        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dropout(0.3),
-                                 keras.layers.Dense(1)])
-
-    records = []
-    for name in ("a", "b"):
-        task = tftrain.ArrayTask(build, x, y, x[:64], y[:64], loss="mse", optimizer="adam", name="det")
-        trainer = tftrain.Trainer(task, epochs=2, verbose=0, batch_size=32, deterministic=True,
-                                  steps_per_execution="auto", run_dir=str(tmp_path / name))
-        records.append(trainer.fit())
-        runtime = trainer.config.runtime  # nothing chosen by timing, a seed
-        assert (runtime.execution, runtime.steps_per_execution, trainer.config.seed) == ("graph", 8, 0)
-    a, b = records
-    assert a.history == b.history and a.test == b.test  # shuffle, dropout and initial weights repeat exactly
-    assert a.history["loss"][1] < a.history["loss"][0]
+    env = {**{k: v for k, v in os.environ.items() if k != "TF_CONFIG"}, **SUBPROCESS_ENV}
+    done = subprocess.run([sys.executable, "-c", _DETERMINISTIC_RUNS, str(tmp_path)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = json.loads(done.stdout.strip().splitlines()[-1])
+    assert a["settings"] == b["settings"] == ["graph", 8, 0]  # nothing chosen by timing, a seed
+    assert a["history"] == b["history"] and a["test"] == b["test"]  # shuffle, dropout and weights repeat exactly
+    assert a["history"]["loss"][1] < a["history"]["loss"][0]
