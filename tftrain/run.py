@@ -25,7 +25,6 @@ resumes from.
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import sys
@@ -38,7 +37,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from tftrain import cli
 from tftrain.errors import ConfigError, Preempted, RuntimeStartedError, RuntimeStartedWarning
 from tftrain.rundir import FAILURE_LOG  # noqa: F401 (the run directory's traceback file; re-exported here)
-from tftrain.train.user_code import import_file, line_of, one_line
+from tftrain.train.user_code import import_where, line_of, one_line
 
 PROG = "python -m tftrain.run"
 
@@ -64,8 +63,7 @@ def load_task(spec: str):
     if not sep or not where or not name:
         raise ConfigError(f"Invalid task {spec!r}. Expected FILE.py:NAME or MODULE:NAME, e.g. examples/regression.py:task.")
     try:
-        module = (import_file(Path(where)) if where.endswith(".py") or os.sep in where
-                  else importlib.import_module(where))
+        module = import_where(where)
     except ConfigError:
         raise
     except Exception as e:  # the user's file: say what and where, in one line

@@ -10,10 +10,7 @@ every process of the job, after tftrain's own callbacks.
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import os
-from pathlib import Path
 from typing import Callable, List
 
 from tftrain.errors import ConfigError
@@ -33,12 +30,10 @@ def resolve(specs: str) -> List[Callable[[], list]]:
 
 
 def _import(where: str):
-    from tftrain.train.user_code import import_file, one_line
+    from tftrain.train.user_code import import_where, one_line
 
     try:
-        if where.endswith(".py") or os.sep in where:
-            return import_file(Path(where))
-        return importlib.import_module(where)
+        return import_where(where)
     except ConfigError:
         raise
     except Exception as e:  # the user's file: what failed, in one line

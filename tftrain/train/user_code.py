@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import sys
@@ -22,6 +23,14 @@ def import_file(path: Path):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def import_where(where: str):
+    """The module `where` names: a `.py` file (or a path) through `import_file`, else an importable
+    module name (`importlib.import_module`). Raises what importing raises."""
+    if where.endswith(".py") or os.sep in where:
+        return import_file(Path(where))
+    return importlib.import_module(where)
 
 
 def one_line(error: BaseException) -> str:
