@@ -239,6 +239,11 @@ class ExecutionChoice:
             Defaults to None (the model's own, unchanged).
         skipped: one line per candidate that failed to compile or run (XLA's
             own reason), in the order tried. Defaults to ().
+        trial: when the candidates were timed on the run's own training steps
+            (`tftrain.runtime.execution_trial`): `{"steps": optimizer steps the
+            trial spanned, "seconds": its wall seconds, "cost_s": those seconds
+            less the same steps at the chosen candidate's step time (compiling
+            the other candidates, running the slower ones)}`. Defaults to None.
     """
 
     execution: str
@@ -247,6 +252,7 @@ class ExecutionChoice:
     remembered: Optional[str] = None
     steps_per_execution: Optional[int] = None
     skipped: tuple = ()
+    trial: Optional[Mapping] = None
 
     def describe(self) -> str:
         """One line, e.g. `xla (graph 4.10 ms/step, ...; xla 2.50 ms/step, ...): 1.64x faster than graph`;
@@ -258,6 +264,9 @@ class ExecutionChoice:
         counts_timed = any("steps/execution" in label for label in self.timings)
         chosen = f"{self.execution}, {self.steps_per_execution} steps/execution" if counts_timed else self.execution
         line = f"{chosen} ({figures}): {self.reason}" if figures else f"{chosen}: {self.reason}"
+        if self.trial:
+            line += (f" [timed on the run's first {self.trial['steps']} training steps, which trained the model; "
+                     f"choosing cost {self.trial['cost_s']:.1f} s]")
         if self.remembered:
             line += f" [remembered: timed by a run at {self.remembered}; --no-remember-execution times it again]"
         return line
@@ -271,6 +280,7 @@ class ExecutionChoice:
             "timings": {label: t.to_dict() for label, t in self.timings.items()},
             "skipped": list(self.skipped),
             "remembered": self.remembered,
+            "trial": dict(self.trial) if self.trial else None,
         }
 
 
@@ -301,7 +311,54 @@ def xla_failure_reason(error: BaseException) -> Optional[str]:
     return first[:300]
 
 
-def _label(mode: str, spe: int, base_spe: int) -> str:
+KEEP_FIRST_WITHIN = 0.05
+"""Another candidate replaces the first (graph at the model's own steps per execution) only
+when more than 5% faster: on a busy 2-core machine the medians of a few executions of the
+same setting differ by more than that (graph 2.7-5.1 ms/step, XLA 4.1-4.9 ms/step over six
+runs of one dense model), and the one run that chose XLA on that noise trained at
+86,000-98,000 examples/sec against 101,000-178,000 for the graph choices of the same rounds."""
+
+
+def best_label(timings: Mapping[str, StepTiming], counts: Mapping[str, int]) -> Optional[str]:
+    """The fastest of the timed candidates, with two tolerances against timing noise.
+
+    Args:
+        timings: candidate label -> `StepTiming`, in the order timed.
+        counts: candidate label -> its steps per execution.
+
+    Returns:
+        The first candidate timed (graph at the model's own count, by default) unless another is
+        more than `KEEP_FIRST_WITHIN` faster; among the rest a count within 2% of a smaller one
+        loses to it (batch hooks fire once per execution, so fewer steps per call keep callbacks
+        frequent). None when nothing was timed.
+    """
+    if not timings:
+        return None
+    fastest = min(t.step_time_s for t in timings.values())
+    first = next(iter(timings))
+    if timings[first].step_time_s <= fastest * (1 + KEEP_FIRST_WITHIN):
+        return first
+    near = [label for label, t in timings.items() if t.step_time_s <= fastest * 1.02]
+    return min(near, key=lambda label: (counts[label], timings[label].step_time_s))
+
+
+def choice_reason(timings: Mapping[str, StepTiming], best: str, skipped: Sequence[str]) -> str:
+    """One sentence on why `best` won: its speed-up over the runner-up, or that the first candidate
+    was kept within the timing noise; the skipped candidates follow."""
+    skipped_text = f"; skipped {'; '.join(skipped)}" if skipped else ""
+    others = [label for label in timings if label != best]
+    if not others:
+        return f"only {best} was timed{skipped_text}"
+    runner_up = min(others, key=lambda label: timings[label].step_time_s)
+    ratio = timings[runner_up].step_time_s / timings[best].step_time_s
+    than = runner_up if len(others) == 1 else f"the next best, {runner_up}"
+    return (f"{ratio:.2f}x faster than {than}{skipped_text}" if ratio >= 1 else
+            f"kept: {runner_up} only {1 / ratio - 1:.0%} faster, within the "
+            f"{KEEP_FIRST_WITHIN:.0%} timing noise{skipped_text}")
+
+
+def label_of(mode: str, spe: int, base_spe: int) -> str:
+    """A candidate's name: the mode at the model's own count, `"<mode>, N steps/execution"` otherwise."""
     return mode if spe == base_spe else f"{mode}, {spe} steps/execution"
 
 
@@ -318,13 +375,6 @@ class _Trials:
     GIVE_UP_RATIO = 1.3
     """A candidate whose median step time exceeds the best's by this factor stops being timed."""
 
-    KEEP_FIRST_WITHIN = 0.05
-    """Another candidate replaces the first (graph at the model's own steps per execution) only
-    when more than 5% faster: on a busy 2-core machine the medians of a few executions of the
-    same setting differ by more than that (graph 2.7-5.1 ms/step, XLA 4.1-4.9 ms/step over six
-    runs of one dense model), and the one run that chose XLA on that noise trained at
-    86,000-98,000 examples/sec against 101,000-178,000 for the graph choices of the same rounds."""
-
     def __init__(self, model, dataset, base_spe: int, timing_args: dict):
         self.model, self.dataset, self.base_spe, self.timing_args = model, dataset, base_spe, timing_args
         self.snapshot: list = []
@@ -335,7 +385,7 @@ class _Trials:
         self.errors: list = []  # XLA failures, raised when no candidate ran
 
     def run(self, mode: str, spe: int) -> None:
-        label = _label(mode, spe, self.base_spe)
+        label = label_of(mode, spe, self.base_spe)
         model = self.model
         model.jit_compile = mode == "xla"
         if mode == "xla" and not model.jit_compile:  # Keras refused: a layer does not support XLA
@@ -357,19 +407,8 @@ class _Trials:
         self.functions[label], self.settings[label] = model.train_function, (mode, spe)
 
     def best(self) -> Optional[str]:
-        """The fastest candidate so far, with two tolerances against timing noise: the first
-        candidate timed (the first mode, graph by default, at the model's own `steps_per_execution`)
-        is kept unless another is more than `KEEP_FIRST_WITHIN` faster, and among the rest a count
-        within 2% of a smaller one loses to it (batch hooks fire once per execution, so fewer steps
-        per call keep callbacks frequent)."""
-        if not self.timings:
-            return None
-        fastest = min(t.step_time_s for t in self.timings.values())
-        first = next(iter(self.timings))
-        if self.timings[first].step_time_s <= fastest * (1 + self.KEEP_FIRST_WITHIN):
-            return first
-        near = [label for label, t in self.timings.items() if t.step_time_s <= fastest * 1.02]
-        return min(near, key=lambda label: (self.settings[label][1], self.timings[label].step_time_s))
+        """The fastest candidate so far (`best_label`)."""
+        return best_label(self.timings, {label: spe for label, (_, spe) in self.settings.items()})
 
     def restore(self) -> None:
         if self.snapshot:
@@ -560,17 +599,7 @@ def _settle(model, trials: _Trials, base_spe: int) -> ExecutionChoice:
     mode, spe = trials.settings[best]
     model.jit_compile, model.steps_per_execution = mode == "xla", spe
     model.train_function = trials.functions[best]
-    skipped = f"; skipped {'; '.join(trials.skipped)}" if trials.skipped else ""
-    others = [label for label in trials.timings if label != best]
-    if not others:
-        reason = f"only {best} was timed{skipped}"
-    else:
-        runner_up = min(others, key=lambda label: trials.timings[label].step_time_s)
-        ratio = trials.timings[runner_up].step_time_s / trials.timings[best].step_time_s
-        than = runner_up if len(others) == 1 else f"the next best, {runner_up}"
-        reason = (f"{ratio:.2f}x faster than {than}{skipped}" if ratio >= 1 else
-                  f"kept: {runner_up} only {1 / ratio - 1:.0%} faster, within the "
-                  f"{_Trials.KEEP_FIRST_WITHIN:.0%} timing noise{skipped}")
+    reason = choice_reason(trials.timings, best, trials.skipped)
     return ExecutionChoice(mode, dict(trials.timings), reason, steps_per_execution=spe,
                            skipped=tuple(trials.skipped))
 

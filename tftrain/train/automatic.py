@@ -11,14 +11,12 @@ from typing import Optional
 from tftrain.errors import XlaCompileError
 
 AUTO_PROBE_BATCHES = 16
-"""`--execution auto` times graph and XLA on the first this-many training batches."""
-
-AUTO_PROBE_STEPS = 16
-"""Optimizer steps timed per candidate by `--execution auto` (after the compiling warm-up)."""
+"""Batches of the probe data that key the execution memory (their shapes and dtypes) and that a
+remembered XLA choice, and `--precision auto`, are checked and timed on."""
 
 STEPS_PER_EXECUTION_CANDIDATES = (1, 8, 32, 64)
-"""Counts `--steps-per-execution auto` may take on one replica: it compiles with the largest that fits
-up to 8, then times the larger ones (`tftrain.runtime.choose_execution`)."""
+"""Counts `--steps-per-execution auto` may take on one replica: it starts from the largest that fits
+up to 8, then times the larger ones (`tftrain.runtime.execution_trial.ExecutionTrial`)."""
 
 PROBE_CACHE_BYTES = 256 * 2**20
 """`--execution auto` caches its probe batches when they hold at most this many bytes (256 MiB)."""
@@ -88,12 +86,13 @@ class AutomaticSettings:
         return self.build_model()
 
     def choose_execution(self, model) -> None:
-        """`--execution auto` and `--steps-per-execution auto`: times graph against XLA, then the
-        faster at several steps per execution, on the first training batches where the loop allows
-        (`tftrain.runtime.choose_execution`; a candidate XLA cannot compile is skipped with XLA's
-        reason), else graph and the rule's count. A choice an earlier run timed for the same model,
-        batch and machine is reused (`tftrain.runtime.execution_memory`; an XLA choice is compiled
-        once more first, and forgotten and timed again if that fails), unless `--no-remember-execution`."""
+        """`--execution auto` and `--steps-per-execution auto`: reuses the choice an earlier run timed
+        for the same model, batch and machine (`tftrain.runtime.execution_memory`; an XLA choice is
+        compiled once more first, and forgotten and timed again if that fails), unless
+        `--no-remember-execution`; else installs an `ExecutionTrial`, which times graph against XLA,
+        then the faster at larger steps per execution, on the run's first training steps (a candidate
+        XLA cannot compile is skipped with XLA's reason). A run too short to time them on, or a loop
+        that cannot, trains in graph at the rule's count."""
         from tftrain.runtime.execution import AUTO_CANDIDATES
 
         rt = self.config.runtime
@@ -111,19 +110,71 @@ class AutomaticSettings:
             if rt.execution == "auto":
                 self.console.line(f"execution: auto -> graph ({self.loop.name} does not time graph against XLA)")
             return
+        if self.runtime.num_replicas > 1:  # Keras 3 cannot compile a cross-replica step with XLA
+            self._untimed(model, modes, f"XLA does not run across {self.runtime.num_replicas} replicas; graph is "
+                                        "the only mode")
+            return
         if counts:  # start from the rule's count, or the largest allowed below it (1 always is)
             model.steps_per_execution = max(c for c in counts if c <= model.steps_per_execution)
-        probe = self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES)
-        try:
-            choice = self._remembered_or_timed(model, probe, modes, counts)
-        except Exception as error:  # noqa: BLE001 (an explicit --execution xla that XLA cannot compile)
-            self._raise_if_xla_failed(error)
-            raise
-        self.execution, self.execution_choice = choice.execution, choice
-        self.console.line(f"execution: auto -> {choice.describe()}")
-        if model.steps_per_execution > 1 and counts:
+        key = self._execution_key(model, modes, counts)
+        choice = self._remembered(model, key, counts)
+        if choice is not None:
+            self.execution, self.execution_choice = choice.execution, choice
+            self.console.line(f"execution: auto -> {choice.describe()}")
+            self._say_callback_frequency(model.steps_per_execution, counts)
+            return
+        self._start_trial(model, modes, counts, key)
+
+    def _start_trial(self, model, modes, counts, key) -> None:
+        """Installs the `ExecutionTrial` on `model` for this run's `fit`, or, when the run has fewer
+        training steps than timing every candidate needs, leaves graph at the rule's count."""
+        from tftrain.runtime.execution_memory import ExecutionMemory
+        from tftrain.runtime.execution_trial import ExecutionTrial, steps_to_time
+
+        base = model.steps_per_execution
+        needed = steps_to_time(len(modes), base, counts)
+        planned = (self.steps_per_epoch or 0) * self.accumulation_steps * self.config.train.epochs
+        if len(modes) == 1 and max(counts, default=0) <= base:
+            why = (f"the only candidate: no count above {base} steps per execution fits this run (the batches of "
+                   "an epoch, --backup-every-steps)")
+        elif planned and planned < needed:
+            why = f"this run's {planned} training steps are too few to time the candidates on (about {needed})"
+        else:
+            why = None
+        if why:
+            self._untimed(model, modes, f"{why}; nothing timed or remembered")
+            return
+
+        def settled(choice):
+            self.execution, self.execution_choice = choice.execution, choice
+            self.console.line(f"execution: auto -> {choice.describe()}")
+            if key and choice.trial["complete"] and self.config.runtime.remember_execution:
+                ExecutionMemory().put(key, choice)
+
+        self.execution = modes[0] if len(modes) == 1 else "graph"
+        self.execution_trial = ExecutionTrial(
+            model, modes, tuple(c for c in counts if c != model.steps_per_execution),
+            examples_per_step=self.batch.global_batch_size * self.accumulation_steps, on_settled=settled)
+        self.execution_trial.install()
+        timed = " and ".join(modes) + (f" at {', '.join(map(str, counts))} steps per execution" if counts else "")
+        self.console.line(f"execution: auto: timing {timed} on the first training steps (they train the model); "
+                          f"Keras batch callbacks fire once every {model.steps_per_execution} steps in this run")
+
+    def _untimed(self, model, modes, reason: str) -> None:
+        """Trains without timing: the one mode asked for, else graph, at the compiled count; one line says why."""
+        from tftrain.runtime.execution import ExecutionChoice
+
+        model.jit_compile, model.train_function = modes == ("xla",), None
+        self.execution = modes[0] if len(modes) == 1 else "graph"
+        self.execution_choice = ExecutionChoice(self.execution, {}, reason,
+                                                steps_per_execution=model.steps_per_execution)
+        self.console.line(f"execution: auto -> {self.execution}, {model.steps_per_execution} steps/execution: "
+                          f"{reason}")
+
+    def _say_callback_frequency(self, spe: int, counts) -> None:
+        if spe > 1 and counts:
             self.console.line(f"           Keras batch callbacks fire once per execution of "
-                              f"{model.steps_per_execution} steps (--steps-per-execution 1 for every step)")
+                              f"{spe} steps (--steps-per-execution 1 for every step)")
 
     def _steps_per_execution_candidates(self) -> tuple:
         """Counts `--steps-per-execution auto` may time: one replica and per-step hooks only, at most
@@ -140,34 +191,33 @@ class AutomaticSettings:
             counts = [c for c in counts if (backup * acc) % math.lcm(c, acc) == 0]
         return tuple(counts) or (1,)
 
-    def _remembered_or_timed(self, model, probe, modes, counts):
-        """The remembered `ExecutionChoice` for this model, batch and machine, if it still compiles;
-        else a newly timed one (remembered for the next run)."""
-        from tftrain.runtime.execution import choose_execution
-        from tftrain.runtime.execution_memory import ExecutionMemory, execution_key
+    def _execution_key(self, model, modes, counts) -> Optional[str]:
+        """The execution memory's key for this model, batch, machine and the candidates this run may
+        take (an epoch's length or the backup interval can rule counts out, so a short run's choice never
+        stands in for a full run's); None when nothing is remembered (`--no-remember-execution`)."""
+        from tftrain.runtime.execution_memory import execution_key
 
-        # With several replicas nothing is timed (graph is the only mode): nothing to remember.
-        remember = self.config.runtime.remember_execution and self.runtime.num_replicas == 1
-        memory = ExecutionMemory() if remember else None
-        # The key names the counts this run may take (an epoch's length or the backup interval can rule
-        # some out), so a short run's choice never stands in for a full run's.
-        key = execution_key(model, probe, (*modes, *(f"steps_per_execution {c}" for c in counts))) \
-            if remember else None
+        if not self.config.runtime.remember_execution or self.runtime.num_replicas != 1:
+            return None
+        probe = self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES)
+        return execution_key(model, probe, (*modes, *(f"steps_per_execution {c}" for c in counts)))
+
+    def _remembered(self, model, key, counts):
+        """The remembered `ExecutionChoice` under `key`, with `model` set up for it, if it still
+        compiles (and its test step too, for XLA); else None (a stale choice is forgotten)."""
+        from tftrain.runtime.execution_memory import ExecutionMemory
+
+        memory = ExecutionMemory() if key else None
         choice = memory.get(key) if memory else None
         if choice is not None and counts and choice.steps_per_execution not in counts:
-            choice = None
-        if choice is not None and not self._still_compiles(model, probe, choice):
+            return None
+        if choice is not None and not self._still_compiles(model, self._probe(), choice):
             memory.forget(key)
-            choice = None
-        if choice is None:
-            spe_counts = tuple(c for c in counts if c != model.steps_per_execution)
-            choice = choose_execution(model, _cached_if_small(probe), candidates=modes, steps=AUTO_PROBE_STEPS,
-                                      min_timed_executions=3,
-                                      steps_per_execution=spe_counts)
-            choice = self._with_test_step(model, choice)
-            if memory:
-                memory.put(key, choice)
-        return choice
+            return None
+        return self._with_test_step(model, choice) if choice is not None else None
+
+    def _probe(self):
+        return _cached_if_small(self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES))
 
     def _test_step_failure(self, model) -> Optional[str]:
         """XLA's reason when `model`'s test step (validation inside `fit`, the test evaluation) fails in
@@ -221,6 +271,7 @@ class AutomaticSettings:
         except Exception as error:  # noqa: BLE001 (XLA refuses what it compiled before: time again)
             self.console.line(f"execution: the remembered choice xla fails now ({failure_line(error)}); timing again")
             model.jit_compile, model.steps_per_execution = False, compiled_count
+            model.train_function = None  # the XLA one check_compiles built
             return False
         return True
 

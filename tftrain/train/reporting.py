@@ -126,11 +126,12 @@ def _checkpoint_extras(trainer, optimizer) -> dict:
     return out
 
 
-def _steps_per_execution_that_ran(history) -> dict:
-    """`{"steps_per_execution": N}` from the trained model when a loop lowered it (see
-    `MultiWorkerLoop.fit`), else {}."""
+def _steps_per_execution_that_ran(history, choice=None) -> dict:
+    """`{"steps_per_execution": N}`: the count `--steps-per-execution auto` chose, else the trained
+    model's when a loop lowered it (see `MultiWorkerLoop.fit`), else {}."""
     model = getattr(history, "model", None)
-    ran = getattr(model, "steps_per_execution", None)
+    ran = choice.steps_per_execution if choice is not None and choice.steps_per_execution else \
+        getattr(model, "steps_per_execution", None)
     return {"steps_per_execution": int(ran)} if isinstance(ran, int) and ran >= 1 else {}
 
 
@@ -164,7 +165,7 @@ def make_record(trainer, history, test, started: float, fit_time: float) -> RunR
         execution=trainer.execution, execution_requested=cfg.runtime.execution,
         execution_choice=choice.to_dict() if choice is not None else None,
         runtime={**runtime_facts(trainer, isinstance(optimizer, keras.optimizers.LossScaleOptimizer)),
-                 **(_steps_per_execution_that_ran(history) if trainer.loop.per_step_hooks else {})},
+                 **(_steps_per_execution_that_ran(history, choice) if trainer.loop.per_step_hooks else {})},
         hparams=hparams, seed=cfg.seed, argv=list(trainer.command or sys.argv), versions=reports.versions(),
         learning_rate=cfg.train.learning_rate if cfg.train.learning_rate is not None else trainer.task.learning_rate,
         lr_schedule=cfg.train.lr_schedule,

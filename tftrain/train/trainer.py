@@ -36,7 +36,7 @@ from typing import Optional, Sequence
 from tftrain import config as config_lib
 from tftrain import rundir as rundir_lib
 from tftrain.errors import ConfigError, Preempted, TrainingDiverged
-from tftrain.train.automatic import AUTO_PROBE_BATCHES, AUTO_PROBE_STEPS, STEPS_PER_EXECUTION_CANDIDATES  # noqa: F401
+from tftrain.train.automatic import AUTO_PROBE_BATCHES, STEPS_PER_EXECUTION_CANDIDATES  # noqa: F401
 from tftrain.train.automatic import AutomaticSettings
 from tftrain.train.console import Console, keras_progress
 from tftrain.train.loops import loop_for
@@ -114,6 +114,7 @@ class Trainer(AutomaticSettings):
         self.cluster = self.runtime = self.run_dir = self.out_dir = self.batch = None
         self.steps_per_epoch = None
         self.execution, self.execution_choice = self.config.runtime.execution, None
+        self.execution_trial = None  # `--execution auto`'s ExecutionTrial while it times candidates in fit
         self.monitor = self.profiler = None
         self.backup = self.early_stopping = None  # StepBackup, ResumableEarlyStopping (make_callbacks)
         self.preemption = None  # PreemptionWatch of a single process (make_callbacks)
@@ -649,6 +650,8 @@ class Trainer(AutomaticSettings):
         except Exception as e:  # noqa: BLE001 (an XLA step that does not compile: one line and the fix)
             self._raise_if_xla_failed(e)
             raise
+        if self.execution_trial is not None:  # a run that ended before every candidate was timed
+            self.execution_trial.finish()
         return history, time.perf_counter() - started
 
     def _checkpoint_note(self) -> str:

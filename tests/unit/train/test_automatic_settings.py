@@ -40,7 +40,7 @@ def _task(build, **kw):
 
 
 def _fit(tmp_path, build, name, **overrides):
-    overrides = {"epochs": 1, "verbose": 0, "seed": 0, "batch_size": 32, "run_dir": str(tmp_path / name),
+    overrides = {"epochs": 2, "verbose": 0, "seed": 0, "batch_size": 8, "run_dir": str(tmp_path / name),
                  **overrides}
     return tftrain.Trainer(_task(build), **overrides).fit()
 
@@ -177,10 +177,10 @@ def test_a_custom_step_s_loss_is_marked_as_its_own_across_replicas(tmp_path):
 
 
 def test_steps_per_execution_auto_is_measured_and_divides_the_backup_interval(tmp_path, fresh_execution_memory):
-    record = _fit(tmp_path, _unbuilt, "a", steps_per_execution="auto", execution="graph", epochs=1)
+    record = _fit(tmp_path, _unbuilt, "a", steps_per_execution="auto", execution="graph", epochs=1, batch_size=32)
     choice = record.execution_choice
     assert choice["steps_per_execution"] == 8 == record.runtime["steps_per_execution"]
-    assert list(choice["timings"]) == ["graph"]  # 16 batches an epoch: 32 and 64 do not fit, 1 only costs more
+    assert choice["timings"] == {} and "the only candidate" in choice["reason"]  # 16 batches: 32 and 64 do not fit
     backed = _fit(tmp_path, _unbuilt, "b", steps_per_execution="auto", execution="graph", backup_every_steps=4)
     assert backed.execution_choice["steps_per_execution"] == 1 and backed.extras["backup"]["every_steps"] == 4
 
@@ -194,7 +194,8 @@ def test_a_remembered_count_that_fails_now_is_timed_again_from_the_compiled_coun
                             remembered="2026-01-01T00:00:00", steps_per_execution=32)
     monkeypatch.setattr(execution_memory.ExecutionMemory, "get", lambda self, key: stale)
     monkeypatch.setattr(execution_memory.ExecutionMemory, "forget", lambda self, key: None)
-    record = _fit(tmp_path, _string_op_model, "run", execution="auto", steps_per_execution="auto", batch_size=8)
+    record = _fit(tmp_path, _string_op_model, "run", execution="auto", steps_per_execution="auto", batch_size=8,
+                  epochs=10)  # 640 steps: enough to time every count
     timings = record.execution_choice["timings"]
     assert record.execution == "graph" and "graph" in timings  # timed again from 8, not from the stale 32
     assert timings["graph"]["steps_per_execution"] == 8
@@ -215,21 +216,31 @@ def _string_test_step_model():
     return StringTestStep(inputs, keras.layers.Dense(1)(inputs))
 
 
-def test_xla_chosen_for_a_training_step_whose_test_step_it_cannot_compile_gives_way_to_graph(
+def test_a_remembered_xla_choice_whose_test_step_xla_cannot_compile_gives_way_to_graph(
         tmp_path, monkeypatch, fresh_execution_memory):
-    from tftrain.runtime import execution
+    from tftrain.runtime import execution_memory
     from tftrain.runtime.execution import ExecutionChoice, StepTiming
 
-    def xla_wins(model, dataset, **kwargs):  # as a timing that found XLA faster would leave the model
-        model.jit_compile = True
-        return ExecutionChoice("xla", {"xla": StepTiming(1e-3, 3.2e4, 1e-3, 32, 1, 16, 0.1)}, "faster",
-                               steps_per_execution=int(model.steps_per_execution))
-
-    monkeypatch.setattr(execution, "choose_execution", xla_wins)
+    remembered = ExecutionChoice("xla", {"xla": StepTiming(1e-3, 3.2e4, 1e-3, 32, 1, 16, 0.1)}, "faster",
+                                 remembered="2026-01-01T00:00:00", steps_per_execution=1)
+    monkeypatch.setattr(execution_memory.ExecutionMemory, "get", lambda self, key: remembered)
     record = _fit(tmp_path, _string_test_step_model, "run", execution="auto")
     assert record.execution == "graph" and record.execution_choice["execution"] == "graph"
     assert any(s.startswith("xla test step: ") and "AsString" in s for s in record.execution_choice["skipped"])
     assert np.isfinite(record.test["loss"]) and (tmp_path / "run" / "model.keras").is_file()
+
+
+def test_xla_chosen_in_training_keeps_the_test_step_in_graph(tmp_path, monkeypatch, fresh_execution_memory):
+    from tftrain.runtime import execution_trial
+
+    class XlaWins(execution_trial.ExecutionTrial):  # as a trial that found XLA faster leaves the model
+        def _judge(self):
+            if self.challenger.mode == "xla" and self.challenger.samples:
+                self.incumbent, self.challenger = self.challenger, None
+
+    monkeypatch.setattr(execution_trial, "ExecutionTrial", XlaWins)
+    record = _fit(tmp_path, _string_test_step_model, "run", execution="auto")
+    assert record.execution == "xla" and np.isfinite(record.test["loss"])  # the test step ran in graph
 
 
 def test_an_explicit_xla_whose_test_step_does_not_compile_fails_before_training(tmp_path):

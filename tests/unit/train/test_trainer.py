@@ -82,30 +82,41 @@ def test_user_callbacks_run_after_tftrain_s_own(tmp_path):
     assert seen == [["loss", "mae"]]
 
 
-def test_execution_auto_times_graph_and_xla_on_one_replica(tmp_path, fresh_execution_memory):
-    record = _trainer(tmp_path, execution="auto", epochs=1).fit()
-    assert record.execution in ("graph", "xla") and set(record.execution_choice["timings"]) == {"graph", "xla"}
+def test_execution_auto_times_graph_and_xla_on_the_run_s_own_training_steps(tmp_path, fresh_execution_memory):
+    record = _trainer(tmp_path, execution="auto", epochs=3, batch_size=16).fit()  # 96 steps: enough for both
+    choice = record.execution_choice
+    assert record.execution == choice["execution"] and set(choice["timings"]) == {"graph", "xla"}
+    assert choice["trial"]["complete"] and 0 < choice["trial"]["steps"] <= 96  # they trained the model
+    assert record.history["loss"][-1] < record.history["loss"][0]
+
+
+def test_a_run_too_short_to_time_on_trains_in_graph_and_says_so(tmp_path, fresh_execution_memory):
+    record = _trainer(tmp_path, execution="auto", epochs=1).fit()  # 4 steps
+    assert record.execution == "graph" and record.execution_choice["timings"] == {}
+    assert "training steps are too few to time the candidates on" in record.execution_choice["reason"]
 
 
 def test_execution_auto_remembers_its_choice_for_the_same_model_and_batch(tmp_path, monkeypatch,
                                                                           fresh_execution_memory):
-    from tftrain.runtime import execution
+    from tftrain.runtime.execution_trial import ExecutionTrial
 
     timed = []
-    real = execution.choose_execution
-    monkeypatch.setattr(execution, "choose_execution", lambda *a, **k: timed.append(1) or real(*a, **k))
-    first = _trainer(tmp_path / "a", execution="auto", epochs=1).fit()
-    again = _trainer(tmp_path / "b", execution="auto", epochs=1).fit()
+    real = ExecutionTrial.install
+    monkeypatch.setattr(ExecutionTrial, "install", lambda self: timed.append(1) or real(self))
+    fit = {"execution": "auto", "epochs": 3, "batch_size": 16}
+    first = _trainer(tmp_path / "a", **fit).fit()
+    again = _trainer(tmp_path / "b", **fit).fit()
     assert len(timed) == 1 and first.execution_choice["remembered"] is None
     assert again.execution_choice["remembered"] and again.execution == first.execution
-    assert again.execution_choice["timings"] == first.execution_choice["timings"]
-    _trainer(tmp_path / "c", execution="auto", epochs=1, batch_size=64).fit()  # another batch: timed again
-    retimed = _trainer(tmp_path / "d", execution="auto", epochs=1, remember_execution=False).fit()
+    assert {k: v["step_time_s"] for k, v in again.execution_choice["timings"].items()} == \
+        {k: v["step_time_s"] for k, v in first.execution_choice["timings"].items()}
+    _trainer(tmp_path / "c", **{**fit, "batch_size": 8}).fit()  # another batch: timed again
+    retimed = _trainer(tmp_path / "d", **fit, remember_execution=False).fit()
     assert len(timed) == 3 and retimed.execution_choice["remembered"] is None
 
 
 def test_steps_per_execution_auto_is_timed_from_8_steps_per_call_on_one_replica(tmp_path, fresh_execution_memory):
-    trainer = _trainer(tmp_path, steps_per_execution="auto", epochs=1, batch_size=16)  # 32 batches an epoch
+    trainer = _trainer(tmp_path, steps_per_execution="auto", epochs=6, batch_size=16)  # 32 batches an epoch
     record = trainer.fit()
     chosen = record.execution_choice["steps_per_execution"]
     assert trainer.runtime.steps_per_execution == 8  # compiled with the rule's count, then timed

@@ -1,0 +1,93 @@
+"""ExecutionTrial: candidates timed on the run's own training steps inside one `Model.fit`."""
+
+import numpy as np
+import pytest
+
+from tftrain.runtime.execution_trial import ExecutionTrial, steps_to_time
+
+
+def _data(n=2048, batch=8):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5, 0.0], "float32"))[:, None]
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+
+
+def _model(spe=8, layer=None):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    hidden = layer(inputs) if layer is not None else inputs
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dense(8, activation="relu")(hidden)))
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", steps_per_execution=spe)
+    return model
+
+
+def test_the_trial_trains_every_step_once_in_order_as_plain_fit_does():
+    plain, tried = _model(), _model()
+    plain.fit(_data(n=4096), epochs=2, verbose=0, shuffle=False)
+    choices = []
+    trial = ExecutionTrial(tried, ("graph",), (32, 64), examples_per_step=8, on_settled=choices.append)
+    trial.install()
+    tried.fit(_data(n=4096), epochs=2, verbose=0, shuffle=False)
+    assert int(tried.optimizer.iterations.numpy()) == int(plain.optimizer.iterations.numpy()) == 1024
+    for a, b in zip(plain.get_weights(), tried.get_weights()):  # graph at any count runs the same steps
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    choice = trial.finish()
+    assert choices == [choice] and choice.trial["complete"] and choice.trial["steps"] <= 1024
+    assert set(choice.timings) >= {"graph", "graph, 32 steps/execution"}
+    assert choice.steps_per_execution in (8, 32, 64) and tried.steps_per_execution == 64
+
+
+def test_batch_callbacks_see_executions_of_the_largest_count():
+    import keras
+
+    ends = []
+    model = _model()
+    ExecutionTrial(model, ("graph",), (32,), examples_per_step=8).install()
+    model.fit(_data(n=512), epochs=1, verbose=0, shuffle=False,
+              callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: ends.append(batch))])
+    assert ends == [31, 63]  # 64 batches in executions of 32 steps, whichever candidate ran them
+
+
+def test_an_xla_candidate_that_cannot_compile_is_skipped_and_training_goes_on():
+    import keras
+    import tensorflow as tf
+
+    class RoundTrip(keras.layers.Layer):  # XLA has no kernel for tf.strings ops on a CPU
+        def call(self, x):
+            return tf.strings.to_number(tf.strings.as_string(x))
+
+    model = _model(spe=1, layer=RoundTrip())
+    trial = ExecutionTrial(model, ("graph", "xla"), examples_per_step=8)
+    trial.install()
+    history = model.fit(_data(n=1024), epochs=2, verbose=0, shuffle=False)
+    choice = trial.finish()
+    assert choice.execution == "graph" and "xla" not in choice.timings
+    assert choice.skipped[0].startswith("xla: unsupported operations on XLA_CPU_JIT: AsString")
+    assert len(history.history["loss"]) == 2 and np.isfinite(history.history["loss"][-1])
+
+
+def test_a_run_that_ends_before_the_duels_do_settles_on_the_incumbent():
+    model = _model()
+    trial = ExecutionTrial(model, ("graph", "xla"), (32, 64), examples_per_step=8)
+    trial.install()
+    model.fit(_data(n=512), epochs=1, verbose=0, shuffle=False)  # 64 steps: not enough for three duels
+    choice = trial.finish()
+    assert not choice.trial["complete"] and choice.execution in ("graph", "xla")
+    assert int(model.optimizer.iterations.numpy()) == 64
+
+
+def test_counts_must_divide_the_largest_and_modes_must_be_known():
+    with pytest.raises(ValueError, match="divide the largest"):
+        ExecutionTrial(_model(), ("graph",), (12,), examples_per_step=8)
+    with pytest.raises(ValueError, match="modes must be"):
+        ExecutionTrial(_model(), ("eager",), examples_per_step=8)
+
+
+def test_steps_to_time_grows_with_every_duel():
+    assert steps_to_time(1, 8) < steps_to_time(2, 8) < steps_to_time(2, 8, (32,)) < steps_to_time(2, 8, (32, 64))
+    assert steps_to_time(2, 8, (32, 64)) % 64 == 0  # in whole executions of the largest count

@@ -1,0 +1,331 @@
+"""`--execution auto` and `--steps-per-execution auto` timed inside `Model.fit`, on the run's own
+first training steps, which train the model like any other (nothing is restored or thrown away).
+
+Keras 3's `fit` reads `model.train_function` at every execution and calls it on the epoch's
+iterator; each call runs the `steps_per_execution` steps the function was traced for. An
+`ExecutionTrial` is installed as that train function: `fit` runs at the largest count a candidate
+may take (`fit_steps_per_execution`: its epoch iterator and batch callbacks see executions of that
+many steps), and each call runs those steps through Keras's own train functions of the candidates
+(graph or XLA at 1, 8, 32 or 64 steps per call; every count divides the largest). The first calls
+time the candidates in duels, their calls interleaved: graph against XLA at the model's own count,
+then the winner against its mode at each larger count while the larger count wins
+(`tftrain.runtime.execution.choose_execution` times the same candidates on separate probe steps,
+restoring the weights after). A challenger `GIVE_UP_RATIO` slower stops at once; an XLA candidate
+that fails to compile or run is skipped with XLA's reason (the batch its failed call drew is not
+trained on). Then the winner trains the rest of the run. What choosing costs is compiling the
+candidates that lose and the steps they ran slower: `ExecutionChoice.trial` records it.
+
+Source: keras/src/backend/tensorflow/trainer.py (`fit`, `make_train_function`) in Keras 3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Callable, Optional, Sequence
+
+from tftrain.runtime.execution import (ExecutionChoice, StepTiming, best_label, choice_reason, failure_line,
+                                       label_of)
+
+MIN_TIMED_STEPS = 32
+"""Optimizer steps each side of a duel is timed for at least (after its compiling call)."""
+
+MIN_TIMED_CALLS = 3
+"""Calls of its train function each side of a duel is timed for at least (the figure is their median)."""
+
+GIVE_UP_RATIO = 1.3
+"""A duel ends early once one side's median step time (of two calls or more) is this factor slower."""
+
+
+@dataclasses.dataclass
+class _Candidate:
+    """One (mode, steps per execution) point: its Keras train function and its timed calls."""
+
+    mode: str
+    spe: int
+    label: str
+    function: Optional[Callable] = None
+    warmup_s: Optional[float] = None
+    samples: list = dataclasses.field(default_factory=list)  # (seconds, optimizer steps) per timed call
+    window: list = dataclasses.field(default_factory=list)  # the samples of the current duel
+    failed: bool = False
+
+
+def _kept(samples: list) -> list:
+    """Timed calls that ran whole executions (an epoch's last call may run fewer steps)."""
+    full = max((steps for _, steps in samples), default=0)
+    return [(s, n) for s, n in samples if n == full and n > 0]
+
+
+def _step_time(samples: list) -> Optional[float]:
+    kept = _kept(samples)
+    return statistics.median(s / n for s, n in kept) if kept else None
+
+
+def _timing(candidate: _Candidate, samples: list, examples_per_step: int) -> StepTiming:
+    kept, step = _kept(samples), _step_time(samples)
+    return StepTiming(step_time_s=step, examples_per_sec=examples_per_step / step if step > 0 else float("inf"),
+                      mean_step_time_s=sum(s for s, _ in kept) / sum(n for _, n in kept),
+                      batch_size=examples_per_step, steps_per_execution=candidate.spe,
+                      timed_steps=sum(n for _, n in kept), warmup_s=candidate.warmup_s or 0.0,
+                      execution_times_s=tuple(s for s, _ in kept))
+
+
+class ExecutionTrial:
+    """Times execution candidates on the run's first training steps, inside one `Model.fit`.
+
+    The candidates meet in duels: an incumbent (graph at the model's own count first) against one
+    challenger (XLA at that count, then the winning mode at each larger count while the larger
+    count wins), their calls interleaved so that both are timed under the same load. A duel ends
+    once each has `MIN_TIMED_CALLS` timed calls of `MIN_TIMED_STEPS` steps in all (the challenger
+    wins when its median step time is more than 5% below the incumbent's,
+    `tftrain.runtime.execution.best_label`), or earlier once one is `GIVE_UP_RATIO` slower.
+
+    Args:
+        model: a compiled Keras model (TensorFlow backend, one replica, not
+            `run_eagerly`, its optimizer built by the first step as usual); its
+            `steps_per_execution` is the base count the modes are compared at.
+        modes: modes to time at the base count, from `"graph"` and `"xla"`, the
+            first being the first incumbent.
+        counts: other steps per execution the faster mode may take (only those
+            above the base are timed, in order, while each wins); with the base,
+            each must divide the largest. Defaults to ().
+        examples_per_step: examples per optimizer step (the global batch times
+            the gradient accumulation steps), for examples/sec.
+        on_settled: called once with the `ExecutionChoice` when the candidates
+            are timed (or at `finish` when training ended first). Defaults to None.
+        clock: seconds, monotonic. Defaults to `time.perf_counter`.
+
+    Raises:
+        ValueError: on no modes, an unknown mode, or a count that does not divide
+            the largest.
+
+    Example:
+        >>> trial = ExecutionTrial(model, ("graph", "xla"), (32, 64), examples_per_step=128)
+        >>> trial.install()              # model.train_function is now the trial
+        >>> model.fit(train_ds, epochs=10)
+        >>> trial.finish().describe()
+    """
+
+    def __init__(self, model, modes: Sequence[str], counts: Sequence[int] = (), *, examples_per_step: int,
+                 on_settled: Optional[Callable] = None, clock: Callable[[], float] = time.perf_counter):
+        if not modes or any(m not in ("graph", "xla") for m in modes):
+            raise ValueError(f"modes must be a non-empty subset of ('graph', 'xla'); got {tuple(modes)}.")
+        self.model, self.modes, self.examples_per_step = model, tuple(modes), examples_per_step
+        self.base = int(model.steps_per_execution or 1)
+        all_counts = sorted({self.base, *counts})
+        self.fit_steps_per_execution = all_counts[-1]
+        if any(self.fit_steps_per_execution % c for c in all_counts):
+            raise ValueError(f"Every count must divide the largest, {self.fit_steps_per_execution}; got {all_counts}.")
+        self.larger = [c for c in all_counts if c > self.base]
+        self.on_settled, self.clock = on_settled, clock
+        self.incumbent = self._candidate(self.modes[0], self.base)
+        self.challengers = [self._candidate(m, self.base) for m in self.modes[1:]]
+        self.challenger: Optional[_Candidate] = None
+        self.last: Optional[_Candidate] = None  # the candidate of the latest call
+        self.count_lost = False  # a larger count lost its duel: larger ones are not timed
+        self.timed: dict = {}  # label -> _Candidate, in the order timed
+        self.skipped: list = []
+        self.steps: dict = {}  # mode -> its shared step tf.function
+        self.chosen: Optional[_Candidate] = None
+        self.choice: Optional[ExecutionChoice] = None
+        self.started: Optional[tuple] = None  # (clock, optimizer step) after the first compiling call
+
+    def _candidate(self, mode: str, spe: int) -> _Candidate:
+        return _Candidate(mode, spe, label_of(mode, spe, self.base))
+
+    def install(self) -> None:
+        """Makes the trial `model.train_function`, at `fit_steps_per_execution` steps per call. Under
+        several modes the model stays out of XLA (`jit_compile` False), so the validation and test steps,
+        which are not timed, run in graph."""
+        if len(self.modes) > 1:
+            self.model.jit_compile = False
+        self.model.steps_per_execution = self.fit_steps_per_execution
+        self.model.train_function = self
+
+    # -- the train function -------------------------------------------------
+    def __call__(self, iterator):
+        """Runs `fit_steps_per_execution` steps from `iterator`; the logs of the last call."""
+        logs, done = None, 0
+        while done < self.fit_steps_per_execution:
+            candidate = self._pick(self.fit_steps_per_execution - done)
+            try:
+                logs = self._run(candidate, iterator)
+            except StopIteration:
+                if logs is None:
+                    raise
+                return logs
+            except Exception as error:  # noqa: BLE001 (an XLA candidate that does not compile is skipped)
+                if not self._skip(candidate, error):
+                    raise
+                continue
+            done += candidate.spe
+        return logs
+
+    def _pick(self, remaining: int) -> _Candidate:
+        """The candidate of the next call: the incumbent and the challenger in turn (the challenger only
+        where its count fits the rest of this execution; the incumbent's always does)."""
+        if self.chosen is None and self.challenger is None and self.incumbent.samples:
+            self._next_duel()
+        if self.chosen is not None:
+            return self.chosen
+        if self.challenger is None:  # the first calls: the incumbent compiles, then is timed once
+            return self.incumbent
+        other = self.challenger if self.last is self.incumbent else self.incumbent
+        return other if remaining % other.spe == 0 else self.incumbent
+
+    def _run(self, candidate: _Candidate, iterator):
+        """One call of `candidate`'s train function; timed (and synchronised by reading the optimizer's
+        step counter) while the candidates are being timed."""
+        model = self.model
+        if candidate.function is None:
+            candidate.function = self._function(candidate)
+        model.steps_per_execution = candidate.spe  # read when Keras (re)traces the function
+        try:
+            if self.chosen is not None:
+                return candidate.function(iterator)
+            before, start = self._step(), self.clock()
+            logs = candidate.function(iterator)
+            steps = self._step() - before  # reading the counter waits for the steps (a device sync)
+            self._record(candidate, self.clock() - start, steps)
+            return logs
+        finally:
+            model.steps_per_execution = self.fit_steps_per_execution
+
+    def _function(self, candidate: _Candidate):
+        """Keras's train function for `candidate`'s count around the mode's one step function, shared
+        by every count of a mode, so that a mode's step is traced, and compiled by XLA, once."""
+        model = self.model
+        jit = model.jit_compile
+        try:
+            model.jit_compile = candidate.mode == "xla"
+            if candidate.mode == "xla" and not model.jit_compile:  # Keras refused: a layer does not support XLA
+                raise ValueError("the model does not support jit_compile")
+            model.steps_per_execution = candidate.spe
+            make = getattr(model, "_make_function", None)  # Keras 3's TensorFlow trainer
+            if make is None:
+                model.make_train_function(force=True)
+                return model.train_function
+            model.jit_compile = False  # the XLA step is the shared inner function
+            return make(self._step_function(candidate.mode))
+        finally:
+            model.jit_compile, model.train_function = jit, self
+            model.steps_per_execution = self.fit_steps_per_execution
+
+    def _step_function(self, mode: str):
+        """`model.train_step` as one `tf.function` per mode (`jit_compile` for XLA)."""
+        import tensorflow as tf
+
+        if mode not in self.steps:
+            self.steps[mode] = tf.function(self.model.train_step, jit_compile=mode == "xla", reduce_retracing=True)
+        return self.steps[mode]
+
+    def _step(self) -> int:
+        return int(self.model.optimizer.iterations.numpy())
+
+    def _record(self, candidate: _Candidate, seconds: float, steps: int) -> None:
+        self.last = candidate
+        if candidate.warmup_s is None:  # the call that traced and compiled
+            candidate.warmup_s = seconds
+            if self.started is None:
+                self.started = (self.clock(), self._step())
+            return
+        candidate.samples.append((seconds, steps))
+        candidate.window.append((seconds, steps))
+        self.timed.setdefault(candidate.label, candidate)
+        if self.challenger is not None:
+            self._judge()
+
+    def _judge(self) -> None:
+        """Ends the duel when both are timed enough, or one is already `GIVE_UP_RATIO` slower."""
+        inc, chal = _kept(self.incumbent.window), _kept(self.challenger.window)
+        if len(inc) < 2 or len(chal) < 2:
+            return
+        ratio = _step_time(chal) / _step_time(inc)
+        enough = all(len(k) >= MIN_TIMED_CALLS and sum(n for _, n in k) >= MIN_TIMED_STEPS for k in (inc, chal))
+        if not (enough or ratio > GIVE_UP_RATIO or ratio < 1 / GIVE_UP_RATIO):
+            return
+        sides = ((self.incumbent, inc), (self.challenger, chal))  # the incumbent first: it stays within 5%
+        winner = best_label({c.label: _timing(c, kept, 1) for c, kept in sides}, {c.label: c.spe for c, _ in sides})
+        if self.challenger.spe != self.base and winner != self.challenger.label:
+            self.count_lost = True
+        if winner == self.challenger.label:
+            self.incumbent = self.challenger
+        self.challenger = None
+
+    def _skip(self, candidate: _Candidate, error: Exception) -> bool:
+        """Skips an XLA candidate that failed when graph is a candidate too; False to raise `error`."""
+        if candidate.mode != "xla" or "graph" not in self.modes or self.chosen is not None \
+                or candidate is not self.challenger:
+            return False
+        candidate.failed = True
+        self.timed.pop(candidate.label, None)
+        self.skipped.append(f"{candidate.label}: {failure_line(error)}")
+        self.challenger, self.last = None, self.incumbent
+        return True
+
+    # -- choosing -------------------------------------------------------------
+    def _next_duel(self) -> None:
+        """The next challenger: the other modes at the base count, then the incumbent's mode at each
+        larger count while the previous larger count won; settles when none is left."""
+        self.incumbent.window.clear()
+        if self.challengers:
+            self.challenger = self.challengers.pop(0)
+        elif self.larger and not self.count_lost:
+            self.challenger = self._candidate(self.incumbent.mode, self.larger.pop(0))
+        else:
+            self._settle(complete=True)
+
+    def _settle(self, complete: bool) -> None:
+        self.chosen = self.incumbent
+        if self.chosen.function is None:
+            self.chosen.function = self._function(self.chosen)
+        if self.chosen.spe == self.fit_steps_per_execution:
+            self.model.train_function = self.chosen.function  # nothing left to dispatch
+        timings = {label: _timing(c, c.samples, self.examples_per_step) for label, c in self.timed.items()
+                   if not c.failed and _kept(c.samples)}
+        if self.chosen.label in timings:
+            reason = choice_reason(timings, self.chosen.label, self.skipped)
+        elif self.skipped:
+            reason = f"the others failed: skipped {'; '.join(self.skipped)}"
+        else:
+            reason = "training ended before any candidate was timed"
+        self.choice = ExecutionChoice(self.chosen.mode, timings, reason, steps_per_execution=self.chosen.spe,
+                                      skipped=tuple(self.skipped), trial=self._cost(complete))
+        if self.on_settled is not None:
+            self.on_settled(self.choice)
+
+    def _cost(self, complete: bool) -> dict:
+        """The trial's optimizer steps and wall seconds after the first candidate's compiling call (which
+        any `fit` pays), and those seconds less the same steps at the chosen candidate's step time."""
+        if self.started is None:
+            return {"steps": 0, "seconds": 0.0, "cost_s": 0.0, "complete": complete}
+        seconds, steps = self.clock() - self.started[0], self._step() - self.started[1]
+        chosen = _step_time(self.chosen.samples) or 0.0
+        return {"steps": steps, "seconds": round(seconds, 3), "cost_s": round(max(0.0, seconds - steps * chosen), 3),
+                "complete": complete}
+
+    def finish(self) -> ExecutionChoice:
+        """The choice, settling on the incumbent when training ended before every candidate was timed
+        (`trial["complete"]` is then False)."""
+        if self.choice is None:
+            self._settle(complete=False)
+        return self.choice
+
+def steps_to_time(modes: int, base: int, counts: Sequence[int] = ()) -> int:
+    """About how many optimizer steps an `ExecutionTrial` takes to time every candidate: each duel (the
+    other modes at `base` steps per execution, then each larger count) times both sides
+    `MIN_TIMED_CALLS` calls of at least `MIN_TIMED_STEPS` steps after the challenger's compiling call,
+    in executions of the largest count."""
+    import math
+
+    largest = max((base, *counts))
+    duels = [(base, base)] * (modes - 1) + list(zip([base, *sorted(c for c in counts if c > base)],
+                                                    sorted(c for c in counts if c > base)))
+
+    def calls(spe):
+        return max(MIN_TIMED_CALLS, math.ceil(MIN_TIMED_STEPS / spe))
+
+    steps = base + sum(a * calls(a) + b * (calls(b) + 1) for a, b in duels)
+    return math.ceil(steps / largest) * largest
