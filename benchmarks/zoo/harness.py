@@ -39,7 +39,11 @@ QUICK_GRID = (("graph", 1), ("graph", 8))
 """The oracle at `--quick`: graph only (XLA compiles take longest), one thread setting."""
 
 EPOCHS, QUICK_EPOCHS = 3, 2
-"""Epochs per contender; the first (tracing, compiling) is never timed."""
+"""Epochs per oracle point; the first (tracing, compiling) is never timed."""
+
+REFERENCE_EPOCHS = 10
+"""Epochs of plain Keras and of tftrain's first run: a whole 10-epoch run, timed end to end (at
+`--quick` too: tftrain times its candidates on the run's own first training steps)."""
 
 ROUNDS, QUICK_ROUNDS = 3, 1
 """Interleaved rounds: every contender runs once per round; figures are medians over rounds."""
@@ -173,14 +177,14 @@ def time_keras(spec: ZooModel, x, y, epochs: int) -> dict:
 
 
 def _timed_trainer():
-    """`tftrain.Trainer` whose `choose_execution` stage records its wall seconds in `probe_s`, and whose
-    callback list starts with the callback `lead` (set it before `fit`)."""
+    """`tftrain.Trainer` whose `choose_execution` stage (before `fit`) records its wall seconds in `probe_s`,
+    and whose callback list starts with the callback `lead` (set it before `fit`)."""
     import tftrain
 
     class ProbeTimedTrainer(tftrain.Trainer):
         probe_s = lead = None
 
-        def choose_execution(self, model):
+        def choose_execution(self, model):  # the stage before fit; the trial's own cost is in metrics.json
             start = time.perf_counter()
             super().choose_execution(model)
             self.probe_s = time.perf_counter() - start
@@ -210,6 +214,9 @@ def train(spec: ZooModel, x, y, run_dir: Path, device: str, stop_slower_than: fl
     trainer.lead = _stopwatch()
     trainer.fit()
     figures = _figures(stopwatch, len(x), time.perf_counter() - started, trainer.lead)
+    trial = trainer.execution_trial
+    if trial is not None and trial.chosen is not None:  # what trained after the trial (the model stays out of XLA)
+        figures.update(trained_jit_compile=trial.chosen.mode == "xla", trained_steps_per_execution=trial.chosen.spe)
     return trainer, figures, json.loads((run_dir / "metrics.json").read_text())
 
 
@@ -222,28 +229,31 @@ def time_point(spec: ZooModel, x, y, epochs: int, run_dir: Path, device: str, mo
 
 
 def time_tftrain(spec: ZooModel, x, y, epochs: int, run_dir: Path, device: str) -> dict:
-    """tftrain with every execution setting automatic (`execution="auto", steps_per_execution="auto"`), then,
-    where it remembers choices, a second one-epoch run of the same model that should reuse them.
+    """tftrain with every execution setting automatic (`execution="auto", steps_per_execution="auto"`) for
+    `epochs` epochs, then, where it remembers choices, a second one-epoch run of the same model that should
+    reuse them.
 
     Returns:
-        `_figures` (with `callbacks_s`), `probe_s` (seconds of the `choose_execution` stage), `execution`
-        and `steps_per_execution` (the choice), `remembered` (a choice an earlier run timed, else None),
-        `metrics_execution` and `metrics_choice` (from metrics.json), and `second_run`:
+        `_figures` (with `callbacks_s`), `probe_s` (seconds of choosing: the `choose_execution` stage before
+        `fit` plus the trial's cost inside it, `ExecutionChoice.trial["cost_s"]`), `trial` (that record),
+        `execution` and `steps_per_execution` (the choice), `remembered` (a choice an earlier run timed,
+        else None), `metrics_execution` and `metrics_choice` (from metrics.json), and `second_run`:
         `{"probe_s", "execution", "remembered"}`, or None.
     """
     auto = {"execution": "auto", "steps_per_execution": "auto"}
     trainer, figures, metrics = train(spec, x, y, run_dir, device, epochs=epochs, **auto)
     choice = metrics.get("execution_choice") or {}
+    trial = choice.get("trial") or {}
     second = None
     if "remembered" in choice:
         again, _, again_metrics = train(spec, x, y, run_dir.with_name(run_dir.name + "-again"), device, epochs=1,
                                         **auto)
         second = {"probe_s": again.probe_s, "execution": again.execution,
                   "remembered": (again_metrics.get("execution_choice") or {}).get("remembered")}
-    return {**figures, "probe_s": trainer.probe_s, "execution": trainer.execution,
-            "steps_per_execution": metrics.get("steps_per_execution"), "metrics_execution": metrics["execution"],
-            "metrics_choice": choice.get("execution"), "remembered": choice.get("remembered"),
-            "second_run": second}
+    return {**figures, "probe_s": trainer.probe_s + trial.get("cost_s", 0.0), "trial": trial or None,
+            "execution": trainer.execution, "steps_per_execution": metrics.get("steps_per_execution"),
+            "metrics_execution": metrics["execution"], "metrics_choice": choice.get("execution"),
+            "remembered": choice.get("remembered"), "second_run": second}
 
 
 def _guarded(label: str, fn: Callable) -> dict:
@@ -266,7 +276,8 @@ def _fastest_epoch(figures: list) -> float:
 # --- The worker: one (round, thread setting), every model ------------------------------
 
 def _references(spec: ZooModel, x, y, epochs: int, args, tmp: Path) -> dict:
-    """Plain Keras and tftrain, in an order that alternates by round (neither always runs first)."""
+    """Plain Keras and tftrain, `epochs` epochs each, in an order that alternates by round (neither always
+    runs first)."""
     device = "cpu" if args.device == "cpu" else "auto"
     label = f"{spec.name} round {args.round}"
     contenders = [("keras", lambda: _guarded(f"{label} plain Keras", lambda: time_keras(spec, x, y, epochs))),
@@ -293,7 +304,7 @@ def time_model(spec: ZooModel, args, tmp: Path) -> dict:
     device = "cpu" if args.device == "cpu" else "auto"
     out = {"examples_per_epoch": n, "grid": []}
     if args.with_references:
-        out.update(_references(spec, x, y, epochs, args, tmp))
+        out.update(_references(spec, x, y, REFERENCE_EPOCHS, args, tmp))
     for i, (mode, spe) in enumerate(grid(args)):
         limit = DOMINATED * _fastest_epoch([out.get("keras", {}), *out["grid"]])
         figures = _guarded(f"{spec.name} round {args.round} {mode} spe {spe} threads {args.threads}", lambda: time_point(

@@ -184,6 +184,8 @@ def test_zoo_records_every_contender(quick_suite):
         assert summary["tftrain"]["examples_per_sec"] == tftrain["examples_per_sec"] > 0
         assert summary["tftrain_vs_keras"] == pytest.approx(tftrain["examples_per_sec"] / keras["examples_per_sec"])
         assert summary["keras"]["ten_epochs_s"] > 0 and summary["tftrain"]["ten_epochs_s"] > 0
+        assert summary["keras"]["wall_s"] > 0 and summary["tftrain"]["wall_s"] > 0  # 10 epochs, end to end
+        assert tftrain["trial"]["complete"] and tftrain["trial"]["steps"] > 0  # timed on its own training steps
         assert tftrain["probe_s"] > 0
         # The Trainer's choice is what metrics.json records and what the model trained in.
         assert tftrain["execution"] in ("graph", "xla")
