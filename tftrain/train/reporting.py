@@ -177,13 +177,16 @@ def make_record(trainer, history, test, started: float, fit_time: float) -> RunR
 
 
 def report(trainer, record: RunRecord) -> None:
-    """Writes `metrics.json` and `report.md` (chief only) and prints the result lines."""
+    """Writes `metrics.json`, `report.md` and the HParams session (chief only) and prints the result lines."""
     from tftrain import reports
+
+    from tftrain.train import hparams_log
 
     metrics = record.to_dict()
     if trainer.is_chief:
         reports.write_metrics(record.run_dir, metrics)
         reports.write_report(record.run_dir, metrics, title=_title(trainer))
+        hparams_log.log_run(trainer, record)  # TensorBoard's HParams tab compares the runs of a folder
     console = trainer.console
     unit = trainer.task.example_unit
     console.section("result")

@@ -96,7 +96,20 @@ def _tuning_figures(trainer, tuner, directory) -> Tuple[dict, dict]:
         "ranking": [{"trial_id": t.trial_id, "score": t.score, "hyperparameters": dict(t.hyperparameters.values)}
                     for t in trials],
     }
+    if trainer.is_chief:
+        _log_trials(directory, tuner.oracle.objective.name, trials)
     return figures, best
+
+
+def _log_trials(directory, objective: str, trials) -> None:
+    """Each scored trial as its own HParams session (`tuning/hparams/trial-<id>`): its values as
+    `tune.<name>`, its validation score as the metric `objective`."""
+    from tftrain.train import hparams_log
+
+    for t in trials:
+        values = {f"tune.{k}": v for k, v in t.hyperparameters.values.items()}
+        hparams_log.write_session(directory / "hparams" / f"trial-{t.trial_id}", f"trial {t.trial_id}", values,
+                                  {objective: float(t.score)})
 
 
 def search_batch_size(trainer) -> Tuple[dict, int]:
