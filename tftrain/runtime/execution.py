@@ -240,7 +240,7 @@ class ExecutionChoice:
         skipped: one line per candidate that failed to compile or run (XLA's
             own reason), in the order tried. Defaults to ().
         trial: when the candidates were timed on the run's own training steps
-            (`tftrain.runtime.execution_trial`): `{"steps": optimizer steps the
+            (`tftrain.runtime.execution_trial`): `{"steps": training steps the
             trial spanned, "seconds": its wall seconds, "cost_s": those seconds
             less the same steps at the chosen candidate's step time (compiling
             the other candidates, running the slower ones)}`. Defaults to None.

@@ -47,7 +47,7 @@ class _Candidate:
     label: str
     function: Optional[Callable] = None
     warmup_s: Optional[float] = None
-    samples: list = dataclasses.field(default_factory=list)  # (seconds, optimizer steps) per timed call
+    samples: list = dataclasses.field(default_factory=list)  # (seconds, training steps) per timed call
     window: list = dataclasses.field(default_factory=list)  # the samples of the current duel
     failed: bool = False
 
@@ -91,8 +91,8 @@ class ExecutionTrial:
         counts: other steps per execution the faster mode may take (only those
             above the base are timed, in order, while each wins); with the base,
             each must divide the largest. Defaults to ().
-        examples_per_step: examples per optimizer step (the global batch times
-            the gradient accumulation steps), for examples/sec.
+        examples_per_step: examples per training step (the global batch; with
+            gradient accumulation, per micro-batch), for examples/sec.
         on_settled: called once with the `ExecutionChoice` when the candidates
             are timed (or at `finish` when training ended first). Defaults to None.
         clock: seconds, monotonic. Defaults to `time.perf_counter`.
@@ -130,7 +130,7 @@ class ExecutionTrial:
         self.steps: dict = {}  # mode -> its shared step tf.function
         self.chosen: Optional[_Candidate] = None
         self.choice: Optional[ExecutionChoice] = None
-        self.started: Optional[tuple] = None  # (clock, optimizer step) after the first compiling call
+        self.started: Optional[tuple] = None  # (clock, training step) after the first compiling call
 
     def _candidate(self, mode: str, spe: int) -> _Candidate:
         return _Candidate(mode, spe, label_of(mode, spe, self.base))
@@ -222,7 +222,14 @@ class ExecutionTrial:
         return self.steps[mode]
 
     def _step(self) -> int:
-        return int(self.model.optimizer.iterations.numpy())
+        """Training steps (batches) run so far: the micro-step counter of an optimizer that accumulates
+        gradients (`tftrain.train.accumulation`), among any wrappers, else the optimizer's `iterations`.
+        Reading it waits for the steps before it."""
+        optimizer = self.model.optimizer
+        while optimizer is not None and not hasattr(optimizer, "micro_steps"):
+            optimizer = getattr(optimizer, "inner_optimizer", None)
+        counter = optimizer.micro_steps if optimizer is not None else self.model.optimizer.iterations
+        return int(counter.numpy())
 
     def _record(self, candidate: _Candidate, seconds: float, steps: int) -> None:
         self.last = candidate
@@ -297,7 +304,7 @@ class ExecutionTrial:
             self.on_settled(self.choice)
 
     def _cost(self, complete: bool) -> dict:
-        """The trial's optimizer steps and wall seconds after the first candidate's compiling call (which
+        """The trial's training steps and wall seconds after the first candidate's compiling call (which
         any `fit` pays), and those seconds less the same steps at the chosen candidate's step time."""
         if self.started is None:
             return {"steps": 0, "seconds": 0.0, "cost_s": 0.0, "complete": complete}
@@ -313,9 +320,10 @@ class ExecutionTrial:
             self._settle(complete=False)
         return self.choice
 
+
 def steps_to_time(modes: int, base: int, counts: Sequence[int] = ()) -> int:
-    """About how many optimizer steps an `ExecutionTrial` takes to time every candidate: each duel (the
-    other modes at `base` steps per execution, then each larger count) times both sides
+    """About how many training steps (batches) an `ExecutionTrial` takes to time every candidate: each
+    duel (the other modes at `base` steps per execution, then each larger count) times both sides
     `MIN_TIMED_CALLS` calls of at least `MIN_TIMED_STEPS` steps after the challenger's compiling call,
     in executions of the largest count."""
     import math

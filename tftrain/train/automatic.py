@@ -154,7 +154,7 @@ class AutomaticSettings:
         self.execution = modes[0] if len(modes) == 1 else "graph"
         self.execution_trial = ExecutionTrial(
             model, modes, tuple(c for c in counts if c != model.steps_per_execution),
-            examples_per_step=self.batch.global_batch_size * self.accumulation_steps, on_settled=settled)
+            examples_per_step=self.batch.global_batch_size, on_settled=settled)
         self.execution_trial.install()
         timed = " and ".join(modes) + (f" at {', '.join(map(str, counts))} steps per execution" if counts else "")
         self.console.line(f"execution: auto: timing {timed} on the first training steps (they train the model); "

@@ -91,3 +91,20 @@ def test_counts_must_divide_the_largest_and_modes_must_be_known():
 def test_steps_to_time_grows_with_every_duel():
     assert steps_to_time(1, 8) < steps_to_time(2, 8) < steps_to_time(2, 8, (32,)) < steps_to_time(2, 8, (32, 64))
     assert steps_to_time(2, 8, (32, 64)) % 64 == 0  # in whole executions of the largest count
+
+
+def test_with_gradient_accumulation_the_trial_counts_batches_not_updates():
+    import keras
+
+    from tftrain.train.accumulation import GradientAccumulationOptimizer
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer=GradientAccumulationOptimizer(keras.optimizers.SGD(0.01), 4), loss="mse",
+                  steps_per_execution=8)
+    trial = ExecutionTrial(model, ("graph",), (32,), examples_per_step=8)
+    trial.install()
+    model.fit(_data(n=2048), epochs=1, verbose=0, shuffle=False)  # 256 batches, 64 updates
+    assert trial._step() == 256 and int(model.optimizer.iterations.numpy()) == 64
+    timing = trial.finish().timings["graph"]
+    assert timing.timed_steps == 8 * len(timing.execution_times_s)  # whole calls of 8 batches each
