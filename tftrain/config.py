@@ -173,7 +173,7 @@ class RuntimeConfig:
             on CPUs with native bfloat16, else `float32`. Defaults to `"auto"`.
         execution: `"auto"` (time a few training steps of graph and XLA on the
             run's own model and batch, keep the faster: see
-            `tftrain.runtime.execution.choose_execution`), `"eager"`
+            `tftrain.runtime.execution_trial`), `"eager"`
             (`run_eagerly=True`), `"graph"` (`tf.function`) or `"xla"`
             (`jit_compile=True`). Defaults to `"auto"`.
         remember_execution: `--execution auto` reuses the choice an earlier run

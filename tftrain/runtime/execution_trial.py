@@ -9,7 +9,7 @@ many steps), and each call runs those steps through Keras's own train functions 
 (graph or XLA at 1, 8, 32 or 64 steps per call; every count divides the largest). The first calls
 time the candidates in duels, their calls interleaved: graph against XLA at the model's own count,
 then the winner against its mode at each larger count while the larger count wins
-(`tftrain.runtime.execution.choose_execution` times the same candidates on separate probe steps,
+(`tftrain.runtime.execution_probe.choose_execution` times the same candidates on separate probe steps,
 restoring the weights after). A challenger `GIVE_UP_RATIO` slower stops at once; an XLA candidate
 that fails to compile or run is skipped with XLA's reason (the batch its failed call drew is not
 trained on). Then the winner trains the rest of the run. What choosing costs is compiling the

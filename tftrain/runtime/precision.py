@@ -317,7 +317,7 @@ def choose_precision(bf16_model, build_float32, dataset, steps: int = 16) -> Pre
         A `PrecisionChoice`: mixed_bfloat16 only when more than
         `KEEP_FLOAT32_WITHIN` faster than float32.
     """
-    from tftrain.runtime.execution import time_graph_step
+    from tftrain.runtime.execution_probe import time_graph_step
 
     times = {"mixed_bfloat16": time_graph_step(bf16_model, dataset, steps)}
     times["float32"] = time_graph_step(build_float32(), dataset, steps)

@@ -255,7 +255,8 @@ class AutomaticSettings:
     def _still_compiles(self, model, probe, choice) -> bool:
         """Sets `model` up for a remembered choice; an XLA one is compiled and run once (its train
         function is kept for `fit`). False, with one line, when Keras or XLA refuses it now."""
-        from tftrain.runtime.execution import check_compiles, failure_line
+        from tftrain.runtime.execution import failure_line
+        from tftrain.runtime.execution_probe import check_compiles
 
         compiled_count = model.steps_per_execution
         model.jit_compile = choice.execution == "xla"

@@ -27,7 +27,7 @@ import tensorflow as tf
 from tftrain.callbacks._steps import steps_per_execution
 from tftrain.callbacks.throughput import ThroughputMonitor
 from tftrain.errors import ConfigError
-from tftrain.runtime.execution import ModelState
+from tftrain.runtime.execution_probe import ModelState
 from tftrain.tuning.search import (
     NO_DATA,
     OK,

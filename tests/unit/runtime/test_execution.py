@@ -135,15 +135,15 @@ def test_training_after_choose_execution_matches_training_without_it():
 
 
 def test_choose_execution_takes_the_faster_mode(monkeypatch):
-    from tftrain.runtime import execution
+    from tftrain.runtime import execution, execution_probe
 
     def fake_timing(model, dataset, steps, warmup_executions, min_timed_executions, callbacks=(), give_up_above_s=None):
         step = 0.004 if model.jit_compile else 0.001  # graph 4x faster than XLA here
         return execution.StepTiming(step, 16 / step, step, 16, 1, steps, 0.1, (step,) * 3)
 
-    monkeypatch.setattr(execution, "time_training_steps", fake_timing)
+    monkeypatch.setattr(execution_probe, "time_training_steps", fake_timing)
     model = _tiny_model()
-    choice = execution.choose_execution(model, _batches())
+    choice = execution_probe.choose_execution(model, _batches())
     assert choice.execution == "graph" and not model.jit_compile
     assert choice.reason == "4.00x faster than xla"
     assert choice.timings["xla"].step_time_s == 0.004
@@ -265,7 +265,7 @@ def test_xla_failure_reason_reads_xla_s_line_and_ignores_other_errors():
 
 
 def test_steps_per_execution_is_chosen_by_measurement(monkeypatch):
-    from tftrain.runtime import execution
+    from tftrain.runtime import execution, execution_probe
 
     per_step = {1: 0.004, 8: 0.002, 32: 0.0012, 64: 0.00119}  # 64 is within 2% of 32: the smaller count wins
     tried = []
@@ -277,9 +277,9 @@ def test_steps_per_execution_is_chosen_by_measurement(monkeypatch):
         step = per_step[spe] * (2 if model.jit_compile else 1)
         return execution.StepTiming(step, 16 / step, step, 16, spe, steps, 0.1, (step,) * 3)
 
-    monkeypatch.setattr(execution, "time_training_steps", fake_timing)
+    monkeypatch.setattr(execution_probe, "time_training_steps", fake_timing)
     model = _tiny_model(steps_per_execution=8)
-    choice = execution.choose_execution(model, _batches(), steps_per_execution=(1, 8, 32, 64))
+    choice = execution_probe.choose_execution(model, _batches(), steps_per_execution=(1, 8, 32, 64))
     assert (choice.execution, choice.steps_per_execution) == ("graph", 32)
     assert model.steps_per_execution == 32 and not model.jit_compile
     assert tried == [(False, 8), (True, 8), (False, 32), (False, 64)]  # 1 only adds per-call cost: not timed
@@ -296,7 +296,7 @@ def test_a_clearly_slower_candidate_is_given_up_early():
 
 
 def test_graph_at_the_model_s_own_count_stays_unless_another_is_more_than_5_percent_faster(monkeypatch):
-    from tftrain.runtime import execution
+    from tftrain.runtime import execution, execution_probe
 
     per_step = {1: 0.004, 8: 0.002, 32: 0.00196}  # 32 only 2% faster: noise, not a reason to change
 
@@ -305,8 +305,8 @@ def test_graph_at_the_model_s_own_count_stays_unless_another_is_more_than_5_perc
         step = per_step[model.steps_per_execution] * (0.97 if model.jit_compile else 1)  # XLA 3% faster
         return execution.StepTiming(step, 16 / step, step, 16, model.steps_per_execution, steps, 0.1, (step,) * 3)
 
-    monkeypatch.setattr(execution, "time_training_steps", fake_timing)
+    monkeypatch.setattr(execution_probe, "time_training_steps", fake_timing)
     model = _tiny_model(steps_per_execution=8)
-    choice = execution.choose_execution(model, _batches(), steps_per_execution=(1, 32))
+    choice = execution_probe.choose_execution(model, _batches(), steps_per_execution=(1, 32))
     assert (choice.execution, choice.steps_per_execution) == ("graph", 8)
     assert model.steps_per_execution == 8 and not model.jit_compile

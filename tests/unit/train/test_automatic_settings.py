@@ -284,7 +284,7 @@ def test_precision_auto_trains_the_float32_twin_when_float32_is_faster(tmp_path,
 
     from tftrain.runtime import precision
 
-    from tftrain.runtime import execution
+    from tftrain.runtime import execution_probe
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
     timed = []  # float32 twice as fast: the twin built for the timing is the model trained
@@ -293,7 +293,7 @@ def test_precision_auto_trains_the_float32_twin_when_float32_is_faster(tmp_path,
         timed.append(model.dtype_policy.name)
         return 2e-3 if model.dtype_policy.name == "float32" else 4e-3
 
-    monkeypatch.setattr(execution, "time_graph_step", step_time)
+    monkeypatch.setattr(execution_probe, "time_graph_step", step_time)
     record = _fit(tmp_path, _dense, "run", execution="graph", precision="auto")
     assert timed == ["mixed_bfloat16", "float32"] and record.extras["precision_auto"]["policy"] == "float32"
     assert record.runtime["precision"] == "float32" and record.runtime["compute_dtype"] == "float32"
