@@ -5,19 +5,21 @@
     run dir      refuse or resume; the chief writes, other workers write to scratch
     batch plan   fixed | tuned (keras-tuner, on validation data) | auto (batch-size search)
     build        task.build_model() inside strategy.scope(); compile with the task's
-                 optimizer / loss / metrics and the runtime's compile options
+                 optimizer / loss / metrics and the runtime's compile options (model_stages.py)
     precision    auto on a CPU with native bfloat16: time it against float32 (automatic.py)
-    execution    auto: time graph vs XLA (and steps per execution) on the first training
-                 batches, keep the faster, or reuse the choice an earlier run timed for the
-                 same model and machine (automatic.py)
+    execution    auto: time graph vs XLA (and steps per execution) on the run's first
+                 training steps inside fit, keep the faster, or reuse the choice an earlier
+                 run timed for the same model and machine (automatic.py)
     callbacks    NanGuard, CSVLogger, StepBackup (BackupAndRestore), TensorBoard,
                  ThroughputMonitor, ProfilerWindow, EarlyStopping, the user's
+                 (callback_stages.py)
     train        the loop's fit (Model.fit, or the parameter-server coordinator loop)
     evaluate, save, record, report, then the backup is removed
 
 Each stage is a short method; a subclass may replace any of them. What a training
 loop can do lives in `tftrain.train.loops`, not in branches here; the stages that
-choose settings by measurement live in `tftrain.train.automatic` (a mixin). Only the
+choose settings by measurement, build the model and make the callbacks live in mixins
+(`tftrain.train.automatic`, `model_stages`, `callback_stages`). Only the
 command line (`tftrain.run`) turns errors into exit codes.
 """
 
@@ -38,13 +40,12 @@ from tftrain import rundir as rundir_lib
 from tftrain.errors import ConfigError, Preempted, TrainingDiverged
 from tftrain.train.automatic import AUTO_PROBE_BATCHES, STEPS_PER_EXECUTION_CANDIDATES  # noqa: F401
 from tftrain.train.automatic import AutomaticSettings
+from tftrain.train.callback_stages import INPUT_CHECK_BATCHES, CallbackStages  # noqa: F401
 from tftrain.train.console import Console, keras_progress
 from tftrain.train.loops import loop_for
+from tftrain.train.model_stages import ModelStages
 from tftrain.train.record import RunRecord
 from tftrain.train.tasks import Task
-
-INPUT_CHECK_BATCHES = 50
-"""Batches the ThroughputMonitor's input check reads from the training pipeline alone."""
 
 TASK_FILE = "task.json"
 """File in the run directory naming the task (name, class, hyperparameter class) whose run it holds."""
@@ -70,7 +71,7 @@ def _check_hparam_names(hparams) -> None:
                           "task's hparams dataclass.")
 
 
-class Trainer(AutomaticSettings):
+class Trainer(AutomaticSettings, ModelStages, CallbackStages):
     """Trains a `Task` with tftrain's whole machinery and writes its run directory.
 
     Args:
@@ -334,42 +335,6 @@ class Trainer(AutomaticSettings):
                               "task its own validation data.")
         self._check_backup_every()
 
-    def _check_backup_every(self) -> None:
-        """`--backup-every-steps N`: the task must know its steps per epoch (to end a resumed epoch
-        in time), and N must hold one execution (a checkpoint is written between executions)."""
-        n = self.config.train.backup_every_steps
-        if n is None:
-            return
-        if self.task.num_train_examples is None:
-            raise ConfigError("--backup-every-steps resumes mid-epoch, which needs the steps per epoch: give the task "
-                              "num_train_examples (the number of training examples per epoch).")
-        if self.backup_every() == 0:
-            unit = self._backup_unit() // self.accumulation_steps
-            raise ConfigError(f"--backup-every-steps {n} is less than one execution of {unit} optimizer steps "
-                              f"(--steps-per-execution): a checkpoint is written between executions. Pass a multiple "
-                              f"of {unit}.")
-
-    def backup_every(self) -> Optional[int]:
-        """Batches between mid-epoch checkpoints (micro-batches under gradient accumulation): `--backup-every-steps`
-        rounded down to whole executions and whole optimizer steps, so a kill loses at most that many
-        steps; None without the flag."""
-        n = self.config.train.backup_every_steps
-        if n is None:
-            return None
-        unit = self._backup_unit()
-        return n * self.accumulation_steps // unit * unit
-
-    def _backup_unit(self) -> int:
-        """Batches a checkpoint position must be a multiple of: an execution, and an optimizer step."""
-        import math
-
-        spe = self.runtime.steps_per_execution if self.loop.per_step_hooks else 1
-        if self._steps_per_execution_candidates():  # auto: any count it may choose divides the backup interval
-            spe = 1
-        if self.steps_per_epoch:  # as the loop will run it (MultiWorkerLoop may lower it)
-            spe = self.loop.steps_per_execution_for(spe, self.steps_per_epoch * self.accumulation_steps)
-        return math.lcm(spe, self.accumulation_steps)
-
     # -- batch plan ------------------------------------------------------------
     def plan_fixed_batch(self, batch_size=None) -> None:
         """Global / per-replica batch size and steps per epoch, unless a search picks them later.
@@ -445,189 +410,7 @@ class Trainer(AutomaticSettings):
         self.console.line(f"batch:     {plan['batch_size']}, as chosen by this run's search before it was interrupted")
         return plan["batch_size_search"], int(plan["batch_size"])
 
-    # -- build, execution ------------------------------------------------------
-    def build_model(self, compile_model: bool = True):
-        """`task.build_model()` inside the strategy's scope: built from the training data when it has
-        no weights yet (`_built`), rebuilt under float32 when `--precision auto` chose mixed_float16 for
-        a `train_step` that does not scale its loss (`_check_step_scaling`), with float32 outputs under
-        a mixed policy; compiled by the loop with `task.compile_args(steps_per_epoch)`, whose optimizer
-        accumulates gradients under `--gradient-accumulation-steps` (`tftrain.train.accumulation`)."""
-        with self.runtime.strategy.scope():  # the optimizer too: its variables belong to the strategy
-            model = self._check_step_scaling(self._built(self.task.build_model()))
-            if self.runtime.precision.compute_dtype != "float32":
-                model = self._float32_outputs(model)
-            if compile_model:
-                self.compile_args = self._with_accumulation(self.task.compile_args(self.steps_per_epoch))
-        if compile_model:
-            self.loop.compile(model, self.compile_args, self.runtime)
-        return model
-
-    def _built(self, model):
-        """`model`, built from the training data when it has no weights yet (a Sequential without
-        an `Input`, a subclassed model), as `Model.fit` would on its first batch: the float32-output
-        cast and the backup need its outputs and weights before `fit` runs (keras-team/keras#20712)."""
-        if model.built:
-            return model
-        import keras
-
-        dataset = self.task.probe_data(self.batch.global_batch_size if self.batch else 32, 1)
-        spec = dataset.element_spec
-        if isinstance(model, keras.Sequential):  # symbolic: its outputs exist afterwards
-            model.build(tuple((spec[0] if isinstance(spec, tuple) else spec).shape))
-            return model
-        for batch in dataset:  # a subclassed model builds its layers in call(): call it once
-            model(batch[0] if isinstance(batch, tuple) else batch, training=False)
-        return model
-
-    def _check_step_scaling(self, model):
-        """Under `mixed_float16`, a `train_step` of the model's own that does not scale its loss gets
-        its gradients divided by the loss scale and does not learn (keras-team/keras#20894):
-        `--precision auto` then takes `float32` (or `mixed_bfloat16` on Ampere and newer) and
-        rebuilds the model; an explicit `mixed_float16` is kept, with a warning that says the fix."""
-        from tftrain import runtime
-        from tftrain.runtime.precision import step_scales_loss, unscaled_step_precision
-
-        scales = step_scales_loss(model)
-        if not self.runtime.precision.loss_scaling or scales:
-            return model
-        name = type(model).__name__
-        why = (f"{name}.train_step does not call self.optimizer.scale_loss(loss)" if scales is False else
-               f"{name}.train_step's source cannot be read to check that it calls self.optimizer.scale_loss(loss)")
-        if self.config.runtime.precision != "auto":
-            self.console.warn(f"{why}: under mixed_float16 its gradients are divided by the loss scale and the model "
-                              "does not learn (keras-team/keras#20894). Take the gradients of "
-                              "self.optimizer.scale_loss(loss) in train_step, or pass --precision mixed_bfloat16 "
-                              "or float32.")
-            return model
-        policy = unscaled_step_precision(self.runtime.devices)
-        self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision(policy))
-        self.console.line(f"precision: auto -> {policy}, not mixed_float16: {why}, so loss scaling would divide its "
-                          "gradients by the scale (keras-team/keras#20894)")
-        return self._built(self.task.build_model())
-
-    def _with_accumulation(self, compile_args: dict) -> dict:
-        """`compile_args` whose optimizer updates once every `accumulation_steps` micro-batches."""
-        if self.accumulation_steps == 1:
-            return compile_args
-        from tftrain.train.accumulation import accumulate_gradients
-
-        optimizer = compile_args.get("optimizer") or "rmsprop"  # Model.compile's default
-        return {**compile_args, "optimizer": accumulate_gradients(optimizer, self.accumulation_steps)}
-
-    def _float32_outputs(self, model):
-        """Under a mixed policy: float32 outputs for a plain functional / Sequential model
-        (`ensure_float32_outputs`); a subclass (its own `train_step`, ...) is kept as it is,
-        with a warning when an output is not float32."""
-        import keras
-
-        from tftrain import runtime
-
-        if type(model) is keras.Sequential or type(model).__name__ == "Functional":
-            return runtime.ensure_float32_outputs(model)
-        outputs = getattr(model, "outputs", None) or []
-        if any(str(o.dtype) != "float32" for o in outputs):
-            self.console.warn(f"{type(model).__name__} has outputs in {self.runtime.precision.compute_dtype}; give "
-                              "its last layer dtype='float32' so the loss is computed in float32.")
-        return model
-
-    def note_custom_steps(self, model) -> None:
-        """Says, in the output and in `metrics.json` (`custom_step`), that the loss of a model with
-        its own `train_step` / `test_step` is that step's own figure: across replicas, a step that
-        tracks `self.compute_loss(...)` as Keras's guide does reports the loss divided by the
-        replicas, since `compute_loss` scales it for the all-reduce of the gradients."""
-        from tftrain.runtime.precision import overridden_steps
-
-        steps = overridden_steps(model)
-        if not steps:
-            return
-        replicas = self.runtime.num_replicas
-        note = f"'loss' and the metrics are {type(model).__name__}.{' and .'.join(steps)}'s own figures"
-        if replicas > 1:
-            note += (f"; across {replicas} replicas a step that tracks self.compute_loss(...) reports the loss / "
-                     f"{replicas} (Keras scales it for the gradients' all-reduce)")
-        self.extras["custom_step"] = {"overridden": list(steps), "replicas": replicas, "note": note}
-        self.console.line(f"loss:      {note}")
-
     # -- callbacks, train, evaluate, save --------------------------------------
-    def make_callbacks(self) -> list:
-        """NanGuard, CSVLogger (`history.csv`), StepBackup (BackupAndRestore at epoch ends and every
-        `--backup-every-steps`), TensorBoard, ThroughputMonitor, ProfilerWindow and NvtxSteps (where
-        the loop has per-step hooks), EarlyStopping (with `--early-stopping`), then the user's callbacks (the
-        `callbacks` argument, then `--callbacks`).
-
-        The order matters: the guard raises before a checkpoint can save a diverged state; the epoch
-        log comes before the backup, so a kill between the two repeats a logged epoch (`read_history`
-        keeps its last row) rather than losing one; the backup clears its own early end of a resumed
-        epoch before EarlyStopping may stop.
-        """
-        import keras
-
-        from tftrain.callbacks import NanGuard
-
-        out = self.out_dir
-        self.backup = self._make_backup()
-        history = keras.callbacks.CSVLogger(str(out.path / rundir_lib.HISTORY_FILE), append=True)
-        callbacks = [NanGuard(), history, self.backup, keras.callbacks.TensorBoard(str(out.log_dir))]
-        if self.loop.per_step_hooks:
-            callbacks += self._step_callbacks()
-        return callbacks + self._early_stopping() + self.callbacks + [c for make in self._user_callbacks for c in make()]
-
-    def _make_backup(self):
-        """The `StepBackup`: it keeps the previous checkpoint (a task may die mid-save) and outlives `fit`
-        until the run is written (`finish_run_dir`). A single process checkpoints on SIGTERM / SIGUSR1
-        (`PreemptionWatch`); in a cluster a lone task's save would hang the others' collectives, so
-        there the signal still ends the task."""
-        from tftrain.callbacks import StepBackup
-        from tftrain.callbacks.preemption import PreemptionWatch
-
-        batches = self.steps_per_epoch * self.accumulation_steps if self.steps_per_epoch else None
-        self.preemption = PreemptionWatch() if self.cluster is None else None
-        backup = StepBackup(self.out_dir.backup_dir, every_steps=self.backup_every(), steps_per_epoch=batches,
-                            double_checkpoint=True, delete_checkpoint=False,
-                            stop_requested=self.preemption.requested if self.preemption else None,
-                            say=self.console.line)
-        if backup.every_steps:
-            self.console.line(f"backup:    every {backup.every_steps // self.accumulation_steps} optimizer steps "
-                              f"and at each epoch end, in {self.run_dir.backup_dir}")
-        return backup
-
-    def _early_stopping(self) -> list:
-        """`--early-stopping P`: EarlyStopping on val_loss keeping the best weights, its state in the backup."""
-        from tftrain.callbacks import ResumableEarlyStopping
-
-        patience = self.config.train.early_stopping
-        if patience is None:
-            return []
-        self.early_stopping = ResumableEarlyStopping(
-            self.out_dir.backup_dir, monitor="val_loss", patience=patience, restore_best_weights=True,
-            verbose=min(1, self.config.train.verbose))
-        return [self.early_stopping]
-
-    def _step_callbacks(self) -> list:
-        from tftrain.callbacks import ProfilerWindow, ThroughputMonitor
-
-        gb = self.batch.global_batch_size
-        # The input check times this process's pipeline alone; a worker of a multi-worker job reads
-        # only its shard, so it is skipped there.
-        input_data = self.task.probe_data(gb, INPUT_CHECK_BATCHES) if self.loop.checks_input else None
-        self.monitor = ThroughputMonitor(gb, log_dir=self.out_dir.log_dir, input_data=input_data)
-        nvtx = self._nvtx_callbacks()
-        window = self.config.train.profile_window
-        if window is None:
-            return [self.monitor] + nvtx
-        start, stop = (step * self.accumulation_steps for step in window)  # optimizer steps -> micro-batches
-        self.profiler = ProfilerWindow(self.out_dir.log_dir, start, stop, verbose=min(1, self.config.train.verbose),
-                                       say=self.console.line)
-        return [self.monitor, self.profiler] + nvtx
-
-    def _nvtx_callbacks(self) -> list:
-        """`NvtxSteps` under `--nvtx` on a GPU (`tftrain.runtime.nvtx`), else none."""
-        if self.runtime.nvtx is None or not self.runtime.nvtx.active:
-            return []
-        from tftrain.callbacks import NvtxSteps
-
-        return [NvtxSteps()]
-
     def train(self, model, callbacks):
         """The loop's fit over `epochs`; returns `(History, seconds)`."""
         gb = self.batch.global_batch_size

@@ -1,0 +1,132 @@
+"""The `Trainer`'s callbacks stage: NanGuard, the epoch log, the backup (and its interval), TensorBoard,
+the per-step monitors and the user's callbacks; a mixin of `Trainer` (it provides `config`, `task`,
+`runtime`, `batch`, `loop`, `console`, `out_dir`, `run_dir`, `callbacks`, ...)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from tftrain import rundir as rundir_lib
+from tftrain.errors import ConfigError
+
+INPUT_CHECK_BATCHES = 50
+"""Batches the ThroughputMonitor's input check reads from the training pipeline alone."""
+
+
+class CallbackStages:
+    """`Trainer`'s stages that make the callbacks of `fit` and plan the backup interval."""
+
+    def make_callbacks(self) -> list:
+        """NanGuard, CSVLogger (`history.csv`), StepBackup (BackupAndRestore at epoch ends and every
+        `--backup-every-steps`), TensorBoard, ThroughputMonitor, ProfilerWindow and NvtxSteps (where
+        the loop has per-step hooks), EarlyStopping (with `--early-stopping`), then the user's callbacks (the
+        `callbacks` argument, then `--callbacks`).
+
+        The order matters: the guard raises before a checkpoint can save a diverged state; the epoch
+        log comes before the backup, so a kill between the two repeats a logged epoch (`read_history`
+        keeps its last row) rather than losing one; the backup clears its own early end of a resumed
+        epoch before EarlyStopping may stop.
+        """
+        import keras
+
+        from tftrain.callbacks import NanGuard
+
+        out = self.out_dir
+        self.backup = self._make_backup()
+        history = keras.callbacks.CSVLogger(str(out.path / rundir_lib.HISTORY_FILE), append=True)
+        callbacks = [NanGuard(), history, self.backup, keras.callbacks.TensorBoard(str(out.log_dir))]
+        if self.loop.per_step_hooks:
+            callbacks += self._step_callbacks()
+        return callbacks + self._early_stopping() + self.callbacks + [c for make in self._user_callbacks for c in make()]
+
+    def _make_backup(self):
+        """The `StepBackup`: it keeps the previous checkpoint (a task may die mid-save) and outlives `fit`
+        until the run is written (`finish_run_dir`). A single process checkpoints on SIGTERM / SIGUSR1
+        (`PreemptionWatch`); in a cluster a lone task's save would hang the others' collectives, so
+        there the signal still ends the task."""
+        from tftrain.callbacks import StepBackup
+        from tftrain.callbacks.preemption import PreemptionWatch
+
+        batches = self.steps_per_epoch * self.accumulation_steps if self.steps_per_epoch else None
+        self.preemption = PreemptionWatch() if self.cluster is None else None
+        backup = StepBackup(self.out_dir.backup_dir, every_steps=self.backup_every(), steps_per_epoch=batches,
+                            double_checkpoint=True, delete_checkpoint=False,
+                            stop_requested=self.preemption.requested if self.preemption else None,
+                            say=self.console.line)
+        if backup.every_steps:
+            self.console.line(f"backup:    every {backup.every_steps // self.accumulation_steps} optimizer steps "
+                              f"and at each epoch end, in {self.run_dir.backup_dir}")
+        return backup
+
+    def _early_stopping(self) -> list:
+        """`--early-stopping P`: EarlyStopping on val_loss keeping the best weights, its state in the backup."""
+        from tftrain.callbacks import ResumableEarlyStopping
+
+        patience = self.config.train.early_stopping
+        if patience is None:
+            return []
+        self.early_stopping = ResumableEarlyStopping(
+            self.out_dir.backup_dir, monitor="val_loss", patience=patience, restore_best_weights=True,
+            verbose=min(1, self.config.train.verbose))
+        return [self.early_stopping]
+
+    def _step_callbacks(self) -> list:
+        from tftrain.callbacks import ProfilerWindow, ThroughputMonitor
+
+        gb = self.batch.global_batch_size
+        # The input check times this process's pipeline alone; a worker of a multi-worker job reads
+        # only its shard, so it is skipped there.
+        input_data = self.task.probe_data(gb, INPUT_CHECK_BATCHES) if self.loop.checks_input else None
+        self.monitor = ThroughputMonitor(gb, log_dir=self.out_dir.log_dir, input_data=input_data)
+        nvtx = self._nvtx_callbacks()
+        window = self.config.train.profile_window
+        if window is None:
+            return [self.monitor] + nvtx
+        start, stop = (step * self.accumulation_steps for step in window)  # optimizer steps -> micro-batches
+        self.profiler = ProfilerWindow(self.out_dir.log_dir, start, stop, verbose=min(1, self.config.train.verbose),
+                                       say=self.console.line)
+        return [self.monitor, self.profiler] + nvtx
+
+    def _nvtx_callbacks(self) -> list:
+        """`NvtxSteps` under `--nvtx` on a GPU (`tftrain.runtime.nvtx`), else none."""
+        if self.runtime.nvtx is None or not self.runtime.nvtx.active:
+            return []
+        from tftrain.callbacks import NvtxSteps
+
+        return [NvtxSteps()]
+
+    def _check_backup_every(self) -> None:
+        """`--backup-every-steps N`: the task must know its steps per epoch (to end a resumed epoch
+        in time), and N must hold one execution (a checkpoint is written between executions)."""
+        n = self.config.train.backup_every_steps
+        if n is None:
+            return
+        if self.task.num_train_examples is None:
+            raise ConfigError("--backup-every-steps resumes mid-epoch, which needs the steps per epoch: give the task "
+                              "num_train_examples (the number of training examples per epoch).")
+        if self.backup_every() == 0:
+            unit = self._backup_unit() // self.accumulation_steps
+            raise ConfigError(f"--backup-every-steps {n} is less than one execution of {unit} optimizer steps "
+                              f"(--steps-per-execution): a checkpoint is written between executions. Pass a multiple "
+                              f"of {unit}.")
+
+    def backup_every(self) -> Optional[int]:
+        """Batches between mid-epoch checkpoints (micro-batches under gradient accumulation): `--backup-every-steps`
+        rounded down to whole executions and whole optimizer steps, so a kill loses at most that many
+        steps; None without the flag."""
+        n = self.config.train.backup_every_steps
+        if n is None:
+            return None
+        unit = self._backup_unit()
+        return n * self.accumulation_steps // unit * unit
+
+    def _backup_unit(self) -> int:
+        """Batches a checkpoint position must be a multiple of: an execution, and an optimizer step."""
+        import math
+
+        spe = self.runtime.steps_per_execution if self.loop.per_step_hooks else 1
+        if self._steps_per_execution_candidates():  # auto: any count it may choose divides the backup interval
+            spe = 1
+        if self.steps_per_epoch:  # as the loop will run it (MultiWorkerLoop may lower it)
+            spe = self.loop.steps_per_execution_for(spe, self.steps_per_epoch * self.accumulation_steps)
+        return math.lcm(spe, self.accumulation_steps)

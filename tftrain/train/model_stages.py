@@ -1,0 +1,114 @@
+"""The `Trainer`'s build stage: the task's model inside the strategy's scope, built from the data
+when Keras would build it on the first batch, its loss scaling checked, float32 outputs under a
+mixed policy, compiled with the task's arguments; a mixin of `Trainer` (it provides `task`,
+`runtime`, `batch`, `loop`, `console`, `extras`, `accumulation_steps`, ...)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+class ModelStages:
+    """`Trainer`'s stages that build and compile the model."""
+
+    def build_model(self, compile_model: bool = True):
+        """`task.build_model()` inside the strategy's scope: built from the training data when it has
+        no weights yet (`_built`), rebuilt under float32 when `--precision auto` chose mixed_float16 for
+        a `train_step` that does not scale its loss (`_check_step_scaling`), with float32 outputs under
+        a mixed policy; compiled by the loop with `task.compile_args(steps_per_epoch)`, whose optimizer
+        accumulates gradients under `--gradient-accumulation-steps` (`tftrain.train.accumulation`)."""
+        with self.runtime.strategy.scope():  # the optimizer too: its variables belong to the strategy
+            model = self._check_step_scaling(self._built(self.task.build_model()))
+            if self.runtime.precision.compute_dtype != "float32":
+                model = self._float32_outputs(model)
+            if compile_model:
+                self.compile_args = self._with_accumulation(self.task.compile_args(self.steps_per_epoch))
+        if compile_model:
+            self.loop.compile(model, self.compile_args, self.runtime)
+        return model
+
+    def _built(self, model):
+        """`model`, built from the training data when it has no weights yet (a Sequential without
+        an `Input`, a subclassed model), as `Model.fit` would on its first batch: the float32-output
+        cast and the backup need its outputs and weights before `fit` runs (keras-team/keras#20712)."""
+        if model.built:
+            return model
+        import keras
+
+        dataset = self.task.probe_data(self.batch.global_batch_size if self.batch else 32, 1)
+        spec = dataset.element_spec
+        if isinstance(model, keras.Sequential):  # symbolic: its outputs exist afterwards
+            model.build(tuple((spec[0] if isinstance(spec, tuple) else spec).shape))
+            return model
+        for batch in dataset:  # a subclassed model builds its layers in call(): call it once
+            model(batch[0] if isinstance(batch, tuple) else batch, training=False)
+        return model
+
+    def _check_step_scaling(self, model):
+        """Under `mixed_float16`, a `train_step` of the model's own that does not scale its loss gets
+        its gradients divided by the loss scale and does not learn (keras-team/keras#20894):
+        `--precision auto` then takes `float32` (or `mixed_bfloat16` on Ampere and newer) and
+        rebuilds the model; an explicit `mixed_float16` is kept, with a warning that says the fix."""
+        from tftrain import runtime
+        from tftrain.runtime.precision import step_scales_loss, unscaled_step_precision
+
+        scales = step_scales_loss(model)
+        if not self.runtime.precision.loss_scaling or scales:
+            return model
+        name = type(model).__name__
+        why = (f"{name}.train_step does not call self.optimizer.scale_loss(loss)" if scales is False else
+               f"{name}.train_step's source cannot be read to check that it calls self.optimizer.scale_loss(loss)")
+        if self.config.runtime.precision != "auto":
+            self.console.warn(f"{why}: under mixed_float16 its gradients are divided by the loss scale and the model "
+                              "does not learn (keras-team/keras#20894). Take the gradients of "
+                              "self.optimizer.scale_loss(loss) in train_step, or pass --precision mixed_bfloat16 "
+                              "or float32.")
+            return model
+        policy = unscaled_step_precision(self.runtime.devices)
+        self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision(policy))
+        self.console.line(f"precision: auto -> {policy}, not mixed_float16: {why}, so loss scaling would divide its "
+                          "gradients by the scale (keras-team/keras#20894)")
+        return self._built(self.task.build_model())
+
+    def _with_accumulation(self, compile_args: dict) -> dict:
+        """`compile_args` whose optimizer updates once every `accumulation_steps` micro-batches."""
+        if self.accumulation_steps == 1:
+            return compile_args
+        from tftrain.train.accumulation import accumulate_gradients
+
+        optimizer = compile_args.get("optimizer") or "rmsprop"  # Model.compile's default
+        return {**compile_args, "optimizer": accumulate_gradients(optimizer, self.accumulation_steps)}
+
+    def _float32_outputs(self, model):
+        """Under a mixed policy: float32 outputs for a plain functional / Sequential model
+        (`ensure_float32_outputs`); a subclass (its own `train_step`, ...) is kept as it is,
+        with a warning when an output is not float32."""
+        import keras
+
+        from tftrain import runtime
+
+        if type(model) is keras.Sequential or type(model).__name__ == "Functional":
+            return runtime.ensure_float32_outputs(model)
+        outputs = getattr(model, "outputs", None) or []
+        if any(str(o.dtype) != "float32" for o in outputs):
+            self.console.warn(f"{type(model).__name__} has outputs in {self.runtime.precision.compute_dtype}; give "
+                              "its last layer dtype='float32' so the loss is computed in float32.")
+        return model
+
+    def note_custom_steps(self, model) -> None:
+        """Says, in the output and in `metrics.json` (`custom_step`), that the loss of a model with
+        its own `train_step` / `test_step` is that step's own figure: across replicas, a step that
+        tracks `self.compute_loss(...)` as Keras's guide does reports the loss divided by the
+        replicas, since `compute_loss` scales it for the all-reduce of the gradients."""
+        from tftrain.runtime.precision import overridden_steps
+
+        steps = overridden_steps(model)
+        if not steps:
+            return
+        replicas = self.runtime.num_replicas
+        note = f"'loss' and the metrics are {type(model).__name__}.{' and .'.join(steps)}'s own figures"
+        if replicas > 1:
+            note += (f"; across {replicas} replicas a step that tracks self.compute_loss(...) reports the loss / "
+                     f"{replicas} (Keras scales it for the gradients' all-reduce)")
+        self.extras["custom_step"] = {"overridden": list(steps), "replicas": replicas, "note": note}
+        self.console.line(f"loss:      {note}")
