@@ -1,0 +1,310 @@
+"""The configuration's sections: `RuntimeConfig`, `DataConfig`, `TrainConfig` (`tftrain.config`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from tftrain.config.fields import (AUTO_BATCH, COMMUNICATIONS, DEVICES, EXECUTIONS, LR_SCHEDULES,
+                                   MULTI_PROCESS_STRATEGIES, PRECISIONS, STRATEGIES, STRATEGY_ALIASES, THREAD_MODES,
+                                   TUNERS, _field, _validate_fields)
+from tftrain.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    """Threads, devices, precision, execution mode and distribution strategy.
+
+    Attributes:
+        strategy: `tf.distribute` strategy name: one of `STRATEGIES`
+            (`multi_worker` is an alias of `multi_worker_mirrored`, `ps` of
+            `parameter_server`). Defaults to `"default"` (TensorFlow's default
+            strategy, one device).
+        device: `"auto"` (GPUs if any, else the CPU), `"cpu"` or `"gpu"`.
+            Defaults to `"auto"`.
+        precision: Keras dtype policy: one of `PRECISIONS`. `"auto"` picks
+            `mixed_float16` on GPUs of compute capability >= 7.0, `mixed_bfloat16`
+            on CPUs with native bfloat16, else `float32`. Defaults to `"auto"`.
+        execution: `"auto"` (time a few training steps of graph and XLA on the
+            run's own model and batch, keep the faster: see
+            `tftrain.runtime.execution_trial`), `"eager"`
+            (`run_eagerly=True`), `"graph"` (`tf.function`) or `"xla"`
+            (`jit_compile=True`). Defaults to `"auto"`.
+        remember_execution: `--execution auto` reuses the choice an earlier run
+            timed for the same model, batch shapes, `steps_per_execution`,
+            devices, threads and TensorFlow / Keras versions, so it times
+            nothing (`tftrain.runtime.execution_memory`); False times every run
+            (`--no-remember-execution`). Defaults to True.
+        steps_per_execution: optimizer steps run per `tf.function` call
+            (Keras `compile(steps_per_execution=...)`), or `"auto"`: on one
+            replica 8, or 32 or 64 where timing finds them more than 5% faster
+            (at most an epoch, dividing `--backup-every-steps`; 1 when 8 does
+            not fit; remembered with `--execution auto`'s choice), 8 where
+            nothing is timed. With several replicas
+            1 runs whatever is asked (Keras 3, keras-team/keras#19246). Keras's
+            batch callbacks fire once per execution. Defaults to 1 (Keras's
+            default, so a user's batch callbacks fire every step).
+        intra_op_threads: threads one op may use; 0 keeps TensorFlow's default
+            (one per core). Defaults to 0.
+        inter_op_threads: ops run concurrently; 0 keeps TensorFlow's default.
+            Defaults to 0.
+        threads: what thread counts left at 0 mean: `"auto"` applies the
+            counts `python -m tftrain.doctor` measured on this machine (child
+            processes timing reference models; remembered with the execution
+            choices, `tftrain.runtime.thread_choice`), TensorFlow's defaults
+            when it never measured or with `remember_execution=False`;
+            `"default"` always keeps TensorFlow's defaults. Defaults to `"auto"`.
+        cpu_replicas: number of logical devices to split the CPU into, so
+            `mirrored` can run N replicas without GPUs. Defaults to 1.
+        communication: collective implementation for `multi_worker_mirrored`:
+            `"auto"`, `"ring"` (gRPC ring all-reduce) or `"nccl"`. Defaults to
+            `"auto"`.
+        ps_tasks: ps tasks of a `parameter_server` job laid out from a SLURM
+            job step (rank 0 is the chief, the next `ps_tasks` ranks are ps
+            tasks, the rest workers); TF_CONFIG names its own tasks. Defaults to 1.
+        nvtx: NVTX ranges for Nsight Systems on a GPU: sets
+            `TF_ENABLE_NVTX_RANGES=1` before the runtime starts (TensorFlow's op
+            ranges in NVIDIA's builds) and names each training execution
+            (`tftrain.callbacks.NvtxSteps`); without a GPU it says it has
+            nothing to do (`tftrain.runtime.nvtx`). Defaults to False.
+
+    Raises:
+        ConfigError: when a name is unknown or a count is out of range,
+            `communication` / `ps_tasks` is set for a strategy that has no use for
+            it, or `cpu_replicas` > 1 comes with a strategy other than `mirrored`
+            or with `execution="xla"`.
+    """
+
+    strategy: str = _field("default", "tf.distribute strategy", STRATEGIES + tuple(STRATEGY_ALIASES))
+    device: str = _field("auto", "devices to train on", DEVICES)
+    precision: str = _field("auto", "Keras dtype policy", PRECISIONS)
+    execution: str = _field("auto", "execution mode (auto: time graph and XLA, keep the faster)", EXECUTIONS)
+    remember_execution: bool = _field(True, "reuse --execution auto's choice for the same model, batch, devices and "
+                                            "versions (tftrain.runtime.execution_memory)")
+    steps_per_execution: int = _field(1, "optimizer steps per tf.function call (auto: timed, 1-64, on one replica)", minimum=1,
+                                      special=("auto",))
+    intra_op_threads: int = _field(0, "threads per op (0 = TensorFlow default)", minimum=0)
+    inter_op_threads: int = _field(0, "concurrent ops (0 = TensorFlow default)", minimum=0)
+    threads: str = _field("auto", "thread counts left at 0: auto = the doctor's measurement for this machine, "
+                                  "if any; default = TensorFlow's", THREAD_MODES)
+    cpu_replicas: int = _field(1, "split the CPU into N logical devices (replicas)", minimum=1)
+    communication: str = _field("auto", "multi-worker all-reduce implementation", COMMUNICATIONS)
+    ps_tasks: int = _field(1, "ps tasks of a parameter_server job under SLURM", minimum=1)
+    nvtx: bool = _field(False, "NVTX ranges for Nsight Systems (GPU): TF_ENABLE_NVTX_RANGES=1 and named steps")
+
+    def __post_init__(self):
+        if self.strategy in STRATEGY_ALIASES:
+            object.__setattr__(self, "strategy", STRATEGY_ALIASES[self.strategy])
+        _validate_fields(self)
+        if self.communication != "auto" and self.strategy != "multi_worker_mirrored":
+            raise ConfigError(
+                f"communication={self.communication!r} applies to multi_worker_mirrored only; strategy "
+                f"{self.strategy!r} picks its own all-reduce. Drop --communication, or use --strategy multi_worker_mirrored."
+            )
+        if self.ps_tasks != 1 and self.strategy != "parameter_server":
+            raise ConfigError(
+                f"ps_tasks={self.ps_tasks} applies to parameter_server only; strategy {self.strategy!r} has no ps "
+                "tasks. Drop --ps-tasks, or use --strategy parameter_server."
+            )
+        self._check_cpu_replicas()
+
+    def _check_cpu_replicas(self) -> None:
+        """`cpu_replicas` > 1 serves the mirrored strategy only, and never XLA (known before TensorFlow starts)."""
+        if self.cpu_replicas == 1:
+            return
+        if self.strategy in MULTI_PROCESS_STRATEGIES:
+            raise ConfigError(
+                f"cpu_replicas={self.cpu_replicas} splits one CPU for the mirrored strategy; "
+                f"{self.strategy} runs one replica per CPU task. Drop --cpu-replicas, or start more "
+                "workers (python -m tftrain.launch --workers N)."
+            )
+        if self.strategy != "mirrored":
+            raise ConfigError(
+                f"cpu_replicas={self.cpu_replicas} splits the CPU into replicas for the mirrored strategy; "
+                f"strategy {self.strategy!r} would train on one of them. Add --strategy mirrored, or drop "
+                "--cpu-replicas."
+            )
+        if self.execution == "xla":
+            raise ConfigError(xla_replicas_error(self.cpu_replicas))
+
+
+def xla_replicas_error(num_replicas: int) -> str:
+    """The message for `execution="xla"` with `num_replicas` > 1 replicas."""
+    return (f"execution='xla' does not work with {num_replicas} replicas: Keras 3 compiles the whole "
+            "cross-replica step with XLA, which cannot span devices. Use --execution graph, or train on one replica.")
+
+
+def check_batch_divides(batch_size: int, num_replicas: int) -> None:
+    """Raises `ConfigError` (naming the nearest sizes that work) when the global `batch_size`
+    does not divide evenly across `num_replicas` replicas."""
+    if batch_size % num_replicas:
+        lower = batch_size - batch_size % num_replicas
+        options = f"--batch-size {lower} or {lower + num_replicas}" if lower else f"--batch-size {num_replicas}"
+        raise ConfigError(
+            f"Global batch size {batch_size} does not divide evenly across {num_replicas} replicas. "
+            f"Pass {options}, or --per-replica-batch-size {max(1, batch_size // num_replicas)}."
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Input pipeline settings.
+
+    Give at most one of `batch_size` (global: all replicas together) and
+    `per_replica_batch_size`; global = per-replica x number of replicas.
+
+    Attributes:
+        data_dir: where the task reads its data (a folder or file; the task
+            says what it expects, e.g. MNIST: an IDX folder or `.npz`; the image
+            folder recipe: one sub-folder per class); None uses the task's
+            default. Defaults to None.
+        train_examples: train on the first N training examples only (smoke runs);
+            None uses all. Defaults to None.
+        validation_split: fraction of the training examples held out as
+            validation data (the last fraction, as Keras's
+            `fit(validation_split=...)` takes it), for `fit`'s `val_*` metrics
+            and for model selection (`--tune`); 0 holds out none (a task may
+            bring its own validation set). In [0, 1). Defaults to 0.
+        batch_size: global batch size (examples per optimizer step, all replicas
+            together), or `"auto"` to search it before training
+            (`tftrain.tuning.find_batch_size`, best examples/sec). Defaults to
+            None (the recipe picks).
+        per_replica_batch_size: examples per replica per step. Defaults to None.
+        shuffle_buffer: shuffle buffer size in examples; 0 shuffles the whole
+            training set. Defaults to 0.
+        cache: cache the decoded examples in memory after the first epoch
+            (file sources; in-memory arrays need no cache). Defaults to True.
+        parallel_map: run the preprocessing map with `num_parallel_calls=AUTOTUNE`.
+            Defaults to True.
+        prefetch: prefetch batches with `buffer_size=AUTOTUNE`. Defaults to True.
+        private_threads: size of the pipeline's private tf.data thread pool; 0
+            uses the shared pool. Defaults to 0.
+
+    Raises:
+        ConfigError: when a size is out of range or both batch sizes are given.
+    """
+
+    data_dir: Optional[str] = _field(None, "the task's data folder or file (None: the task's own)")
+    train_examples: Optional[int] = _field(None, "use only N training examples (the first N; a random N of an image folder)", minimum=1)
+    validation_split: float = _field(0.0, "hold out this fraction of the training examples for validation")
+    batch_size: Optional[int] = _field(
+        None, "global batch size (all replicas), or 'auto' to search for the fastest", minimum=1, special=(AUTO_BATCH,)
+    )
+    per_replica_batch_size: Optional[int] = _field(None, "batch size per replica", minimum=1)
+    shuffle_buffer: int = _field(0, "shuffle buffer in examples (0 = whole set)", minimum=0)
+    cache: bool = _field(True, "cache decoded examples in memory")
+    parallel_map: bool = _field(True, "parallel preprocessing map (AUTOTUNE)")
+    prefetch: bool = _field(True, "prefetch batches (AUTOTUNE)")
+    private_threads: int = _field(0, "private tf.data thread pool size (0 = shared)", minimum=0)
+
+    def __post_init__(self):
+        _validate_fields(self)
+        if not 0.0 <= self.validation_split < 1.0:
+            raise ConfigError(
+                f"validation_split must be in [0, 1). Received: validation_split={self.validation_split!r}. "
+                "Pass e.g. --validation-split 0.1."
+            )
+        if self.batch_size is not None and self.per_replica_batch_size is not None:
+            raise ConfigError(
+                "Give either batch_size (global) or per_replica_batch_size, not both. "
+                f"Received: batch_size={self.batch_size}, "
+                f"per_replica_batch_size={self.per_replica_batch_size}."
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Optimization, callback and search settings, for any task.
+
+    Attributes:
+        epochs: passes over the training set. Defaults to 10.
+        learning_rate: the optimizer's learning rate (the peak, under a
+            schedule); None keeps the task's or the optimizer's default.
+            Defaults to None.
+        lr_schedule: `"constant"`, or `"cosine"`: decay from `learning_rate` to 0
+            over the run's optimizer steps along a half cosine
+            (`keras.optimizers.schedules.CosineDecay`; Loshchilov & Hutter,
+            "SGDR", 2017). Defaults to `"constant"`.
+        verbose: Keras `fit` verbosity: 0 silent, 1 progress bar, 2 one line
+            per epoch. Defaults to 1.
+        profile: `"START,STOP"`: capture a TensorBoard profile of optimizer
+            steps [START, STOP) (`tftrain.callbacks.ProfilerWindow`); None
+            captures none. Defaults to None.
+        tune: run this many keras-tuner trials over learning rate, batch size
+            and the task's tunable hyperparameters (`Task.tune_space`) first,
+            scored on validation data, then train the best; 0 is off. Defaults
+            to 0.
+        tuner: keras-tuner algorithm: one of `TUNERS`. Defaults to "random".
+        gradient_accumulation_steps: micro-batches per optimizer step: each
+            step reads N batches of the global batch size and updates once with
+            the mean of their gradients, so the effective global batch is
+            global batch x N (`tftrain.train.accumulation`). Defaults to 1 (no
+            accumulation).
+        backup_every_steps: back up the training state every N optimizer
+            steps as well as at each epoch end (`tftrain.callbacks.StepBackup`),
+            so a killed run loses at most N steps and its rerun resumes at the
+            step it was saved at; None backs up at epoch ends only. Defaults to
+            None.
+        early_stopping: stop when `val_loss` has not improved for this many
+            epochs (the patience) and keep the best epoch's weights
+            (`keras.callbacks.EarlyStopping`, `restore_best_weights=True`);
+            needs validation data; None is off. Defaults to None.
+        callbacks: the user's own Keras callbacks, `"WHERE:NAME[,WHERE:NAME...]"`
+            (WHERE a `.py` file or a module, as for a task; NAME a callback, a
+            callback class, or a function returning a callback or a list of
+            them), added after tftrain's own (`tftrain.train.user_callbacks`);
+            None adds none. Defaults to None.
+
+    Raises:
+        ConfigError: when a value is out of range.
+    """
+
+    epochs: int = _field(10, "passes over the training set", minimum=1)
+    learning_rate: Optional[float] = _field(None, "learning rate (peak, under a schedule; None: the task's or the optimizer's)")
+    lr_schedule: str = _field("constant", "learning-rate schedule (cosine: decay to 0 over the run)", LR_SCHEDULES)
+    verbose: int = _field(1, "0 silent, 1 progress bar, 2 one line per epoch", choices=(0, 1, 2))
+    profile: Optional[str] = _field(None, "profile optimizer steps START,STOP into TensorBoard, e.g. 10,15", metavar="START,STOP")
+    tune: int = _field(0, "keras-tuner trials over learning rate, batch size, task knobs (0 = off)", minimum=0)
+    tuner: str = _field("random", "keras-tuner algorithm", TUNERS)
+    gradient_accumulation_steps: int = _field(
+        1, "micro-batches per optimizer step (effective global batch = global batch x N)", minimum=1)
+    backup_every_steps: Optional[int] = _field(
+        None, "also back up every N optimizer steps: a killed run loses at most N (None: at epoch ends only)", minimum=1)
+    early_stopping: Optional[int] = _field(
+        None, "stop when val_loss has not improved for PATIENCE epochs; keep the best weights (None: off)", minimum=0,
+        metavar="PATIENCE")
+    callbacks: Optional[str] = _field(
+        None, "your own Keras callbacks: FILE.py:NAME or MODULE:NAME, comma-separated", metavar="WHERE:NAME[,...]")
+
+    def __post_init__(self):
+        _validate_fields(self)
+        if self.learning_rate is not None and self.learning_rate <= 0:
+            raise ConfigError(
+                f"learning_rate must be positive. Received: learning_rate={self.learning_rate!r}."
+            )
+        if self.profile is not None:
+            parse_profile_window(self.profile)
+
+    @property
+    def profile_window(self) -> Optional[tuple]:
+        """`profile` as `(start, stop)` ints, or None."""
+        return None if self.profile is None else parse_profile_window(self.profile)
+
+
+def parse_profile_window(text: str) -> tuple:
+    """Parses `"START,STOP"` into `(start, stop)` with 0 <= start < stop.
+
+    Raises:
+        ConfigError: naming the value and the expected form.
+    """
+    parts = str(text).replace(" ", "").split(",")
+    try:
+        start, stop = (int(p) for p in parts)
+    except ValueError:
+        start = stop = None
+    if start is None or start < 0 or stop <= start:
+        raise ConfigError(
+            f"Invalid profile {text!r}. Expected START,STOP optimizer steps with 0 <= START < STOP, "
+            f"e.g. --profile 10,15. Received: profile={text!r}."
+        )
+    return start, stop
