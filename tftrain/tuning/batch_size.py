@@ -15,9 +15,9 @@ the previous one is not run at all.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
-import threading
 import time
 from typing import Callable, Optional, Union
 
@@ -40,9 +40,13 @@ from tftrain.tuning.search import (
     search_batch_size,
     validate_search_args,
 )
-
-DEFAULT_CPU_BUDGET_FRACTION = 0.5
-"""Default CPU memory budget: this fraction of the memory available at the start."""
+from tftrain.tuning.trial_memory import (  # noqa: F401 (available_memory_bytes, default_memory_budget: re-exported)
+    DEFAULT_CPU_BUDGET_FRACTION,
+    PeakMemory,
+    available_memory_bytes,
+    default_memory_budget,
+    memory_budget_bytes,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,96 +108,6 @@ class BatchSizeResult(SearchResult):
         micro, steps = self.micro_batch_size, self.gradient_accumulation_steps
         return (f"; the batch of {self.target_batch_size} asked for does not fit: accumulate {steps} micro-batches of "
                 f"{micro} (effective {micro * steps}; --batch-size {micro} --gradient-accumulation-steps {steps})")
-
-
-# -- memory ----------------------------------------------------------------------
-
-def available_memory_bytes() -> int:
-    """Memory available to new allocations on this machine, in bytes (psutil)."""
-    import psutil
-
-    return int(psutil.virtual_memory().available)
-
-
-def default_memory_budget(fraction: float = DEFAULT_CPU_BUDGET_FRACTION) -> int:
-    """The default CPU budget: `fraction` of the available memory, in bytes."""
-    return int(available_memory_bytes() * fraction)
-
-
-def _rss() -> int:
-    import psutil
-
-    return int(psutil.Process().memory_info().rss)
-
-
-def _read_vm_hwm() -> Optional[int]:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _reset_vm_hwm() -> bool:
-    """Resets Linux's peak-RSS counter (VmHWM) to the current RSS; False if unsupported."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-        return _read_vm_hwm() is not None
-    except OSError:
-        return False
-
-
-class _PeakMemory:
-    """Peak memory of a trial above a fixed baseline, in bytes.
-
-    CPU: the process's peak resident set size. On Linux the kernel's own peak
-    counter (VmHWM) is reset before each trial, which is exact; elsewhere a
-    thread samples the RSS every 5 ms. GPU: TensorFlow's allocator peak
-    (`tf.config.experimental.get_memory_info`), reset per trial.
-    """
-
-    def __init__(self, device_kind: str):
-        self.kind = device_kind
-        self.gpus = [d.name for d in tf.config.list_logical_devices("GPU")] if device_kind == "gpu" else []
-        self.baseline = _rss() if device_kind == "cpu" else 0
-        self._peak = 0
-        self._stop = threading.Event()
-        self._thread = None
-
-    def __enter__(self):
-        if self.kind == "gpu":
-            for name in self.gpus:
-                tf.config.experimental.reset_memory_stats(name)
-        elif not _reset_vm_hwm():
-            self._peak = _rss()
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._sample, daemon=True)
-            self._thread.start()
-        return self
-
-    def _sample(self):
-        while not self._stop.wait(0.005):
-            self._peak = max(self._peak, _rss())
-
-    def __exit__(self, *exc):
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-        return False
-
-    @property
-    def used(self) -> Optional[int]:
-        """Bytes used above the baseline at the peak of the last trial."""
-        if self.kind == "gpu":
-            peaks = [tf.config.experimental.get_memory_info(name)["peak"] for name in self.gpus]
-            return int(max(peaks)) if peaks else None
-        peak = _read_vm_hwm() if self._peak == 0 else self._peak
-        return None if peak is None else max(0, int(peak) - self.baseline)
 
 
 def _constant_learning_rate(optimizer) -> Optional[float]:
@@ -285,22 +199,6 @@ def _base_learning_rate(model, scale_learning_rate: bool, base_batch_size: Optio
     return base_lr
 
 
-def _memory_budget(memory_budget, device_kind: str) -> Optional[int]:
-    """The budget in bytes: "auto" is half the free memory on a CPU and None (OOM errors only) on a GPU.
-
-    Raises:
-        ConfigError: on anything but "auto", None or a positive int.
-    """
-    if memory_budget == "auto":
-        return default_memory_budget() if device_kind == "cpu" else None
-    if memory_budget is None or (isinstance(memory_budget, int) and not isinstance(memory_budget, bool)
-                                 and memory_budget > 0):
-        return memory_budget
-    raise ConfigError(
-        f"memory_budget must be 'auto', None or a positive number of bytes. Received: memory_budget={memory_budget!r}."
-    )
-
-
 class _TrialRunner:
     """One trial of `find_batch_size`: trains `total_steps` steps at a batch size and measures them.
 
@@ -310,7 +208,7 @@ class _TrialRunner:
     """
 
     def __init__(self, model, make_dataset, warmup: int, total_steps: int, budget: Optional[int],
-                 timeout_s: Optional[float], memory: "_PeakMemory", verbose: int):
+                 timeout_s: Optional[float], memory: PeakMemory, verbose: int):
         self.model, self.make_dataset = model, make_dataset
         self.warmup, self.total_steps = warmup, total_steps
         self.budget, self.timeout_s, self.memory, self.verbose = budget, timeout_s, memory, verbose
@@ -453,48 +351,24 @@ def find_batch_size(
         >>> result.micro_batch_size, result.gradient_accumulation_steps  # e.g. (1024, 4) when 4096 does not fit
     """
     started = time.perf_counter()
-    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
-        raise ConfigError("find_batch_size needs a compiled model. Call model.compile(optimizer=..., loss=...) first.")
-    if not model.built:
-        raise ConfigError(
-            "find_batch_size needs a built model (its weights must exist to be restored). "
-            "Call model.build(input_shape) or use a model with an Input layer."
-        )
+    _check_model(model)
     strategy = model.distribute_strategy
-    replicas = strategy.num_replicas_in_sync
-    multiple_of = replicas if multiple_of is None else multiple_of
+    multiple_of = strategy.num_replicas_in_sync if multiple_of is None else multiple_of
     make_dataset, max_val = _dataset_source(data, multiple_of, max_val)
-    if init_val % multiple_of:
-        init_val = max(multiple_of, (init_val // multiple_of) * multiple_of)
-    if target_batch_size is not None:
-        _check_target(target_batch_size, objective, multiple_of)
-        max_val = target_batch_size if max_val is None else min(max_val, target_batch_size)
-    if max_val is not None and max_val < init_val:
-        init_val = max(multiple_of, (max_val // multiple_of) * multiple_of)
+    init_val, max_val = _bounds(init_val, max_val, multiple_of, target_batch_size, objective)
     validate_search_args(mode, objective, init_val, max_val, max_trials, margin, min_gain, multiple_of)
     if steps_per_trial < 1:
         raise ConfigError(f"steps_per_trial must be >= 1. Received: steps_per_trial={steps_per_trial!r}.")
     base_lr = _base_learning_rate(model, scale_learning_rate, base_batch_size)
     device_kind = "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
-    budget = _memory_budget(memory_budget, device_kind)
+    budget = memory_budget_bytes(memory_budget, device_kind)
     warmup = steps_per_execution(model) if warmup_steps is None else int(warmup_steps)
     run_trial = _TrialRunner(model, make_dataset, warmup, warmup + steps_per_trial, budget, trial_timeout_s,
-                             _PeakMemory(device_kind), verbose)
-    if not model.optimizer.built:
-        with strategy.scope():
-            model.optimizer.build(model.trainable_variables)
-    state = ModelState(model)
-    stop_training = model.stop_training
-
-    try:
-        search = search_batch_size(
-            run_trial, mode=mode, objective=objective, init_val=init_val, max_val=max_val,
-            max_trials=max_trials, margin=margin, min_gain=min_gain, multiple_of=multiple_of,
-            patience=patience,
-        )
-    finally:
-        state.restore()
-        model.stop_training = stop_training
+                             PeakMemory(device_kind), verbose)
+    with _restored(model):
+        search = search_batch_size(run_trial, mode=mode, objective=objective, init_val=init_val, max_val=max_val,
+                                   max_trials=max_trials, margin=margin, min_gain=min_gain, multiple_of=multiple_of,
+                                   patience=patience)
 
     learning_rate = None
     if scale_learning_rate:
@@ -502,16 +376,53 @@ def find_batch_size(
         model.optimizer.learning_rate = learning_rate
     result = BatchSizeResult(
         **{f.name: getattr(search, f.name) for f in dataclasses.fields(SearchResult)},
-        device_kind=device_kind,
-        memory_budget_bytes=budget,
-        seconds=time.perf_counter() - started,
-        learning_rate=learning_rate,
-        base_learning_rate=base_lr if scale_learning_rate else None,
+        device_kind=device_kind, memory_budget_bytes=budget, seconds=time.perf_counter() - started,
+        learning_rate=learning_rate, base_learning_rate=base_lr if scale_learning_rate else None,
         **_accumulation_fields(target_batch_size, search.largest_fitting, multiple_of),
     )
     if verbose:
         print(f"batch size search: {result.describe()}")
     return result
+
+
+@contextlib.contextmanager
+def _restored(model):
+    """Saves the model's weights, optimizer state (built first, so its slots are saved too) and metric
+    state, and `stop_training`; restores them on the way out, whatever happened."""
+    if not model.optimizer.built:
+        with model.distribute_strategy.scope():
+            model.optimizer.build(model.trainable_variables)
+    state, stop_training = ModelState(model), model.stop_training
+    try:
+        yield
+    finally:
+        state.restore()
+        model.stop_training = stop_training
+
+
+def _check_model(model) -> None:
+    """Refuses a model that is not compiled or not built (its weights must exist to be restored)."""
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
+        raise ConfigError("find_batch_size needs a compiled model. Call model.compile(optimizer=..., loss=...) first.")
+    if not model.built:
+        raise ConfigError(
+            "find_batch_size needs a built model (its weights must exist to be restored). "
+            "Call model.build(input_shape) or use a model with an Input layer."
+        )
+
+
+def _bounds(init_val: int, max_val: Optional[int], multiple_of: int, target: Optional[int],
+            objective: str) -> tuple:
+    """`(init_val, max_val)`: the first size rounded down to a multiple of `multiple_of`, the largest capped
+    at `target` (checked, `_check_target`), the first no larger than the largest."""
+    if init_val % multiple_of:
+        init_val = max(multiple_of, (init_val // multiple_of) * multiple_of)
+    if target is not None:
+        _check_target(target, objective, multiple_of)
+        max_val = target if max_val is None else min(max_val, target)
+    if max_val is not None and max_val < init_val:
+        init_val = max(multiple_of, (max_val // multiple_of) * multiple_of)
+    return init_val, max_val
 
 
 def _check_target(target, objective: str, multiple_of: int) -> None:
