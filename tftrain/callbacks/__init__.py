@@ -4,7 +4,7 @@
     from tftrain.callbacks import NanGuard, StepBackup, ResumableEarlyStopping, PreemptionWatch
 
 Each one only wires Keras hooks; the algorithms are plain code tested alone:
-`tftrain.metering` (throughput math), `tftrain.callbacks.profiler.StepWindow`
+`tftrain.metering` (throughput math), `tftrain.callbacks.profile_steps.StepWindow`
 (profile window), `tftrain.tuning` (batch-size search). Names are imported on
 first use, so importing one submodule does not pull in the others.
 """
@@ -18,7 +18,7 @@ _LAZY = {
     "NvtxSteps": "tftrain.callbacks.nvtx",
     "PreemptionWatch": "tftrain.callbacks.preemption",
     "StepBackup": "tftrain.callbacks.backup",
-    "ProfileSteps": "tftrain.callbacks.profiler",
+    "ProfileSteps": "tftrain.callbacks.profile_steps",
     "ProfilerServer": "tftrain.callbacks.profiler",
     "ProfilerWindow": "tftrain.callbacks.profiler",
     "ResumableEarlyStopping": "tftrain.callbacks.early_stopping",

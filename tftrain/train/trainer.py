@@ -366,7 +366,7 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
             )
         window = self.config.train.profile_window
         if window is not None and self.steps_per_epoch:  # refuse a window past the end before writing anything
-            from tftrain.callbacks.profiler import check_window_fits
+            from tftrain.callbacks.profile_steps import check_window_fits
 
             check_window_fits(*window, self.config.train.epochs * self.steps_per_epoch)
 

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from tests.profile_traces import event_counts, read_xspace, stat_values, step_markers
-from tftrain.callbacks import ProfilerWindow, ProfileSteps, profiler
+from tftrain.callbacks import ProfilerWindow, ProfileSteps, profile_steps, profiler
 from tftrain.callbacks._trace_steps import group_steps_by_markers, step_marker_name
 from tftrain.callbacks.profiler import StepWindow, check_window_fits
 from tftrain.errors import ConfigError, ProfileNotWritten, ProfilerError
@@ -214,14 +214,14 @@ def test_custom_loop_shorter_than_the_window_raises(tmp_path):
 
 
 def test_missing_profile_plugin_names_the_fix(tmp_path, monkeypatch):
-    monkeypatch.setattr(profiler, "profile_plugin_installed", lambda: False)
+    monkeypatch.setattr(profile_steps, "profile_plugin_installed", lambda: False)
     with pytest.raises(ProfilerError, match="pip install tensorboard-plugin-profile"):
         ProfilerWindow(tmp_path)
     ProfilerWindow(tmp_path, require_plugin=False)  # capture anyway, view elsewhere
 
 
 def test_trace_without_xplane_file_is_reported(tmp_path, monkeypatch):
-    monkeypatch.setattr(profiler, "xplane_files", lambda log_dir: [])
+    monkeypatch.setattr(profile_steps, "xplane_files", lambda log_dir: [])
     with pytest.raises(ProfileNotWritten, match=r"wrote no \.xplane\.pb"):  # a failed run (exit 1), not bad input
         with ProfileSteps(tmp_path, start=0, stop=1, verbose=0) as prof:
             with prof.step():
