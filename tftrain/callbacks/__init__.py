@@ -1,7 +1,7 @@
 """Callbacks that drop into any Keras 3 `model.fit`, with or without a strategy.
 
     from tftrain.callbacks import ProfilerWindow, ThroughputMonitor, BatchSizeFinder
-    from tftrain.callbacks import NanGuard, StepBackup, ResumableEarlyStopping, PreemptionWatch
+    from tftrain.callbacks import NanGuard, StepBackup, ResumableEarlyStopping, PreemptionWatch, KeepBest
 
 Each one only wires Keras hooks; the algorithms are plain code tested alone:
 `tftrain.metering` (throughput math), `tftrain.callbacks.profile_steps.StepWindow`
@@ -9,11 +9,12 @@ Each one only wires Keras hooks; the algorithms are plain code tested alone:
 first use, so importing one submodule does not pull in the others.
 """
 
-__all__ = ["BatchSizeFinder", "NanGuard", "NvtxSteps", "PreemptionWatch", "ProfileSteps", "ProfilerServer",
+__all__ = ["BatchSizeFinder", "KeepBest", "NanGuard", "NvtxSteps", "PreemptionWatch", "ProfileSteps", "ProfilerServer",
            "ProfilerWindow", "ResumableEarlyStopping", "StepBackup", "ThroughputMonitor", "start_profiler_server"]
 
 _LAZY = {
     "BatchSizeFinder": "tftrain.tuning.finder",  # lives with the search it runs (the tuning layer)
+    "KeepBest": "tftrain.callbacks.keep_best",
     "NanGuard": "tftrain.callbacks.nan_guard",
     "NvtxSteps": "tftrain.callbacks.nvtx",
     "PreemptionWatch": "tftrain.callbacks.preemption",

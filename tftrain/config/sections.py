@@ -254,6 +254,16 @@ class TrainConfig:
             callback class, or a function returning a callback or a list of
             them), added after tftrain's own (`tftrain.train.user_callbacks`);
             None adds none. Defaults to None.
+        keep_best: keep the weights of this many best epochs by `monitor`,
+            and of the last epoch, as TensorFlow checkpoints in `checkpoints/`
+            (`tftrain.callbacks.KeepBest`); 0 keeps none. Defaults to 0.
+        monitor: the epoch metric `keep_best` ranks by; None is `val_loss` with
+            validation data, else `loss`; the direction follows Keras's rule
+            (`loss` down, `accuracy` up). Defaults to None.
+        init_from: weights to start from, for fine-tuning: a `.keras` file, a
+            TensorFlow checkpoint path, or a run directory (its best kept
+            checkpoint, else its `model.keras`); None starts from the model's
+            own initial weights. Defaults to None.
 
     Raises:
         ConfigError: when a value is out of range.
@@ -275,6 +285,12 @@ class TrainConfig:
         metavar="PATIENCE")
     callbacks: Optional[str] = _field(
         None, "your own Keras callbacks: FILE.py:NAME or MODULE:NAME, comma-separated", metavar="WHERE:NAME[,...]")
+    keep_best: int = _field(0, "keep the N best epochs' weights by --monitor, and the last, in checkpoints/ (0: off)",
+                            minimum=0, metavar="N")
+    monitor: Optional[str] = _field(None, "metric --keep-best ranks by (None: val_loss with validation data, else "
+                                          "loss)", metavar="METRIC")
+    init_from: Optional[str] = _field(None, "start from these weights: a .keras file, a checkpoint, or a run directory "
+                                            "(its best checkpoint)", metavar="PATH")
 
     def __post_init__(self):
         _validate_fields(self)

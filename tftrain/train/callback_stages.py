@@ -19,8 +19,8 @@ class CallbackStages:
     def make_callbacks(self) -> list:
         """NanGuard, CSVLogger (`history.csv`), StepBackup (BackupAndRestore at epoch ends and every
         `--backup-every-steps`), TensorBoard, ThroughputMonitor, ProfilerWindow and NvtxSteps (where
-        the loop has per-step hooks), EarlyStopping (with `--early-stopping`), then the user's callbacks (the
-        `callbacks` argument, then `--callbacks`).
+        the loop has per-step hooks), EarlyStopping (with `--early-stopping`), KeepBest (with `--keep-best`),
+        then the user's callbacks (the `callbacks` argument, then `--callbacks`).
 
         The order matters: the guard raises before a checkpoint can save a diverged state; the epoch
         log comes before the backup, so a kill between the two repeats a logged epoch (`read_history`
@@ -37,7 +37,8 @@ class CallbackStages:
         callbacks = [NanGuard(), history, self.backup, keras.callbacks.TensorBoard(str(out.log_dir))]
         if self.loop.per_step_hooks:
             callbacks += self._step_callbacks()
-        return callbacks + self._early_stopping() + self.callbacks + [c for make in self._user_callbacks for c in make()]
+        callbacks += self._early_stopping() + self._keep_best()
+        return callbacks + self.callbacks + [c for make in self._user_callbacks for c in make()]
 
     def _make_backup(self):
         """The `StepBackup`: it keeps the previous checkpoint (a task may die mid-save) and outlives `fit`
@@ -69,6 +70,22 @@ class CallbackStages:
             self.out_dir.backup_dir, monitor="val_loss", patience=patience, restore_best_weights=True,
             verbose=min(1, self.config.train.verbose))
         return [self.early_stopping]
+
+    def _keep_best(self) -> list:
+        """`--keep-best N`: `KeepBest` in `checkpoints/`, ranking by `--monitor` (default `val_loss` where
+        `fit` validates, else `loss`); after the backup, so a kill between the two repeats the epoch."""
+        keep = self.config.train.keep_best
+        if not keep:
+            return []
+        from tftrain.callbacks import KeepBest
+        from tftrain.train.init_weights import CHECKPOINTS_DIR
+
+        validates = self.loop.validates and self.task.validation_data(self.batch.global_batch_size) is not None
+        monitor = self.config.train.monitor or ("val_loss" if validates else "loss")
+        self.keep_best = KeepBest(self.out_dir.path / CHECKPOINTS_DIR, keep, monitor=monitor, say=self.console.line)
+        self.console.line(f"keep-best: the {keep} best epochs by {monitor} and the last, in "
+                          f"{self.run_dir.path / CHECKPOINTS_DIR}")
+        return [self.keep_best]
 
     def _step_callbacks(self) -> list:
         from tftrain.callbacks import ProfilerWindow, ThroughputMonitor

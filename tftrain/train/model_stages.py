@@ -112,3 +112,17 @@ class ModelStages:
                      f"{replicas} (Keras scales it for the gradients' all-reduce)")
         self.extras["custom_step"] = {"overridden": list(steps), "replicas": replicas, "note": note}
         self.console.line(f"loss:      {note}")
+
+    def init_weights(self, model) -> None:
+        """`--init-from PATH`: the model starts from those weights (`tftrain.train.init_weights`); a resumed
+        run's checkpoint then replaces them as usual."""
+        path = self.config.train.init_from
+        if path is None:
+            return
+        from tftrain.train import init_weights
+
+        kind, source = init_weights.resolve(path)
+        init_weights.load(model, kind, source)
+        self.extras["init_from"] = {"path": source, "kind": kind}
+        self.console.line(f"init:      weights from {source}")
+

@@ -95,6 +95,8 @@ def _extras(trainer) -> dict:
     """Throughput, profile and the searches' sections, where they ran."""
     extras = dict(trainer.extras)
     extras["throughput"] = trainer.monitor.result() if trainer.monitor is not None else None
+    if trainer.keep_best is not None:
+        extras["keep_best"] = trainer.keep_best.summary()
     profiler = trainer.profiler
     if profiler is not None:
         extras["profile"] = {

@@ -5,7 +5,8 @@
     run dir      refuse or resume; the chief writes, other workers write to scratch
     batch plan   fixed | tuned (keras-tuner, on validation data) | auto (batch-size search)
     build        task.build_model() inside strategy.scope(); compile with the task's
-                 optimizer / loss / metrics and the runtime's compile options (model_stages.py)
+                 optimizer / loss / metrics and the runtime's compile options; --init-from's
+                 weights (model_stages.py)
     precision    auto on a CPU with native bfloat16: time it against float32 (automatic.py)
     execution    auto: time graph vs XLA (and steps per execution) on the run's first
                  training steps inside fit, keep the faster, or reuse the choice an earlier
@@ -117,7 +118,7 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
         self.execution, self.execution_choice = self.config.runtime.execution, None
         self.execution_trial = None  # `--execution auto`'s ExecutionTrial while it times candidates in fit
         self.monitor = self.profiler = None
-        self.backup = self.early_stopping = None  # StepBackup, ResumableEarlyStopping (make_callbacks)
+        self.backup = self.early_stopping = self.keep_best = None  # StepBackup, ResumableEarlyStopping, KeepBest
         self.preemption = None  # PreemptionWatch of a single process (make_callbacks)
         self._user_callbacks = []  # makers of --callbacks (check)
         self.compile_args: dict = {}
@@ -172,6 +173,7 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
                 self.announce_run_dir()
                 self.plan_batch()
                 model = self.choose_precision(self.build_model())
+                self.init_weights(model)
                 self.note_custom_steps(model)
                 self.choose_execution(model)
                 history, fit_time = self.train(model, self.make_callbacks())
@@ -216,6 +218,10 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
         from tftrain.train import user_callbacks
 
         self._user_callbacks = user_callbacks.resolve(self.config.train.callbacks or "")  # bad names: now
+        if self.config.train.init_from is not None:  # a path that holds no weights: now, not after TF starts
+            from tftrain.train import init_weights
+
+            init_weights.resolve(self.config.train.init_from)
         self._check_same_task(Path(self.config.run_dir))  # first: another task's settings differ too
         self.run_dir = rundir_lib.check_run_dir(self.config.run_dir, self.config.to_dict())
         if self.is_chief:  # another process training into it: refused now, not after TensorFlow starts

@@ -88,10 +88,15 @@ class FitLoop:
         self._check_checkpoints(cfg)
 
     def _check_checkpoints(self, cfg: config_lib.RecipeConfig) -> None:
-        """Refuses `--backup-every-steps` without per-step hooks and `--early-stopping` without validation."""
+        """Refuses `--backup-every-steps` without per-step hooks, `--keep-best` across processes and
+        `--early-stopping` without validation."""
         if cfg.train.backup_every_steps is not None and not self.per_step_hooks:
             raise ConfigError(f"--backup-every-steps needs per-step hooks, which {self.name} lacks (it backs up at "
                               "each epoch end). Drop the flag, or use fewer steps per epoch.")
+        if cfg.train.keep_best and cfg.runtime.strategy in config_lib.MULTI_PROCESS_STRATEGIES:
+            raise ConfigError(f"--keep-best writes its checkpoints from one process; under {cfg.runtime.strategy} "
+                              "every worker takes part in a save. Drop the flag (the backup keeps the last epoch), or "
+                              "train with a single-process strategy (default, one_device, mirrored).")
         if cfg.train.early_stopping is not None and not self.validates:
             raise ConfigError(f"--early-stopping watches val_loss, which {self.name} does not compute. Drop the "
                               "flag, or train with a strategy whose loop validates (default, mirrored, "

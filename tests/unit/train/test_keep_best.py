@@ -1,0 +1,107 @@
+"""--keep-best N keeps the N best epochs' weights (and the last) as TensorFlow checkpoints, across
+resumes; --init-from starts a run from a .keras file, a checkpoint or a run directory's best."""
+
+import json
+
+import numpy as np
+import pytest
+
+import tftrain
+from tftrain.errors import ConfigError
+
+
+def _model(width=8):
+    import keras
+
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(width, activation="relu"), keras.layers.Dense(1)])
+
+
+def _task(width=8):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((512, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5, 0.0], "float32"))[:, None]
+    return tftrain.ArrayTask(lambda: _model(width), x, y, x[:64], y[:64], loss="mse", optimizer="sgd",
+                             learning_rate=0.02, name="keep", metrics=["mae"])
+
+
+def _fit(tmp_path, name, width=8, **overrides):
+    overrides = {"epochs": 5, "verbose": 0, "seed": 0, "batch_size": 32, "execution": "graph",
+                 "validation_split": 0.25, "run_dir": str(tmp_path / name), **overrides}
+    return tftrain.Trainer(_task(width), **overrides).fit()
+
+
+def test_the_best_epochs_by_val_loss_and_the_last_are_kept_and_recorded(tmp_path):
+    record = _fit(tmp_path, "run", keep_best=2)
+    kept = record.extras["keep_best"]["kept"]
+    losses = record.history["val_loss"]
+    best_two = sorted(range(len(losses)), key=lambda e: losses[e])[:2]
+    assert [k["epoch"] for k in kept] == [e + 1 for e in best_two]  # best first, 1-based epochs
+    assert [k["value"] for k in kept] == pytest.approx([losses[e] for e in best_two])
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert {p.name.split(".")[0] for p in (checkpoints / "best").glob("*.index")} == \
+        {f"epoch-{e + 1}" for e in best_two}  # the others were deleted
+    assert record.extras["keep_best"]["last"].endswith("epoch-5")
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["keep_best"]["monitor"] == "val_loss" and metrics["keep_best"]["mode"] == "min"
+
+
+def test_kept_checkpoints_survive_a_resumed_run_and_higher_is_better_for_accuracy_like_metrics(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    from tftrain.callbacks import KeepBest
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((256, 4)).astype("float32")
+    y = (x[:, :1] > 0).astype("float32")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
+    model.compile("sgd", "binary_crossentropy", metrics=["accuracy"])
+    weights = {}  # epoch (1-based) -> the weights at its end
+    remember = keras.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: weights.update({e + 1: model.get_weights()}))
+    before = model.fit(x, y, epochs=2, verbose=0, callbacks=[KeepBest(tmp_path, keep=2, monitor="accuracy"), remember])
+    again = KeepBest(tmp_path, keep=2, monitor="accuracy")  # the resumed run reads the ranking back
+    after = model.fit(x, y, epochs=4, initial_epoch=2, verbose=0, callbacks=[again, remember])
+    accuracies = before.history["accuracy"] + after.history["accuracy"]  # epochs 1-4
+    assert again.summary()["mode"] == "max"
+    assert [k["value"] for k in again.kept] == pytest.approx(sorted(accuracies, reverse=True)[:2])
+    assert all(accuracies[k["epoch"] - 1] == pytest.approx(k["value"]) for k in again.kept)
+    best = again.kept[0]
+    restored = keras.models.clone_model(model)
+    tf.train.Checkpoint(model=restored).read(best["checkpoint"]).expect_partial()
+    for got, saved in zip(restored.get_weights(), weights[best["epoch"]]):  # the best epoch's own weights
+        np.testing.assert_array_equal(got, saved)
+
+
+def test_init_from_a_run_directory_starts_from_its_best_weights(tmp_path):
+    first = _fit(tmp_path, "first", keep_best=1)
+    again = _fit(tmp_path, "again", epochs=1, init_from=str(tmp_path / "first"))
+    scratch = _fit(tmp_path, "scratch", epochs=1)
+    assert again.extras["init_from"]["kind"] == "checkpoint"
+    assert again.extras["init_from"]["path"] == first.extras["keep_best"]["kept"][0]["checkpoint"]
+    assert again.history["loss"][0] < scratch.history["loss"][0]  # it did not start from scratch
+    from_file = _fit(tmp_path, "from-file", epochs=1, init_from=str(tmp_path / "first" / "model.keras"))
+    assert from_file.extras["init_from"]["kind"] == "keras" and from_file.history["loss"][0] < scratch.history["loss"][0]
+
+
+def test_init_from_weights_of_another_model_names_the_first_weight_that_differs(tmp_path):
+    _fit(tmp_path, "narrow", epochs=1, keep_best=1)
+    with pytest.raises(ConfigError, match=r"--init-from .*model\.keras: this model's weight .*kernel has shape "
+                                          r"\(4, 16\), the file's .*\(4, 8\)"):
+        _fit(tmp_path, "wide", width=16, epochs=1, init_from=str(tmp_path / "narrow" / "model.keras"))
+    with pytest.raises(ConfigError, match="the checkpoint does not fit this model"):
+        _fit(tmp_path, "wide2", width=16, epochs=1, init_from=str(tmp_path / "narrow"))
+
+
+def test_init_from_a_path_without_weights_is_refused_before_the_run_directory(tmp_path):
+    with pytest.raises(ConfigError, match="no such .keras file, checkpoint"):
+        _fit(tmp_path, "run", init_from=str(tmp_path / "missing.keras"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_keep_best_is_refused_across_processes():
+    from tftrain.config import RecipeConfig, RuntimeConfig, TrainConfig
+    from tftrain.train.loops import loop_for
+
+    cfg = RecipeConfig(runtime=RuntimeConfig(strategy="multi_worker_mirrored"), train=TrainConfig(keep_best=2))
+    with pytest.raises(ConfigError, match="--keep-best writes its checkpoints from one process"):
+        loop_for("multi_worker_mirrored").check(cfg)

@@ -1,0 +1,86 @@
+"""`--init-from PATH`: start training from saved weights, for fine-tuning.
+
+PATH is a `.keras` file (`keras.models.load_model`), a TensorFlow checkpoint (the path before
+`.index`, as `--keep-best` writes them: `tf.train.Checkpoint(model=model).read`), or a run
+directory: its best kept checkpoint (`checkpoints/keep_best.json`), else its `model.keras`. The
+weights must fit the task's model: the first weight whose shape differs is named in one line
+(`ConfigError`, exit 2), before any training.
+
+Source: https://www.tensorflow.org/guide/checkpoint, https://keras.io/api/models/model_saving_apis/
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Tuple
+
+from tftrain.errors import ConfigError
+
+CHECKPOINTS_DIR = "checkpoints"
+"""The folder of a run directory where `--keep-best` keeps its checkpoints."""
+
+
+def resolve(path: str) -> Tuple[str, str]:
+    """`(kind, path)` of the weights `--init-from` names: kind `"keras"` or `"checkpoint"`.
+
+    Raises:
+        ConfigError: when PATH is none of a `.keras` file, a checkpoint or a run directory with one.
+    """
+    p = Path(path).expanduser()
+    if p.is_dir():
+        state = p / CHECKPOINTS_DIR / "keep_best.json"
+        if state.is_file():
+            from tftrain.callbacks.keep_best import best_checkpoint
+
+            best = best_checkpoint(p / CHECKPOINTS_DIR)
+            if best is not None:
+                return "checkpoint", best
+        if (p / "model.keras").is_file():
+            return "keras", str(p / "model.keras")
+        raise ConfigError(f"--init-from {path}: the directory holds neither kept checkpoints ({CHECKPOINTS_DIR}/"
+                          "keep_best.json) nor model.keras. Pass a run directory that finished, a .keras file or a "
+                          "checkpoint path.")
+    if p.suffix == ".keras" and p.is_file():
+        return "keras", str(p)
+    if Path(f"{p}.index").is_file():
+        return "checkpoint", str(p)
+    raise ConfigError(f"--init-from {path}: no such .keras file, checkpoint (PATH.index) or run directory.")
+
+
+def load(model, kind: str, path: str) -> None:
+    """Sets `model`'s weights from the `.keras` file or checkpoint at `path` (`resolve`).
+
+    Raises:
+        ConfigError: naming the first weight whose shape differs, or what the checkpoint lacks.
+    """
+    if kind == "keras":
+        _load_keras(model, path)
+    else:
+        _load_checkpoint(model, path)
+
+
+def _load_keras(model, path: str) -> None:
+    import keras
+
+    source = keras.models.load_model(path, compile=False)
+    mine, theirs = model.weights, source.weights
+    for a, b in zip(mine, theirs):
+        if tuple(a.shape) != tuple(b.shape):
+            raise ConfigError(f"--init-from {path}: this model's weight {a.path} has shape {tuple(a.shape)}, the "
+                              f"file's {b.path} {tuple(b.shape)}: it holds another model. Pass weights of this "
+                              "task's model.")
+    if len(mine) != len(theirs):
+        raise ConfigError(f"--init-from {path}: this model has {len(mine)} weights, the file's {len(theirs)}: it "
+                          "holds another model. Pass weights of this task's model.")
+    model.set_weights(source.get_weights())
+
+
+def _load_checkpoint(model, path: str) -> None:
+    import tensorflow as tf
+
+    try:
+        tf.train.Checkpoint(model=model).read(path).assert_existing_objects_matched()
+    except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as error:
+        first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        raise ConfigError(f"--init-from {path}: the checkpoint does not fit this model ({first[:300]}). Pass "
+                          "weights of this task's model.") from None
