@@ -264,6 +264,10 @@ class TrainConfig:
             TensorFlow checkpoint path, or a run directory (its best kept
             checkpoint, else its `model.keras`); None starts from the model's
             own initial weights. Defaults to None.
+        export: formats to write the trained model in for serving,
+            comma-separated from `saved_model`, `onnx`, `litert`; each artifact is
+            loaded back and compared with the model (`tftrain.train.export`).
+            None exports nothing. Defaults to None.
 
     Raises:
         ConfigError: when a value is out of range.
@@ -291,6 +295,8 @@ class TrainConfig:
                                           "loss)", metavar="METRIC")
     init_from: Optional[str] = _field(None, "start from these weights: a .keras file, a checkpoint, or a run directory "
                                             "(its best checkpoint)", metavar="PATH")
+    export: Optional[str] = _field(None, "after training, write the model for serving and check each artifact: "
+                                         "saved_model, onnx, litert (comma-separated)", metavar="FORMATS")
 
     def __post_init__(self):
         _validate_fields(self)

@@ -126,3 +126,37 @@ class ModelStages:
         self.extras["init_from"] = {"path": source, "kind": kind}
         self.console.line(f"init:      weights from {source}")
 
+    def export_model(self, model) -> None:
+        """`--export FORMATS` (the chief): the trained model in each format under `export/`, each artifact
+        loaded back and run on a test batch; the largest difference is said and recorded
+        (`tftrain.train.export`). Under a mixed policy the float32 twin with the trained weights is exported."""
+        if not self.config.train.export or not self.is_chief:
+            return
+        from tftrain.train import export
+
+        formats = export.parse(self.config.train.export)
+        gb = self.batch.global_batch_size
+        data = self.task.test_data(gb)
+        data = self.task.probe_data(gb, 1) if data is None else data
+        results = export.export_all(self._float32_twin(model), formats, self.out_dir.path / "export",
+                                    export.check_batch(data))
+        self.extras["export"] = results
+        for name, r in results.items():
+            self.console.line(f"export:    {name} -> {r['path']}; loaded back, max |difference| from the model "
+                              f"{r['max_abs_difference']:.2e}")
+
+    def _float32_twin(self, model):
+        """`model` itself under float32; under a mixed policy the task's model built in float32 with its weights."""
+        if self.runtime.precision.compute_dtype == "float32":
+            return model
+        import keras
+
+        policy = keras.mixed_precision.global_policy()
+        keras.mixed_precision.set_global_policy("float32")
+        try:
+            twin = self._built(self.task.build_model())
+        finally:
+            keras.mixed_precision.set_global_policy(policy)
+        twin.set_weights(model.get_weights())
+        return twin
+

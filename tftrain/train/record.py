@@ -102,5 +102,5 @@ RUNTIME_KEYS = ("replicas", "workers", "ps_tasks", "cluster_source", "strategy",
 """Keys of `RunRecord.runtime`."""
 
 EXTRA_KEYS = ("throughput", "profile", "tuning", "batch_size_search", "execution_auto", "precision_auto",
-              "optimizer_steps", "backup", "early_stopping", "custom_step", "keep_best", "init_from")
+              "optimizer_steps", "backup", "early_stopping", "custom_step", "keep_best", "init_from", "export")
 """Keys `RunRecord.extras` may hold."""

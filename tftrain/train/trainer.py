@@ -179,6 +179,7 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
                 history, fit_time = self.train(model, self.make_callbacks())
                 test = self.evaluate(model)
                 self.save(model)
+                self.export_model(model)
         except KeyboardInterrupt:  # the checkpoint (and finished tuner trials) resume the same command
             raise Interrupted(str(self.run_dir.path)) from None
         record = self.make_record(history, test, started, fit_time)
@@ -222,6 +223,10 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
             from tftrain.train import init_weights
 
             init_weights.resolve(self.config.train.init_from)
+        if self.config.train.export:  # a converter that is not installed: now, not after training
+            from tftrain.train import export
+
+            export.parse(self.config.train.export)
         self._check_same_task(Path(self.config.run_dir))  # first: another task's settings differ too
         self.run_dir = rundir_lib.check_run_dir(self.config.run_dir, self.config.to_dict())
         if self.is_chief:  # another process training into it: refused now, not after TensorFlow starts
