@@ -13,6 +13,7 @@ commands that need several processes (`tftrain.launch`) in tests/integration.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -179,3 +180,9 @@ def test_results_tables_in_the_docs_match_the_committed_results_files():
         blocks += len(tables.BLOCK.findall(path.read_text(encoding="utf-8")))
         assert changed == [], f"{path.name}: run python -m benchmarks.tables ({', '.join(changed)} stale)"
     assert blocks >= 7
+
+
+def test_table_example_command(tmp_path):
+    m = _run_documented("python -m tftrain.run examples/table.py:task --epochs 5", tmp_path / "run")
+    assert m["task"] == "table" and m["train_examples"] == 512  # the smoke size: --train-examples 512
+    assert math.isfinite(m["test_loss"]) and m["test_examples"] == 1000

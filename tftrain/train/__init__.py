@@ -4,7 +4,7 @@ below the recipes and the command line (`tftrain.run`)."""
 
 from tftrain.train.loops import FitLoop, MultiWorkerLoop, ParameterServerLoop, loop_for
 from tftrain.train.record import RunRecord
-from tftrain.train.tasks import ArrayTask, DatasetTask, ImageFolderTask, Task, TFRecordTask
+from tftrain.train.tasks import ArrayTask, DatasetTask, ImageFolderTask, TableTask, Task, TFRecordTask
 from tftrain.train.trainer import Interrupted, Trainer
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "DatasetTask",
     "FitLoop",
     "ImageFolderTask",
+    "TableTask",
     "Interrupted",
     "MultiWorkerLoop",
     "ParameterServerLoop",

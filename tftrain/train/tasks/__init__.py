@@ -13,7 +13,8 @@ Adapters cover the common cases in a few lines:
 * `ArrayTask`: NumPy arrays, or dicts of arrays for multi-input models;
 * `DatasetTask`: functions returning the user's own `tf.data.Dataset`;
 * `TFRecordTask`: TFRecord files and the user's parse function;
-* `ImageFolderTask`: a folder of images with one sub-folder per class.
+* `ImageFolderTask`: a folder of images with one sub-folder per class;
+* `TableTask`: CSV or Parquet tables with label and feature columns.
 
 Before calling any method, the `Trainer` binds the task to the run's config
 (`Task.bind`): a shallow copy whose `config` is the run's `RecipeConfig` and
@@ -25,7 +26,8 @@ from tftrain.train.tasks.base import FunctionTask, Task, build_metrics, check_me
 from tftrain.train.tasks.datasets import DatasetTask
 from tftrain.train.tasks.files import FileSplitTask
 from tftrain.train.tasks.image_folder import ImageFolderTask
+from tftrain.train.tasks.table import TableTask
 from tftrain.train.tasks.tfrecord import TFRecordTask
 
-__all__ = ["ArrayTask", "DatasetTask", "FileSplitTask", "FunctionTask", "ImageFolderTask", "TFRecordTask", "Task",
+__all__ = ["ArrayTask", "DatasetTask", "FileSplitTask", "FunctionTask", "ImageFolderTask", "TFRecordTask", "TableTask", "Task",
            "build_metrics", "check_metrics", "metric_class_name"]

@@ -112,13 +112,13 @@ class DatasetTask(FunctionTask):
             n -= max(1, int(n * self._data.validation_split))
         return n
 
-    def _finish(self, ds, global_batch_size, training, input_context=None):
-        """Shards, shuffles, batches and prefetches `ds` as asked."""
+    def _finish(self, ds, global_batch_size, training, input_context=None, shard=None):
+        """Shards (`shard`: None follows the task's `shard`), shuffles, batches and prefetches `ds` as asked."""
         import tensorflow as tf
 
         per_pipeline = global_batch_size
         if input_context is not None:
-            if self.shard:
+            if self.shard if shard is None else shard:
                 ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
             per_pipeline = input_context.get_per_replica_batch_size(global_batch_size)
         if training and self.shuffle:

@@ -1,0 +1,209 @@
+"""`TableTask`: CSV and Parquet tables, one file or a glob, with label and feature columns.
+
+CSV files are read with `tf.data.experimental.CsvDataset` (streamed, every column typed from the
+header and the first data line); Parquet files through `pyarrow` (read into memory per file). The
+number of examples is counted once (CSV lines, Parquet metadata). An example is `(features,
+label)`: `features` a dict of scalars by column name (numeric columns float32, categorical
+columns strings), `label` a float32 scalar, or a vector for several label columns. In a
+multi-worker run each input pipeline reads its own files when there are at least as many files
+as pipelines, else every pipeline reads all and keeps its share of the examples; the data line
+says which.
+
+Source: https://www.tensorflow.org/api_docs/python/tf/data/experimental/CsvDataset,
+https://arrow.apache.org/docs/python/parquet.html
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+from pathlib import Path
+from typing import Sequence, Union
+
+from tftrain.errors import ConfigError
+from tftrain.train.tasks.datasets import DatasetTask
+
+SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+"""File suffix -> format."""
+
+
+def expand(files: Union[str, Sequence[str]], what: str = "files") -> list:
+    """The sorted paths `files` names (a path, a glob, or a list of them), all of one known format.
+
+    Raises:
+        ConfigError: when nothing matches, or on an unknown suffix or a mix of formats.
+    """
+    patterns = [files] if isinstance(files, (str, Path)) else list(files)
+    paths = sorted({p for pattern in patterns for p in glob.glob(str(Path(pattern).expanduser()))})
+    if not paths:
+        raise ConfigError(f"TableTask {what}: nothing matches {', '.join(map(str, patterns))}.")
+    kinds = {SUFFIXES.get(Path(p).suffix.lower()) for p in paths}
+    if None in kinds or len(kinds) > 1:
+        raise ConfigError(f"TableTask {what}: pass .csv files or .parquet files (one format); got "
+                          f"{', '.join(sorted({Path(p).suffix or '(no suffix)' for p in paths}))}.")
+    return paths
+
+
+class TableTask(DatasetTask):
+    """A task over tables of examples: CSV or Parquet files with a label column (or several).
+
+    Args:
+        build_model: function `() -> keras.Model` (or `(hparams) -> ...`) whose
+            inputs are named after the feature columns (`keras.Input((), name="age")`,
+            `dtype="string"` for a categorical one).
+        files: the training table: a path, a glob (`"data/train-*.csv"`) or a list.
+        label: the label column, or a list of them (stacked into a vector).
+        numeric: numeric feature columns; None takes every column that is not a
+            label or categorical. Defaults to None.
+        categorical: feature columns read as strings (e.g. for a
+            `keras.layers.StringLookup`). Defaults to ().
+        validation_files, test_files: tables of the same columns, or None.
+            Defaults to None.
+        shuffle: shuffle training examples each epoch. Defaults to True.
+        loss, optimizer, metrics, learning_rate, name, hparams,
+        default_batch_size, defaults: see `ArrayTask`. `name` defaults to `"table"`.
+
+    Raises:
+        ConfigError: when no file matches, on a column the header lacks, or
+            when Parquet files are given without `pyarrow` installed.
+
+    Example:
+        >>> task = tftrain.TableTask(build_model, "data/train-*.csv", label="price", categorical=["city"],
+        ...                          test_files="data/test.csv", loss="mse")
+    """
+
+    def __init__(self, build_model, files, *, label, numeric=None, categorical=(), validation_files=None,
+                 test_files=None, shuffle=True, loss, optimizer="adam", metrics=None, learning_rate=None,
+                 name="table", hparams=None, default_batch_size=None, defaults=None):
+        self.files = expand(files)
+        self.format = SUFFIXES[Path(self.files[0]).suffix.lower()]
+        self.labels = [label] if isinstance(label, str) else list(label)
+        self.categorical = list(categorical)
+        self.numeric = self._numeric(numeric)
+        more = {k: expand(v, k) if v is not None else None for k, v in
+                (("validation_files", validation_files), ("test_files", test_files))}
+        self.validation_files, self.test_files = more["validation_files"], more["test_files"]
+        super().__init__(build_model, lambda: self.read(self.files),
+                         validation=(lambda: self.read(self.validation_files)) if self.validation_files else None,
+                         test=(lambda: self.read(self.test_files)) if self.test_files else None,
+                         shuffle=shuffle, num_train_examples=count_rows(self.files, self.format), loss=loss,
+                         optimizer=optimizer, metrics=metrics, learning_rate=learning_rate, name=name,
+                         hparams=hparams, default_batch_size=default_batch_size, defaults=defaults)
+
+    def _numeric(self, numeric) -> list:
+        """The numeric feature columns, checked against the first file's header."""
+        header = columns_of(self.files[0], self.format)
+        wanted = [*self.labels, *self.categorical, *(numeric or ())]
+        missing = [c for c in wanted if c not in header]
+        if missing:
+            raise ConfigError(f"TableTask: {self.files[0]} has no column {', '.join(map(repr, missing))}; its "
+                              f"columns: {', '.join(header)}.")
+        if numeric is not None:
+            return list(numeric)
+        return [c for c in header if c not in self.labels and c not in self.categorical]
+
+    def read(self, paths: Sequence[str]):
+        """The unbatched `(features, label)` examples of `paths`, in file order."""
+        import tensorflow as tf
+
+        columns = [*self.numeric, *self.categorical, *self.labels]
+        kinds = {c: tf.string if c in self.categorical else tf.float32 for c in columns}
+        if self.format == "csv":
+            ds = _read_csv(paths, columns, kinds)
+        else:
+            ds = _read_parquet(paths, columns, kinds)
+        return ds.map(self._example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    def _example(self, row: dict):
+        import tensorflow as tf
+
+        labels = [row[c] for c in self.labels]
+        label = labels[0] if len(labels) == 1 else tf.stack(labels)
+        return {c: row[c] for c in (*self.numeric, *self.categorical)}, label
+
+    @property
+    def num_test_examples(self):
+        """Rows of the test tables (counted once), or None without them."""
+        if not self.test_files:
+            return None
+        if not hasattr(self, "_test_rows"):
+            self._test_rows = count_rows(self.test_files, self.format)
+        return self._test_rows
+
+    def train_data(self, global_batch_size, input_context=None):
+        """The training examples; a multi-worker pipeline reads only its own files when there are enough."""
+        if not self._by_file(input_context):
+            return super().train_data(global_batch_size, input_context)
+        mine = self.files[input_context.input_pipeline_id::input_context.num_input_pipelines]
+        return self._finish(self.read(mine), global_batch_size, True, input_context, shard=False)
+
+    def _by_file(self, input_context) -> bool:
+        return (input_context is not None and input_context.num_input_pipelines > 1
+                and len(self.files) >= input_context.num_input_pipelines and not self._data.validation_split
+                and self._data.train_examples is None)
+
+    def describe_data(self) -> list:
+        """The tables, their columns and how a multi-worker run shards them."""
+        n = self.num_train_examples
+        return [f"data:      {len(self.files)} {self.format} file(s), {n:,} training examples; label "
+                f"{', '.join(self.labels)}; {len(self.numeric)} numeric and {len(self.categorical)} categorical "
+                "feature column(s); several input pipelines read their own files when there are as many files as "
+                "pipelines (and no --validation-split / --train-examples), else each keeps its share of the examples"]
+
+
+def columns_of(path: str, kind: str) -> list:
+    """The column names of a table file (a CSV header, a Parquet schema)."""
+    if kind == "csv":
+        with open(path, newline="", encoding="utf-8") as f:
+            return next(csv.reader(f), [])
+    return list(_pyarrow().parquet.read_schema(path).names)
+
+
+def count_rows(paths: Sequence[str], kind: str) -> int:
+    """Data rows of the tables (CSV lines after the header, not blank; Parquet metadata)."""
+    if kind == "parquet":
+        parquet = _pyarrow().parquet
+        return sum(parquet.ParquetFile(p).metadata.num_rows for p in paths)
+    total = 0
+    for p in paths:
+        with open(p, newline="", encoding="utf-8") as f:
+            total += sum(1 for row in csv.reader(f) if row) - 1
+    return total
+
+
+def _read_csv(paths, columns, kinds):
+    import tensorflow as tf
+
+    header = columns_of(paths[0], "csv")
+    select = sorted(header.index(c) for c in columns)
+    ordered = [header[i] for i in select]
+    defaults = [tf.constant([], dtype=kinds[c]) for c in ordered]  # a missing value is an error, not a zero
+
+    def one(path):
+        return tf.data.experimental.CsvDataset(path, defaults, header=True, select_cols=select)
+
+    rows = tf.data.Dataset.from_tensor_slices(list(paths)).flat_map(one)
+    return rows.map(lambda *values: dict(zip(ordered, values)))
+
+
+def _read_parquet(paths, columns, kinds):
+    import numpy as np
+    import tensorflow as tf
+
+    parquet = _pyarrow().parquet
+    tables = [parquet.read_table(p, columns=columns) for p in paths]
+    data = {}
+    for c in columns:
+        values = np.concatenate([t.column(c).to_numpy(zero_copy_only=False) for t in tables])
+        data[c] = values.astype(str) if kinds[c] == tf.string else values.astype("float32")
+    return tf.data.Dataset.from_tensor_slices(data)
+
+
+def _pyarrow():
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise ConfigError("TableTask reads Parquet through pyarrow, which is not installed: "
+                          "pip install \"tftrain[parquet]\" (or pass CSV files).") from None
+    return pyarrow
