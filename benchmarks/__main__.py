@@ -136,12 +136,26 @@ def _headline(summaries: dict) -> list:
     zoo = summaries.get("zoo", {})
     goals = (("oracle", "tftrain ≥ 95% of the oracle's best examples/sec (medians)"),
              ("plain_keras", "tftrain ≥ plain Keras examples/sec (medians)"),
+             ("plain_keras_measured", "tftrain's 10 timed epochs no slower than plain Keras's (measured end to end)"),
              ("plain_keras_10_epochs", "tftrain's 10-epoch run no slower than plain Keras's (projected)"),
-             ("probe", "tftrain's probe ≤ 3% of a 10-epoch run")) if "model_count" in zoo else ()
+             ("probe", "tftrain's choosing ≤ 3% of a 10-epoch run (projected)")) if "model_count" in zoo else ()
     for key, figure in goals:
-        met, count = zoo[f"models_meets_{key}"], zoo["model_count"]
+        met, count = _zoo_met(zoo, key), zoo["model_count"]
+        if met is None:  # a results file from before this figure
+            continue
         rows.append([f"zoo: models where {figure}", f"{met} of {count}", "all", "yes" if met == count else "no"])
     return rows
+
+
+def _zoo_met(zoo: dict, key: str):
+    """How many zoo models meet goal `key`; the measured 10-epoch goal from each model's ratio when the
+    results file predates its count; None when neither is there."""
+    if f"models_meets_{key}" in zoo:
+        return zoo[f"models_meets_{key}"]
+    ratios = [m.get("keras_vs_tftrain_measured") for m in zoo.get("models", {}).values()]
+    if key != "plain_keras_measured" or None in ratios:
+        return None
+    return sum(r >= 1.0 for r in ratios)
 
 
 def _merge_previous(path: Path, suite_kind: str, quick: bool, statuses: dict, summaries: dict, total: float):
