@@ -132,7 +132,8 @@ def test_image_folder_recipe_on_png_and_jpeg_files(tmp_path):
     documented = "python -m tftrain.recipes.image_folder --data-dir path/to/images"  # README.md
     assert documented in (REPO / "README.md").read_text()
     r = run_module("tftrain.recipes.image_folder",
-                   ["--data-dir", train, "--test-dir", test, "--model", "small_cnn", "--image-size", "32",
+                   ["--data-dir", train, "--test-dir", test, "--model", "small_cnn", "--image-size", "28",
+                    "--channels", "1",
                     "--epochs", "3", "--batch-size", "32", "--verbose", "2", "--seed", "0", "--run-dir", run_dir],
                    cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
@@ -141,6 +142,16 @@ def test_image_folder_recipe_on_png_and_jpeg_files(tmp_path):
     assert m["throughput"]["examples_per_sec"] > 0 and "input" in m["throughput"]
     assert "images/sec after warm-up" in r.stdout and "input:      " in r.stdout and "image folder: 270 train, 30 validation, 50 test images, 10 classes" in r.stdout
     assert m["history"]["loss"][-1] < m["history"]["loss"][0]
+
+
+def test_image_folder_recipe_refuses_sizes_under_32_for_keras_applications(tmp_path):
+    train = write_mnist_image_folder(tmp_path / "train", per_class=2, formats=("png",))
+    r = run_module("tftrain.recipes.image_folder", ["--data-dir", train, "--image-size", "28", "--epochs", "1",
+                                                    "--run-dir", tmp_path / "run"], cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].endswith(
+        "--image-size 28: Keras Applications models take 32 x 32 pixels and larger. Pass --image-size 32 or more, "
+        "or --model small_cnn.")
 
 
 def test_image_folder_recipe_needs_a_data_dir(tmp_path):

@@ -18,9 +18,10 @@ class CallbackStages:
 
     def make_callbacks(self) -> list:
         """NanGuard, CSVLogger (`history.csv`), StepBackup (BackupAndRestore at epoch ends and every
-        `--backup-every-steps`), TensorBoard, ThroughputMonitor, ProfilerWindow and NvtxSteps (where
-        the loop has per-step hooks), EarlyStopping (with `--early-stopping`), KeepBest (with `--keep-best`),
-        then the user's callbacks (the `callbacks` argument, then `--callbacks`).
+        `--backup-every-steps`), TensorBoard, ChanceWatch (validation accuracy at chance), ThroughputMonitor,
+        ProfilerWindow and NvtxSteps (where the loop has per-step hooks), EarlyStopping (with
+        `--early-stopping`), KeepBest (with `--keep-best`), then the user's callbacks (the `callbacks`
+        argument, then `--callbacks`).
 
         The order matters: the guard raises before a checkpoint can save a diverged state; the epoch
         log comes before the backup, so a kill between the two repeats a logged epoch (`read_history`
@@ -29,12 +30,13 @@ class CallbackStages:
         """
         import keras
 
-        from tftrain.callbacks import NanGuard
+        from tftrain.callbacks import ChanceWatch, NanGuard
 
         out = self.out_dir
         self.backup = self._make_backup()
         history = keras.callbacks.CSVLogger(str(out.path / rundir_lib.HISTORY_FILE), append=True)
-        callbacks = [NanGuard(), history, self.backup, keras.callbacks.TensorBoard(str(out.log_dir))]
+        callbacks = [NanGuard(), history, self.backup, keras.callbacks.TensorBoard(str(out.log_dir)),
+                     ChanceWatch(say=self.console.warn)]
         if self.loop.per_step_hooks:
             callbacks += self._step_callbacks()
         callbacks += self._early_stopping() + self._keep_best()
