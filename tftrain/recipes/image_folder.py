@@ -45,11 +45,12 @@ class ImageFolderHParams:
 
 BATCH_NORM_MOMENTUM = 0.9
 """BatchNormalization momentum of the Keras Applications models here. They are built from random
-weights, and Keras's MobileNetV2 uses 0.999: after the 312 steps of an epoch of 20,000 images at
-batch 64 its moving statistics hold 1 - 0.999**312 = 27% of the data's (the rest their initial 0 and
-1), so evaluation, which uses them, sat at chance (validation accuracy 0.1005 on a 28 x 28 grayscale
-digit folder, every epoch) while training accuracy reached 0.74. At 0.9 they follow the data
-within a few dozen steps (Keras's own default is 0.99)."""
+weights, and Keras's MobileNetV2 uses 0.999: after N steps its moving statistics hold 1 - 0.999**N
+of the data's (27% after 312 steps), the rest their initial 0 and 1, and evaluation uses them.
+Measured on 2,000 MNIST digits as 28 x 28 grayscale PNG files (`--image-size 32 --channels 1`,
+batch 64, 4 epochs, seed 0): at 0.999 validation accuracy was 0.09, 0.07, 0.12, 0.09 (chance)
+while training accuracy rose 0.13, 0.19, 0.25, 0.33; at 0.9, with the same training curve,
+0.09, 0.10, 0.27, 0.41. Keras's own default is 0.99."""
 
 
 def build_model(hp: ImageFolderHParams, num_classes: int):
