@@ -155,7 +155,9 @@ class ExecutionChoice:
             (`tftrain.runtime.execution_trial`): `{"steps": training steps the
             trial spanned, "seconds": its wall seconds, "cost_s": those seconds
             less the same steps at the chosen candidate's step time (compiling
-            the other candidates, running the slower ones)}`. Defaults to None.
+            the other candidates, running the slower ones), "complete": every
+            duel ended, "modes_decided": graph against XLA ended (the choice is
+            then remembered)}`. Defaults to None.
     """
 
     execution: str

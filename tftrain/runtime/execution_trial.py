@@ -63,6 +63,14 @@ def _step_time(samples: list) -> Optional[float]:
     return statistics.median(s / n for s, n in kept) if kept else None
 
 
+def _timed_enough(kept: list) -> bool:
+    """`MIN_TIMED_CALLS` calls of `MIN_TIMED_STEPS` steps in all, or two calls of twice as many (a count
+    of 32 or 64 steps per call: waiting for a third call of 64 made the last duel outlast short runs)."""
+    steps = sum(n for _, n in kept)
+    return (len(kept) >= MIN_TIMED_CALLS and steps >= MIN_TIMED_STEPS) or (len(kept) >= 2
+                                                                           and steps >= 2 * MIN_TIMED_STEPS)
+
+
 def _timing(candidate: _Candidate, samples: list, examples_per_step: int) -> StepTiming:
     kept, step = _kept(samples), _step_time(samples)
     return StepTiming(step_time_s=step, examples_per_sec=examples_per_step / step if step > 0 else float("inf"),
@@ -250,7 +258,7 @@ class ExecutionTrial:
         if len(inc) < 2 or len(chal) < 2:
             return
         ratio = _step_time(chal) / _step_time(inc)
-        enough = all(len(k) >= MIN_TIMED_CALLS and sum(n for _, n in k) >= MIN_TIMED_STEPS for k in (inc, chal))
+        enough = all(_timed_enough(k) for k in (inc, chal))
         if not (enough or ratio > GIVE_UP_RATIO or ratio < 1 / GIVE_UP_RATIO):
             return
         sides = ((self.incumbent, inc), (self.challenger, chal))  # the incumbent first: it stays within 5%
@@ -294,6 +302,8 @@ class ExecutionTrial:
                    if not c.failed and _kept(c.samples)}
         if self.chosen.label in timings:
             reason = choice_reason(timings, self.chosen.label, self.skipped)
+            if not complete and self.challenger is not None:
+                reason += f"; {self.challenger.label} not decided: training ended first"
         elif self.skipped:
             reason = f"the others failed: skipped {'; '.join(self.skipped)}"
         else:
@@ -306,12 +316,14 @@ class ExecutionTrial:
     def _cost(self, complete: bool) -> dict:
         """The trial's training steps and wall seconds after the first candidate's compiling call (which
         any `fit` pays), and those seconds less the same steps at the chosen candidate's step time."""
+        # The modes are decided once no other mode waits and the duel left, if any, is one of counts.
+        decided = complete or (not self.challengers and (self.challenger is None or self.challenger.spe != self.base))
         if self.started is None:
-            return {"steps": 0, "seconds": 0.0, "cost_s": 0.0, "complete": complete}
+            return {"steps": 0, "seconds": 0.0, "cost_s": 0.0, "complete": complete, "modes_decided": decided}
         seconds, steps = self.clock() - self.started[0], self._step() - self.started[1]
         chosen = _step_time(self.chosen.samples) or 0.0
         return {"steps": steps, "seconds": round(seconds, 3), "cost_s": round(max(0.0, seconds - steps * chosen), 3),
-                "complete": complete}
+                "complete": complete, "modes_decided": decided}
 
     def finish(self) -> ExecutionChoice:
         """The choice, settling on the incumbent when training ended before every candidate was timed
@@ -332,8 +344,8 @@ def steps_to_time(modes: int, base: int, counts: Sequence[int] = ()) -> int:
     duels = [(base, base)] * (modes - 1) + list(zip([base, *sorted(c for c in counts if c > base)],
                                                     sorted(c for c in counts if c > base)))
 
-    def calls(spe):
-        return max(MIN_TIMED_CALLS, math.ceil(MIN_TIMED_STEPS / spe))
+    def calls(spe):  # as _timed_enough
+        return 2 if 2 * spe >= 2 * MIN_TIMED_STEPS else max(MIN_TIMED_CALLS, math.ceil(MIN_TIMED_STEPS / spe))
 
     steps = base + sum(a * calls(a) + b * (calls(b) + 1) for a, b in duels)
     return math.ceil(steps / largest) * largest

@@ -148,7 +148,8 @@ class AutomaticSettings:
         def settled(choice):
             self.execution, self.execution_choice = choice.execution, choice
             self.console.line(f"execution: auto -> {choice.describe()}")
-            if key and choice.trial["complete"] and self.config.runtime.remember_execution:
+            # A run that ended during a duel of counts has its mode decided: remembered, the count undecided.
+            if key and choice.trial["modes_decided"] and self.config.runtime.remember_execution:
                 ExecutionMemory().put(key, choice)
 
         self.execution = modes[0] if len(modes) == 1 else "graph"

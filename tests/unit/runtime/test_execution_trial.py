@@ -108,3 +108,13 @@ def test_with_gradient_accumulation_the_trial_counts_batches_not_updates():
     assert trial._step() == 256 and int(model.optimizer.iterations.numpy()) == 64
     timing = trial.finish().timings["graph"]
     assert timing.timed_steps == 8 * len(timing.execution_times_s)  # whole calls of 8 batches each
+
+
+def test_a_run_that_ends_during_a_duel_of_counts_has_its_mode_decided():
+    model = _model()
+    trial = ExecutionTrial(model, ("graph",), (32, 64), examples_per_step=8)
+    trial.install()
+    model.fit(_data(n=512), epochs=1, verbose=0, shuffle=False)  # 64 steps: 8 against 32 is still running
+    choice = trial.finish()
+    assert not choice.trial["complete"] and choice.trial["modes_decided"]  # remembered by the Trainer
+    assert "not decided: training ended first" in choice.reason
