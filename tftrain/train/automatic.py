@@ -158,8 +158,9 @@ class AutomaticSettings:
             examples_per_step=self.batch.global_batch_size, on_settled=settled)
         self.execution_trial.install()
         timed = " and ".join(modes) + (f" at {', '.join(map(str, counts))} steps per execution" if counts else "")
+        every = "every step" if model.steps_per_execution == 1 else f"once every {model.steps_per_execution} steps"
         self.console.line(f"execution: auto: timing {timed} on the first training steps (they train the model); "
-                          f"Keras batch callbacks fire once every {model.steps_per_execution} steps in this run")
+                          f"Keras batch callbacks fire {every} in this run")
 
     def _untimed(self, model, modes, reason: str) -> None:
         """Trains without timing: the one mode asked for, else graph, at the compiled count; one line says why."""
