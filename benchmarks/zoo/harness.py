@@ -41,9 +41,10 @@ QUICK_GRID = (("graph", 1), ("graph", 8))
 EPOCHS, QUICK_EPOCHS = 3, 2
 """Epochs per oracle point; the first (tracing, compiling) is never timed."""
 
-REFERENCE_EPOCHS = 10
-"""Epochs of plain Keras and of tftrain's first run: a whole 10-epoch run, timed end to end (at
-`--quick` too: tftrain times its candidates on the run's own first training steps)."""
+REFERENCE_EPOCHS, QUICK_REFERENCE_EPOCHS = 10, 16
+"""Epochs of plain Keras and of tftrain's first run: a whole 10-epoch run, timed end to end; at
+`--quick` (8 batches an epoch) 16, so that tftrain's first run has the steps its graph-vs-XLA duel
+takes (about 90) and the test sees a finished trial."""
 
 ROUNDS, QUICK_ROUNDS = 3, 1
 """Interleaved rounds: every contender runs once per round; figures are medians over rounds."""
@@ -304,7 +305,7 @@ def time_model(spec: ZooModel, args, tmp: Path) -> dict:
     device = "cpu" if args.device == "cpu" else "auto"
     out = {"examples_per_epoch": n, "grid": []}
     if args.with_references:
-        out.update(_references(spec, x, y, REFERENCE_EPOCHS, args, tmp))
+        out.update(_references(spec, x, y, QUICK_REFERENCE_EPOCHS if args.quick else REFERENCE_EPOCHS, args, tmp))
     for i, (mode, spe) in enumerate(grid(args)):
         limit = DOMINATED * _fastest_epoch([out.get("keras", {}), *out["grid"]])
         figures = _guarded(f"{spec.name} round {args.round} {mode} spe {spe} threads {args.threads}", lambda: time_point(

@@ -8,7 +8,8 @@ from collections import Counter
 from typing import Optional
 
 from benchmarks import common
-from benchmarks.zoo.harness import DOMINATED, EPOCHS, GRID, QUICK_EPOCHS, QUICK_GRID, REFERENCE_EPOCHS, THREADS_GRID
+from benchmarks.zoo.harness import (DOMINATED, EPOCHS, GRID, QUICK_EPOCHS, QUICK_GRID, QUICK_REFERENCE_EPOCHS,
+                                    REFERENCE_EPOCHS, THREADS_GRID)
 from benchmarks.zoo.models import ZooModel, examples_per_epoch
 
 NAME = "zoo"
@@ -241,8 +242,8 @@ def _notes(specs: list, workers: list, quick: bool) -> list:
         "each timing every model; the worker with TensorFlow's default threads also times plain Keras and tftrain "
         "(alternating which goes first). Every figure is the median over rounds, with the rounds' spread (min-max).",
         f"Every contender: a fresh model (seed 0), Adam (learning rate 1e-3), the model's loss and metric; plain "
-        f"Keras and tftrain's first run {REFERENCE_EPOCHS} epochs, timed end to end (building, choosing, tracing, "
-        f"training, the run's writes: 'measured'), each oracle point {epochs} epochs; examples/sec = examples per "
+        f"Keras and tftrain's first run {QUICK_REFERENCE_EPOCHS if quick else REFERENCE_EPOCHS} epochs, timed end to "
+        f"end (building, choosing, tracing, training, the run's writes: 'measured'), each oracle point {epochs} epochs; examples/sec = examples per "
         "epoch / fastest epoch after the first, timed by one callback around whole epochs.",
         "Plain Keras: compile + fit on NumPy arrays with every Keras default (on a CPU: graph, no XLA, "
         "steps_per_execution 1, TensorFlow's threads).",

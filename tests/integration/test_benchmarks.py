@@ -105,9 +105,14 @@ def test_roofline_figures_are_consistent(quick_suite):
     assert result["summary"]["peak_gflops"] > 0
     assert result["summary"]["training_flops_per_example"] == {"mlp": 3_209_216, "cnn": 14_256_384}
     points = result["data"]["points"]
+    from tftrain.runtime.execution import KEEP_FIRST_WITHIN
+
     for p in points:
-        assert min(p["examples_per_sec"].values()) > 0 and p["fraction_of_peak"] > 0
-        assert p["best_mode"] == max(p["examples_per_sec"], key=p["examples_per_sec"].get)  # the faster mode
+        rates = p["examples_per_sec"]
+        assert min(rates.values()) > 0 and p["fraction_of_peak"] > 0
+        fastest = max(rates, key=rates.get)  # the faster mode, or graph kept within the timing noise
+        kept = p["best_mode"] == "graph" and rates["graph"] * (1 + KEEP_FIRST_WITHIN) >= rates[fastest]
+        assert p["best_mode"] == fastest or kept, p
     for model, best in result["summary"]["best"].items():
         mine = [p for p in points if p["model"] == model]
         top = max(mine, key=lambda p: p["fraction_of_peak"])
