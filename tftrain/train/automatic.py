@@ -199,7 +199,7 @@ class AutomaticSettings:
         stands in for a full run's); None when nothing is remembered (`--no-remember-execution`)."""
         from tftrain.runtime.execution_memory import execution_key
 
-        if not self.config.runtime.remember_execution or self.runtime.num_replicas != 1:
+        if not self.config.runtime.remember_execution:  # (several replicas never get here: nothing is timed)
             return None
         probe = self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES)
         return execution_key(model, probe, (*modes, *(f"steps_per_execution {c}" for c in counts)))
