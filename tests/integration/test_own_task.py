@@ -20,7 +20,8 @@ import sys
 import psutil
 import pytest
 
-from tests.conftest import REPO, SUBPROCESS_ENV, interrupt_after_first_checkpoint, read_metrics, run_module
+from tests.conftest import (REPO, SUBPROCESS_ENV, interrupt_after_first_checkpoint, optimizer_steps, read_metrics,
+                            run_module)
 from tests.image_folders import write_mnist_image_folder
 
 pytestmark = pytest.mark.integration
@@ -116,6 +117,9 @@ def test_regression_file_with_a_parameter_server_job(tmp_path):
     m = read_metrics(run_dir)
     assert m["strategy_class"] == "ParameterServerStrategyV2" and m["workers"] == 2 and m["ps_tasks"] == 1
     assert m["epochs_trained"] == 2 and (run_dir / "model.keras").is_file()
+    # Every scheduled step counted once: Keras's read-then-assign `assign_add` lost counts between the two
+    # workers (104-111 of 128), the loop traces the workers' function with atomic additions.
+    assert optimizer_steps(run_dir) == 2 * m["steps_per_epoch"]
     assert set(m["history"]) == {"loss", "mean_absolute_error"} or set(m["history"]) == {"loss", "mae"}
     # Asynchronous workers apply stale gradients: an epoch's loss may rise (0.759 after 0.743 on a loaded
     # machine). What the job guarantees: finite losses, and a model better than predicting the mean.

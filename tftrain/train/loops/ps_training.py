@@ -25,11 +25,21 @@ refuses ("ShardedVariable doesn't support being used as a reference"), and
 `GradientTape` cannot watch a Keras variable that wraps one. Whole variables are
 spread over the ps tasks instead.
 
+Keras 3 adds to a variable by reading it and assigning the sum (`Variable.assign_add` is
+`assign(self + value)`), which loses updates when two workers add to one ps variable at
+once: with two workers `optimizer.iterations` counted 104-111 of 128 steps and an epoch
+reported `accuracy: 1.0022` (its correct count lost more than its total). The scheduled
+function is therefore traced with `atomic_assign_add` in force, so that every addition it
+makes (the step counter, the metrics' totals and counts, the optimizer's slots) is
+TensorFlow's own `AssignAddVariableOp`, applied atomically on the ps task.
+
 Source: https://www.tensorflow.org/tutorials/distribute/parameter_server_training
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Callable, Optional, Sequence
 
 import keras
@@ -49,6 +59,46 @@ def _check_model(model: keras.Model) -> None:
            for o in optimizers if o is not None):
         raise ValueError("Gradient accumulation is not supported by parameter-server training (workers apply their "
                          "steps asynchronously). Compile with an optimizer that updates every step.")
+
+
+_PATCH_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def atomic_assign_add():
+    """While open, Keras variables (TensorFlow backend) add and subtract with one atomic TensorFlow op.
+
+    Keras 3's `Variable.assign_add(v)` is `assign(self + v)`: a read, then a write, so two
+    workers adding to one ps variable at once lose one of the additions. Inside this context
+    `assign_add` / `assign_sub` call the wrapped `tf.Variable`'s own, which run as one
+    `AssignAddVariableOp` / `AssignSubVariableOp` on the task that holds the variable. Trace
+    the functions that run on workers inside it; what they traced keeps the atomic ops.
+
+    Yields:
+        None. Restores Keras's methods on exit (also on error).
+    """
+    from keras.src.backend.tensorflow.core import Variable
+
+    def add(self, value):
+        return self._value.assign_add(tf.cast(value, self._value.dtype)) if _is_tf(self) else keras_add(self, value)
+
+    def sub(self, value):
+        return self._value.assign_sub(tf.cast(value, self._value.dtype)) if _is_tf(self) else keras_sub(self, value)
+
+    with _PATCH_LOCK:
+        keras_add, keras_sub = Variable.assign_add, Variable.assign_sub
+        Variable.assign_add, Variable.assign_sub = add, sub
+        try:
+            yield
+        finally:
+            Variable.assign_add, Variable.assign_sub = keras_add, keras_sub
+
+
+def _is_tf(variable) -> bool:
+    """Whether a Keras variable wraps a `tf.Variable` (whose `assign_add` is atomic), outside a stateless scope."""
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+    return isinstance(getattr(variable, "_value", None), tf.Variable) and not in_stateless_scope()
 
 
 def _loss(model: keras.Model, y, y_pred):
@@ -190,10 +240,11 @@ def _run_epoch(coordinator, worker_fn, iterator, steps_per_epoch, steps_per_exec
     for metric in metrics:
         metric.reset_state()
     done = 0
-    while done < steps_per_epoch:
-        steps = min(steps_per_execution, steps_per_epoch - done)
-        coordinator.schedule(worker_fn, args=(iterator, tf.constant(steps)))
-        done += steps
+    with atomic_assign_add():  # the first `schedule` traces `worker_fn`
+        while done < steps_per_epoch:
+            steps = min(steps_per_execution, steps_per_epoch - done)
+            coordinator.schedule(worker_fn, args=(iterator, tf.constant(steps)))
+            done += steps
     coordinator.join()
     return {m.name: float(m.result()) for m in metrics}
 
