@@ -15,6 +15,11 @@ that fails to compile or run is skipped with XLA's reason (the batch its failed 
 trained on). Then the winner trains the rest of the run. What choosing costs is compiling the
 candidates that lose and the steps they ran slower: `ExecutionChoice.trial` records it.
 
+Every count of a mode runs through one Keras train function, traced once: the count it loops over is
+read at run time from a variable (`_Count`), so a new count costs no new trace, no Grappler pass and,
+under XLA, no new compile (Keras's own function bakes its count in: each count then cost 0.4-1.2 s of
+tracing and compiling on this project's 2-core CPU).
+
 Source: keras/src/backend/tensorflow/trainer.py (`fit`, `make_train_function`) in Keras 3.
 """
 
@@ -36,6 +41,66 @@ MIN_TIMED_CALLS = 3
 
 GIVE_UP_RATIO = 1.3
 """A duel ends early once one side's median step time (of two calls or more) is this factor slower."""
+
+
+class _Count:
+    """The steps per execution Keras's train function loops over, read from a `tf.Variable` when it runs.
+
+    Keras's loop (`keras/src/backend/tensorflow/trainer.py`, `_make_function`) compares
+    `model.steps_per_execution` with Python ints while tracing (`== 1`, `min(unrolled, ...)`) and
+    converts it to a tensor inside `tf.while_loop`'s condition. Set as `model.steps_per_execution`
+    while Keras traces, this object answers the Python comparisons as `largest` (the loop is
+    built for up to that many steps) and converts to a read of `variable`, so one trace runs any
+    count from 1 to `largest`: assign the count before each call (`set`).
+
+    Args:
+        largest: the largest count the function will run (>= 2), an int.
+    """
+
+    _registered = False
+
+    def __init__(self, largest: int):
+        import tensorflow as tf
+
+        if not _Count._registered:
+            tf.register_tensor_conversion_function(
+                _Count, lambda value, dtype=None, name=None, as_ref=False: tf.cast(value.variable.read_value(), dtype or tf.int32))
+            _Count._registered = True
+        self.largest = int(largest)
+        with tf.init_scope():
+            self.variable = tf.Variable(self.largest, dtype=tf.int32, trainable=False, name="steps_per_execution")
+        self.value = self.largest
+
+    def set(self, count: int) -> None:
+        """Makes the next calls run `count` steps (1 <= count <= `largest`)."""
+        if count != self.value:
+            self.variable.assign(count)
+            self.value = count
+
+    def __int__(self) -> int:
+        return self.largest
+
+    __index__ = __int__
+
+    def __eq__(self, other):
+        return self.largest == other
+
+    def __ne__(self, other):
+        return self.largest != other
+
+    def __lt__(self, other):
+        return self.largest < other
+
+    def __le__(self, other):
+        return self.largest <= other
+
+    def __gt__(self, other):
+        return self.largest > other
+
+    def __ge__(self, other):
+        return self.largest >= other
+
+    __hash__ = None
 
 
 @dataclasses.dataclass
@@ -127,6 +192,7 @@ class ExecutionTrial:
         if any(self.fit_steps_per_execution % c for c in all_counts):
             raise ValueError(f"Every count must divide the largest, {self.fit_steps_per_execution}; got {all_counts}.")
         self.larger = [c for c in all_counts if c > self.base]
+        self.shared_count = bool(self.larger)  # several counts: each mode's function runs any of them
         self.on_settled, self.clock = on_settled, clock
         self.incumbent = self._candidate(self.modes[0], self.base)
         self.challengers = [self._candidate(m, self.base) for m in self.modes[1:]]
@@ -136,6 +202,8 @@ class ExecutionTrial:
         self.timed: dict = {}  # label -> _Candidate, in the order timed
         self.skipped: list = []
         self.steps: dict = {}  # mode -> its shared step tf.function
+        self.functions: dict = {}  # mode -> its train function, shared by every count
+        self.count: Optional[_Count] = None  # the count the shared functions run (several counts only)
         self.chosen: Optional[_Candidate] = None
         self.choice: Optional[ExecutionChoice] = None
         self.started: Optional[tuple] = None  # (clock, training step) after the first compiling call
@@ -189,7 +257,10 @@ class ExecutionTrial:
         model = self.model
         if candidate.function is None:
             candidate.function = self._function(candidate)
-        model.steps_per_execution = candidate.spe  # read when Keras (re)traces the function
+        # Read when Keras traces the function: the shared count when there is one, else the candidate's.
+        model.steps_per_execution = self.count if self.count is not None else candidate.spe
+        if self.count is not None:
+            self.count.set(candidate.spe)
         try:
             if self.chosen is not None:
                 return candidate.function(iterator)
@@ -202,8 +273,22 @@ class ExecutionTrial:
             model.steps_per_execution = self.fit_steps_per_execution
 
     def _function(self, candidate: _Candidate):
-        """Keras's train function for `candidate`'s count around the mode's one step function, shared
-        by every count of a mode, so that a mode's step is traced, and compiled by XLA, once."""
+        """Keras's train function around the mode's one step function, one per mode: with several
+        counts it loops over the shared `_Count` (set before each call), so that a mode is traced, and
+        compiled by XLA, once."""
+        if self.shared_count and self._make_function_available():
+            if self.count is None:
+                self.count = _Count(self.fit_steps_per_execution)
+            if candidate.mode not in self.functions:
+                self.functions[candidate.mode] = self._keras_function(candidate)
+            return self.functions[candidate.mode]
+        return self._keras_function(candidate)
+
+    def _make_function_available(self) -> bool:
+        return getattr(self.model, "_make_function", None) is not None
+
+    def _keras_function(self, candidate: _Candidate):
+        """Keras's train function for `candidate`'s mode and count (traced at its first call)."""
         model = self.model
         jit = model.jit_compile
         try:
@@ -296,6 +381,8 @@ class ExecutionTrial:
         self.chosen = self.incumbent
         if self.chosen.function is None:
             self.chosen.function = self._function(self.chosen)
+        if self.count is not None:
+            self.count.set(self.chosen.spe)
         if self.chosen.spe == self.fit_steps_per_execution:
             self.model.train_function = self.chosen.function  # nothing left to dispatch
         timings = {label: _timing(c, c.samples, self.examples_per_step) for label, c in self.timed.items()
