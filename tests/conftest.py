@@ -45,6 +45,18 @@ def fresh_execution_memory(tmp_path, monkeypatch):
     monkeypatch.setenv("TFTRAIN_CACHE_DIR", str(tmp_path / "tftrain-cache"))
 
 
+@pytest.fixture
+def xla_always_timed(monkeypatch):
+    """`--execution auto` times XLA, and keeps a remembered XLA choice, in this process however short
+    the run: tests of the trial's and the memory's mechanics run a few dozen steps, too few to repay
+    compiling XLA, so the trial would skip it and a remembered XLA choice would give way to graph;
+    those rules have their own tests in tests/unit/runtime/test_execution_trial.py."""
+    from tftrain.runtime import execution_trial
+
+    monkeypatch.setattr(execution_trial.ExecutionTrial, "_not_worth_timing", lambda self, challenger: None)
+    monkeypatch.setattr(execution_trial, "weigh_remembered_xla", lambda choice, planned_steps: choice)
+
+
 def run_module(module, args, cwd, env=None, timeout=300):
     """Runs `python -m module *args` in `cwd`; returns `subprocess.CompletedProcess` (text)."""
     full_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}

@@ -198,8 +198,11 @@ def test_zoo_records_every_contender(quick_suite):
         assert tftrain["trained_jit_compile"] == (tftrain["execution"] == "xla")
         assert tftrain["steps_per_execution"] in (1, 8, 32, 64)  # steps_per_execution="auto": timed
         assert not tftrain.get("remembered")  # a fresh memory: the first run timed its probe
-        # tftrain remembers choices: the next run of the same model reuses this one
-        assert tftrain["second_run"]["remembered"] and tftrain["second_run"]["execution"] == tftrain["execution"]
+        second = tftrain["second_run"]
+        if not tftrain["trial"]["modes_decided"]:  # 128 steps too few to repay compiling XLA: not timed, nor remembered
+            assert tftrain["execution"] == "graph" and second["remembered"] is None
+        else:  # the next run reuses the choice (graph when its one epoch cannot repay compiling XLA again)
+            assert second["remembered"] and second["execution"] in (tftrain["execution"], "graph")
 
 
 def test_gpu_suite_says_when_there_is_no_gpu(tmp_path):

@@ -81,15 +81,15 @@ def test_default_run_writes_every_artifact_and_learns(tmp_path, fresh_execution_
     m = read_metrics(run_dir)
     for key in ("test_accuracy", "test_loss", "wall_time_s", "examples_per_sec", "replicas", "precision", "versions"):
         assert key in m
-    # --execution auto (the default) timed graph and XLA on this model and batch, and said so.
-    assert m["execution_requested"] == "auto" and m["execution"] in ("graph", "xla")
+    # --execution auto (the default): 96 steps of a few ms cannot repay compiling XLA (graph's own first call
+    # takes longer than XLA could save), so graph trained, timed at its counts, and said why XLA was not timed.
+    assert m["execution_requested"] == "auto" and m["execution"] == "graph"
     timings = m["execution_choice"]["timings"]
-    assert set(timings) == {"graph", "xla"} and all(t["examples_per_sec"] > 0 for t in timings.values())
-    if m["execution"] == "xla":  # graph stays unless XLA is faster
-        assert timings["xla"]["step_time_s"] < timings["graph"]["step_time_s"]
-    assert f"execution: auto -> {m['execution']} (graph " in r.stdout and m["execution_choice"]["remembered"] is None
+    assert set(timings) == {"graph"} and all(t["examples_per_sec"] > 0 for t in timings.values())
+    assert "xla not timed: even 2.5x faster it would save at most" in m["execution_choice"]["reason"]
+    assert "execution: auto -> graph (graph " in r.stdout and m["execution_choice"]["remembered"] is None
     trial = m["execution_choice"]["trial"]
-    assert trial["complete"] and 0 < trial["steps"] <= 96 and trial["cost_s"] >= 0
+    assert trial["complete"] and not trial["modes_decided"] and 0 < trial["steps"] <= 96 and trial["cost_s"] >= 0
     # The model learns while the candidates are timed on its training steps, and after.
     losses = m["history"]["loss"]
     assert len(losses) == 3 and losses[2] < losses[0] and m["test_accuracy"] > 0.8, (losses, m["test_accuracy"])

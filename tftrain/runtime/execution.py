@@ -157,7 +157,8 @@ class ExecutionChoice:
             less the same steps at the chosen candidate's step time (compiling
             the other candidates, running the slower ones), "complete": every
             duel ended, "modes_decided": graph against XLA ended (the choice is
-            then remembered)}`. Defaults to None.
+            then remembered; False when the run was too short to repay
+            compiling XLA, which was then not timed)}`. Defaults to None.
     """
 
     execution: str

@@ -42,6 +42,11 @@ MIN_TIMED_CALLS = 3
 GIVE_UP_RATIO = 1.3
 """A duel ends early once one side's median step time (of two calls or more) is this factor slower."""
 
+XLA_MAX_SPEEDUP = 2.5
+"""The most XLA is taken to speed a step up over graph at the same count, for deciding whether a run is
+long enough to repay compiling it: the zoo's largest ratio was 2.26x (lstm at 32 steps/execution;
+`benchmarks/results/zoo.json`, medians over 3 rounds on a 2-core CPU), most were below 1.5x."""
+
 
 class _Count:
     """The steps per execution Keras's train function loops over, read from a `tf.Variable` when it runs.
@@ -168,6 +173,11 @@ class ExecutionTrial:
             gradient accumulation, per micro-batch), for examples/sec.
         on_settled: called once with the `ExecutionChoice` when the candidates
             are timed (or at `finish` when training ended first). Defaults to None.
+        planned_steps: training steps (batches) the whole run takes, counted as
+            the trial counts them; an XLA candidate is then not timed when even
+            `XLA_MAX_SPEEDUP` over the steps left could not repay compiling it
+            (estimated as the graph step's first call, which traced and optimised
+            it). Defaults to None (always timed).
         clock: seconds, monotonic. Defaults to `time.perf_counter`.
 
     Raises:
@@ -182,7 +192,8 @@ class ExecutionTrial:
     """
 
     def __init__(self, model, modes: Sequence[str], counts: Sequence[int] = (), *, examples_per_step: int,
-                 on_settled: Optional[Callable] = None, clock: Callable[[], float] = time.perf_counter):
+                 on_settled: Optional[Callable] = None, clock: Callable[[], float] = time.perf_counter,
+                 planned_steps: Optional[int] = None):
         if not modes or any(m not in ("graph", "xla") for m in modes):
             raise ValueError(f"modes must be a non-empty subset of ('graph', 'xla'); got {tuple(modes)}.")
         self.model, self.modes, self.examples_per_step = model, tuple(modes), examples_per_step
@@ -193,7 +204,8 @@ class ExecutionTrial:
             raise ValueError(f"Every count must divide the largest, {self.fit_steps_per_execution}; got {all_counts}.")
         self.larger = [c for c in all_counts if c > self.base]
         self.shared_count = bool(self.larger)  # several counts: each mode's function runs any of them
-        self.on_settled, self.clock = on_settled, clock
+        self.on_settled, self.clock, self.planned_steps = on_settled, clock, planned_steps
+        self.not_timed: list = []  # "<label>: why", candidates the run is too short to repay
         self.incumbent = self._candidate(self.modes[0], self.base)
         self.challengers = [self._candidate(m, self.base) for m in self.modes[1:]]
         self.challenger: Optional[_Candidate] = None
@@ -370,12 +382,34 @@ class ExecutionTrial:
         """The next challenger: the other modes at the base count, then the incumbent's mode at each
         larger count while the previous larger count won; settles when none is left."""
         self.incumbent.window.clear()
-        if self.challengers:
-            self.challenger = self.challengers.pop(0)
-        elif self.larger and not self.count_lost:
+        while self.challengers and self.challenger is None:
+            challenger = self.challengers.pop(0)
+            why = self._not_worth_timing(challenger)
+            if why:
+                self.not_timed.append(f"{challenger.label} not timed: {why}")
+            else:
+                self.challenger = challenger
+        if self.challenger is not None:
+            return
+        if self.larger and not self.count_lost:
             self.challenger = self._candidate(self.incumbent.mode, self.larger.pop(0))
         else:
             self._settle(complete=True)
+
+    def _not_worth_timing(self, challenger: _Candidate) -> Optional[str]:
+        """Why an XLA challenger of a graph incumbent cannot pay for itself in this run, or None: when
+        `XLA_MAX_SPEEDUP` over the steps left saves less than compiling XLA is estimated to take (the
+        graph step's own first call)."""
+        step_time, warmup = _step_time(self.incumbent.samples), self.incumbent.warmup_s
+        if self.planned_steps is None or challenger.mode != "xla" or self.incumbent.mode != "graph" \
+                or step_time is None or warmup is None:
+            return None
+        left = self.planned_steps - self._step()
+        gain = (1 - 1 / XLA_MAX_SPEEDUP) * step_time * left
+        if gain >= warmup:
+            return None
+        return (f"even {XLA_MAX_SPEEDUP}x faster it would save at most {gain:.1f} s over this run's last {left} "
+                f"steps, less than compiling it takes (about {warmup:.1f} s, as graph's first call)")
 
     def _settle(self, complete: bool) -> None:
         self.chosen = self.incumbent
@@ -389,6 +423,7 @@ class ExecutionTrial:
                    if not c.failed and _kept(c.samples)}
         if self.chosen.label in timings:
             reason = choice_reason(timings, self.chosen.label, self.skipped)
+            reason += "".join(f"; {line}" for line in self.not_timed)
             if not complete and self.challenger is not None:
                 reason += f"; {self.challenger.label} not decided: training ended first"
         elif self.skipped:
@@ -405,6 +440,7 @@ class ExecutionTrial:
         any `fit` pays), and those seconds less the same steps at the chosen candidate's step time."""
         # The modes are decided once no other mode waits and the duel left, if any, is one of counts.
         decided = complete or (not self.challengers and (self.challenger is None or self.challenger.spe != self.base))
+        decided = decided and not self.not_timed  # a mode left untimed for a short run: a longer run times it
         if self.started is None:
             return {"steps": 0, "seconds": 0.0, "cost_s": 0.0, "complete": complete, "modes_decided": decided}
         seconds, steps = self.clock() - self.started[0], self._step() - self.started[1]
@@ -418,6 +454,41 @@ class ExecutionTrial:
         if self.choice is None:
             self._settle(complete=False)
         return self.choice
+
+
+def weigh_remembered_xla(choice: ExecutionChoice, planned_steps: Optional[int]) -> ExecutionChoice:
+    """A remembered XLA choice, or graph at its fastest timed count when this run is too short to repay
+    compiling XLA again.
+
+    A remembered XLA choice compiles XLA in every run that reuses it. The run that timed it recorded
+    the compile (XLA's first call less graph's, `StepTiming.warmup_s`) and both modes' step times;
+    when the steps XLA saves over `planned_steps` (graph's fastest step time less XLA's, times the
+    steps) come to less than that compile, graph trains instead, and the reason says so.
+
+    Args:
+        choice: the remembered `ExecutionChoice`.
+        planned_steps: training steps (batches) this run takes; None or 0 when unknown (the choice
+            stands).
+
+    Returns:
+        `choice` unchanged, or a copy with `execution="graph"`, graph's fastest count and the reason.
+    """
+    timings = choice.timings
+    xla = [t for label, t in timings.items() if label.startswith("xla") and t.steps_per_execution
+           == choice.steps_per_execution]
+    graphs = [t for label, t in timings.items() if label.startswith("graph")]
+    if choice.execution != "xla" or not planned_steps or not xla or not graphs or "xla" not in timings \
+            or "graph" not in timings:
+        return choice
+    graph = min(graphs, key=lambda t: t.step_time_s)
+    compile_s = max(0.0, timings["xla"].warmup_s - timings["graph"].warmup_s)
+    saved = (graph.step_time_s - xla[0].step_time_s) * planned_steps
+    if saved >= compile_s:
+        return choice
+    return dataclasses.replace(
+        choice, execution="graph", steps_per_execution=graph.steps_per_execution,
+        reason=(f"xla would save {saved:.1f} s over this run's {planned_steps} steps, less than compiling it "
+                f"again takes (about {compile_s:.1f} s): graph at {graph.steps_per_execution} steps/execution"))
 
 
 def steps_to_time(modes: int, base: int, counts: Sequence[int] = ()) -> int:

@@ -133,7 +133,7 @@ class AutomaticSettings:
 
         base = model.steps_per_execution
         needed = steps_to_time(len(modes), base, counts)
-        planned = (self.steps_per_epoch or 0) * self.accumulation_steps * self.config.train.epochs
+        planned = self._planned_steps()
         if len(modes) == 1 and max(counts, default=0) <= base:
             why = (f"the only candidate: no count above {base} steps per execution fits this run (the batches of "
                    "an epoch, --backup-every-steps)")
@@ -155,12 +155,17 @@ class AutomaticSettings:
         self.execution = modes[0] if len(modes) == 1 else "graph"
         self.execution_trial = ExecutionTrial(
             model, modes, tuple(c for c in counts if c != model.steps_per_execution),
-            examples_per_step=self.batch.global_batch_size, on_settled=settled)
+            examples_per_step=self.batch.global_batch_size, on_settled=settled, planned_steps=planned or None)
         self.execution_trial.install()
         timed = " and ".join(modes) + (f" at {', '.join(map(str, counts))} steps per execution" if counts else "")
         every = "every step" if model.steps_per_execution == 1 else f"once every {model.steps_per_execution} steps"
         self.console.line(f"execution: auto: timing {timed} on the first training steps (they train the model); "
                           f"Keras batch callbacks fire {every} in this run")
+
+    def _planned_steps(self) -> int:
+        """Training steps (batches, micro-batches under gradient accumulation) of the whole run; 0 when
+        the epoch's length is unknown."""
+        return (self.steps_per_epoch or 0) * self.accumulation_steps * self.config.train.epochs
 
     def _untimed(self, model, modes, reason: str) -> None:
         """Trains without timing: the one mode asked for, else graph, at the compiled count; one line says why."""
@@ -208,11 +213,14 @@ class AutomaticSettings:
         """The remembered `ExecutionChoice` under `key`, with `model` set up for it, if it still
         compiles (and its test step too, for XLA); else None (a stale choice is forgotten)."""
         from tftrain.runtime.execution_memory import ExecutionMemory
+        from tftrain.runtime.execution_trial import weigh_remembered_xla
 
         memory = ExecutionMemory() if key else None
         choice = memory.get(key) if memory else None
         if choice is not None and counts and choice.steps_per_execution not in counts:
             return None
+        if choice is not None:
+            choice = weigh_remembered_xla(choice, self._planned_steps())
         if choice is not None and not self._still_compiles(model, self._probe(), choice):
             memory.forget(key)
             return None

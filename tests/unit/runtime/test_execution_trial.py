@@ -135,3 +135,36 @@ def test_a_run_that_ends_during_a_duel_of_counts_has_its_mode_decided():
     choice = trial.finish()
     assert not choice.trial["complete"] and choice.trial["modes_decided"]  # remembered by the Trainer
     assert "not decided: training ended first" in choice.reason
+
+
+def test_a_run_too_short_to_repay_compiling_xla_does_not_time_it_and_does_not_remember():
+    # 64 steps of a ~1 ms step: even 2.5x faster XLA saves under 0.05 s, less than graph's first call took.
+    model = _model()
+    trial = ExecutionTrial(model, ("graph", "xla"), examples_per_step=8, planned_steps=64)
+    trial.install()
+    model.fit(_data(n=512), epochs=1, verbose=0, shuffle=False)
+    choice = trial.finish()
+    assert choice.execution == "graph" and "xla" not in choice.timings
+    assert "xla not timed: even 2.5x faster it would save at most" in choice.reason
+    assert not choice.trial["modes_decided"]  # a longer run of this model times XLA
+
+
+def _timing(step_ms, warmup_s, spe=8):
+    from tftrain.runtime.execution import StepTiming
+
+    return StepTiming(step_ms / 1e3, 8e3 / step_ms, step_ms / 1e3, 8, spe, 64, warmup_s)
+
+
+def test_a_remembered_xla_choice_is_kept_only_when_the_run_repays_its_compile():
+    from tftrain.runtime.execution import ExecutionChoice
+    from tftrain.runtime.execution_trial import weigh_remembered_xla
+
+    timings = {"graph": _timing(2.0, 1.0), "graph, 32 steps/execution": _timing(1.8, 0.1, 32),
+               "xla": _timing(1.2, 3.0), "xla, 32 steps/execution": _timing(0.8, 0.1, 32)}
+    choice = ExecutionChoice("xla", timings, "1.5x faster", remembered="2026-12-01T10:00:00", steps_per_execution=32)
+    # XLA's compile: 3.0 - 1.0 = 2 s; it saves (1.8 - 0.8) ms a step against graph's fastest count.
+    assert weigh_remembered_xla(choice, 2_500) is choice
+    assert weigh_remembered_xla(choice, None) is choice
+    short = weigh_remembered_xla(choice, 1_000)
+    assert (short.execution, short.steps_per_execution) == ("graph", 32) and short.remembered == choice.remembered
+    assert short.reason.startswith("xla would save 1.0 s over this run's 1000 steps, less than compiling it again")

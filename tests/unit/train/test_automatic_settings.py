@@ -51,7 +51,8 @@ def _fit(tmp_path, build, name, **overrides):
     {"execution": "graph", "precision": "mixed_bfloat16"},
     {"execution": "auto", "precision": "mixed_bfloat16"},
 ], ids=["graph", "auto", "graph-bf16", "auto-bf16"])
-def test_an_unbuilt_sequential_trains_under_every_mode_and_precision(tmp_path, overrides, fresh_execution_memory):
+def test_an_unbuilt_sequential_trains_under_every_mode_and_precision(tmp_path, overrides, fresh_execution_memory,
+                                                                     xla_always_timed):
     first = _fit(tmp_path, _unbuilt, "a", **overrides)
     assert np.isfinite(first.test["loss"]) and (tmp_path / "a" / "model.keras").is_file()
     if overrides["execution"] == "auto":  # the second run reuses the remembered choice
@@ -59,7 +60,8 @@ def test_an_unbuilt_sequential_trains_under_every_mode_and_precision(tmp_path, o
         assert again.execution_choice["remembered"] and np.isfinite(again.test["loss"])
 
 
-def test_execution_auto_skips_xla_when_it_has_no_kernel_and_trains_in_graph(tmp_path, fresh_execution_memory):
+def test_execution_auto_skips_xla_when_it_has_no_kernel_and_trains_in_graph(tmp_path, fresh_execution_memory,
+                                                                            xla_always_timed):
     record = _fit(tmp_path, _string_op_model, "run", execution="auto")
     choice = record.execution_choice
     assert record.execution == "graph" and list(choice["timings"]) == ["graph"]
@@ -68,7 +70,7 @@ def test_execution_auto_skips_xla_when_it_has_no_kernel_and_trains_in_graph(tmp_
 
 
 def test_a_remembered_xla_choice_that_fails_now_is_forgotten_and_timed_again(tmp_path, monkeypatch,
-                                                                              fresh_execution_memory):
+                                                                              fresh_execution_memory, xla_always_timed):
     from tftrain.runtime import execution_memory
     from tftrain.runtime.execution import ExecutionChoice, StepTiming
 
@@ -217,7 +219,7 @@ def _string_test_step_model():
 
 
 def test_a_remembered_xla_choice_whose_test_step_xla_cannot_compile_gives_way_to_graph(
-        tmp_path, monkeypatch, fresh_execution_memory):
+        tmp_path, monkeypatch, fresh_execution_memory, xla_always_timed):
     from tftrain.runtime import execution_memory
     from tftrain.runtime.execution import ExecutionChoice, StepTiming
 
@@ -230,7 +232,8 @@ def test_a_remembered_xla_choice_whose_test_step_xla_cannot_compile_gives_way_to
     assert np.isfinite(record.test["loss"]) and (tmp_path / "run" / "model.keras").is_file()
 
 
-def test_xla_chosen_in_training_keeps_the_test_step_in_graph(tmp_path, monkeypatch, fresh_execution_memory):
+def test_xla_chosen_in_training_keeps_the_test_step_in_graph(tmp_path, monkeypatch, fresh_execution_memory,
+                                                             xla_always_timed):
     from tftrain.runtime import execution_trial
 
     class XlaWins(execution_trial.ExecutionTrial):  # as a trial that found XLA faster leaves the model

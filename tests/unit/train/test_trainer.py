@@ -82,7 +82,8 @@ def test_user_callbacks_run_after_tftrain_s_own(tmp_path):
     assert seen == [["loss", "mae"]]
 
 
-def test_execution_auto_times_graph_and_xla_on_the_run_s_own_training_steps(tmp_path, fresh_execution_memory):
+def test_execution_auto_times_graph_and_xla_on_the_run_s_own_training_steps(tmp_path, fresh_execution_memory,
+                                                                              xla_always_timed):
     record = _trainer(tmp_path, execution="auto", epochs=3, batch_size=16).fit()  # 96 steps: enough for both
     choice = record.execution_choice
     assert record.execution == choice["execution"] and set(choice["timings"]) == {"graph", "xla"}
@@ -97,7 +98,7 @@ def test_a_run_too_short_to_time_on_trains_in_graph_and_says_so(tmp_path, fresh_
 
 
 def test_execution_auto_remembers_its_choice_for_the_same_model_and_batch(tmp_path, monkeypatch,
-                                                                          fresh_execution_memory):
+                                                                          fresh_execution_memory, xla_always_timed):
     from tftrain.runtime.execution_trial import ExecutionTrial
 
     timed = []
