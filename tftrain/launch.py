@@ -20,9 +20,15 @@ themselves once the chief has told them how the job ended. Tasks that still serv
 `join()` forever) are stopped and do not count as failed. The launcher names each
 task's exit code and returns the first non-zero one (a task killed by signal N
 counts as 128 + N, as in a shell).
-When any task fails, on Ctrl-C (SIGINT), SIGTERM or SIGHUP, or when `--timeout`
-seconds pass (exit code 124, naming the task that stalled), it tears every task
-down: each task runs in its own process group, which gets SIGTERM, then SIGKILL
+A parameter-server job outlives a worker, as `ParameterServerStrategy` is built to:
+the chief's `ClusterCoordinator` reschedules a lost worker's steps on the others, so
+the job goes on while one worker runs, and `--max-restarts N` restarts the worker
+alone (the coordinator takes it back at its address). With `--max-restarts N` any
+other task that fails (a MultiWorkerMirrored worker, a chief, a ps task) restarts the
+whole job, which resumes from its checkpoint; each restart is named in the log, at
+most N in all. When a task fails beyond that, on Ctrl-C (SIGINT), SIGTERM or SIGHUP,
+or when `--timeout` seconds pass (exit code 124, naming the task that stalled), it
+tears every task down: each task runs in its own process group, which gets SIGTERM, then SIGKILL
 after a grace period. On Linux each task also gets SIGKILL from the kernel if the
 launcher itself dies (`PR_SET_PDEATHSIG`), so no task outlives it.
 
@@ -176,6 +182,34 @@ class _Task:
         return self.info.task
 
 
+@dataclasses.dataclass
+class _Job:
+    """The running job: its tasks (current ones; replaced ones in `retired`) and what starts them again."""
+
+    command: Sequence[str]
+    cluster: Mapping
+    base_env: Mapping[str, str]
+    output: "_Output"
+    grace_s: float
+    max_restarts: int = 0
+    restarts: int = 0
+    tasks: List[_Task] = dataclasses.field(default_factory=list)
+    retired: List[_Task] = dataclasses.field(default_factory=list)
+
+    def start(self, info: TaskSpec) -> _Task:
+        task = _start_task(self.command, info, self.base_env, self.output)
+        _pump_output(task, self.output)
+        return task
+
+    def start_all(self) -> None:
+        self.retired.extend(self.tasks)
+        self.tasks = []
+        for info in tasks_of(self.cluster):
+            self.tasks.append(_start_task(self.command, info, self.base_env, self.output))
+        for task in self.tasks:
+            _pump_output(task, self.output)
+
+
 def _exit_code(returncode: int) -> int:
     """Popen's negative return code for signal N -> 128 + N (the shell's convention)."""
     return 128 - returncode if returncode < 0 else returncode
@@ -287,6 +321,7 @@ def launch(
     out: Optional[TextIO] = None,
     err: Optional[TextIO] = None,
     server_wait_s: float = DEFAULT_SERVER_WAIT_S,
+    max_restarts: int = 0,
 ) -> int:
     """Runs `command` once per task of a local cluster and waits for the job.
 
@@ -309,15 +344,19 @@ def launch(
         server_wait_s: in a parameter-server job, seconds the worker and ps
             tasks get to exit by themselves after the chief exited 0; those
             still running are then stopped. Defaults to 60.0.
+        max_restarts: restarts allowed in all, >= 0: a parameter-server job's
+            worker that fails is restarted alone, any other failed task restarts
+            the whole job (which resumes from its checkpoint). Defaults to 0.
 
     Returns:
-        0 when the job succeeded; otherwise the first non-zero exit code of a
-        task (128 + N for a task killed by signal N), 124 on timeout, or
-        128 + N when the launcher got signal N (130 for Ctrl-C).
+        0 when the job succeeded (a parameter-server job also after losing a
+        worker while another ran); otherwise the exit code of the task whose
+        failure stopped the job (128 + N for a task killed by signal N), 124 on
+        timeout, or 128 + N when the launcher got signal N (130 for Ctrl-C).
 
     Raises:
-        LaunchError: on bad counts, a non-positive timeout, an empty command or
-            a program that cannot be started.
+        LaunchError: on bad counts, a non-positive timeout, a negative
+            `max_restarts`, an empty command or a program that cannot be started.
 
     Example:
         >>> launch([sys.executable, "-m", "tftrain.recipes.mnist",
@@ -327,31 +366,28 @@ def launch(
         raise LaunchError(f"No command given. Usage: {PROG} --workers N -- python -m tftrain.recipes.mnist ...")
     if timeout is not None and not timeout > 0:
         raise LaunchError(f"--timeout must be a positive number of seconds. Received: timeout={timeout!r}.")
+    check_int(max_restarts, "--max-restarts", minimum=0, error=LaunchError)
     cluster = make_cluster(workers, ps, chief)
-    output = _Output(out or sys.stdout, err or sys.stderr)
     base_env = dict(os.environ if env is None else env)
     # One run id for all tasks, so that they agree on the default run directory.
     base_env.setdefault(RUN_ID_ENV, datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    tasks: List[_Task] = []
+    job = _Job(command, cluster, base_env, _Output(out or sys.stdout, err or sys.stderr), grace_s, max_restarts)
     with _signals_stop() as previous:
         started = time.monotonic()
         try:
-            for info in tasks_of(cluster):
-                tasks.append(_start_task(command, info, base_env, output))
-            for task in tasks:
-                _pump_output(task, output)
-            return _wait(tasks, cluster, timeout, started, output, server_wait_s)
+            job.start_all()
+            return _wait(job, timeout, started, server_wait_s)
         except _Stop as stop:
-            output.say(f"got {signal.Signals(stop.signum).name}; stopping {len(tasks)} task(s)")
+            job.output.say(f"got {signal.Signals(stop.signum).name}; stopping {len(job.tasks)} task(s)")
             return 128 + stop.signum
         except KeyboardInterrupt:
-            output.say(f"interrupted; stopping {len(tasks)} task(s)")
+            job.output.say(f"interrupted; stopping {len(job.tasks)} task(s)")
             return 128 + signal.SIGINT
         finally:
             for signum in previous:  # a second Ctrl-C must not cut the teardown short
                 signal.signal(signum, signal.SIG_IGN)
-            teardown(tasks, grace_s)
-            for task in tasks:
+            teardown(job.tasks + job.retired, grace_s)
+            for task in job.tasks + job.retired:
                 for reader in task.readers:
                     reader.join(timeout=grace_s)
 
@@ -398,28 +434,25 @@ def _pump_output(task: _Task, output: "_Output") -> None:
         task.readers.append(reader)
 
 
-def _wait(tasks: List[_Task], cluster: Mapping, timeout: Optional[float], started: float, output: _Output,
-          server_wait_s: float = DEFAULT_SERVER_WAIT_S) -> int:
-    """Polls the tasks until the job is done, one fails, or the timeout passes."""
-    parameter_server_job = "ps" in cluster
+def _wait(job: _Job, timeout: Optional[float], started: float, server_wait_s: float = DEFAULT_SERVER_WAIT_S) -> int:
+    """Polls the tasks until the job is done, fails, or the timeout passes."""
+    parameter_server_job, output = "ps" in job.cluster, job.output
     chief_done_at = None
     while True:
-        for task in tasks:
+        for task in list(job.tasks):
             if task.returncode is None and task.proc.poll() is not None:
                 task.returncode = task.proc.returncode
                 if task.returncode == 0:
                     output.say(f"{task.name} exited with code 0")
-                else:
-                    others = [t.name for t in tasks if t is not task and t.proc.poll() is None]
-                    output.say(
-                        f"{task.name} {_describe_exit(task.returncode)}; stopping "
-                        + (", ".join(others) if others else "nothing else (no task left)")
-                    )
-                    return _exit_code(task.returncode)
+                    continue
+                code = _after_failure(job, task)
+                if code is not None:
+                    return code
         now = time.monotonic()
-        left = [t.name for t in tasks if t.returncode is None]
+        left = [t.name for t in job.tasks if t.returncode is None]
         if parameter_server_job:
-            if chief_done_at is None and all(t.returncode is not None for t in tasks if t.info.task_type == "chief"):
+            if chief_done_at is None and all(t.returncode is not None for t in job.tasks
+                                             if t.info.task_type == "chief"):
                 chief_done_at = now
             if left and chief_done_at is not None and now - chief_done_at > server_wait_s:
                 output.say(f"job finished; {', '.join(left)} still serving {server_wait_s:g} s after the chief "
@@ -427,12 +460,12 @@ def _wait(tasks: List[_Task], cluster: Mapping, timeout: Optional[float], starte
                 return 0
             done = not left
         else:
-            done = all(t.returncode is not None for t in tasks if t.info.task_type in ("chief", "worker"))
+            done = all(t.returncode is not None for t in job.tasks if t.info.task_type in ("chief", "worker"))
         if done:
             output.say("job finished" + (f"; stopping {', '.join(left)}" if left else ""))
             return 0
         if timeout is not None and now - started > timeout:
-            running = [t for t in tasks if t.returncode is None]
+            running = [t for t in job.tasks if t.returncode is None]
             stalled = min(running, key=lambda t: t.last_output)
             output.say(
                 f"timeout: {timeout:g} s passed; {stalled.name} stalled (no output for "
@@ -440,6 +473,33 @@ def _wait(tasks: List[_Task], cluster: Mapping, timeout: Optional[float], starte
             )
             return EXIT_TIMEOUT
         time.sleep(_POLL_S)
+
+
+def _after_failure(job: _Job, task: _Task) -> Optional[int]:
+    """What a task's non-zero exit does: None when the job goes on (a task restarted, or a parameter-server
+    worker left out while another worker runs), else the job's exit code (the job stops)."""
+    what = f"{task.name} {_describe_exit(task.returncode)}"
+    ps_worker = "ps" in job.cluster and task.info.task_type == "worker"
+    if job.restarts < job.max_restarts:
+        job.restarts += 1
+        count = f"restart {job.restarts} of {job.max_restarts}"
+        if ps_worker:
+            job.output.say(f"{what}; restarting it ({count}); the chief's coordinator takes it back")
+            job.retired.append(task)
+            job.tasks[job.tasks.index(task)] = job.start(task.info)
+        else:
+            job.output.say(f"{what}; restarting the job, which resumes from its checkpoint ({count})")
+            teardown(job.tasks, job.grace_s)
+            job.start_all()
+        return None
+    running = [t.name for t in job.tasks if t is not task and t.proc.poll() is None]
+    workers = [name for name in running if name.startswith("worker:")]
+    if ps_worker and workers:
+        job.output.say(f"{what}; the parameter-server job goes on with {', '.join(workers)} "
+                       "(the chief's coordinator reschedules its steps)")
+        return None
+    job.output.say(f"{what}; stopping " + (", ".join(running) if running else "nothing else (no task left)"))
+    return _exit_code(task.returncode)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -450,7 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
         error=LaunchError,
         prog=PROG,
         usage=f"{PROG} --workers N [--ps M] [--chief] [--timeout S] [--grace S] [--server-wait S] "
-        "-- COMMAND [ARG ...]",
+        "[--max-restarts N] -- COMMAND [ARG ...]",
         description="Run COMMAND once per task of a local TensorFlow cluster on 127.0.0.1, "
         "each task with its own TF_CONFIG; prefix its output with the task; stop every task "
         "when one fails, on Ctrl-C, or at the timeout.",
@@ -465,6 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--server-wait", type=float, default=DEFAULT_SERVER_WAIT_S, metavar="S",
                         help="parameter-server job: seconds the worker and ps tasks get to exit after the chief "
                         "finished, before they are stopped")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="restart failed tasks up to N times in all: a parameter-server job's worker alone, "
+                        "otherwise the whole job, which resumes from its checkpoint (default 0)")
     return parser
 
 
@@ -488,7 +551,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise LaunchError(f"--{name.replace('_', '-')} must be >= 0 seconds. "
                                   f"Received: {name}={getattr(args, name)!r}.")
         return launch(command, args.workers, args.ps, args.chief, args.timeout, args.grace,
-                      server_wait_s=args.server_wait)
+                      server_wait_s=args.server_wait, max_restarts=args.max_restarts)
     except LaunchError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -179,6 +179,27 @@ def test_killed_worker_of_a_chief_and_worker_job_resumes_from_the_last_checkpoin
 
 
 @pytest.mark.timeout(400)
+def test_parameter_server_job_outlives_a_killed_worker(tmp_path):
+    # ParameterServerStrategy's coordinator reschedules a lost worker's steps on the others: losing one of two
+    # workers slows the job down and does not fail it.
+    run_dir = tmp_path / "run"
+    cmd = _launcher(["--chief", "--workers", "2", "--ps", "1"],
+                    ["--strategy", "parameter_server", *FLAGS, "--run-dir", run_dir], 200)
+    env = _env(tmp_path / "tmp")
+    code, output, pids = _kill_in_epoch_2(cmd, env, watched="chief:0", victim="worker:1")
+    assert code == 0, output[-3000:]
+    assert ("worker:1 was killed by SIGKILL (exit code 137); the parameter-server job goes on with worker:0"
+            in output)
+    assert "chief:0: could not tell worker:1 that the job finished" in output  # named, not waited for
+    metrics = read_metrics(run_dir)
+    assert metrics["epochs_trained"] == 3 and len(metrics["history"]["loss"]) == 3
+    # Every scheduled step ran (the killed worker's unfinished ones again, on worker:0): none is lost.
+    assert optimizer_steps(run_dir) >= 3 * metrics["steps_per_epoch"]
+    assert metrics["test_accuracy"] > 0.85
+    assert _alive(pids.values()) == []
+
+
+@pytest.mark.timeout(400)
 def test_parameter_server_job_resumes_after_a_killed_worker(tmp_path):
     # One worker keeps the kill and the resume short; the exact step count under two workers is checked in
     # tests/integration/test_own_task.py (the loop adds atomically).

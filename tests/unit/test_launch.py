@@ -81,6 +81,7 @@ def test_task_tf_config_round_trips_through_the_validator():
         (["--workers", "two", "--", PY], "invalid int value"),
         (["--workers", "1", "--timeout", "0", "--", PY], "--timeout must be a positive"),
         (["--workers", "1", "--server-wait", "-1", "--", PY], "--server-wait must be >= 0 seconds"),
+        (["--workers", "1", "--max-restarts", "-1", "--", PY], "--max-restarts must be an integer >= 0"),
         (["--workers", "1", "--", "no-such-program-tftrain"], "Cannot start 'no-such-program-tftrain'"),
     ],
 )
@@ -194,6 +195,74 @@ def test_parameter_server_job_stops_servers_still_serving_after_server_wait(tmp_
     assert ("job finished; worker:0, worker:1, ps:0 still serving 1 s after the chief finished: "
             "stopping them") in result.stderr
     assert _alive_in_groups(set(_started_pids(result.stderr).values())) == []
+
+
+def test_parameter_server_job_goes_on_without_a_failed_worker_while_another_runs(tmp_path):
+    # ParameterServerStrategy reschedules a lost worker's steps on the others: the job must not stop.
+    script = _task_script(tmp_path, """
+        if name == "worker:1":
+            sys.exit(3)
+        time.sleep(1.5 if name == "chief:0" else 2)
+    """)
+    result = _launch(["--chief", "--workers", "2", "--ps", "1", "--grace", "2", "--", PY, script])
+    assert result.returncode == 0, result.stderr
+    assert ("worker:1 exited with code 3; the parameter-server job goes on with worker:0 (the chief's "
+            "coordinator reschedules its steps)") in result.stderr
+    assert "tftrain.launch: chief:0 exited with code 0" in result.stderr and "job finished" in result.stderr
+
+
+def test_parameter_server_job_stops_when_its_last_worker_fails(tmp_path):
+    script = _task_script(tmp_path, """
+        if name == "worker:0":
+            sys.exit(3)
+        time.sleep(300)
+    """)
+    result = _launch(["--chief", "--workers", "1", "--ps", "1", "--grace", "2", "--", PY, script])
+    assert result.returncode == 3, result.stderr
+    assert "worker:0 exited with code 3; stopping chief:0, ps:0" in result.stderr
+
+
+def test_max_restarts_restarts_a_parameter_server_worker_alone(tmp_path):
+    # worker:0 fails on its first start only; the restarted one runs until the chief is done.
+    script = _task_script(tmp_path, """
+        marker = sys.argv[1] + "-" + name
+        if name == "worker:0" and not os.path.exists(marker):
+            open(marker, "w").close()
+            sys.exit(3)
+        time.sleep(2 if name == "chief:0" else 2.5)
+    """)
+    result = _launch(["--chief", "--workers", "1", "--ps", "1", "--grace", "2", "--max-restarts", "2", "--",
+                      PY, script, tmp_path / "started"])
+    assert result.returncode == 0, result.stderr
+    assert ("worker:0 exited with code 3; restarting it (restart 1 of 2); the chief's coordinator takes it back"
+            in result.stderr)
+    started = re.findall(r"started (\S+) \(pid", result.stderr)
+    assert sorted(started) == ["chief:0", "ps:0", "worker:0", "worker:0"]  # the worker alone, once more
+
+
+def test_max_restarts_restarts_a_synchronous_job_whole_and_stops_beyond_it(tmp_path):
+    # Without ps tasks (MultiWorkerMirrored) the workers run in lockstep: the whole job restarts.
+    script = _task_script(tmp_path, """
+        count = sys.argv[1] + "-" + name
+        runs = len(open(count).read()) if os.path.exists(count) else 0
+        open(count, "a").write("x")
+        if name == "worker:1" and runs < int(sys.argv[2]):
+            time.sleep(0.3)
+            sys.exit(3)
+        time.sleep(1 if name == "worker:1" else 300 if runs < int(sys.argv[2]) else 1)
+    """)
+    result = _launch(["--workers", "2", "--grace", "2", "--max-restarts", "1", "--", PY, script,
+                      tmp_path / "runs", 1])
+    assert result.returncode == 0, result.stderr
+    assert ("worker:1 exited with code 3; restarting the job, which resumes from its checkpoint (restart 1 of 1)"
+            in result.stderr)
+    assert sorted(re.findall(r"started (\S+) \(pid", result.stderr)) == ["worker:0", "worker:0", "worker:1", "worker:1"]
+    assert _alive_in_groups(set(_started_pids(result.stderr).values())) == []
+
+    again = _launch(["--workers", "2", "--grace", "2", "--max-restarts", "1", "--", PY, script,
+                     tmp_path / "fails", 2])  # fails twice: one restart, then the job stops
+    assert again.returncode == 3, again.stderr
+    assert "worker:1 exited with code 3; stopping worker:0" in again.stderr
 
 
 def test_ctrl_c_stops_every_task(tmp_path):
