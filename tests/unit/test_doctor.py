@@ -32,6 +32,7 @@ def quick_report():
 
 
 # -- the command at --quick size -------------------------------------------------
+@pytest.mark.slow
 def test_json_has_every_section_and_positive_measured_figures(quick_report):
     r = quick_report
     assert {"system", "cpu", "gpu", "tasks", "advice", "warnings", "errors"} <= set(r)
@@ -49,6 +50,7 @@ def test_json_has_every_section_and_positive_measured_figures(quick_report):
     assert threads["remembered"] is False  # --quick figures are never remembered
 
 
+@pytest.mark.slow
 def test_tasks_carry_tftrain_flops_and_predictions_from_the_measured_peak(quick_report):
     from tftrain.flops import count_training_flops
     from tftrain.recipes.mnist import cnn, mlp
@@ -63,6 +65,7 @@ def test_tasks_carry_tftrain_flops_and_predictions_from_the_measured_peak(quick_
         assert predicted == pytest.approx(peak / task["training_flops_per_example"])
 
 
+@pytest.mark.slow
 def test_gpu_section_says_none_found_and_why(quick_report):
     gpu = quick_report["gpu"]
     assert gpu["count"] == 0 and gpu["gpus"] == []
@@ -72,6 +75,7 @@ def test_gpu_section_says_none_found_and_why(quick_report):
     assert "none found" in text and "CUDA_VISIBLE_DEVICES='-1'" in text
 
 
+@pytest.mark.slow
 def test_advice_names_the_cpu_and_warns_about_mixed_float16_on_it(quick_report):
     topics = {item["topic"]: item for item in quick_report["advice"]}
     assert topics["device"]["device"] == "cpu"
@@ -333,6 +337,7 @@ def test_fit_ring_recovers_fixed_cost_and_bandwidth():
     assert one["fixed_s"] is None and one["bytes_per_s"] == pytest.approx(1.5e6 / 0.011)
 
 
+@pytest.mark.slow
 def test_device_copy_and_all_reduce_code_runs_on_logical_cpus():
     """The GPU measurements' code paths, on two logical CPU devices (no GPU needed; figures not checked)."""
     code = (

@@ -104,6 +104,7 @@ def test_every_task_runs_with_its_own_tf_config_and_prefixed_output(tmp_path):
     assert "job finished" in result.stderr
 
 
+@pytest.mark.slow
 def test_crashing_worker_stops_the_job_and_leaves_no_process(tmp_path):
     # worker:1 crashes; the others would wait forever (as a real worker waits for its peers).
     script = _task_script(tmp_path, """
@@ -132,6 +133,7 @@ def test_task_killed_by_a_signal_reports_it_as_128_plus_n(tmp_path):
     assert "worker:0 was killed by SIGKILL (exit code 137)" in result.stderr
 
 
+@pytest.mark.slow
 def test_timeout_names_the_stalled_task_and_tears_down_its_children(tmp_path):
     # Every task starts a grandchild in its own process group; worker:1 then stalls silently.
     script = _task_script(tmp_path, """
@@ -149,6 +151,7 @@ def test_timeout_names_the_stalled_task_and_tears_down_its_children(tmp_path):
     assert _alive_in_groups(set(pids.values())) == []
 
 
+@pytest.mark.slow
 def test_parameter_server_job_waits_for_servers_that_exit_after_the_chief(tmp_path):
     # tftrain's worker and ps tasks exit by themselves once the chief has finished.
     script = _task_script(tmp_path, """
@@ -169,6 +172,7 @@ def test_parameter_server_job_waits_for_servers_that_exit_after_the_chief(tmp_pa
     assert sorted(re.findall(r"\] (\S+) done", result.stdout)) == ["ps:0", "worker:0", "worker:1"]
 
 
+@pytest.mark.slow
 def test_parameter_server_job_fails_when_a_server_fails_after_the_chief(tmp_path):
     script = _task_script(tmp_path, """
         if name == "chief:0":
@@ -181,6 +185,7 @@ def test_parameter_server_job_fails_when_a_server_fails_after_the_chief(tmp_path
     assert "tftrain.launch: ps:0 exited with code 3" in result.stderr
 
 
+@pytest.mark.slow
 def test_parameter_server_job_stops_servers_still_serving_after_server_wait(tmp_path):
     # Servers that join() forever (TensorFlow's tutorial) are stopped; the chief's exit code counts.
     script = _task_script(tmp_path, """
@@ -197,6 +202,7 @@ def test_parameter_server_job_stops_servers_still_serving_after_server_wait(tmp_
     assert _alive_in_groups(set(_started_pids(result.stderr).values())) == []
 
 
+@pytest.mark.slow
 def test_parameter_server_job_goes_on_without_a_failed_worker_while_another_runs(tmp_path):
     # ParameterServerStrategy reschedules a lost worker's steps on the others: the job must not stop.
     script = _task_script(tmp_path, """
@@ -222,6 +228,7 @@ def test_parameter_server_job_stops_when_its_last_worker_fails(tmp_path):
     assert "worker:0 exited with code 3; stopping chief:0, ps:0" in result.stderr
 
 
+@pytest.mark.slow
 def test_max_restarts_restarts_a_parameter_server_worker_alone(tmp_path):
     # worker:0 fails on its first start only; the restarted one runs until the chief is done.
     script = _task_script(tmp_path, """
@@ -240,6 +247,7 @@ def test_max_restarts_restarts_a_parameter_server_worker_alone(tmp_path):
     assert sorted(started) == ["chief:0", "ps:0", "worker:0", "worker:0"]  # the worker alone, once more
 
 
+@pytest.mark.slow
 def test_max_restarts_restarts_a_synchronous_job_whole_and_stops_beyond_it(tmp_path):
     # Without ps tasks (MultiWorkerMirrored) the workers run in lockstep: the whole job restarts.
     script = _task_script(tmp_path, """

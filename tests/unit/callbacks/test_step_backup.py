@@ -36,6 +36,7 @@ def _fit(backup_dir, spe, endless, kill_after=None, epochs=3, every=4):
 
 @pytest.mark.parametrize("spe, endless", [(1, False), (2, False), (4, True)],
                          ids=["finite-spe1", "finite-spe2", "endless-spe4"])
+@pytest.mark.slow
 def test_resumed_runs_take_the_uninterrupted_number_of_steps(tmp_path, spe, endless):
     whole, _ = _fit(tmp_path / "whole", spe, endless)  # endless with 10 steps/epoch in 4s: Keras runs 12
     assert whole == 3 * (12 if endless else 10)
@@ -49,6 +50,7 @@ def test_resumed_runs_take_the_uninterrupted_number_of_steps(tmp_path, spe, endl
         assert restored.optimizer_iterations == saved["optimizer_iterations"]
 
 
+@pytest.mark.slow
 def test_finite_epochs_not_a_multiple_of_steps_per_execution_take_at_most_spe_minus_1_extra_steps(tmp_path):
     # 10 batches per epoch in executions of 4: an epoch's last execution runs 2 steps; a resumed
     # epoch (from step 8) reads a whole new pass and its execution runs 4.
@@ -108,6 +110,7 @@ def test_the_previous_checkpoint_is_kept_whole_beside_the_latest(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncated weights", "truncated metadata"])
+@pytest.mark.slow
 def test_a_damaged_newest_checkpoint_is_named_and_the_previous_one_resumes_at_its_own_position(tmp_path, damage):
     import keras
     import tensorflow as tf

@@ -126,6 +126,7 @@ def test_monitor_counts_full_last_executions_with_steps_per_epoch_on_repeated_da
     assert [e["steps"] for e in monitor.result()["epochs"]] == [12, 12]
 
 
+@pytest.mark.slow
 def test_monitor_counts_steps_that_loss_scaling_skipped():
     # An absurd initial loss scale makes the first float16 gradients overflow: LossScaleOptimizer
     # skips those updates and does not advance `iterations`, yet the steps ran and took time.

@@ -24,6 +24,7 @@ def test_bad_device_name():
         configure_devices("tpu")
 
 
+@pytest.mark.slow
 def test_split_cpu_into_logical_devices_and_late_resplit_fails():
     r = run_python(textwrap.dedent("""
         from tftrain.errors import DeviceError

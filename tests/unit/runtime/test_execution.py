@@ -51,6 +51,7 @@ def _batches(batch_size=16, n=64):
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size, drop_remainder=True)
 
 
+@pytest.mark.slow
 def test_time_training_steps_counts_whole_executions():
     from tftrain.runtime import time_training_steps
 
@@ -73,6 +74,7 @@ def test_time_training_steps_rejects_bad_counts(kwargs):
         time_training_steps(_tiny_model(), _batches(), **kwargs)
 
 
+@pytest.mark.slow
 def test_choose_execution_restores_state_and_keeps_the_winner_compiled():
     import numpy as np
 
@@ -114,6 +116,7 @@ def _dropout_model(seed):
     return model
 
 
+@pytest.mark.slow
 def test_training_after_choose_execution_matches_training_without_it():
     import numpy as np
 
@@ -287,6 +290,7 @@ def test_steps_per_execution_is_chosen_by_measurement(monkeypatch):
     assert choice.to_dict()["steps_per_execution"] == 32
 
 
+@pytest.mark.slow
 def test_a_clearly_slower_candidate_is_given_up_early():
     from tftrain.runtime import time_training_steps
 

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tftrain.runtime.execution import ExecutionChoice, StepTiming
 from tftrain.runtime.execution_memory import CACHE_ENV, ExecutionMemory, cache_dir, execution_key
@@ -109,6 +110,7 @@ for i in range(count):
 """
 
 
+@pytest.mark.slow
 def test_concurrent_processes_keep_each_others_entries(tmp_path):
     import json
     import os

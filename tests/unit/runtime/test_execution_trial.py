@@ -26,6 +26,7 @@ def _model(spe=8, layer=None):
     return model
 
 
+@pytest.mark.slow
 def test_the_trial_trains_every_step_once_in_order_as_plain_fit_does():
     plain, tried = _model(), _model()
     plain.fit(_data(n=4096), epochs=2, verbose=0, shuffle=False)
@@ -70,6 +71,7 @@ def test_batch_callbacks_see_executions_of_the_largest_count():
     assert ends == [31, 63]  # 64 batches in executions of 32 steps, whichever candidate ran them
 
 
+@pytest.mark.slow
 def test_an_xla_candidate_that_cannot_compile_is_skipped_and_training_goes_on():
     import keras
     import tensorflow as tf

@@ -41,6 +41,7 @@ print("RESULT", settings.applied, patched, restored)
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt only")
+@pytest.mark.slow
 def test_restored_thresholds_stop_the_page_faults_of_large_buffers():
     r = run_python(FAULTS)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -97,6 +98,7 @@ print("\\n".join(rt.describe()))
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt only")
 @pytest.mark.parametrize("strategy,expected", [("default", "None"), ("mirrored", "True")])
+@pytest.mark.slow
 def test_setup_restores_the_thresholds_only_for_generator_input_strategies(strategy, expected):
     r = run_python(SETUP.replace("STRATEGY", repr(strategy)))
     assert r.returncode == 0, r.stderr[-2000:]

@@ -10,6 +10,7 @@ from tftrain.runtime.devices import DeviceInfo
 CPU = DeviceInfo("cpu", ("/device:CPU:0",))
 
 
+@pytest.mark.slow
 def test_strategies_on_two_logical_cpus():
     r = run_python(textwrap.dedent("""
         from tftrain.config import RuntimeConfig

@@ -59,6 +59,7 @@ def _setup_threads(cache, **config):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_setup_applies_the_remembered_counts(tmp_path):
     assert _setup_threads(tmp_path)[:2] == [0, 0]  # never measured: TensorFlow's defaults
     thread_choice.remember(ThreadChoice(1, 1, 1.3, {}), ExecutionMemory(tmp_path / "execution.json"))

@@ -1,8 +1,11 @@
 import textwrap
 
+import pytest
+
 from tests.conftest import run_python
 
 
+@pytest.mark.slow
 def test_threads_apply_before_tf_starts():
     r = run_python(textwrap.dedent("""
         import tensorflow as tf
@@ -16,6 +19,7 @@ def test_threads_apply_before_tf_starts():
     assert "RESULT 1 2 True 1 2" in r.stdout
 
 
+@pytest.mark.slow
 def test_late_thread_setting_warns_once_with_values_in_effect():
     r = run_python(textwrap.dedent("""
         import warnings

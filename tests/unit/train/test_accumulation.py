@@ -69,6 +69,7 @@ def _assert_equivalent(result, atol=1e-6):
 
 @pytest.mark.parametrize("optimizer, strategy", [("sgd", "default"), ("adam", "default"), ("adam_cosine", "default"),
                                                   ("adam", "one_device")])
+@pytest.mark.slow
 def test_micro_batches_match_one_large_batch_on_one_replica(optimizer, strategy):
     import tensorflow as tf
 
@@ -77,6 +78,7 @@ def test_micro_batches_match_one_large_batch_on_one_replica(optimizer, strategy)
     _assert_equivalent(_ns["compare"](strategy, optimizer))
 
 
+@pytest.mark.slow
 def test_equivalence_holds_under_steps_per_execution_and_mixed_float16():
     import tensorflow as tf
 
@@ -137,10 +139,12 @@ def two_replicas(tmp_path_factory):
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.slow
 def test_micro_batches_match_one_large_batch_on_two_replicas(two_replicas, optimizer):
     _assert_equivalent(two_replicas[optimizer])
 
 
+@pytest.mark.slow
 def test_multi_worker_all_reduce_runs_once_per_optimizer_step(two_replicas):
     every_step, accumulated = two_replicas["mwms_1"], two_replicas[f"mwms_{N}"]
     assert every_step["captured"] == accumulated["captured"] == [3, 15]  # the same 12 micro-batches traced
@@ -173,6 +177,7 @@ class _Spy(keras.callbacks.Callback):
         self.rates.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
 
 
+@pytest.mark.slow
 def test_trainer_counts_optimizer_steps_and_records_the_effective_batch(tmp_path):
     spy = _Spy()
     record = tftrain.Trainer(_task(), callbacks=[spy], epochs=2, verbose=0, seed=0, execution="graph",
@@ -195,6 +200,7 @@ def test_trainer_counts_optimizer_steps_and_records_the_effective_batch(tmp_path
     assert isinstance(model.optimizer, keras.optimizers.Adam) and int(model.optimizer.iterations.numpy()) == 16
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_the_accumulation_exactly(tmp_path):
     def fit(epochs, backup=None):
         keras.utils.set_random_seed(1)

@@ -51,6 +51,7 @@ def _fit(tmp_path, build, name, **overrides):
     {"execution": "graph", "precision": "mixed_bfloat16"},
     {"execution": "auto", "precision": "mixed_bfloat16"},
 ], ids=["graph", "auto", "graph-bf16", "auto-bf16"])
+@pytest.mark.slow
 def test_an_unbuilt_sequential_trains_under_every_mode_and_precision(tmp_path, overrides, fresh_execution_memory,
                                                                      xla_always_timed):
     first = _fit(tmp_path, _unbuilt, "a", **overrides)
@@ -60,6 +61,7 @@ def test_an_unbuilt_sequential_trains_under_every_mode_and_precision(tmp_path, o
         assert again.execution_choice["remembered"] and np.isfinite(again.test["loss"])
 
 
+@pytest.mark.slow
 def test_execution_auto_skips_xla_when_it_has_no_kernel_and_trains_in_graph(tmp_path, fresh_execution_memory,
                                                                             xla_always_timed):
     record = _fit(tmp_path, _string_op_model, "run", execution="auto")
@@ -69,6 +71,7 @@ def test_execution_auto_skips_xla_when_it_has_no_kernel_and_trains_in_graph(tmp_
     assert np.isfinite(record.test["loss"])
 
 
+@pytest.mark.slow
 def test_a_remembered_xla_choice_that_fails_now_is_forgotten_and_timed_again(tmp_path, monkeypatch,
                                                                               fresh_execution_memory, xla_always_timed):
     from tftrain.runtime import execution_memory
@@ -84,6 +87,7 @@ def test_a_remembered_xla_choice_that_fails_now_is_forgotten_and_timed_again(tmp
     assert record.execution_choice["remembered"] is None and "AsString" in record.execution_choice["skipped"][0]
 
 
+@pytest.mark.slow
 def test_an_explicit_xla_that_cannot_compile_fails_in_one_line_with_the_fix(tmp_path):
     task_file = tmp_path / "strings_task.py"
     task_file.write_text(
@@ -143,6 +147,7 @@ def test_step_scales_loss_reads_the_step_s_source():
     assert overridden_steps(_own_step_model(False)) == ("train_step",)
 
 
+@pytest.mark.slow
 def test_precision_auto_takes_float32_for_a_step_that_does_not_scale_its_loss(tmp_path, monkeypatch, capsys):
     from tftrain.runtime import precision
 
@@ -157,6 +162,7 @@ def test_precision_auto_takes_float32_for_a_step_that_does_not_scale_its_loss(tm
     assert record.history["step_loss"][-1] < 0.5 * record.history["step_loss"][0]  # it learns
 
 
+@pytest.mark.slow
 def test_an_explicit_mixed_float16_warns_with_the_fix(tmp_path, capsys):
     _fit(tmp_path, lambda: _own_step_model(False), "run", precision="mixed_float16", execution="graph", verbose=1)
     captured = capsys.readouterr()
@@ -178,6 +184,7 @@ def test_a_custom_step_s_loss_is_marked_as_its_own_across_replicas(tmp_path):
     assert "custom_step" not in trainer.extras
 
 
+@pytest.mark.slow
 def test_steps_per_execution_auto_is_measured_and_divides_the_backup_interval(tmp_path, fresh_execution_memory):
     record = _fit(tmp_path, _unbuilt, "a", steps_per_execution="auto", execution="graph", epochs=1, batch_size=32)
     choice = record.execution_choice
@@ -187,6 +194,7 @@ def test_steps_per_execution_auto_is_measured_and_divides_the_backup_interval(tm
     assert backed.execution_choice["steps_per_execution"] == 1 and backed.extras["backup"]["every_steps"] == 4
 
 
+@pytest.mark.slow
 def test_a_remembered_count_that_fails_now_is_timed_again_from_the_compiled_count(tmp_path, monkeypatch,
                                                                                    fresh_execution_memory):
     from tftrain.runtime import execution_memory
@@ -218,6 +226,7 @@ def _string_test_step_model():
     return StringTestStep(inputs, keras.layers.Dense(1)(inputs))
 
 
+@pytest.mark.slow
 def test_a_remembered_xla_choice_whose_test_step_xla_cannot_compile_gives_way_to_graph(
         tmp_path, monkeypatch, fresh_execution_memory, xla_always_timed):
     from tftrain.runtime import execution_memory
@@ -232,6 +241,7 @@ def test_a_remembered_xla_choice_whose_test_step_xla_cannot_compile_gives_way_to
     assert np.isfinite(record.test["loss"]) and (tmp_path / "run" / "model.keras").is_file()
 
 
+@pytest.mark.slow
 def test_xla_chosen_in_training_keeps_the_test_step_in_graph(tmp_path, monkeypatch, fresh_execution_memory,
                                                              xla_always_timed):
     from tftrain.runtime import execution_trial
@@ -259,6 +269,7 @@ def _dense():
     return keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
 
 
+@pytest.mark.slow
 def test_precision_auto_times_bfloat16_against_float32_on_a_cpu_and_remembers(tmp_path, monkeypatch,
                                                                                 fresh_execution_memory):
     from tftrain.runtime import precision
@@ -282,6 +293,7 @@ def test_precision_auto_times_bfloat16_against_float32_on_a_cpu_and_remembers(tm
     assert again.extras["precision_auto"] == choice and again.runtime["precision"] == choice["policy"]
 
 
+@pytest.mark.slow
 def test_precision_auto_trains_the_float32_twin_when_float32_is_faster(tmp_path, monkeypatch, fresh_execution_memory):
     import keras
 
@@ -304,6 +316,7 @@ def test_precision_auto_trains_the_float32_twin_when_float32_is_faster(tmp_path,
     assert all(layer.dtype_policy.name == "float32" for layer in saved.layers)
 
 
+@pytest.mark.slow
 def test_precision_auto_times_nothing_under_eager_execution(tmp_path, monkeypatch, fresh_execution_memory):
     from tftrain.runtime import precision
 

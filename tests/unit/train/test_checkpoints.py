@@ -81,6 +81,7 @@ def _metadata(run_dir):
 
 @pytest.mark.parametrize("spe, every, saves_every, killed_after", [(1, 5, 5, 25), (4, 10, 8, 28)],
                          ids=["one-step-executions", "four-step-executions"])
+@pytest.mark.slow
 def test_a_run_killed_mid_epoch_loses_at_most_n_steps_and_resumes_at_its_step(tmp_path, spe, every, saves_every,
                                                                                 killed_after):
     kw = {"backup_every_steps": every, "steps_per_execution": spe}
@@ -104,6 +105,7 @@ def test_a_run_killed_mid_epoch_loses_at_most_n_steps_and_resumes_at_its_step(tm
     assert not (tmp_path / "run" / "backup").exists()  # removed once the run finished
 
 
+@pytest.mark.slow
 def test_a_checkpoint_whose_metadata_lags_its_weights_gives_way_to_the_previous_one(tmp_path):
     with pytest.raises(tftrain.Interrupted):
         _run(tmp_path, callbacks=[_killer(25)], backup_every_steps=5)
@@ -229,6 +231,7 @@ def _saved_weights(run_dir):
     return keras.models.load_model(run_dir / "model.keras").get_weights()
 
 
+@pytest.mark.slow
 def test_early_stopping_stops_after_patience_and_saves_the_best_weights(tmp_path):
     log = _weights_log()
     record = _run(tmp_path, _diverging_validation_task(), callbacks=[log], epochs=10, early_stopping=2)
@@ -240,6 +243,7 @@ def test_early_stopping_stops_after_patience_and_saves_the_best_weights(tmp_path
         np.testing.assert_array_equal(saved, best)
 
 
+@pytest.mark.slow
 def test_early_stopping_keeps_its_best_epoch_and_patience_across_a_resume(tmp_path):
     log = _weights_log()
     with pytest.raises(tftrain.Interrupted):  # killed in epoch 3: epochs 1 (best) and 2 are done

@@ -28,6 +28,7 @@ def _fit(tmp_path, **overrides):
 
 
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
+@pytest.mark.slow
 def test_every_format_is_written_loaded_back_and_matches_the_model(tmp_path, precision):
     record = _fit(tmp_path, export="saved_model,onnx,litert", precision=precision)
     exported = record.extras["export"]

@@ -30,6 +30,7 @@ def _fit(tmp_path, name, width=8, **overrides):
     return tftrain.Trainer(_task(width), **overrides).fit()
 
 
+@pytest.mark.slow
 def test_the_best_epochs_by_val_loss_and_the_last_are_kept_and_recorded(tmp_path):
     record = _fit(tmp_path, "run", keep_best=2)
     kept = record.extras["keep_best"]["kept"]
@@ -45,6 +46,7 @@ def test_the_best_epochs_by_val_loss_and_the_last_are_kept_and_recorded(tmp_path
     assert metrics["keep_best"]["monitor"] == "val_loss" and metrics["keep_best"]["mode"] == "min"
 
 
+@pytest.mark.slow
 def test_kept_checkpoints_survive_a_resumed_run_and_higher_is_better_for_accuracy_like_metrics(tmp_path):
     import keras
     import tensorflow as tf
@@ -72,6 +74,7 @@ def test_kept_checkpoints_survive_a_resumed_run_and_higher_is_better_for_accurac
         np.testing.assert_array_equal(got, saved)
 
 
+@pytest.mark.slow
 def test_init_from_a_run_directory_starts_from_its_best_weights(tmp_path):
     first = _fit(tmp_path, "first", keep_best=1)
     again = _fit(tmp_path, "again", epochs=1, init_from=str(tmp_path / "first"))
@@ -83,6 +86,7 @@ def test_init_from_a_run_directory_starts_from_its_best_weights(tmp_path):
     assert from_file.extras["init_from"]["kind"] == "keras" and from_file.history["loss"][0] < scratch.history["loss"][0]
 
 
+@pytest.mark.slow
 def test_init_from_weights_of_another_model_names_the_first_weight_that_differs(tmp_path):
     _fit(tmp_path, "narrow", epochs=1, keep_best=1)
     with pytest.raises(ConfigError, match=r"--init-from .*model\.keras: this model's weight .*kernel has shape "

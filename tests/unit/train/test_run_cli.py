@@ -67,6 +67,7 @@ def test_a_syntax_error_names_the_line(tmp_path):
     assert str(e.value).endswith("SyntaxError: invalid syntax (line 2).") and str(e.value).count("line 2") == 1
 
 
+@pytest.mark.slow
 def test_main_trains_with_task_hyperparameter_flags(task_file, tmp_path, capsys):
     code = run.main([f"{task_file}:task", "--units", "3", "--epochs", "1", "--batch-size", "16", "--verbose", "0", "--execution", "graph",
                      "--run-dir", str(tmp_path / "run")])
@@ -130,6 +131,7 @@ def test_bad_files_and_folders_exit_2_with_one_line(task_file, tmp_path, capsys,
         assert (tmp_path / "afile").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_an_empty_tf_config_means_unset_for_every_strategy(task_file, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TF_CONFIG", "")
     for strategy in ("mirrored", "multi_worker_mirrored"):
@@ -168,6 +170,7 @@ MIRRORED_ON_TWO_CPUS = ["--strategy", "mirrored", "--cpu-replicas", "2", "--epoc
                         "--verbose", "0"]
 
 
+@pytest.mark.slow
 def test_a_task_file_that_starts_tensorflow_at_import_is_named_with_the_fix(tmp_path):
     path = tmp_path / "task.py"
     path.write_text(STARTS_TENSORFLOW.format(metric="keras.metrics.MeanAbsoluteError()"))
@@ -183,6 +186,7 @@ def test_a_task_file_that_starts_tensorflow_at_import_is_named_with_the_fix(tmp_
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_metric_class_is_built_in_the_strategy_scope_and_reported(tmp_path):
     path = tmp_path / "task.py"
     path.write_text(STARTS_TENSORFLOW.format(metric="keras.metrics.MeanAbsoluteError"))
@@ -195,6 +199,7 @@ def test_a_metric_class_is_built_in_the_strategy_scope_and_reported(tmp_path):
     assert "mean_absolute_error" in metrics["history"]
 
 
+@pytest.mark.slow
 def test_thread_flags_a_task_file_cannot_honour_are_one_warning_naming_it(tmp_path):
     path = tmp_path / "task.py"
     path.write_text(STARTS_TENSORFLOW.format(metric="keras.metrics.MeanAbsoluteError()"))
@@ -210,6 +215,7 @@ def test_thread_flags_a_task_file_cannot_honour_are_one_warning_naming_it(tmp_pa
     ]
 
 
+@pytest.mark.slow
 def test_callbacks_from_the_command_line(task_file, tmp_path, capsys):
     mine = tmp_path / "my_callbacks.py"
     mine.write_text(

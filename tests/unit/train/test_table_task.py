@@ -35,6 +35,7 @@ def _task(files, **kw):
                              learning_rate=0.05, **kw)
 
 
+@pytest.mark.slow
 def test_a_csv_table_trains_with_its_examples_counted_once(tmp_path):
     _write_csv(tmp_path / "train-0.csv", 300, 0)
     _write_csv(tmp_path / "train-1.csv", 212, 1)

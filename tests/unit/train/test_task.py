@@ -307,6 +307,7 @@ def _tasks_for_flags(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["mnist-arrays", "tfrecord", "dataset"])
+@pytest.mark.slow
 def test_pipeline_flags_reach_the_training_dataset(tmp_path, name):
     from tftrain.cli import parse_config
 

@@ -31,6 +31,7 @@ def _trainer(tmp_path, **overrides):
     return tftrain.Trainer(_task(), **overrides)
 
 
+@pytest.mark.slow
 def test_fit_writes_the_run_directory_and_returns_the_record(tmp_path):
     record = _trainer(tmp_path, validation_split=0.25).fit()
     run = tmp_path / "run"
@@ -43,6 +44,7 @@ def test_fit_writes_the_run_directory_and_returns_the_record(tmp_path):
     assert metrics["task"] == "tiny" and metrics["execution"] == "graph"
 
 
+@pytest.mark.slow
 def test_a_finished_run_directory_is_never_overwritten(tmp_path):
     _trainer(tmp_path, epochs=1).fit()
     before = (tmp_path / "run" / "metrics.json").read_text()
@@ -67,6 +69,7 @@ def test_tune_without_validation_data_is_refused_before_the_run_directory(tmp_pa
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_user_callbacks_run_after_tftrain_s_own(tmp_path):
     import keras
 
@@ -82,6 +85,7 @@ def test_user_callbacks_run_after_tftrain_s_own(tmp_path):
     assert seen == [["loss", "mae"]]
 
 
+@pytest.mark.slow
 def test_execution_auto_times_graph_and_xla_on_the_run_s_own_training_steps(tmp_path, fresh_execution_memory,
                                                                               xla_always_timed):
     record = _trainer(tmp_path, execution="auto", epochs=3, batch_size=16).fit()  # 96 steps: enough for both
@@ -91,12 +95,14 @@ def test_execution_auto_times_graph_and_xla_on_the_run_s_own_training_steps(tmp_
     assert record.history["loss"][-1] < record.history["loss"][0]
 
 
+@pytest.mark.slow
 def test_a_run_too_short_to_time_on_trains_in_graph_and_says_so(tmp_path, fresh_execution_memory):
     record = _trainer(tmp_path, execution="auto", epochs=1).fit()  # 4 steps
     assert record.execution == "graph" and record.execution_choice["timings"] == {}
     assert "training steps are too few to time the candidates on" in record.execution_choice["reason"]
 
 
+@pytest.mark.slow
 def test_execution_auto_remembers_its_choice_for_the_same_model_and_batch(tmp_path, monkeypatch,
                                                                           fresh_execution_memory, xla_always_timed):
     from tftrain.runtime.execution_trial import ExecutionTrial
@@ -116,6 +122,7 @@ def test_execution_auto_remembers_its_choice_for_the_same_model_and_batch(tmp_pa
     assert len(timed) == 3 and retimed.execution_choice["remembered"] is None
 
 
+@pytest.mark.slow
 def test_steps_per_execution_auto_is_timed_from_8_steps_per_call_on_one_replica(tmp_path, fresh_execution_memory):
     trainer = _trainer(tmp_path, steps_per_execution="auto", epochs=6, batch_size=16)  # 32 batches an epoch
     record = trainer.fit()
@@ -134,6 +141,7 @@ def test_overrides_must_name_config_fields():
         tftrain.Trainer(object())
 
 
+@pytest.mark.slow
 def test_multi_output_model_with_a_loss_per_output(tmp_path):
     import keras
 
@@ -180,6 +188,7 @@ def test_a_model_that_overrides_train_step_works_unchanged(tmp_path):
     assert record.history["custom_loss"][-1] < record.history["custom_loss"][0]
 
 
+@pytest.mark.slow
 def test_batch_size_auto_searches_then_keeps_its_choice_for_a_resumed_run(tmp_path):
     trainer = _trainer(tmp_path, batch_size="auto", epochs=1)
     record = trainer.fit()
@@ -190,6 +199,7 @@ def test_batch_size_auto_searches_then_keeps_its_choice_for_a_resumed_run(tmp_pa
     assert "auto" in (tmp_path / "run" / "config.yaml").read_text()  # the run directory keeps what was asked
 
 
+@pytest.mark.slow
 def test_tune_runs_trials_on_validation_data_and_trains_the_best(tmp_path):
     record = _trainer(tmp_path, tune=2, validation_split=0.25, epochs=1).fit()
     tuning = record.extras["tuning"]
@@ -199,6 +209,7 @@ def test_tune_runs_trials_on_validation_data_and_trains_the_best(tmp_path):
     assert 0.005 <= record.learning_rate <= 0.5  # searched around the task's 0.05
 
 
+@pytest.mark.slow
 def test_tune_says_so_when_every_trial_failed(tmp_path):
     import keras
 
@@ -288,6 +299,7 @@ def test_multi_process_loops_need_the_number_of_training_examples(tmp_path):
         trainer.check_task()
 
 
+@pytest.mark.slow
 def test_python_api_on_the_regression_example_file(tmp_path):
     from tftrain import run
 
@@ -312,6 +324,7 @@ def test_an_unfinished_run_of_another_task_is_refused(tmp_path):
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.yaml", "task.json"]
 
 
+@pytest.mark.slow
 def test_the_run_directory_names_its_task(tmp_path):
     _trainer(tmp_path, epochs=1).fit()
     assert json.loads((tmp_path / "run" / "task.json").read_text()) == {
@@ -413,6 +426,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_deterministic_runs_give_identical_figures(tmp_path):
     # Its own process: TensorFlow's op determinism cannot be switched off again, and under it Keras refuses XLA.
     import os

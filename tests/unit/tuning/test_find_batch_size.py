@@ -53,6 +53,7 @@ def oom_above(model, threshold):
     model.fit = fit
 
 
+@pytest.mark.slow
 def test_search_restores_weights_optimizer_state_and_iterations():
     model = trained_model()
     before = state_values(model)
@@ -68,6 +69,7 @@ def test_search_restores_weights_optimizer_state_and_iterations():
 
 
 @pytest.mark.parametrize("mode, expected", [("power", 128), ("binsearch", 200)])
+@pytest.mark.slow
 def test_fake_oom_above_a_threshold_picks_the_right_size(mode, expected):
     model = trained_model()
     before = state_values(model)
@@ -80,6 +82,7 @@ def test_fake_oom_above_a_threshold_picks_the_right_size(mode, expected):
     assert_same_state(before, state_values(model))  # restored after the OOMs too
 
 
+@pytest.mark.slow
 def test_cpu_memory_budget_in_bytes():
     model = trained_model()
     with pytest.raises(BatchSizeSearchError, match=r"over_budget"):
@@ -90,6 +93,7 @@ def test_cpu_memory_budget_in_bytes():
     assert all(t.peak_memory_bytes is not None for t in result.trials)
 
 
+@pytest.mark.slow
 def test_trial_time_limit_ends_growth():
     model = trained_model()
     # Every trial overruns a zero time limit: each stops after one execution, and nothing fits.
@@ -98,6 +102,7 @@ def test_trial_time_limit_ends_growth():
                         trial_timeout_s=0.0, max_trials=2, verbose=0, memory_budget=None)
 
 
+@pytest.mark.slow
 def test_linear_learning_rate_scaling_is_opt_in_and_reported():
     model = trained_model(lr=0.01)
     result = find_batch_size(model, data(), init_val=16, max_val=64, steps_per_trial=1, objective="largest",
@@ -110,6 +115,7 @@ def test_linear_learning_rate_scaling_is_opt_in_and_reported():
         find_batch_size(model, data(), scale_learning_rate=True, verbose=0)
 
 
+@pytest.mark.slow
 def test_learning_rate_scaling_reads_the_inner_optimizer_under_mixed_float16():
     model = trained_model(lr=0.01)
     model.optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.01))
@@ -126,6 +132,7 @@ def test_uncompiled_model_is_refused():
         find_batch_size(model, data(), verbose=0)
 
 
+@pytest.mark.slow
 def test_batch_size_finder_callback_searches_then_leaves_the_model_untouched():
     model = trained_model()
     before = state_values(model)
@@ -148,12 +155,14 @@ def test_describe_names_the_fastest_trial_when_the_choice_is_another(capfd):
     assert "smallest batch within the min_gain tolerance of the fastest trial (64: 1,030/s)" in result.describe()
 
 
+@pytest.mark.slow
 def test_arrays_search_prints_no_partial_cache_warning(capfd):
     x, y = data()
     find_batch_size(trained_model(), (x, y), init_val=16, max_val=64, steps_per_trial=1, verbose=0)
     assert "did not fully read the dataset being cached" not in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_largest_objective_proposes_accumulation_when_the_target_does_not_fit():
     model = trained_model()
     oom_above(model, 200)

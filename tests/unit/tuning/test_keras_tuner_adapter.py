@@ -70,6 +70,7 @@ def test_unknown_algorithm_and_bad_trials(tmp_path):
     # max_epochs=3 gives Hyperband a first bracket of 1-epoch trials; uncapped it would run 6 trials here.
     ("hyperband", kt.Hyperband, {"max_epochs": 3}),
 ])
+@pytest.mark.slow
 def test_bayesian_and_hyperband_searches_run_and_stop_at_max_trials(tmp_path, algorithm, cls, kwargs):
     tuner = make_tuner(hypermodel(), directory=tmp_path / "tuning", algorithm=algorithm, max_trials=2, seed=0,
                        **kwargs)
@@ -85,6 +86,7 @@ def test_bayesian_and_hyperband_searches_run_and_stop_at_max_trials(tmp_path, al
     assert (tmp_path / "tuning" / "tuner" / "oracle.json").is_file()
 
 
+@pytest.mark.slow
 def test_search_runs_each_trial_from_clear_session_under_the_strategy(tmp_path, monkeypatch):
     calls = []
     real_clear = keras.backend.clear_session
