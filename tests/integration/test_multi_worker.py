@@ -178,14 +178,19 @@ def test_killed_worker_of_a_chief_and_worker_job_resumes_from_the_last_checkpoin
     assert list((tmp_path / "tmp").glob("tftrain-*")) == []
 
 
+def _parameter_server_job(tmp_path, workers: int):
+    """`(run directory, launcher command, task environment)` of a MNIST job: chief, `workers` workers, 1 ps."""
+    run_dir = tmp_path / "run"
+    cmd = _launcher(["--chief", "--workers", str(workers), "--ps", "1"],
+                    ["--strategy", "parameter_server", *FLAGS, "--run-dir", run_dir], 200)
+    return run_dir, cmd, _env(tmp_path / "tmp")
+
+
 @pytest.mark.timeout(400)
 def test_parameter_server_job_outlives_a_killed_worker(tmp_path):
     # ParameterServerStrategy's coordinator reschedules a lost worker's steps on the others: losing one of two
     # workers slows the job down and does not fail it.
-    run_dir = tmp_path / "run"
-    cmd = _launcher(["--chief", "--workers", "2", "--ps", "1"],
-                    ["--strategy", "parameter_server", *FLAGS, "--run-dir", run_dir], 200)
-    env = _env(tmp_path / "tmp")
+    run_dir, cmd, env = _parameter_server_job(tmp_path, workers=2)
     code, output, pids = _kill_in_epoch_2(cmd, env, watched="chief:0", victim="worker:1")
     assert code == 0, output[-3000:]
     assert ("worker:1 was killed by SIGKILL (exit code 137); the parameter-server job goes on with worker:0"
@@ -203,10 +208,7 @@ def test_parameter_server_job_outlives_a_killed_worker(tmp_path):
 def test_parameter_server_job_resumes_after_a_killed_worker(tmp_path):
     # One worker keeps the kill and the resume short; the exact step count under two workers is checked in
     # tests/integration/test_own_task.py (the loop adds atomically).
-    run_dir = tmp_path / "run"
-    cmd = _launcher(["--chief", "--workers", "1", "--ps", "1"],
-                    ["--strategy", "parameter_server", *FLAGS, "--run-dir", run_dir], 200)
-    env = _env(tmp_path / "tmp")
+    run_dir, cmd, env = _parameter_server_job(tmp_path, workers=1)
     code, output, pids = _kill_in_epoch_2(cmd, env, watched="chief:0", victim="worker:0")
     assert code == 128 + signal.SIGKILL, output[-3000:]
     assert "worker:0 was killed by SIGKILL (exit code 137); stopping" in output
