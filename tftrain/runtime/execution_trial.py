@@ -26,6 +26,7 @@ Source: keras/src/backend/tensorflow/trainer.py (`fit`, `make_train_function`) i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 from typing import Callable, Optional, Sequence
@@ -48,6 +49,7 @@ long enough to repay compiling it: the zoo's largest ratio was 2.26x (lstm at 32
 `benchmarks/results/zoo.json`, medians over 3 rounds on a 2-core CPU), most were below 1.5x."""
 
 
+@functools.total_ordering
 class _Count:
     """The steps per execution Keras's train function loops over, read from a `tf.Variable` when it runs.
 
@@ -90,20 +92,8 @@ class _Count:
     def __eq__(self, other):
         return self.largest == other
 
-    def __ne__(self, other):
-        return self.largest != other
-
     def __lt__(self, other):
         return self.largest < other
-
-    def __le__(self, other):
-        return self.largest <= other
-
-    def __gt__(self, other):
-        return self.largest > other
-
-    def __ge__(self, other):
-        return self.largest >= other
 
     __hash__ = None
 
@@ -477,8 +467,7 @@ def weigh_remembered_xla(choice: ExecutionChoice, planned_steps: Optional[int]) 
     xla = [t for label, t in timings.items() if label.startswith("xla") and t.steps_per_execution
            == choice.steps_per_execution]
     graphs = [t for label, t in timings.items() if label.startswith("graph")]
-    if choice.execution != "xla" or not planned_steps or not xla or not graphs or "xla" not in timings \
-            or "graph" not in timings:
+    if choice.execution != "xla" or not planned_steps or not xla or "xla" not in timings or "graph" not in timings:
         return choice
     graph = min(graphs, key=lambda t: t.step_time_s)
     compile_s = max(0.0, timings["xla"].warmup_s - timings["graph"].warmup_s)
