@@ -23,7 +23,7 @@ counts as 128 + N, as in a shell).
 A parameter-server job outlives a worker, as `ParameterServerStrategy` is built to:
 the chief's `ClusterCoordinator` reschedules a lost worker's steps on the others, so
 the job goes on while one worker runs, and `--max-restarts N` restarts the worker
-alone (the coordinator takes it back at its address). With `--max-restarts N` any
+alone (TensorFlow's coordinator reconnects a worker that comes back at its address). With `--max-restarts N` any
 other task that fails (a MultiWorkerMirrored worker, a chief, a ps task) restarts the
 whole job, which resumes from its checkpoint; each restart is named in the log, at
 most N in all. When a task fails beyond that, on Ctrl-C (SIGINT), SIGTERM or SIGHUP,
@@ -492,13 +492,14 @@ def _after_failure(job: _Job, task: _Task) -> Optional[int]:
             teardown(job.tasks, job.grace_s)
             job.start_all()
         return None
-    running = [t.name for t in job.tasks if t is not task and t.proc.poll() is None]
-    workers = [name for name in running if name.startswith("worker:")]
+    running = [t for t in job.tasks if t is not task and t.proc.poll() is None]
+    workers = [t.name for t in running if t.info.task_type == "worker"]
     if ps_worker and workers:
         job.output.say(f"{what}; the parameter-server job goes on with {', '.join(workers)} "
                        "(the chief's coordinator reschedules its steps)")
         return None
-    job.output.say(f"{what}; stopping " + (", ".join(running) if running else "nothing else (no task left)"))
+    job.output.say(f"{what}; stopping " + (", ".join(t.name for t in running) if running
+                                           else "nothing else (no task left)"))
     return _exit_code(task.returncode)
 
 
