@@ -352,7 +352,8 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
 
         Raises:
             ConfigError: when the batch does not divide across replicas, or the
-                data holds less than one global batch.
+                data holds fewer examples than replicas (x micro-batches). With
+                fewer examples than one global batch the batch shrinks to them.
         """
         from tftrain.data.pipeline import resolve_batch_size
 
@@ -368,6 +369,8 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
         n, acc = self.task.num_train_examples, self.accumulation_steps
         self.steps_per_epoch = None if n is None else n // self.effective_global_batch_size
         if self.steps_per_epoch == 0:
+            self._fit_batch_to_few_examples(n)
+        if self.steps_per_epoch == 0:
             gb = self.batch.global_batch_size
             batch = (f"an effective global batch of {self.effective_global_batch_size} ({acc} micro-batches of {gb})"
                      if acc > 1 else f"a global batch of {gb}")
@@ -380,6 +383,26 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
             from tftrain.callbacks.profile_steps import check_window_fits
 
             check_window_fits(*window, self.config.train.epochs * self.steps_per_epoch)
+
+    def _fit_batch_to_few_examples(self, n: int) -> None:
+        """Fewer examples than one global batch: one step of all of them, as Keras's `fit` would take.
+
+        The global batch shrinks to the largest multiple of the replicas that
+        `n` examples fill (per gradient-accumulation micro-batch), and the run
+        says so; it stays as it is when not even one example per replica is left.
+        """
+        replicas, acc = self.runtime.num_replicas, self.accumulation_steps
+        global_batch = n // acc // replicas * replicas
+        if global_batch < replicas:
+            return
+        asked = self.batch.global_batch_size
+        from tftrain.data.pipeline import resolve_batch_size
+
+        self.batch = resolve_batch_size(global_batch, None, replicas)
+        self.steps_per_epoch = n // self.effective_global_batch_size
+        step = f"{acc} micro-batches of {global_batch}" if acc > 1 else f"{global_batch} examples"
+        self.console.line(f"Batch: {n} training examples are fewer than a global batch of {asked}; each epoch is "
+                          f"one step of {step}.")
 
     @property
     def accumulation_steps(self) -> int:

@@ -53,14 +53,21 @@ def test_a_finished_run_directory_is_never_overwritten(tmp_path):
     assert (tmp_path / "run" / "metrics.json").read_text() == before
 
 
-def test_batch_plan_uses_the_task_default_and_refuses_too_few_examples(tmp_path):
+def test_batch_plan_uses_the_task_default_and_fits_a_batch_to_few_examples(tmp_path, capsys):
     trainer = tftrain.Trainer(_task(default_batch_size=64), verbose=0, run_dir=str(tmp_path / "r"))
     trainer.check(), trainer.setup_runtime(), trainer.bind_task(), trainer.plan_fixed_batch()
     assert (trainer.batch.global_batch_size, trainer.steps_per_epoch) == (64, 8)
-    small = tftrain.Trainer(_task(), verbose=0, run_dir=str(tmp_path / "s"), batch_size=1024)
+    small = tftrain.Trainer(_task(), verbose=1, run_dir=str(tmp_path / "s"), batch_size=1024)
     small.check(), small.setup_runtime(), small.bind_task()
-    with pytest.raises(ConfigError, match="not one full step"):
-        small.plan_fixed_batch()
+    small.plan_fixed_batch()  # fewer examples than a batch: one step of all of them, as Keras's fit takes
+    n = small.task.num_train_examples
+    assert (small.batch.global_batch_size, small.steps_per_epoch) == (n, 1)
+    assert f"{n} training examples are fewer than a global batch of 1024" in capsys.readouterr().out
+    accumulated = tftrain.Trainer(_task(), verbose=0, run_dir=str(tmp_path / "a"), batch_size=1024,
+                                  gradient_accumulation_steps=n + 1)
+    accumulated.check(), accumulated.setup_runtime(), accumulated.bind_task()
+    with pytest.raises(ConfigError, match="not one full step"):  # not one example per micro-batch
+        accumulated.plan_fixed_batch()
 
 
 def test_tune_without_validation_data_is_refused_before_the_run_directory(tmp_path):
