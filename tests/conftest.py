@@ -39,6 +39,16 @@ def _session_execution_memory(tmp_path_factory):
         os.environ["TFTRAIN_CACHE_DIR"] = before
 
 
+@pytest.fixture(autouse=True)
+def _xla_flags_restored(monkeypatch):
+    """`TF_XLA_FLAGS` as it was before each test: `runtime.setup` names XLA's persistent cache there
+    (`tftrain.runtime.xla_cache`), which must not follow one test's cache into the next test's processes."""
+    if "TF_XLA_FLAGS" in os.environ:
+        monkeypatch.setenv("TF_XLA_FLAGS", os.environ["TF_XLA_FLAGS"])
+    else:
+        monkeypatch.delenv("TF_XLA_FLAGS", raising=False)
+
+
 @pytest.fixture
 def fresh_execution_memory(tmp_path, monkeypatch):
     """An empty `--execution auto` memory for this test and the processes it starts."""

@@ -133,6 +133,9 @@ def _threads(config: RuntimeConfig) -> ThreadSettings:
 def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[ClusterInfo] = None) -> Runtime:
     """Configures threads, devices, precision, the strategy and the malloc thresholds, in that order.
 
+    Under `execution` "auto" or "xla" with `remember_execution`, XLA's persistent
+    compilation cache is turned on first (`tftrain.runtime.xla_cache`).
+
     Args:
         config: a validated `RuntimeConfig`.
         env: environment holding TF_CONFIG. Defaults to `os.environ` (where a
@@ -159,6 +162,10 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[C
     if multi_process and cluster is None:
         cluster = resolve_cluster(config.strategy, env=env, ps_tasks=config.ps_tasks)
     nvtx_env_set = enable_nvtx_ranges() if config.nvtx else False  # before any op: read when TF first runs one
+    if config.execution in ("auto", "xla") and config.remember_execution:  # also read when the runtime starts
+        from tftrain.runtime import xla_cache
+
+        xla_cache.enable()
     threads = _threads(config)
     # Nothing so far starts TensorFlow's runtime, so MultiWorkerMirroredStrategy can still
     # configure collective ops as it starts it.

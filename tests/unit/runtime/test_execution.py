@@ -90,7 +90,9 @@ def test_choose_execution_restores_state_and_keeps_the_winner_compiled():
     assert choice.execution in ("graph", "xla") and set(choice.timings) == {"graph", "xla"}
     assert model.jit_compile == (choice.execution == "xla")
     assert all(t.examples_per_sec > 0 for t in choice.timings.values())
-    assert "faster than" in choice.reason and choice.execution in choice.describe()
+    # Either mode may win on a loaded machine; the reason says which way the timing went.
+    assert ("faster than" in choice.reason or "within the 5% timing noise" in choice.reason), choice.reason
+    assert choice.execution in choice.describe()
     for before, after in zip(weights, model.get_weights()):
         np.testing.assert_array_equal(before, after)
     for before, variable in zip(optimizer_state, model.optimizer.variables):
