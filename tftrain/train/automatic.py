@@ -39,6 +39,25 @@ def _cached_if_small(probe):
     return probe.cache() if size * AUTO_PROBE_BATCHES <= PROBE_CACHE_BYTES else probe
 
 
+BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
+"""Keras callback methods that run once per training batch, or once per execution of several."""
+
+
+def batch_hooks(callbacks) -> list:
+    """`["Class.method", ...]` for the callbacks' own per-batch hooks (`BATCH_HOOKS`): a method defined
+    outside Keras (a user's class, or a user's subclass of a Keras callback that overrides it), or one
+    given to an instance (`keras.callbacks.LambdaCallback(on_train_batch_end=...)`). Keras's own
+    callbacks count their batches themselves and are not listed."""
+    found = []
+    for callback in callbacks:
+        for hook in BATCH_HOOKS:
+            owner = next((k for k in type(callback).__mro__ if hook in vars(k)), None)
+            given = hook in vars(callback) and callable(vars(callback)[hook])
+            if given or (owner is not None and not owner.__module__.startswith("keras")):
+                found.append(f"{type(callback).__name__}.{hook}")
+    return found
+
+
 class AutomaticSettings:
     """`Trainer`'s stages that choose settings by measurement (it provides `config`, `runtime`, `task`,
     `batch`, `loop`, `console`, `extras`, `build_model`, ...)."""
@@ -95,6 +114,7 @@ class AutomaticSettings:
         that cannot, trains in graph at the rule's count."""
         from tftrain.runtime.execution import AUTO_CANDIDATES
 
+        self._keep_batch_hooks_per_step(model)
         rt = self.config.runtime
         modes = AUTO_CANDIDATES if rt.execution == "auto" else (rt.execution,)
         counts = self._steps_per_execution_candidates()
@@ -124,6 +144,18 @@ class AutomaticSettings:
             self._say_callback_frequency(model.steps_per_execution, counts)
             return
         self._start_trial(model, modes, counts, key)
+
+    def _keep_batch_hooks_per_step(self, model) -> None:
+        """`--steps-per-execution auto` with a user callback that has per-batch hooks: one step per
+        execution, as plain Keras runs them, so that the hooks see every batch; one line says so."""
+        hooks = batch_hooks(self.user_callback_objects())
+        if self.config.runtime.steps_per_execution != "auto" or not hooks:
+            return
+        self.config = self.config.override({"steps_per_execution": 1})
+        self.runtime = dataclasses.replace(self.runtime, config=self.config.runtime)
+        model.steps_per_execution = 1
+        self.console.line(f"steps/execution: auto -> 1: {', '.join(hooks)} runs every batch, as in plain Keras "
+                          "(--steps-per-execution N runs it once every N batches, faster)")
 
     def _start_trial(self, model, modes, counts, key) -> None:
         """Installs the `ExecutionTrial` on `model` for this run's `fit`, or, when the run has fewer

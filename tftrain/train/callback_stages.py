@@ -40,7 +40,13 @@ class CallbackStages:
         if self.loop.per_step_hooks:
             callbacks += self._step_callbacks()
         callbacks += self._early_stopping() + self._keep_best()
-        return callbacks + self.callbacks + [c for make in self._user_callbacks for c in make()]
+        return callbacks + self.user_callback_objects()
+
+    def user_callback_objects(self) -> list:
+        """The user's callbacks: those passed to the Trainer, then those `--callbacks` names (made once)."""
+        if self._made_user_callbacks is None:
+            self._made_user_callbacks = [c for make in self._user_callbacks for c in make()]
+        return self.callbacks + self._made_user_callbacks
 
     def _make_backup(self):
         """The `StepBackup`: it keeps the previous checkpoint (a task may die mid-save) and outlives `fit`

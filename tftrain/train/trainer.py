@@ -121,6 +121,7 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
         self.backup = self.early_stopping = self.keep_best = None  # StepBackup, ResumableEarlyStopping, KeepBest
         self.preemption = None  # PreemptionWatch of a single process (make_callbacks)
         self._user_callbacks = []  # makers of --callbacks (check)
+        self._made_user_callbacks = None  # what they made (user_callback_objects)
         self.compile_args: dict = {}
         self.extras: dict = {}
 

@@ -450,3 +450,42 @@ def test_deterministic_runs_give_identical_figures(tmp_path):
     assert a["settings"] == b["settings"] == ["graph", 8, 0]  # nothing chosen by timing, a seed
     assert a["history"] == b["history"] and a["test"] == b["test"]  # shuffle, dropout and weights repeat exactly
     assert a["history"]["loss"][1] < a["history"]["loss"][0]
+
+
+def test_batch_hooks_lists_the_users_own_per_batch_methods_only():
+    import keras
+
+    from tftrain.train.automatic import batch_hooks
+
+    class Logger(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            pass
+
+    class EveryEpoch(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            pass
+
+    class MyCheckpoint(keras.callbacks.ModelCheckpoint):
+        pass
+
+    lambdas = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: None)
+    assert batch_hooks([Logger(), EveryEpoch(), MyCheckpoint("m.keras"), keras.callbacks.TerminateOnNaN(),
+                        lambdas]) == ["Logger.on_train_batch_end", "LambdaCallback.on_train_batch_begin"]
+
+
+@pytest.mark.slow
+def test_a_per_batch_callback_sees_every_batch_under_auto_steps_per_execution(tmp_path, capsys):
+    import keras
+
+    batches = []
+
+    class Logger(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            batches.append(batch)
+
+    trainer = tftrain.Trainer(_task(), callbacks=[Logger()], epochs=2, verbose=1, execution="graph",
+                              steps_per_execution="auto", batch_size=32, run_dir=str(tmp_path / "run"))
+    trainer.fit()
+    assert batches == list(range(16)) * 2  # 512 examples / 32, every batch of both epochs
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["steps_per_execution"] == 1
+    assert "Logger.on_train_batch_end runs every batch" in capsys.readouterr().out
