@@ -193,52 +193,74 @@ def build_dataset(
     check_int(batch_size, "batch_size", error=ConfigError)
     from_files = not (isinstance(source, tuple) and len(source) == 2 and not isinstance(source[0], str))
     drop_remainder = training if drop_remainder is None else drop_remainder
-    batched = False
+    parallel = AUTOTUNE if config.parallel_map else None
     if from_files:
-        files = list(source)
-        if parse_fn is None:
-            raise ConfigError("A file source needs parse_fn to decode each record into (features, labels).")
-        ds = tf.data.TFRecordDataset(files, num_parallel_reads=AUTOTUNE if config.parallel_map else None)
-        if max_examples is not None:
-            ds = ds.take(max_examples)
-        num_examples = None
+        ds = _file_batches(list(source), batch_size, parse_fn, training=training, config=config, seed=seed,
+                           input_context=input_context, drop_remainder=drop_remainder, max_examples=max_examples)
+        if preprocess is not None:
+            ds = ds.map(preprocess, num_parallel_calls=parallel)
     else:
-        num_examples = num_examples_of(*source)
-        features, labels = (tf.nest.map_structure(tf.constant, part) for part in source)
-        if not config.shuffle_buffer or config.shuffle_buffer >= num_examples:  # 0: a whole permutation an epoch
-            per_pipeline = input_context.get_per_replica_batch_size(batch_size) if input_context else batch_size
-            ds, batched = index_batches(num_examples, per_pipeline, shuffle=training, seed=seed,
-                                        drop_remainder=drop_remainder, input_context=input_context), True
-        else:  # a partial shuffle over single example indices; see the module docstring
-            ds = tf.data.Dataset.range(num_examples)
-
-    if not batched:
-        if input_context is not None:
-            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-            batch_size = input_context.get_per_replica_batch_size(batch_size)
-        if from_files:
-            ds = ds.map(parse_fn, num_parallel_calls=AUTOTUNE if config.parallel_map else None)
-            if config.cache:  # arrays are in memory already: nothing to cache
-                ds = ds.cache()
-        if training:
-            buffer = config.shuffle_buffer or num_examples or 10_000
-            ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-        ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-    if not from_files:
-        def gather(indices):
-            batch = tuple(tf.nest.map_structure(lambda t: tf.gather(t, indices), part) for part in (features, labels))
-            return batch if preprocess is None else preprocess(*batch)
-
-        ds = ds.map(gather, num_parallel_calls=AUTOTUNE if config.parallel_map else None)
-    elif preprocess is not None:
-        ds = ds.map(preprocess, num_parallel_calls=AUTOTUNE if config.parallel_map else None)
+        ds = _array_batches(source, batch_size, preprocess, training=training, config=config, seed=seed,
+                            input_context=input_context, drop_remainder=drop_remainder)
     if config.prefetch:
         ds = ds.prefetch(AUTOTUNE)
-
-    policy = (tf.data.experimental.AutoShardPolicy.OFF if input_context is not None  # already sharded above
-              else tf.data.experimental.AutoShardPolicy.FILE if from_files and len(files) > 1
+    policy = (tf.data.experimental.AutoShardPolicy.OFF if input_context is not None  # already sharded
+              else tf.data.experimental.AutoShardPolicy.FILE if from_files and len(source) > 1
               else tf.data.experimental.AutoShardPolicy.DATA)
     return ds.with_options(dataset_options(policy, seed is not None or not training, config.private_threads))
+
+
+def _shard_shuffle_batch(ds, batch_size, *, training, config, seed, input_context, drop_remainder, num_examples=None):
+    """Shards `ds` by input pipeline (per-replica batches then), shuffles it when training (a buffer of
+    `config.shuffle_buffer`, else `num_examples`, else 10,000), and batches it."""
+    if input_context is not None:
+        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        batch_size = input_context.get_per_replica_batch_size(batch_size)
+    if training:
+        ds = ds.shuffle(config.shuffle_buffer or num_examples or 10_000, seed=seed, reshuffle_each_iteration=True)
+    return ds.batch(batch_size, drop_remainder=drop_remainder)
+
+
+def _file_batches(files, batch_size, parse_fn, *, config, max_examples, **batching):
+    """Batches of parsed TFRecord examples: read, cut to `max_examples`, parsed, cached, then sharded,
+    shuffled and batched (`_shard_shuffle_batch`)."""
+    if parse_fn is None:
+        raise ConfigError("A file source needs parse_fn to decode each record into (features, labels).")
+    parallel = AUTOTUNE if config.parallel_map else None
+    ds = tf.data.TFRecordDataset(files, num_parallel_reads=parallel)
+    if max_examples is not None:
+        ds = ds.take(max_examples)
+    input_context = batching["input_context"]
+    if input_context is not None:  # shard the records before parsing them
+        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        batching = {**batching, "input_context": None}
+        batch_size = input_context.get_per_replica_batch_size(batch_size)
+    ds = ds.map(parse_fn, num_parallel_calls=parallel)
+    if config.cache:
+        ds = ds.cache()
+    return _shard_shuffle_batch(ds, batch_size, config=config, **batching)
+
+
+def _array_batches(source, batch_size, preprocess, *, training, config, seed, input_context, drop_remainder):
+    """Batches gathered from in-memory arrays by batches of example indices: a whole permutation an epoch
+    (`index_batches`), or single indices through a shuffle buffer when `config.shuffle_buffer` is smaller
+    than the data (see the module docstring); then `preprocess` on each whole batch."""
+    num_examples = num_examples_of(*source)
+    features, labels = (tf.nest.map_structure(tf.constant, part) for part in source)
+    if not config.shuffle_buffer or config.shuffle_buffer >= num_examples:  # 0: a whole permutation an epoch
+        per_pipeline = input_context.get_per_replica_batch_size(batch_size) if input_context else batch_size
+        ds = index_batches(num_examples, per_pipeline, shuffle=training, seed=seed,
+                           drop_remainder=drop_remainder, input_context=input_context)
+    else:
+        ds = _shard_shuffle_batch(tf.data.Dataset.range(num_examples), batch_size, training=training, config=config,
+                                  seed=seed, input_context=input_context, drop_remainder=drop_remainder,
+                                  num_examples=num_examples)
+
+    def gather(indices):
+        batch = tuple(tf.nest.map_structure(lambda t: tf.gather(t, indices), part) for part in (features, labels))
+        return batch if preprocess is None else preprocess(*batch)
+
+    return ds.map(gather, num_parallel_calls=AUTOTUNE if config.parallel_map else None)
 
 
 def index_batches(num_examples: int, batch_size: int, *, shuffle: bool, seed: Optional[int] = None,
