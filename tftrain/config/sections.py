@@ -264,6 +264,11 @@ class TrainConfig:
             TensorFlow checkpoint path, or a run directory (its best kept
             checkpoint, else its `model.keras`); None starts from the model's
             own initial weights. Defaults to None.
+        mlflow: log the run to MLflow at this tracking URI (`http://host:port`,
+            `sqlite:///mlflow.db`, ...; `default`: `$MLFLOW_TRACKING_URI`, else
+            MLflow's own default), from the chief (`tftrain.train.mlflow_log`);
+            needs `pip install "tftrain[mlflow]"`. None logs nothing. Defaults
+            to None.
         export: formats to write the trained model in for serving,
             comma-separated from `saved_model`, `onnx`, `litert`; each artifact is
             loaded back and compared with the model (`tftrain.train.export`).
@@ -297,6 +302,8 @@ class TrainConfig:
                                             "(its best checkpoint)", metavar="PATH")
     export: Optional[str] = _field(None, "after training, write the model for serving and check each artifact: "
                                          "saved_model, onnx, litert (comma-separated)", metavar="FORMATS")
+    mlflow: Optional[str] = _field(None, "log settings, epoch metrics, final figures and files to MLflow at this "
+                                         "tracking URI ('default': $MLFLOW_TRACKING_URI)", metavar="TRACKING_URI")
 
     def __post_init__(self):
         _validate_fields(self)

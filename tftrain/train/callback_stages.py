@@ -40,7 +40,10 @@ class CallbackStages:
         if self.loop.per_step_hooks:
             callbacks += self._step_callbacks()
         callbacks += self._early_stopping() + self._keep_best()
-        return callbacks + self.user_callback_objects()
+        from tftrain.train import mlflow_log
+
+        self.mlflow = mlflow_log.make(self.config.train.mlflow, out.path, self.task.name, self.is_chief)
+        return callbacks + ([self.mlflow] if self.mlflow else []) + self.user_callback_objects()
 
     def user_callback_objects(self) -> list:
         """The user's callbacks: those passed to the Trainer, then those `--callbacks` names (made once)."""

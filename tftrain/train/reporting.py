@@ -189,6 +189,8 @@ def report(trainer, record: RunRecord) -> None:
         reports.write_metrics(record.run_dir, metrics)
         reports.write_report(record.run_dir, metrics, title=_title(trainer))
         hparams_log.log_run(trainer, record)  # TensorBoard's HParams tab compares the runs of a folder
+        if trainer.mlflow is not None:  # after metrics.json and report.md, which it uploads
+            trainer.mlflow.finish(hparams_log.hparam_values(trainer.config, record), hparams_log.final_figures(record))
     console = trainer.console
     unit = trainer.task.example_unit
     console.section("result")

@@ -122,6 +122,7 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
         self.preemption = None  # PreemptionWatch of a single process (make_callbacks)
         self._user_callbacks = []  # makers of --callbacks (check)
         self._made_user_callbacks = None  # what they made (user_callback_objects)
+        self.mlflow = None  # MlflowLog of the chief under --mlflow (make_callbacks)
         self.compile_args: dict = {}
         self.extras: dict = {}
 
@@ -182,11 +183,24 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
                 self.save(model)
                 self.export_model(model)
         except KeyboardInterrupt:  # the checkpoint (and finished tuner trials) resume the same command
+            self._end_mlflow("KILLED")
             raise Interrupted(str(self.run_dir.path)) from None
+        except BaseException:
+            self._end_mlflow("FAILED")
+            raise
         record = self.make_record(history, test, started, fit_time)
         self.report(record)
         self.finish_run_dir()
         return record
+
+    def _end_mlflow(self, status: str) -> None:
+        """Marks the MLflow run (if one was opened) ended with `status`; a tracking error is only warned of."""
+        if self.mlflow is None or self.mlflow.run_id is None:
+            return
+        try:
+            self.mlflow.client.set_terminated(self.mlflow.run_id, status)
+        except Exception as e:  # noqa: BLE001 (the run's own error is the one to report)
+            self.console.warn(f"--mlflow: could not mark the MLflow run {status}: {e}")
 
     def finish_run_dir(self) -> None:
         """Once `metrics.json` and the model are on disk (chief only): removes the backup, which a kill
@@ -224,6 +238,10 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
             from tftrain.train import init_weights
 
             init_weights.resolve(self.config.train.init_from)
+        if self.config.train.mlflow:  # MLflow not installed: now, not after training
+            from tftrain.train import mlflow_log
+
+            mlflow_log.check(self.config.train.mlflow)
         if self.config.train.export:  # a converter that is not installed: now, not after training
             from tftrain.train import export
 

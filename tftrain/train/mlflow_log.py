@@ -1,0 +1,133 @@
+"""`--mlflow TRACKING_URI`: the run in MLflow, where a team's other runs are (an optional extra).
+
+The chief opens one MLflow run when training starts (experiment: the task's name; run name:
+the run directory's), logs every epoch's metrics as they come (`step` = the epoch, from 0),
+and, once `metrics.json` is written, the settings (the same flat names as TensorBoard's
+HParams tab, `tftrain.train.hparams_log`), the final figures and the run directory's files
+(`model.keras`, `metrics.json`, `report.md`, `config.yaml`, `history.csv`). A resumed run
+continues the same MLflow run (its id is kept in the run directory as `mlflow_run_id`).
+Workers, parameter servers and evaluators log nothing.
+
+It uses MLflow's `MlflowClient` (explicit run ids, no global active run), so a notebook's
+own `mlflow.start_run()` is left alone. Install with `pip install "tftrain[mlflow]"`.
+Source: https://mlflow.org/docs/latest/python_api/mlflow.client.html
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from tftrain.errors import ConfigError
+
+RUN_ID_FILE = "mlflow_run_id"
+"""The file in the run directory that holds the MLflow run id, so a resumed run logs into the same run."""
+
+ARTIFACTS = ("model.keras", "metrics.json", "report.md", "config.yaml", "history.csv")
+"""The run directory's files logged as the MLflow run's artifacts, those that exist."""
+
+DEFAULT = "default"
+"""`--mlflow default`: MLflow's own choice (`$MLFLOW_TRACKING_URI`, else its local default)."""
+
+
+def check(uri: str) -> None:
+    """Refuses `--mlflow` before training when MLflow is not installed.
+
+    Raises:
+        ConfigError: naming the pip extra.
+    """
+    try:
+        import mlflow  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"--mlflow {uri} needs MLflow: pip install 'tftrain[mlflow]' (or drop --mlflow).") from None
+
+
+def _client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=None if uri == DEFAULT else uri)
+
+
+def _callback_base():
+    import keras
+
+    return keras.callbacks.Callback
+
+
+class MlflowLog(_callback_base()):
+    """A Keras callback that logs a run to MLflow (chief only); `finish` logs what the run wrote.
+
+    Args:
+        uri: the tracking URI (`http://127.0.0.1:5000`, `sqlite:///mlflow.db`, ...),
+            or `"default"`.
+        run_dir: the run directory (its name names the MLflow run).
+        experiment: the MLflow experiment's name (created when missing).
+
+    Raises:
+        mlflow.exceptions.MlflowException: when the tracking server cannot be reached
+            or refuses a request (the run then fails in one line, as any failed run).
+    """
+
+    def __init__(self, uri: str, run_dir: Path, experiment: str):
+        super().__init__()
+        self.uri, self.run_dir, self.experiment = uri, Path(run_dir), experiment
+        self.client, self.run_id = None, None
+
+    def start(self) -> str:
+        """Opens (or, on a resumed run, reopens) the MLflow run; returns its id."""
+        if self.run_id is not None:
+            return self.run_id
+        self.client = _client(self.uri)
+        id_file = self.run_dir / RUN_ID_FILE
+        if id_file.is_file():
+            self.run_id = id_file.read_text().strip()
+            self.client.update_run(self.run_id, status="RUNNING")
+            return self.run_id
+        found = self.client.get_experiment_by_name(self.experiment)
+        experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment)
+        self.run_id = self.client.create_run(experiment_id, run_name=self.run_dir.name).info.run_id
+        from tftrain.rundir import write_text_atomic
+
+        write_text_atomic(id_file, self.run_id + "\n")
+        return self.run_id
+
+    def on_train_begin(self, logs=None):
+        self.start()
+
+    def on_epoch_end(self, epoch, logs=None):
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(name, float(value), now, epoch) for name, value in (logs or {}).items()
+                   if isinstance(value, (int, float)) or hasattr(value, "__float__")]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+    def finish(self, params: dict, figures: dict, status: str = "FINISHED") -> None:
+        """Logs the settings (`{name: value}`, each as text of at most 6,000 characters), the final
+        figures (`{name: float}`, at the last epoch's step) and the run directory's `ARTIFACTS`, then
+        ends the MLflow run with `status`."""
+        import time
+
+        from mlflow.entities import Metric, Param
+
+        self.start()
+        now = int(time.time() * 1000)
+        logged = self.client.get_run(self.run_id).data.params  # {key: value}
+        new = [Param(k, str(v)[:6000]) for k, v in sorted(params.items()) if k not in logged]  # a resume: once
+        for start in range(0, len(new), 100):  # MLflow takes at most 100 params a batch
+            self.client.log_batch(self.run_id, params=new[start:start + 100])
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in figures.items()])
+        for name in ARTIFACTS:
+            if (self.run_dir / name).is_file():
+                self.client.log_artifact(self.run_id, str(self.run_dir / name))
+        self.client.set_terminated(self.run_id, status)
+
+
+def make(uri: Optional[str], run_dir: Path, experiment: str, is_chief: bool) -> Optional[MlflowLog]:
+    """The `MlflowLog` of a chief under `--mlflow`, else None."""
+    if not uri or not is_chief:
+        return None
+    return MlflowLog(uri, run_dir, experiment)
