@@ -185,8 +185,8 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
         except KeyboardInterrupt:  # the checkpoint (and finished tuner trials) resume the same command
             self._end_mlflow("KILLED")
             raise Interrupted(str(self.run_dir.path)) from None
-        except BaseException:
-            self._end_mlflow("FAILED")
+        except BaseException as e:  # a preempted run resumes like an interrupted one
+            self._end_mlflow("KILLED" if isinstance(e, Preempted) else "FAILED")
             raise
         record = self.make_record(history, test, started, fit_time)
         self.report(record)
