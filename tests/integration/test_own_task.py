@@ -95,6 +95,10 @@ def test_regression_file_with_two_multi_worker_mirrored_workers(tmp_path):
     assert m["test_loss"] < MEAN_PREDICTOR_MSE
     losses = [line.split("test loss ")[1][:6] for line in r.stdout.splitlines() if "test loss " in line]
     assert len(losses) == 2 and losses[0] == losses[1]  # both workers hold the same synchronised model
+    history = (run_dir / "history.csv").read_text().splitlines()  # the chief's alone: a header, a row an epoch
+    assert history[0].startswith("epoch,loss") and [row.split(",")[0] for row in history[1:]] == ["0", "1"]
+    sessions = [p for p in (run_dir / "logs").glob("events.out.tfevents.*") if b"hparams" in p.read_bytes()]
+    assert len(sessions) == 1  # one HParams session for the job, not one per worker
 
 
 def test_regression_file_with_a_parameter_server_job(tmp_path):
