@@ -74,7 +74,8 @@ def tune(trainer) -> Tuple[dict, dict]:
                        strategy=rt.strategy, seed=cfg.seed, max_epochs=cfg.train.epochs, objective=objective)
     trainer.console.section(f"tuning: {cfg.train.tune} {cfg.train.tuner} trial(s) over learning rate, batch size"
                             + "".join(f", {k}" for k in task.tune_space()) + f" (objective {objective})")
-    tuner.search(epochs=cfg.train.epochs, verbose=cfg.train.verbose)
+    weights = {"class_weight": task.class_weight} if task.class_weight is not None else {}  # trials as the run
+    tuner.search(epochs=cfg.train.epochs, verbose=cfg.train.verbose, **weights)
     return _tuning_figures(trainer, tuner, directory)
 
 

@@ -360,6 +360,9 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
         if self.loop.needs_steps_per_epoch and self.task.num_train_examples is None:
             raise ConfigError(f"{self.loop.name} needs steps per epoch that every task agrees on: give the task "
                               "num_train_examples (the number of training examples per epoch).")
+        if self.task.class_weight is not None and not self.loop.weighs_classes:
+            raise ConfigError(f"class_weight is not supported by {self.loop.name}: weigh the examples in the task's "
+                              "loss instead, or train with another strategy.")
         if self.config.train.early_stopping is not None and not has_validation:
             raise ConfigError("--early-stopping watches val_loss: pass --validation-split F (e.g. 0.1) or give the "
                               "task its own validation data.")
@@ -477,6 +480,7 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
                     model, self._train_data, epochs=self.config.train.epochs, steps_per_epoch=micro_steps,
                     callbacks=[*callbacks, *progress], verbose=verbose, validation_data=validation,
                     runtime=self.runtime, metrics=self.compile_args.get("metrics"), say=self.console.line,
+                    class_weight=self.task.class_weight,
                 )
         except Preempted as e:  # the checkpoint of this step is saved: name where it is
             e.run_dir = str(self.run_dir.path)

@@ -489,3 +489,39 @@ def test_a_per_batch_callback_sees_every_batch_under_auto_steps_per_execution(tm
     assert batches == list(range(16)) * 2  # 512 examples / 32, every batch of both epochs
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["steps_per_execution"] == 1
     assert "Logger.on_train_batch_end runs every batch" in capsys.readouterr().out
+
+
+def test_class_weight_is_refused_in_one_line_unless_a_dict_of_class_indices_to_weights():
+    for bad in ({}, {"cat": 1.0}, {0: -1.0}, {0: "x"}, [1.0, 2.0], {True: 1.0}):
+        with pytest.raises(ConfigError, match="class_weight"):
+            tftrain.ArrayTask(_model, np.zeros((4, 4)), np.zeros(4), loss="mse", class_weight=bad)
+    task = tftrain.ArrayTask(_model, np.zeros((4, 4)), np.zeros(4), loss="mse", class_weight={np.int64(1): 2})
+    assert task.class_weight == {1: 2.0}
+
+
+@pytest.mark.slow
+def test_class_weight_trains_as_keras_fit_with_the_same_weights(tmp_path):
+    import keras
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((256, 4)).astype("float32")
+    y = (x[:, 0] + 0.5 * rng.standard_normal(256) > 0.8).astype("int64")  # about 1 in 4 positive
+    weights = {0: 1.0, 1: 3.0}
+
+    def build():
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+
+    task = tftrain.ArrayTask(build, x, y, loss="sparse_categorical_crossentropy", optimizer="sgd",
+                             learning_rate=0.1, class_weight=weights)
+    record = tftrain.Trainer(task, epochs=3, batch_size=256, seed=0, execution="graph", steps_per_execution=1,
+                             verbose=0, run_dir=str(tmp_path / "run")).fit()
+    keras.utils.set_random_seed(0)  # the same initial weights; one full batch an epoch: the same gradients
+    model = build()
+    model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    plain = model.fit(x, y, batch_size=256, epochs=3, verbose=0, shuffle=False, class_weight=weights)
+    assert record.history["loss"] == pytest.approx(plain.history["loss"], rel=1e-5)
+    keras.utils.set_random_seed(0)
+    model = build()
+    model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    unweighted = model.fit(x, y, batch_size=256, epochs=1, verbose=0, shuffle=False)
+    assert record.history["loss"][0] != pytest.approx(unweighted.history["loss"][0], rel=1e-3)  # weights count

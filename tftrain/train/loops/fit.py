@@ -32,6 +32,7 @@ class FitLoop:
         accumulates: `--gradient-accumulation-steps N` > 1 can run here.
         no_search_reason: why `--tune` and `--batch-size auto` cannot run here
             (said when refused); "" where they can.
+        weighs_classes: a task's `class_weight` is applied here.
     """
 
     name: str = "Model.fit"
@@ -44,6 +45,7 @@ class FitLoop:
     executions: tuple = config_lib.EXECUTIONS
     accumulates: bool = True
     no_search_reason: str = ""
+    weighs_classes: bool = True
 
     def serves(self, cluster) -> bool:
         """Whether this process only serves the job (never for `Model.fit`)."""
@@ -122,7 +124,8 @@ class FitLoop:
             model.compile(**compile_args, **runtime.compile_options())
 
     def fit(self, model, train_data: Callable, *, epochs: int, steps_per_epoch: Optional[int],
-            callbacks: Sequence, verbose: int, validation_data=None, runtime=None, metrics=None, say=print):
+            callbacks: Sequence, verbose: int, validation_data=None, runtime=None, metrics=None, say=print,
+            class_weight=None):
         """Trains with `Model.fit` on `train_data()`; returns the `History`.
 
         Args:
@@ -139,13 +142,16 @@ class FitLoop:
                 themselves (not `Model.fit`). Defaults to None.
             say: prints one line about a setting the loop changed (the run's
                 console under the Trainer). Defaults to `print`.
+            class_weight: `{class index: weight}` for `Model.fit`, or None.
+                Defaults to None.
         """
         import tensorflow as tf
 
         dataset = train_data()
         endless = int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY
         return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch if endless else None,
-                         callbacks=list(callbacks), verbose=verbose, validation_data=validation_data, shuffle=False)
+                         callbacks=list(callbacks), verbose=verbose, validation_data=validation_data, shuffle=False,
+                         class_weight=class_weight)
 
     def evaluate(self, model, dataset, metrics=None) -> dict:
         """`Model.evaluate` as a `{name: float}` dict (`"loss"` and each metric; `metrics` unused)."""

@@ -34,7 +34,7 @@ class MultiWorkerLoop(FitLoop):
         return max(d for d in range(1, requested + 1) if batches_per_epoch % d == 0)
 
     def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
-            runtime=None, metrics=None, say=print):
+            runtime=None, metrics=None, say=print, class_weight=None):
         """`Model.fit` on `strategy.distribute_datasets_from_function`; see `FitLoop.fit`.
 
         `steps_per_epoch` must be known (`Trainer.check_task` refuses a task
@@ -51,4 +51,4 @@ class MultiWorkerLoop(FitLoop):
                 f"{steps_per_epoch} steps, and Keras would run whole executions past the epoch's end)")
         dataset = runtime.strategy.distribute_datasets_from_function(lambda ctx: train_data(ctx).repeat())
         return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=list(callbacks),
-                         verbose=verbose, validation_data=validation_data, shuffle=False)
+                         verbose=verbose, validation_data=validation_data, shuffle=False, class_weight=class_weight)

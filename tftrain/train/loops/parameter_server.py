@@ -77,6 +77,7 @@ class ParameterServerLoop(FitLoop):
     accumulates: bool = False
     no_search_reason: str = ("its workers run steps asynchronously under the chief's coordinator, and keras-tuner "
                              "and the batch-size search time trials in one process")
+    weighs_classes: bool = False
 
     def serves(self, cluster) -> bool:
         """Worker and ps tasks serve; the chief (coordinator) trains."""
@@ -99,8 +100,9 @@ class ParameterServerLoop(FitLoop):
             model.compile(optimizer=compile_args.get("optimizer"), loss=compile_args.get("loss"))
 
     def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
-            runtime=None, metrics=None, say=print):
-        """`tftrain.train.loops.ps_training.fit` on per-worker datasets; see `FitLoop.fit`."""
+            runtime=None, metrics=None, say=print, class_weight=None):
+        """`tftrain.train.loops.ps_training.fit` on per-worker datasets; see `FitLoop.fit` (`class_weight`
+        is refused before the run, `Trainer.check_task`)."""
         from tftrain.train.loops import ps_training
 
         with runtime.strategy.scope():

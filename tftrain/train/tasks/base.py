@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import numbers
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from tftrain import config as config_lib
@@ -42,6 +43,10 @@ class Task:
         defaults: flat config overrides the task brings (e.g.
             `{"epochs": 5, "steps_per_execution": 8}`), applied under the
             recipe file and the flags. Defaults to {}.
+        class_weight: `{class index: weight}` for the loss of each training
+            example by its label, as `Model.fit(class_weight=...)` (one output
+            whose labels are class indices or one-hot; Keras refuses others);
+            None weighs every example 1. Defaults to None.
         unused_fields: flat config keys the task's data ignores (e.g.
             `{"data.cache": "its arrays are in memory already"}`) -> why; their
             flags are left out of its command line, and a recipe file that sets
@@ -70,6 +75,7 @@ class Task:
     example_unit: str = "examples"
     defaults: Mapping[str, Any] = {}
     unused_fields: Mapping[str, str] = {}
+    class_weight: Optional[Mapping[int, float]] = None
     config: Optional[config_lib.RecipeConfig] = None
 
     # -- what the Trainer calls ------------------------------------------------
@@ -363,7 +369,8 @@ class FunctionTask(Task):
     """A task whose model comes from a function and whose compile arguments are given."""
 
     def __init__(self, build_model, *, loss, optimizer="adam", metrics=None, learning_rate=None, name="task",
-                 hparams=None, default_batch_size=None, defaults=None):
+                 hparams=None, default_batch_size=None, defaults=None, class_weight=None):
+        self.class_weight = check_class_weight(class_weight)
         if not callable(build_model):
             raise ConfigError(f"build_model must be a function returning a keras.Model. Received: {build_model!r}.")
         if loss is None:
@@ -387,6 +394,28 @@ class FunctionTask(Task):
     @property
     def _seed(self) -> Optional[int]:
         return self.config.seed if self.config is not None else None
+
+
+def check_class_weight(class_weight) -> Optional[dict]:
+    """`class_weight` as `{int: float}`, or None.
+
+    Raises:
+        ConfigError: when it is not a dict of class indices (ints >= 0) to weights (numbers >= 0).
+    """
+    if class_weight is None:
+        return None
+    example = "e.g. class_weight={0: 1.0, 1: 5.0}"
+    if not isinstance(class_weight, Mapping) or not class_weight:
+        raise ConfigError(f"class_weight must be a non-empty dict of class index to weight, {example}. "
+                          f"Received: {class_weight!r}.")
+    out = {}
+    for key, weight in class_weight.items():
+        if isinstance(key, bool) or not isinstance(key, numbers.Integral) or key < 0 \
+                or isinstance(weight, bool) or not isinstance(weight, numbers.Real) or weight < 0:
+            raise ConfigError(f"class_weight maps class indices (ints >= 0) to weights (numbers >= 0), {example}. "
+                              f"Received the entry {key!r}: {weight!r}.")
+        out[int(key)] = float(weight)
+    return out
 
 
 def with_shard_policy(ds, input_context, private_threads: int = 0):

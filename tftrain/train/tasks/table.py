@@ -61,7 +61,7 @@ class TableTask(DatasetTask):
             Defaults to None.
         shuffle: shuffle training examples each epoch. Defaults to True.
         loss, optimizer, metrics, learning_rate, name, hparams,
-        default_batch_size, defaults: see `ArrayTask`. `name` defaults to `"table"`.
+        default_batch_size, defaults, class_weight: see `ArrayTask`. `name` defaults to `"table"`.
 
     Raises:
         ConfigError: when no file matches, on a column the header lacks, or
@@ -74,7 +74,7 @@ class TableTask(DatasetTask):
 
     def __init__(self, build_model, files, *, label, numeric=None, categorical=(), validation_files=None,
                  test_files=None, shuffle=True, loss, optimizer="adam", metrics=None, learning_rate=None,
-                 name="table", hparams=None, default_batch_size=None, defaults=None):
+                 name="table", hparams=None, default_batch_size=None, defaults=None, class_weight=None):
         self.files = expand(files)
         self.format = SUFFIXES[Path(self.files[0]).suffix.lower()]
         self.labels = [label] if isinstance(label, str) else list(label)
@@ -88,7 +88,8 @@ class TableTask(DatasetTask):
                          test=(lambda: self.read(self.test_files)) if self.test_files else None,
                          shuffle=shuffle, num_train_examples=count_rows(self.files, self.format), loss=loss,
                          optimizer=optimizer, metrics=metrics, learning_rate=learning_rate, name=name,
-                         hparams=hparams, default_batch_size=default_batch_size, defaults=defaults)
+                         hparams=hparams, default_batch_size=default_batch_size, defaults=defaults,
+                         class_weight=class_weight)
 
     def _numeric(self, numeric) -> list:
         """The numeric feature columns, checked against the first file's header."""
