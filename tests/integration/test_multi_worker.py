@@ -228,3 +228,40 @@ def test_parameter_server_job_resumes_after_a_killed_worker(tmp_path):
     assert optimizer_steps(run_dir) == 3 * metrics["steps_per_epoch"]
     assert metrics["test_accuracy"] > 0.85
     assert _alive(_started_pids(result.stderr).values()) == []
+
+
+@pytest.mark.timeout(400)
+def test_sigterm_stops_both_workers_at_one_saved_step_and_the_rerun_resumes_there(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [PY, "-m", "tftrain.launch", "--workers", "2", "--timeout", "200", "--grace", "60", "--",
+           *RECIPE, *MWMS, *FLAGS, "--run-dir", str(run_dir)]
+    env = _env(tmp_path / "tmp")
+    launcher = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, signalled = [], False
+    try:
+        for line in launcher.stdout:  # SIGTERM to the launcher, as SLURM or Kubernetes stop a job
+            lines.append(line)
+            if not signalled and line.startswith("[worker:0] Epoch 2/3"):
+                time.sleep(0.5)
+                launcher.send_signal(signal.SIGTERM)
+                signalled = True
+        launcher.wait(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    output = "".join(lines)
+    assert signalled and launcher.returncode == 128 + signal.SIGTERM, output[-3000:]
+    stops = re.findall(r"\[(worker:\d)\] .*stopped by SIGTERM: checkpoint saved at epoch (\d), batch (\d+) "
+                       r"\(optimizer step (\d+)\)", output)
+    assert sorted(s[0] for s in stops) == ["worker:0", "worker:1"], output[-3000:]
+    assert len({s[1:] for s in stops}) == 1  # one step, agreed by both workers
+    saved = json.loads((run_dir / "backup" / "training_metadata.json").read_text())
+    assert saved["optimizer_iterations"] == int(stops[0][3]) and saved["epoch"] == int(stops[0][1]) - 1
+    assert _alive(_started_pids(output).values()) == []
+
+    result = _run(cmd, env, 300)  # the same command resumes at that step and finishes
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "optimizer steps of the next" in result.stdout or saved["steps_in_epoch"] == 0
+    assert optimizer_steps(run_dir) == 3 * 32  # every step once: none lost, none repeated
+    assert read_metrics(run_dir)["test_accuracy"] > 0.85

@@ -64,3 +64,70 @@ class PreemptionWatch:
         for s, handler in self._previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
+
+
+def _callback_base():
+    import keras
+
+    return keras.callbacks.Callback
+
+
+class AgreedStop(_callback_base()):
+    """In a MultiWorkerMirrored job: the workers agree on one step to stop at when any of them is
+    told to stop, so that every worker saves the same step (a lone worker's save would hang the
+    others' collectives).
+
+    TensorFlow's own mechanism does the agreeing: `tf.distribute.experimental.PreemptionCheckpointHandler`
+    polls `watch.requested` once a second on each worker (SIGTERM or SIGUSR1, received by
+    `PreemptionWatch`; once the strategy is built TensorFlow's coordination service takes SIGTERM at the
+    C level, and the watch, opened after it, gives it back to Python), and through the coordination
+    service every worker learns the step to stop at. Its own checkpoint is an empty one: at that step
+    `requested` returns the signal, and `StepBackup` (after this callback in the list) saves the
+    training state in the run directory and raises `Preempted`, on every worker at the same step.
+
+    Args:
+        watch: the process's `PreemptionWatch` (open while training runs).
+        cluster_resolver: the strategy's cluster resolver.
+        directory: where the handler keeps its (empty) checkpoint; on workers other than the chief
+            the handler uses a temporary folder of its own.
+
+    Source: https://www.tensorflow.org/api_docs/python/tf/distribute/experimental/PreemptionCheckpointHandler
+    """
+
+    def __init__(self, watch: PreemptionWatch, cluster_resolver, directory: str):
+        super().__init__()
+        self.watch, self.cluster_resolver, self.directory = watch, cluster_resolver, directory
+        self.handler = None
+        self._agreed = False
+
+    def requested(self) -> Optional[int]:
+        """The signal to stop for once the workers agreed this is the step (SIGTERM when only another
+        worker received one), else None."""
+        if not self._agreed:
+            return None
+        return self.watch.requested() or signal.SIGTERM
+
+    def _stop_here(self) -> None:  # the handler's exit_fn: on every worker, at the agreed step
+        self._agreed = True
+
+    def on_train_begin(self, logs=None):
+        import tensorflow as tf
+
+        config = tf.distribute.experimental.TerminationConfig(
+            termination_watcher_fn=lambda: self.watch.requested() is not None, exit_fn=self._stop_here,
+            grace_period=0)
+        self.handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+            self.cluster_resolver, tf.train.Checkpoint(), self.directory, termination_config=config)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.handler is not None and not self._agreed:
+            from tensorflow.python.util import deprecation  # the handler's own call of its deprecated counter
+
+            with deprecation.silence():
+                self.handler.save_checkpoint_if_preempted()
+
+    def on_train_end(self, logs=None):
+        self.handler = None  # its __del__ stops its watcher threads
+        import gc
+
+        gc.collect()

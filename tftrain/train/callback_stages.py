@@ -33,10 +33,11 @@ class CallbackStages:
         from tftrain.callbacks import ChanceWatch, NanGuard
 
         out = self.out_dir
-        self.backup = self._make_backup()
+        agreed = self._agreed_stop()
+        self.backup = self._make_backup(agreed)
         history = keras.callbacks.CSVLogger(str(out.path / rundir_lib.HISTORY_FILE), append=True)
-        callbacks = [NanGuard(), history, self.backup, keras.callbacks.TensorBoard(str(out.log_dir)),
-                     ChanceWatch(say=self.console.warn)]
+        callbacks = [NanGuard(), history, *([agreed] if agreed else []), self.backup,
+                     keras.callbacks.TensorBoard(str(out.log_dir)), ChanceWatch(say=self.console.warn)]
         if self.loop.per_step_hooks:
             callbacks += self._step_callbacks()
         callbacks += self._early_stopping() + self._keep_best()
@@ -51,19 +52,31 @@ class CallbackStages:
             self._made_user_callbacks = [c for make in self._user_callbacks for c in make()]
         return self.callbacks + self._made_user_callbacks
 
-    def _make_backup(self):
+    def _agreed_stop(self):
+        """The `PreemptionWatch` of a single process or a MultiWorkerMirrored task (SIGTERM / SIGUSR1
+        checkpoint the current step), and for the latter the `AgreedStop` that makes every worker stop
+        at the same step; None (and no watch) for the parameter-server loop, whose tasks the signal
+        still ends (a lone task's save would hang the others)."""
+        from tftrain.callbacks.preemption import AgreedStop, PreemptionWatch
+
+        if self.cluster is not None and not self.loop.per_step_hooks:
+            return None
+        self.preemption = PreemptionWatch()
+        if self.cluster is None:
+            return None
+        return AgreedStop(self.preemption, self.runtime.strategy.cluster_resolver,
+                          str(self.out_dir.backup_dir / "agreed_stop"))
+
+    def _make_backup(self, agreed=None):
         """The `StepBackup`: it keeps the previous checkpoint (a task may die mid-save) and outlives `fit`
-        until the run is written (`finish_run_dir`). A single process checkpoints on SIGTERM / SIGUSR1
-        (`PreemptionWatch`); in a cluster a lone task's save would hang the others' collectives, so
-        there the signal still ends the task."""
+        until the run is written (`finish_run_dir`); it saves and stops when the `PreemptionWatch`
+        (a single process) or `agreed` (an `AgreedStop`, in a MultiWorkerMirrored job) says so."""
         from tftrain.callbacks import StepBackup
-        from tftrain.callbacks.preemption import PreemptionWatch
 
         batches = self.steps_per_epoch * self.accumulation_steps if self.steps_per_epoch else None
-        self.preemption = PreemptionWatch() if self.cluster is None else None
+        stop = agreed.requested if agreed is not None else (self.preemption.requested if self.preemption else None)
         backup = StepBackup(self.out_dir.backup_dir, every_steps=self.backup_every(), steps_per_epoch=batches,
-                            double_checkpoint=True, delete_checkpoint=False,
-                            stop_requested=self.preemption.requested if self.preemption else None,
+                            double_checkpoint=True, delete_checkpoint=False, stop_requested=stop,
                             say=self.console.line)
         if backup.every_steps:
             self.console.line(f"backup:    every {backup.every_steps // self.accumulation_steps} optimizer steps "
