@@ -68,6 +68,11 @@ DEFAULT_GRACE_S = 30.0
 job to agree on a step and save it (4.6 s measured for two MNIST workers on 2 cores); SLURM's `KillWait`
 and Kubernetes' `terminationGracePeriodSeconds` default to 30 s as well."""
 
+FAILURE_GRACE_S = 5.0
+"""At most this many seconds between SIGTERM and SIGKILL when the tasks are torn down because one failed: a
+MultiWorkerMirrored worker whose peer died cannot reach a step to save at (its collectives wait on the dead
+peer), so the full `--grace` would only delay the restart or the exit."""
+
 DEFAULT_SERVER_WAIT_S = 60.0
 """Seconds a parameter-server job's worker and ps tasks get to exit after the chief finished."""
 
@@ -195,8 +200,14 @@ class _Job:
     grace_s: float
     max_restarts: int = 0
     restarts: int = 0
+    failed: bool = False  # a task's failure stopped the job
     tasks: List[_Task] = dataclasses.field(default_factory=list)
     retired: List[_Task] = dataclasses.field(default_factory=list)
+
+    @property
+    def failure_grace_s(self) -> float:
+        """The grace of a teardown after a task failed (`FAILURE_GRACE_S` at most)."""
+        return min(self.grace_s, FAILURE_GRACE_S)
 
     def start(self, info: TaskSpec) -> _Task:
         task = _start_task(self.command, info, self.base_env, self.output)
@@ -336,8 +347,9 @@ def launch(
         chief: add a chief task. Defaults to False.
         timeout: seconds the whole job may run before every task is stopped;
             None waits forever. Defaults to None.
-        grace_s: seconds between SIGTERM and SIGKILL when tearing down.
-            Defaults to 5.0.
+        grace_s: seconds between SIGTERM and SIGKILL when tearing down on a
+            signal or the timeout (`FAILURE_GRACE_S` at most after a task
+            failed). Defaults to 30.0.
         env: base environment of the tasks; each also gets its own `TF_CONFIG`
             and `PYTHONUNBUFFERED=1`. Defaults to `os.environ`.
         out: stream for the tasks' prefixed stdout. Defaults to `sys.stdout`.
@@ -388,7 +400,7 @@ def launch(
         finally:
             for signum in previous:  # a second Ctrl-C must not cut the teardown short
                 signal.signal(signum, signal.SIG_IGN)
-            teardown(job.tasks + job.retired, grace_s)
+            teardown(job.tasks + job.retired, job.failure_grace_s if job.failed else grace_s)
             for task in job.tasks + job.retired:
                 for reader in task.readers:
                     reader.join(timeout=grace_s)
@@ -491,7 +503,7 @@ def _after_failure(job: _Job, task: _Task) -> Optional[int]:
             job.tasks[job.tasks.index(task)] = job.start(task.info)
         else:
             job.output.say(f"{what}; restarting the job, which resumes from its checkpoint ({count})")
-            teardown(job.tasks, job.grace_s)
+            teardown(job.tasks, job.failure_grace_s)
             job.start_all()
         return None
     running = [t for t in job.tasks if t is not task and t.proc.poll() is None]
@@ -502,6 +514,7 @@ def _after_failure(job: _Job, task: _Task) -> Optional[int]:
         return None
     job.output.say(f"{what}; stopping " + (", ".join(t.name for t in running) if running
                                            else "nothing else (no task left)"))
+    job.failed = True
     return _exit_code(task.returncode)
 
 

@@ -298,3 +298,19 @@ def test_ctrl_c_stops_every_task(tmp_path):
     assert proc.returncode == 130
     assert "got SIGINT; stopping 2 task(s)" in err
     assert _alive_in_groups(set(_started_pids(err).values())) == []
+
+
+def test_a_failed_task_stops_the_others_within_the_failure_grace(tmp_path):
+    import time
+
+    from tftrain.launch import FAILURE_GRACE_S
+
+    script = tmp_path / "task.py"  # worker 0 fails; worker 1 ignores SIGTERM (a peer that cannot save)
+    script.write_text("import json, os, signal, sys, time\n"
+                      "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+                      "if index == 0:\n    time.sleep(0.5); sys.exit(3)\n"
+                      "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(120)\n")
+    started = time.monotonic()
+    result = _launch(["--workers", "2", "--grace", "60", "--", PY, script])
+    assert result.returncode == 3 and "worker:0 exited with code 3" in result.stderr
+    assert time.monotonic() - started < FAILURE_GRACE_S + 20  # not the 60 s --grace a signal would get
