@@ -33,12 +33,14 @@ from pathlib import Path
 import portpicker
 import pytest
 
-from tests.conftest import REPO, read_metrics
+from tests.conftest import REPO, optimizer_steps, read_metrics
 
 pytestmark = pytest.mark.integration
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "scontrol", "scancel")
 SMOKE = "--train-examples 512 --epochs 1 --batch-size 128 --seed 0 --execution graph"
+# The multi-worker job is requeued in its second epoch (32 steps of 128 an epoch) and must resume.
+REQUEUED = "--train-examples 4096 --epochs 2 --batch-size 128 --seed 0 --execution graph"
 TEMPLATES = {"multi_worker": "mnist_multi_worker.sbatch", "parameter_server": "mnist_parameter_server.sbatch"}
 ONE_NODE = ["--nodes=1", "--ntasks-per-node=4"]  # over the templates' 2 nodes x 2 tasks
 JOB_TIMEOUT_S = 240
@@ -71,7 +73,7 @@ SlurmdParameters=config_overrides
 MpiDefault=none
 SwitchType=switch/none
 ReturnToService=2
-KillWait=5
+KillWait=30
 SlurmdDebug=debug
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
@@ -160,30 +162,44 @@ def _job(job_id: str, env) -> dict:
 
 @pytest.fixture(scope="module")
 def jobs(slurm, tmp_path_factory):
-    """Submits both templates at smoke size at once; SLURM runs them one after the other.
+    """Submits both templates at once; SLURM runs them one after the other. The parameter-server job
+    runs at smoke size; the multi-worker one trains 2 epochs and is requeued (`scontrol requeue`, as a
+    preemption) once its first epoch is saved, and must come back and finish.
 
     Returns `{name: (job info, output text, job folder, exit code of each task by rank)}`.
     """
     slurm_env, slurm_root = slurm
     bin_dir = str(Path(sys.executable).parent)  # `python` in the templates is this environment's
-    env = {**slurm_env, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "TFTRAIN_ARGS": SMOKE,
+    env = {**slurm_env, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
            "SLURM_LABELIO": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
     submitted = {}
     for name, template in TEMPLATES.items():
         folder = tmp_path_factory.mktemp(name)
         cmd = ["sbatch", "--parsable", *ONE_NODE, f"--chdir={folder}", f"--output={folder}/job.out",
                str(REPO / "recipes" / "slurm" / template)]
-        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
+        args = REQUEUED if name == "multi_worker" else SMOKE
+        result = subprocess.run(cmd, env={**env, "TFTRAIN_ARGS": args}, capture_output=True, text=True, timeout=30)
         assert result.returncode == 0, result.stderr
         submitted[name] = (result.stdout.strip().split(";")[0], folder)
     deadline = time.monotonic() + JOB_TIMEOUT_S
-    info = {}
+    info, requeued, released = {}, False, False
+    epoch_saved = submitted["multi_worker"][1] / "runs" / "mnist-slurm" / "backup" / "training_metadata.json"
     try:
         while len(info) < len(submitted) and time.monotonic() < deadline:
+            if not requeued and epoch_saved.exists():  # in epoch 2: as a preemption would, mid-epoch
+                time.sleep(0.5)
+                done = subprocess.run(["scontrol", "requeue", submitted["multi_worker"][0]], env=env,
+                                      capture_output=True, text=True, timeout=30)
+                assert done.returncode == 0, done.stderr
+                requeued = True
             for name, (job_id, _) in submitted.items():
                 state = _job(job_id, env)
                 if name not in info and state.get("JobState") in FINAL_STATES:
                     info[name] = state
+                if requeued and not released and name == "multi_worker" and state.get("JobState") == "PENDING":
+                    # SLURM holds a requeued job back for a while (its BeginTime); a test need not wait.
+                    released = subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env,
+                                              capture_output=True, timeout=30).returncode == 0
             time.sleep(0.5)
     finally:
         for job_id, _ in submitted.values():  # a job still running past the deadline
@@ -203,6 +219,9 @@ def _task_exit_codes(slurm_root: Path, job_id: str) -> dict:
 
 
 def _check_job(job: dict, output: str, task_codes: dict) -> None:
+    """The job (its last run, when requeued) completed and every task exited 0."""
+    if "resuming:" in output:  # a requeued job's output file holds both runs (--open-mode=append)
+        output = output[output.rindex("resuming:"):]
     assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0", (job, output[-3000:])
     assert task_codes == {0: 0, 1: 0, 2: 0, 3: 0}, output[-3000:]
     # srun names every task that ended non-zero or by a signal; none did.
@@ -210,12 +229,20 @@ def _check_job(job: dict, output: str, task_codes: dict) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_multi_worker_template_runs_four_workers(jobs):
+def test_multi_worker_template_runs_four_workers_and_a_requeued_job_resumes(jobs):
     job, output, folder, task_codes = jobs["multi_worker"]
-    _check_job(job, output, task_codes)
-    metrics = read_metrics(folder / "runs" / "mnist-slurm")
+    _check_job(job, output, task_codes)  # the requeued run's tasks
+    assert job.get("Restarts") == "1", job
+    # The requeue's SIGTERM: the four workers saved one agreed step and exited 143; the rerun resumed there.
+    stops = set(re.findall(r"stopped by SIGTERM: checkpoint saved at (epoch \d, batch \d+)", output))
+    assert len(stops) == 1 and len(re.findall(r"stopped by SIGTERM", output)) == 4, output[-3000:]
+    assert "resuming: 1/2 epochs done" in output, output[-3000:]
+    assert set(re.findall(r"srun: error: .*task \d+: Exited with exit code (\d+)", output)) <= {"143"}
+    run_dir = folder / "runs" / "mnist-slurm"
+    metrics = read_metrics(run_dir)
     assert metrics["cluster_source"] == "SLURM" and metrics["workers"] == 4 and metrics["replicas"] == 4
-    assert metrics["strategy_class"] == "KerasMultiWorkerMirroredStrategy" and metrics["epochs_trained"] == 1
+    assert metrics["strategy_class"] == "KerasMultiWorkerMirroredStrategy"
+    assert metrics["resumed_from_epoch"] == 1 and optimizer_steps(run_dir) == 2 * 32  # none lost, none repeated
     accuracies = re.findall(r"^(\d): test accuracy ([\d.]+)", output, re.MULTILINE)
     assert sorted(rank for rank, _ in accuracies) == ["0", "1", "2", "3"], output[-3000:]
     assert len({accuracy for _, accuracy in accuracies}) == 1  # one synchronised model

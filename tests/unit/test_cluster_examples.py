@@ -43,7 +43,7 @@ def test_tfjob_examples(name, strategy, replicas):
 )
 def test_sbatch_examples(name, strategy):
     text = (REPO / "recipes" / "slurm" / name).read_text()
-    command = shlex.split(text[text.index("\nsrun ") + 1:].replace("\\\n", " "))
+    command = shlex.split(text[text.index("\nsrun ") + 1:].replace("\\\n", " ").split("\n")[0])  # srun's line
     # A synchronous job stops with any task; a parameter-server job outlives a worker.
     assert command[0] == "srun" and f"--kill-on-bad-exit={int(strategy != 'parameter_server')}" in command
     assert not any(arg.startswith("--wait") for arg in command)  # it would stop the job after a lost worker
