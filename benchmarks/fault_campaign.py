@@ -195,10 +195,14 @@ def run(args, device) -> common.Result:
         root = Path(tmp)
         references = {kind: _reference(kind, root) for kind in sorted({k for k, _ in plan})}
         delay = 0.5 if args.quick else 2.0  # --quick: surely before the end of training
-        records = [trial(kind, signame, rng, references[kind], root, delay) for kind, signame in plan]
+        records = []
+        for kind, signame in plan:
+            records.append(trial(kind, signame, rng, references[kind], root, delay))
+            print(json.dumps({k: v for k, v in records[-1].items() if k != "tail"}), flush=True)
     headers = ["kind", "signal", "task", "exit code", "checkpoint seen", "saved (said)", "resumed at", "reruns",
                "optimizer steps", "test accuracy (unfaulted)", "passed"]
-    rows = [[r["kind"], r["signal"], r["victim"] + (" (missed)" if r["missed"] else ""), r["exit_code"],
+    rows = [[r["kind"], r["signal"], (r["victim"] or "none") + (" (missed: the job ended first)" if r["missed"] else ""),
+             r["exit_code"],
              common.fmt(r["checkpoint_seen"], "d"), common.fmt(r["said_saved"], "d"), common.fmt(r["resumed_at"], "d"),
              r["reruns"], common.fmt(r["optimizer_steps"], "d"),
              f"{common.fmt(r['test_accuracy'], '.4f')} ({common.fmt(r['reference_accuracy'], '.4f')})",

@@ -56,7 +56,7 @@ LOCK_FILE, HOLDER_FILE = ".tftrain.lock", ".tftrain.holder"
 the process dies, even by SIGKILL), and the file naming that process (pid, host, start time)."""
 
 _IGNORED_WHEN_RESUMING = (("train", "verbose"), ("train", "profile"), ("train", "backup_every_steps"),
-                          ("train", "callbacks"), ("runtime", "nvtx"),
+                          ("train", "callbacks"), ("train", "mlflow"), ("runtime", "nvtx"),
                           ("runtime", "remember_execution"), ("run_dir",), ("resume",))
 """Config fields that may differ between a run and its resumption."""
 

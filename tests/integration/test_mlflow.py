@@ -97,3 +97,16 @@ def test_mlflow_missing_is_refused_before_training(tmp_path, monkeypatch):
     with pytest.raises(tftrain.ConfigError, match=r"pip install 'tftrain\[mlflow\]'"):
         tftrain.Trainer(_task(), epochs=1, verbose=0, run_dir=str(tmp_path / "run"), mlflow="default").fit()
     assert not (tmp_path / "run").exists()
+
+
+def test_an_unreachable_tracking_server_is_one_warning_and_the_run_still_finishes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries would take minutes
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    uri = f"http://127.0.0.1:{portpicker.pick_unused_port()}"  # nothing listens there
+    record = tftrain.Trainer(_task(), epochs=2, batch_size=32, execution="graph", verbose=1, seed=0,
+                             run_dir=str(tmp_path / "run"), mlflow=uri).fit()
+    assert record.epochs_trained == 2 and (tmp_path / "run" / "metrics.json").is_file()
+    assert not (tmp_path / "run" / "backup").exists()  # the run directory was finished as usual
+    err = capsys.readouterr().err
+    assert err.count(f"--mlflow {uri}: could not open the MLflow run") == 1, err[-2000:]
+    assert "the run goes on without MLflow logging" in err

@@ -234,15 +234,15 @@ def test_multi_worker_template_runs_four_workers_and_a_requeued_job_resumes(jobs
     _check_job(job, output, task_codes)  # the requeued run's tasks
     assert job.get("Restarts") == "1", job
     # The requeue's SIGTERM: the four workers saved one agreed step and exited 143; the rerun resumed there.
-    stops = set(re.findall(r"stopped by SIGTERM: checkpoint saved at (epoch \d, batch \d+)", output))
+    stops = set(re.findall(r"stopped by SIGTERM: checkpoint saved at .*\(optimizer step (\d+)\)", output))
     assert len(stops) == 1 and len(re.findall(r"stopped by SIGTERM", output)) == 4, output[-3000:]
-    assert "resuming: 1/2 epochs done" in output, output[-3000:]
+    assert re.search(r"resuming: [12]/2 epochs done", output), output[-3000:]
     assert set(re.findall(r"srun: error: .*task \d+: Exited with exit code (\d+)", output)) <= {"143"}
     run_dir = folder / "runs" / "mnist-slurm"
     metrics = read_metrics(run_dir)
     assert metrics["cluster_source"] == "SLURM" and metrics["workers"] == 4 and metrics["replicas"] == 4
     assert metrics["strategy_class"] == "KerasMultiWorkerMirroredStrategy"
-    assert metrics["resumed_from_epoch"] == 1 and optimizer_steps(run_dir) == 2 * 32  # none lost, none repeated
+    assert metrics["resumed_from_epoch"] >= 1 and optimizer_steps(run_dir) == 2 * 32  # none lost, none repeated
     accuracies = re.findall(r"^(\d): test accuracy ([\d.]+)", output, re.MULTILINE)
     assert sorted(rank for rank, _ in accuracies) == ["0", "1", "2", "3"], output[-3000:]
     assert len({accuracy for _, accuracy in accuracies}) == 1  # one synchronised model

@@ -305,11 +305,15 @@ def test_a_failed_task_stops_the_others_within_the_failure_grace(tmp_path):
 
     from tftrain.launch import FAILURE_GRACE_S
 
-    script = tmp_path / "task.py"  # worker 0 fails; worker 1 ignores SIGTERM (a peer that cannot save)
+    script = tmp_path / "task.py"  # worker 1 ignores SIGTERM (a peer that cannot save), then worker 0 fails
+    ready = tmp_path / "ready"
     script.write_text("import json, os, signal, sys, time\n"
                       "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
-                      "if index == 0:\n    time.sleep(0.5); sys.exit(3)\n"
-                      "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(120)\n")
+                      f"ready = {str(ready)!r}\n"
+                      "if index == 0:\n"
+                      "    while not os.path.exists(ready): time.sleep(0.05)\n"
+                      "    sys.exit(3)\n"
+                      "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nopen(ready, 'w').close()\ntime.sleep(120)\n")
     started = time.monotonic()
     result = _launch(["--workers", "2", "--grace", "60", "--", PY, script])
     assert result.returncode == 3 and "worker:0 exited with code 3" in result.stderr

@@ -127,7 +127,16 @@ class AgreedStop(_callback_base()):
                 self.handler.save_checkpoint_if_preempted()
 
     def on_train_end(self, logs=None):
-        self.handler = None  # its __del__ stops its watcher threads
-        import gc
+        self.close()
 
-        gc.collect()
+    def close(self) -> None:
+        """Stops the handler's watcher threads (what its `__del__` does; its threads hold it alive, so
+        dropping it would not); the Trainer also calls this when `fit` raises."""
+        handler, self.handler = self.handler, None
+        if handler is None:
+            return
+        for stop in ("_stop_poll_termination_signal_thread", "_stop_cluster_wise_termination_watcher_thread"):
+            try:
+                getattr(handler, stop)()
+            except Exception:  # noqa: BLE001 (a TensorFlow without that method, or a peer already gone)
+                pass

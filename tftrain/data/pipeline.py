@@ -194,8 +194,9 @@ def build_dataset(
     from_files = not (isinstance(source, tuple) and len(source) == 2 and not isinstance(source[0], str))
     drop_remainder = training if drop_remainder is None else drop_remainder
     parallel = AUTOTUNE if config.parallel_map else None
+    files = list(source) if from_files else None  # once: a generator of paths is read once
     if from_files:
-        ds = _file_batches(list(source), batch_size, parse_fn, training=training, config=config, seed=seed,
+        ds = _file_batches(files, batch_size, parse_fn, training=training, config=config, seed=seed,
                            input_context=input_context, drop_remainder=drop_remainder, max_examples=max_examples)
         if preprocess is not None:
             ds = ds.map(preprocess, num_parallel_calls=parallel)
@@ -205,7 +206,7 @@ def build_dataset(
     if config.prefetch:
         ds = ds.prefetch(AUTOTUNE)
     policy = (tf.data.experimental.AutoShardPolicy.OFF if input_context is not None  # already sharded
-              else tf.data.experimental.AutoShardPolicy.FILE if from_files and len(source) > 1
+              else tf.data.experimental.AutoShardPolicy.FILE if from_files and len(files) > 1
               else tf.data.experimental.AutoShardPolicy.DATA)
     return ds.with_options(dataset_options(policy, seed is not None or not training, config.private_threads))
 
@@ -222,8 +223,8 @@ def _shard_shuffle_batch(ds, batch_size, *, training, config, seed, input_contex
 
 
 def _file_batches(files, batch_size, parse_fn, *, config, max_examples, **batching):
-    """Batches of parsed TFRecord examples: read, cut to `max_examples`, parsed, cached, then sharded,
-    shuffled and batched (`_shard_shuffle_batch`)."""
+    """Batches of parsed TFRecord examples: read, cut to `max_examples`, sharded by input pipeline,
+    parsed, cached, then shuffled and batched (`_shard_shuffle_batch`)."""
     if parse_fn is None:
         raise ConfigError("A file source needs parse_fn to decode each record into (features, labels).")
     parallel = AUTOTUNE if config.parallel_map else None

@@ -9,8 +9,9 @@ candidate timed on a later run) skips XLA's compile: measured on a 784-512-256-1
 is tracing and graph optimisation, which every run pays).
 
 The directory is `<tftrain cache>/xla/<key>`, the key a hash of the TensorFlow version, the CPU
-model and its feature flags, so that a cache in a home directory shared by machines of
-different CPUs never hands one an executable built for another's instructions. Its files are
+model and its feature flags and the NVIDIA GPUs' names and driver, so that a cache in a home
+directory shared by machines of different CPUs or GPUs never hands one an executable built for
+another's instructions. Its files are
 pruned, oldest first, to `MAX_BYTES`.
 """
 
@@ -30,12 +31,15 @@ MAX_BYTES = 512 * 2**20
 
 
 def cache_key() -> str:
-    """A hash of what an executable depends on: TensorFlow's version, the CPU model and its flags."""
-    from importlib.metadata import version
+    """A hash of what an executable depends on: TensorFlow's version, the CPU model and its flags, and
+    the NVIDIA GPUs' names and driver (read without starting TensorFlow)."""
+    import tensorflow as tf
 
-    from tftrain.host import cpu_flags, cpu_model
+    from tftrain.host import cpu_flags, cpu_model, nvidia_hardware
 
-    facts = json.dumps([version("tensorflow"), cpu_model(), sorted(cpu_flags()[0])])
+    gpus = nvidia_hardware()
+    facts = json.dumps([tf.__version__, cpu_model(), sorted(cpu_flags()[0]),
+                        [g.get("name") for g in gpus.get("gpus", [])], gpus.get("driver")])
     return hashlib.sha256(facts.encode()).hexdigest()[:16]
 
 
@@ -83,14 +87,14 @@ def enable(directory: Optional[Path] = None, env: Optional[dict] = None) -> Opti
 
     if env is os.environ and runtime_started():
         return None
-    if directory is None:
-        from tftrain.runtime.execution_memory import cache_dir
-
-        directory = cache_dir() / "xla" / cache_key()
     try:
+        if directory is None:
+            from tftrain.runtime.execution_memory import cache_dir
+
+            directory = cache_dir() / "xla" / cache_key()
         directory.mkdir(parents=True, exist_ok=True)
         prune(directory)
-    except OSError:
+    except Exception:  # noqa: BLE001 (no cache is only slower: an unwritable folder, an unreadable fact)
         return None
-    env["TF_XLA_FLAGS"] = f"{flags} {FLAG}={directory}".strip()
+    env["TF_XLA_FLAGS"] = f'{flags} {FLAG}="{directory}"'.strip()  # quoted: TensorFlow splits the flags on spaces
     return directory

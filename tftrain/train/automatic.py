@@ -53,7 +53,8 @@ def batch_hooks(callbacks) -> list:
         for hook in BATCH_HOOKS:
             owner = next((k for k in type(callback).__mro__ if hook in vars(k)), None)
             given = hook in vars(callback) and callable(vars(callback)[hook])
-            if given or (owner is not None and not owner.__module__.startswith("keras")):
+            keras_own = owner is not None and (owner.__module__ == "keras" or owner.__module__.startswith("keras."))
+            if given or (owner is not None and not keras_own):
                 found.append(f"{type(callback).__name__}.{hook}")
     return found
 
@@ -148,12 +149,14 @@ class AutomaticSettings:
     def _keep_batch_hooks_per_step(self, model) -> None:
         """`--steps-per-execution auto` with a user callback that has per-batch hooks: one step per
         execution, as plain Keras runs them, so that the hooks see every batch; one line says so."""
+        if self.config.runtime.steps_per_execution != "auto" or not self.loop.per_step_hooks:
+            return  # a loop without per-step hooks calls batch hooks once an epoch, whatever the count
         hooks = batch_hooks(self.user_callback_objects())
-        if self.config.runtime.steps_per_execution != "auto" or not hooks:
+        if not hooks:
             return
         self.config = self.config.override({"steps_per_execution": 1})
         self.runtime = dataclasses.replace(self.runtime, config=self.config.runtime)
-        model.steps_per_execution = 1
+        model.steps_per_execution, model.train_function = 1, None  # a function traced at 8 (a timing) is dropped
         self.console.line(f"steps/execution: auto -> 1: {', '.join(hooks)} runs every batch, as in plain Keras "
                           "(--steps-per-execution N runs it once every N batches, faster)")
 

@@ -43,7 +43,8 @@ class CallbackStages:
         callbacks += self._early_stopping() + self._keep_best()
         from tftrain.train import mlflow_log
 
-        self.mlflow = mlflow_log.make(self.config.train.mlflow, out.path, self.task.name, self.is_chief)
+        self.mlflow = mlflow_log.make(self.config.train.mlflow, out.path, self.task.name, self.is_chief,
+                                      warn=self.console.warn)
         return callbacks + ([self.mlflow] if self.mlflow else []) + self.user_callback_objects()
 
     def user_callback_objects(self) -> list:
@@ -64,8 +65,9 @@ class CallbackStages:
         self.preemption = PreemptionWatch()
         if self.cluster is None:
             return None
-        return AgreedStop(self.preemption, self.runtime.strategy.cluster_resolver,
-                          str(self.out_dir.backup_dir / "agreed_stop"))
+        self.agreed_stop = AgreedStop(self.preemption, self.runtime.strategy.cluster_resolver,
+                                      str(self.out_dir.backup_dir / "agreed_stop"))
+        return self.agreed_stop
 
     def _make_backup(self, agreed=None):
         """The `StepBackup`: it keeps the previous checkpoint (a task may die mid-save) and outlives `fit`

@@ -15,8 +15,10 @@ Source: https://mlflow.org/docs/latest/python_api/mlflow.client.html
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from tftrain.errors import ConfigError
 
@@ -57,77 +59,103 @@ def _callback_base():
 class MlflowLog(_callback_base()):
     """A Keras callback that logs a run to MLflow (chief only); `finish` logs what the run wrote.
 
+    Logging is best effort: a tracking error (server down, upload refused) is one warning (`warn`)
+    and stops the logging, never the training or the writing of the run directory.
+
     Args:
         uri: the tracking URI (`http://127.0.0.1:5000`, `sqlite:///mlflow.db`, ...),
             or `"default"`.
         run_dir: the run directory (its name names the MLflow run).
         experiment: the MLflow experiment's name (created when missing).
-
-    Raises:
-        mlflow.exceptions.MlflowException: when the tracking server cannot be reached
-            or refuses a request (the run then fails in one line, as any failed run).
+        warn: prints one warning line. Defaults to printing on stderr.
     """
 
-    def __init__(self, uri: str, run_dir: Path, experiment: str):
+    def __init__(self, uri: str, run_dir: Path, experiment: str, warn: Optional[Callable[[str], None]] = None):
         super().__init__()
         self.uri, self.run_dir, self.experiment = uri, Path(run_dir), experiment
-        self.client, self.run_id = None, None
+        self.warn = warn or (lambda line: print(f"warning: {line}", file=sys.stderr, flush=True))
+        self.client, self.run_id, self.broken = None, None, False
 
-    def start(self) -> str:
-        """Opens (or, on a resumed run, reopens) the MLflow run; returns its id."""
-        if self.run_id is not None:
-            return self.run_id
+    def _safely(self, what: str, action: Callable) -> None:
+        """Runs `action()` unless logging already failed; a failure is one warning and ends the logging."""
+        if self.broken:
+            return
+        try:
+            action()
+        except Exception as e:  # noqa: BLE001 (the tracker's failure must not fail the run)
+            self.broken = True
+            first = (str(e).splitlines() or [""])[0][:300]
+            self.warn(f"--mlflow {self.uri}: could not {what} ({type(e).__name__}: {first}); the run goes on "
+                      "without MLflow logging")
+
+    def start(self) -> Optional[str]:
+        """Opens (or, on a resumed run, reopens) the MLflow run; returns its id (None when MLflow failed)."""
+        if self.run_id is None:
+            self._safely("open the MLflow run", self._open)
+        return self.run_id
+
+    def _open(self) -> None:
         self.client = _client(self.uri)
         id_file = self.run_dir / RUN_ID_FILE
-        if id_file.is_file():
-            self.run_id = id_file.read_text().strip()
-            self.client.update_run(self.run_id, status="RUNNING")
-            return self.run_id
+        if id_file.is_file():  # a resumed run: the same MLflow run, if this server has it
+            from mlflow.exceptions import MlflowException
+
+            try:
+                self.client.update_run(id_file.read_text().strip(), status="RUNNING")
+                self.run_id = id_file.read_text().strip()
+                return
+            except MlflowException:  # another server (the flag changed on resume): a new run there
+                pass
         found = self.client.get_experiment_by_name(self.experiment)
         experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment)
         self.run_id = self.client.create_run(experiment_id, run_name=self.run_dir.name).info.run_id
         from tftrain.rundir import write_text_atomic
 
         write_text_atomic(id_file, self.run_id + "\n")
-        return self.run_id
 
     def on_train_begin(self, logs=None):
         self.start()
 
     def on_epoch_end(self, epoch, logs=None):
-        import time
-
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         metrics = [Metric(name, float(value), now, epoch) for name, value in (logs or {}).items()
                    if isinstance(value, (int, float)) or hasattr(value, "__float__")]
-        if metrics:
-            self.client.log_batch(self.run_id, metrics=metrics)
+        if metrics and self.run_id is not None:
+            self._safely(f"log epoch {epoch}'s metrics", lambda: self.client.log_batch(self.run_id, metrics=metrics))
 
-    def finish(self, params: dict, figures: dict, status: str = "FINISHED") -> None:
+    def finish(self, params: dict, figures: dict, step: int = 0, status: str = "FINISHED") -> None:
         """Logs the settings (`{name: value}`, each as text of at most 6,000 characters), the final
-        figures (`{name: float}`, at the last epoch's step) and the run directory's `ARTIFACTS`, then
-        ends the MLflow run with `status`."""
-        import time
+        figures (`{name: float}`, at `step`: the epochs trained, as in the HParams tab) and the run
+        directory's `ARTIFACTS`, then ends the MLflow run with `status`."""
+        if self.start() is not None:
+            self._safely("log the run's settings, figures and files", lambda: self._finish(params, figures, step))
+        self.end(status)
 
+    def _finish(self, params: dict, figures: dict, step: int) -> None:
         from mlflow.entities import Metric, Param
 
-        self.start()
         now = int(time.time() * 1000)
         logged = self.client.get_run(self.run_id).data.params  # {key: value}
         new = [Param(k, str(v)[:6000]) for k, v in sorted(params.items()) if k not in logged]  # a resume: once
         for start in range(0, len(new), 100):  # MLflow takes at most 100 params a batch
             self.client.log_batch(self.run_id, params=new[start:start + 100])
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in figures.items()])
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in figures.items()])
         for name in ARTIFACTS:
             if (self.run_dir / name).is_file():
                 self.client.log_artifact(self.run_id, str(self.run_dir / name))
-        self.client.set_terminated(self.run_id, status)
+
+    def end(self, status: str) -> None:
+        """Ends the MLflow run (if one was opened) with `status` (FINISHED, FAILED, KILLED)."""
+        if self.run_id is not None and self.client is not None:
+            self.broken = False  # the end is worth trying even after a failed upload
+            self._safely(f"mark the MLflow run {status}", lambda: self.client.set_terminated(self.run_id, status))
 
 
-def make(uri: Optional[str], run_dir: Path, experiment: str, is_chief: bool) -> Optional[MlflowLog]:
+def make(uri: Optional[str], run_dir: Path, experiment: str, is_chief: bool,
+         warn: Optional[Callable[[str], None]] = None) -> Optional[MlflowLog]:
     """The `MlflowLog` of a chief under `--mlflow`, else None."""
     if not uri or not is_chief:
         return None
-    return MlflowLog(uri, run_dir, experiment)
+    return MlflowLog(uri, run_dir, experiment, warn)

@@ -190,7 +190,8 @@ def report(trainer, record: RunRecord) -> None:
         reports.write_report(record.run_dir, metrics, title=_title(trainer))
         hparams_log.log_run(trainer, record)  # TensorBoard's HParams tab compares the runs of a folder
         if trainer.mlflow is not None:  # after metrics.json and report.md, which it uploads
-            trainer.mlflow.finish(hparams_log.hparam_values(trainer.config, record), hparams_log.final_figures(record))
+            trainer.mlflow.finish(hparams_log.hparam_values(trainer.config, record), hparams_log.final_figures(record),
+                                  step=record.resumed_from_epoch + record.epochs_trained)
     console = trainer.console
     unit = trainer.task.example_unit
     console.section("result")

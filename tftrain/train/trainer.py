@@ -119,7 +119,8 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
         self.execution_trial = None  # `--execution auto`'s ExecutionTrial while it times candidates in fit
         self.monitor = self.profiler = None
         self.backup = self.early_stopping = self.keep_best = None  # StepBackup, ResumableEarlyStopping, KeepBest
-        self.preemption = None  # PreemptionWatch of a single process (make_callbacks)
+        self.preemption = None  # PreemptionWatch of a single process or a MultiWorkerMirrored task (make_callbacks)
+        self.agreed_stop = None  # AgreedStop of a MultiWorkerMirrored task (make_callbacks)
         self._user_callbacks = []  # makers of --callbacks (check)
         self._made_user_callbacks = None  # what they made (user_callback_objects)
         self.mlflow = None  # MlflowLog of the chief under --mlflow (make_callbacks)
@@ -195,12 +196,8 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
 
     def _end_mlflow(self, status: str) -> None:
         """Marks the MLflow run (if one was opened) ended with `status`; a tracking error is only warned of."""
-        if self.mlflow is None or self.mlflow.run_id is None:
-            return
-        try:
-            self.mlflow.client.set_terminated(self.mlflow.run_id, status)
-        except Exception as e:  # noqa: BLE001 (the run's own error is the one to report)
-            self.console.warn(f"--mlflow: could not mark the MLflow run {status}: {e}")
+        if self.mlflow is not None:
+            self.mlflow.end(status)
 
     def finish_run_dir(self) -> None:
         """Once `metrics.json` and the model are on disk (chief only): removes the backup, which a kill
@@ -234,6 +231,7 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
         from tftrain.train import user_callbacks
 
         self._user_callbacks = user_callbacks.resolve(self.config.train.callbacks or "")  # bad names: now
+        self._made_user_callbacks, self.mlflow = None, None  # a second fit() of this Trainer makes its own
         if self.config.train.init_from is not None:  # a path that holds no weights: now, not after TF starts
             from tftrain.train import init_weights
 
@@ -490,6 +488,9 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
         except Exception as e:  # noqa: BLE001 (an XLA step that does not compile: one line and the fix)
             self._raise_if_xla_failed(e)
             raise
+        finally:
+            if self.agreed_stop is not None:  # its watcher threads, when fit ended early
+                self.agreed_stop.close()
         if self.execution_trial is not None:  # a run that ended before every candidate was timed
             self.execution_trial.finish()
         return history, time.perf_counter() - started

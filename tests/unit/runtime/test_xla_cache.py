@@ -12,7 +12,7 @@ def test_enable_names_the_directory_in_tf_xla_flags_and_keeps_the_users_flags(tm
     env = {"TF_XLA_FLAGS": "--tf_xla_auto_jit=2"}
     directory = xla_cache.enable(tmp_path / "xla", env=env)
     assert directory == tmp_path / "xla" and directory.is_dir()
-    assert env["TF_XLA_FLAGS"] == f"--tf_xla_auto_jit=2 --tf_xla_persistent_cache_directory={directory}"
+    assert env["TF_XLA_FLAGS"] == f'--tf_xla_auto_jit=2 --tf_xla_persistent_cache_directory="{directory}"'
     users = {"TF_XLA_FLAGS": "--tf_xla_persistent_cache_directory=/elsewhere"}
     assert xla_cache.enable(tmp_path / "other", env=users) is None  # the user's own cache is kept
     assert users["TF_XLA_FLAGS"] == "--tf_xla_persistent_cache_directory=/elsewhere"
@@ -50,8 +50,9 @@ print(float(tf.reduce_sum(f(tf.ones((4, 4))))))
 
 @pytest.mark.slow
 def test_setup_makes_tensorflow_keep_xla_executables_in_the_cache(tmp_path):
-    done = run_python(_COMPILE, env={"TFTRAIN_CACHE_DIR": str(tmp_path), "TF_XLA_FLAGS": ""})
+    cache = tmp_path / "a folder with spaces"  # the flag is quoted: TensorFlow splits TF_XLA_FLAGS on spaces
+    done = run_python(_COMPILE, env={"TFTRAIN_CACHE_DIR": str(cache), "TF_XLA_FLAGS": ""})
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout.strip().splitlines()[-1]) == 16 * 5.0
-    kept = list((tmp_path / "xla").glob("*/*"))
+    kept = list((cache / "xla").glob("*/*"))
     assert len(kept) == 1 and kept[0].name.startswith("xla_compile_cache") and kept[0].stat().st_size > 0

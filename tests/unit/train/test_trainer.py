@@ -525,3 +525,14 @@ def test_class_weight_trains_as_keras_fit_with_the_same_weights(tmp_path):
     model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
     unweighted = model.fit(x, y, batch_size=256, epochs=1, verbose=0, shuffle=False)
     assert record.history["loss"][0] != pytest.approx(unweighted.history["loss"][0], rel=1e-3)  # weights count
+
+
+@pytest.mark.parametrize("loop", ["MultiWorkerLoop", "ParameterServerLoop"])
+def test_class_weight_is_refused_before_the_run_by_loops_over_distributed_datasets(tmp_path, loop):
+    task = tftrain.ArrayTask(_model, np.zeros((64, 4), "float32"), np.zeros(64, "int64"), loss="mse",
+                             class_weight={0: 1.0})
+    trainer = tftrain.Trainer(task, verbose=0, run_dir=str(tmp_path / "r"))
+    trainer.loop = getattr(tftrain.train, loop)()
+    trainer.check(), trainer.setup_runtime(), trainer.bind_task()
+    with pytest.raises(ConfigError, match="class_weight is not supported by"):
+        trainer.check_task()

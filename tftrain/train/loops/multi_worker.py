@@ -22,6 +22,7 @@ class MultiWorkerLoop(FitLoop):
     in_process_search: bool = False
     checks_input: bool = False  # each worker reads only its shard
     needs_steps_per_epoch: bool = True
+    weighs_classes: bool = False  # Keras maps class weights over a tf.data.Dataset, not a distributed one
     executions: tuple = ("auto", "graph", "eager")
     no_search_reason: str = ("every worker runs the same steps in lockstep (collective all-reduce), so one task "
                              "cannot try settings alone")

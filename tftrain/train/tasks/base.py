@@ -45,8 +45,9 @@ class Task:
             recipe file and the flags. Defaults to {}.
         class_weight: `{class index: weight}` for the loss of each training
             example by its label, as `Model.fit(class_weight=...)` (one output
-            whose labels are class indices or one-hot; Keras refuses others);
-            None weighs every example 1. Defaults to None.
+            whose labels are class indices or one-hot; Keras refuses others; the
+            multi-worker and parameter-server loops refuse it); None weighs every
+            example 1. Defaults to None.
         unused_fields: flat config keys the task's data ignores (e.g.
             `{"data.cache": "its arrays are in memory already"}`) -> why; their
             flags are left out of its command line, and a recipe file that sets
