@@ -148,3 +148,18 @@ def run_python(code, env=None, timeout=180, cwd=None):
     return subprocess.run(
         [sys.executable, "-c", code], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
     )
+
+
+def linear_regression_task(name: str):
+    """A 4-feature linear regression `ArrayTask` (256 training rows, 64 test rows; MSE, SGD, `mae`):
+    seconds to train, for tests of what a run writes."""
+    import keras
+    import numpy as np
+
+    import tftrain
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((256, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5, 0.0], "float32"))[:, None]
+    return tftrain.ArrayTask(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]), x, y, x[:64],
+                             y[:64], loss="mse", optimizer="sgd", metrics=["mae"], name=name)

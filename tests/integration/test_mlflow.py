@@ -6,23 +6,17 @@ import sys
 import time
 import urllib.request
 
-import numpy as np
 import portpicker
 import pytest
 
 import tftrain
+from tests.conftest import linear_regression_task
 
 pytestmark = pytest.mark.integration
 
 
 def _task():
-    import keras
-
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((256, 4)).astype("float32")
-    y = (x @ np.array([1.0, -2.0, 0.5, 0.0], "float32"))[:, None]
-    return tftrain.ArrayTask(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]), x, y, x[:64],
-                             y[:64], loss="mse", optimizer="sgd", metrics=["mae"], name="mlflow-task")
+    return linear_regression_task("mlflow-task")
 
 
 @pytest.fixture

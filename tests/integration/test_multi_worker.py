@@ -121,10 +121,10 @@ def test_crashing_worker_ends_the_job_and_leaves_no_process(tmp_path):
     assert _alive(_started_pids(result.stderr).values()) == []
 
 
-def _kill_in_epoch_2(cmd, env, watched: str, victim: str, timeout_s: float = 240):
-    """Runs the launcher `cmd` and SIGKILLs task `victim` once task `watched` has begun epoch 2
-    (so epoch 1's checkpoint is written); returns `(launcher exit code, its output, task pids)`.
-    Fails the test when the job ends before the kill."""
+def _kill_in_epoch_2(cmd, env, watched: str, victim: str, timeout_s: float = 240, signum=signal.SIGKILL):
+    """Runs the launcher `cmd` and sends `signum` (SIGKILL) to task `victim` (or to the launcher itself,
+    `victim="launcher"`) once task `watched` has begun epoch 2 (so epoch 1's checkpoint is written);
+    returns `(launcher exit code, its output, task pids)`. Fails the test when the job ends first."""
     launcher = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pids, killed, lines = {}, False, []
     try:
@@ -136,11 +136,11 @@ def _kill_in_epoch_2(cmd, env, watched: str, victim: str, timeout_s: float = 240
                 pids[match.group(1)] = int(match.group(2))
             if not killed and line.startswith(f"[{watched}] Epoch 2/3"):
                 time.sleep(0.5)  # into epoch 2: epoch 1's checkpoint is written
-                os.kill(pids[victim], signal.SIGKILL)
+                os.kill(launcher.pid if victim == "launcher" else pids[victim], signum)
                 killed = True
             if time.monotonic() > deadline:
                 break
-        launcher.wait(timeout=60)
+        launcher.wait(timeout=60 if signum == signal.SIGKILL else 120)
     finally:
         if launcher.poll() is None:
             launcher.kill()
@@ -236,29 +236,16 @@ def test_sigterm_stops_both_workers_at_one_saved_step_and_the_rerun_resumes_ther
     cmd = [PY, "-m", "tftrain.launch", "--workers", "2", "--timeout", "200", "--grace", "60", "--",
            *RECIPE, *MWMS, *FLAGS, "--run-dir", str(run_dir)]
     env = _env(tmp_path / "tmp")
-    launcher = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines, signalled = [], False
-    try:
-        for line in launcher.stdout:  # SIGTERM to the launcher, as SLURM or Kubernetes stop a job
-            lines.append(line)
-            if not signalled and line.startswith("[worker:0] Epoch 2/3"):
-                time.sleep(0.5)
-                launcher.send_signal(signal.SIGTERM)
-                signalled = True
-        launcher.wait(timeout=120)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
-    output = "".join(lines)
-    assert signalled and launcher.returncode == 128 + signal.SIGTERM, output[-3000:]
+    # SIGTERM to the launcher, as SLURM or Kubernetes stop a job; it passes the signal on to every task.
+    code, output, pids = _kill_in_epoch_2(cmd, env, watched="worker:0", victim="launcher", signum=signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM, output[-3000:]
     stops = re.findall(r"\[(worker:\d)\] .*stopped by SIGTERM: checkpoint saved at (?:the end of epoch \d|epoch \d, "
                        r"batch \d+) \(optimizer step (\d+)\)", output)
     assert sorted(s[0] for s in stops) == ["worker:0", "worker:1"], output[-3000:]
     assert len({s[1] for s in stops}) == 1  # one step, agreed by both workers
     saved = json.loads((run_dir / "backup" / "training_metadata.json").read_text())
     assert saved["optimizer_iterations"] == int(stops[0][1])
-    assert _alive(_started_pids(output).values()) == []
+    assert _alive(pids.values()) == []
 
     result = _run(cmd, env, 300)  # the same command resumes at that step and finishes
     assert result.returncode == 0, result.stderr[-3000:]
