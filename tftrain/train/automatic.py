@@ -52,7 +52,7 @@ def batch_hooks(callbacks) -> list:
     for callback in callbacks:
         for hook in BATCH_HOOKS:
             owner = next((k for k in type(callback).__mro__ if hook in vars(k)), None)
-            given = hook in vars(callback) and callable(vars(callback)[hook])
+            given = callable(getattr(callback, "__dict__", {}).get(hook))  # set on the instance
             keras_own = owner is not None and (owner.__module__ == "keras" or owner.__module__.startswith("keras."))
             if given or (owner is not None and not keras_own):
                 found.append(f"{type(callback).__name__}.{hook}")

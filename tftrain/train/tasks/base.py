@@ -4,7 +4,6 @@ the adapters share (`tftrain.train.tasks`)."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import inspect
 import numbers
 from typing import Any, Callable, Mapping, Optional, Sequence
