@@ -22,6 +22,8 @@ import signal
 import threading
 from typing import Optional
 
+import keras
+
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 """The signals taken as a request to checkpoint and stop."""
 
@@ -66,13 +68,7 @@ class PreemptionWatch:
         self._previous = {}
 
 
-def _callback_base():
-    import keras
-
-    return keras.callbacks.Callback
-
-
-class AgreedStop(_callback_base()):
+class AgreedStop(keras.callbacks.Callback):
     """In a MultiWorkerMirrored job: the workers agree on one step to stop at when any of them is
     told to stop, so that every worker saves the same step (a lone worker's save would hang the
     others' collectives).

@@ -11,8 +11,7 @@ is tracing and graph optimisation, which every run pays).
 The directory is `<tftrain cache>/xla/<key>`, the key a hash of the TensorFlow version, the CPU
 model and its feature flags and the NVIDIA GPUs' names and driver, so that a cache in a home
 directory shared by machines of different CPUs or GPUs never hands one an executable built for
-another's instructions. Its files are
-pruned, oldest first, to `MAX_BYTES`.
+another's instructions. Its files are pruned, oldest first, to `MAX_BYTES`.
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+import keras
+
 from tftrain.errors import ConfigError
 
 RUN_ID_FILE = "mlflow_run_id"
@@ -50,13 +52,7 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=None if uri == DEFAULT else uri)
 
 
-def _callback_base():
-    import keras
-
-    return keras.callbacks.Callback
-
-
-class MlflowLog(_callback_base()):
+class MlflowLog(keras.callbacks.Callback):
     """A Keras callback that logs a run to MLflow (chief only); `finish` logs what the run wrote.
 
     Logging is best effort: a tracking error (server down, upload refused) is one warning (`warn`)
@@ -100,9 +96,10 @@ class MlflowLog(_callback_base()):
         if id_file.is_file():  # a resumed run: the same MLflow run, if this server has it
             from mlflow.exceptions import MlflowException
 
+            kept = id_file.read_text().strip()
             try:
-                self.client.update_run(id_file.read_text().strip(), status="RUNNING")
-                self.run_id = id_file.read_text().strip()
+                self.client.update_run(kept, status="RUNNING")
+                self.run_id = kept
                 return
             except MlflowException:  # another server (the flag changed on resume): a new run there
                 pass
