@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -45,6 +46,8 @@ SIGNALS = ("SIGKILL", "SIGTERM")
 STEPS_PER_EPOCH, EPOCHS, BACKUP_EVERY = 128, 2, 8
 MAX_RERUNS = 2
 JOB_TIMEOUT_S = 300
+STARTED = re.compile(r"started (\S+) \(pid (\d+)\)")
+"""`tftrain.launch`'s line naming a task it started and its pid."""
 RECIPE = ["--train-examples", str(STEPS_PER_EPOCH * 128), "--epochs", str(EPOCHS), "--batch-size", "128", "--seed", "0",
           "--execution", "graph", "--verbose", "2"]
 
@@ -76,7 +79,7 @@ def _saved_step(run_dir: Path):
 
 
 def _pids(output: str, proc) -> list:
-    return [proc.pid] + [int(p) for p in re.findall(r"started \S+ \(pid (\d+)\)", output)]
+    return [proc.pid] + [int(pid) for _, pid in STARTED.findall(output)]
 
 
 def _faulted_run(kind: str, run_dir: Path, signame: str, rng: random.Random, max_delay_s: float) -> dict:
@@ -84,15 +87,13 @@ def _faulted_run(kind: str, run_dir: Path, signame: str, rng: random.Random, max
     proc = subprocess.Popen(_command(kind, run_dir), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     lines, tasks = [], {}
-    import threading
-
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
     deadline, fault = time.monotonic() + JOB_TIMEOUT_S, None
     while proc.poll() is None and time.monotonic() < deadline:
         if fault is None and _saved_step(run_dir) is not None:
             time.sleep(rng.uniform(0, max_delay_s))
-            tasks = {m[0]: int(m[1]) for m in re.findall(r"started (\S+) \(pid (\d+)\)", "".join(lines))}
+            tasks = {name: int(pid) for name, pid in STARTED.findall("".join(lines))}
             victim = rng.choice(sorted(tasks)) if tasks else "process"
             seen = _saved_step(run_dir)  # the newest checkpoint just before the signal
             try:
