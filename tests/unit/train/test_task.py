@@ -80,6 +80,24 @@ def test_sharded_training_data_keeps_whole_global_batches_and_disjoint_shards():
     assert not set(shards[0]) & set(shards[1])
 
 
+def test_array_task_converts_each_array_once_per_run(monkeypatch):
+    converted = []
+    real = tf.constant
+    monkeypatch.setattr(tf, "constant", lambda value, *a, **k: converted.append(type(value)) or real(value, *a, **k))
+    x, y = _arrays(64)
+    task = tftrain.ArrayTask(_model, x, y, x[:8], y[:8], loss="mse").bind(RecipeConfig())
+    first = [b for b, _ in task.train_data(16)]
+    for _ in range(3):  # the probe batches and training build the pipeline again
+        task.train_data(16)
+    task.test_data(8)
+    assert converted.count(np.ndarray) == 4  # x, y, x_test, y_test: once each
+    again = [b for b, _ in task.train_data(16)]
+    assert sorted(np.concatenate(first)[:, 0]) == sorted(np.concatenate(again)[:, 0]) == sorted(x[:, 0])
+    x[0, 0] = -1.0  # a new run binds anew and sees the arrays as they are now
+    rebound = tftrain.ArrayTask(_model, x, y, loss="mse").bind(RecipeConfig())
+    assert -1.0 in np.concatenate([b for b, _ in rebound.train_data(16)])[:, 0]
+
+
 def test_too_large_a_validation_split_is_refused():
     x, y = _arrays(1)
     task = tftrain.ArrayTask(_model, x, y, loss="mse").bind(RecipeConfig().override({"validation_split": 0.5}))

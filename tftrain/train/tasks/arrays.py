@@ -109,11 +109,44 @@ class ArrayTask(FunctionTask):
 
         return None if self.test is None else num_examples_of(*self.test)
 
+    def bind(self, config):
+        """A bound copy (`Task.bind`) with its own, empty memo of the arrays as tensors (`_tensors`)."""
+        bound = super().bind(config)
+        bound._tensor_memo = {}
+        return bound
+
+    def _tensors(self, arrays):
+        """`arrays` as TensorFlow tensors, each array converted once per bound task.
+
+        A run builds the training pipeline several times (the probe batches of `--precision auto` and
+        `--execution auto`, then training), and `tf.constant` copies the array every time: measured on
+        MNIST's 60,000 x 784 float32 training images (188 MB) on 2 cores, 0.1-0.8 s a copy, and the
+        first batch of a pipeline over a new copy 0.4-0.7 s later, against 0.04 s over the same tensor.
+        An array is known by its memory (address, shape, strides, dtype): a view such as
+        `x[:n]` is its own entry. The memo keeps the array alive, so an address is not reused."""
+        import numpy as np
+        import tensorflow as tf
+
+        memo = getattr(self, "_tensor_memo", None)
+        if memo is None:  # an unbound task (a direct call): convert as build_dataset does
+            return arrays
+
+        def convert(array):
+            if isinstance(array, np.ndarray):
+                key = (array.__array_interface__["data"][0], array.shape, array.strides, array.dtype.str)
+            else:
+                key = ("id", id(array))
+            if key not in memo:
+                memo[key] = (array, tf.constant(array))
+            return memo[key][1]
+
+        return tf.nest.map_structure(convert, arrays)
+
     def _dataset(self, arrays, global_batch_size, training, input_context=None):
         from tftrain.data.pipeline import build_dataset
 
-        return build_dataset(arrays, global_batch_size, training=training, config=self._data, seed=self._seed,
-                             preprocess=self.preprocess, input_context=input_context)
+        return build_dataset(self._tensors(arrays), global_batch_size, training=training, config=self._data,
+                             seed=self._seed, preprocess=self.preprocess, input_context=input_context)
 
     def train_data(self, global_batch_size, input_context=None):
         """Shuffled, batched training arrays (whole global batches only when sharded)."""
