@@ -247,7 +247,8 @@ def _array_batches(source, batch_size, preprocess, *, training, config, seed, in
     (`index_batches`), or single indices through a shuffle buffer when `config.shuffle_buffer` is smaller
     than the data (see the module docstring); then `preprocess` on each whole batch."""
     num_examples = num_examples_of(*source)
-    features, labels = (tf.nest.map_structure(tf.constant, part) for part in source)
+    features, labels = (tf.nest.map_structure(lambda a: a if tf.is_tensor(a) else tf.constant(a), part)
+                        for part in source)
     if not config.shuffle_buffer or config.shuffle_buffer >= num_examples:  # 0: a whole permutation an epoch
         per_pipeline = input_context.get_per_replica_batch_size(batch_size) if input_context else batch_size
         ds = index_batches(num_examples, per_pipeline, shuffle=training, seed=seed,

@@ -122,14 +122,15 @@ class ArrayTask(FunctionTask):
         `--execution auto`, then training), and `tf.constant` copies the array every time: measured on
         MNIST's 60,000 x 784 float32 training images (188 MB) on 2 cores, 0.1-0.8 s a copy, and the
         first batch of a pipeline over a new copy 0.4-0.7 s later, against 0.04 s over the same tensor.
-        An array is known by its memory (address, shape, strides, dtype): a view such as
-        `x[:n]` is its own entry. The memo keeps the array alive, so an address is not reused."""
+        An array is known by its memory (address, shape, strides, dtype): a view such as `x[:n]` is its
+        own entry. The memo keeps the array alive, so an address is not reused. Eagerly only: a tensor
+        of one graph is not another's."""
         import numpy as np
         import tensorflow as tf
 
         memo = getattr(self, "_tensor_memo", None)
-        if memo is None:  # an unbound task (a direct call): convert as build_dataset does
-            return arrays
+        if memo is None or not tf.executing_eagerly():  # unbound, or traced (a parameter-server worker's
+            return arrays  # dataset function): build_dataset converts them in that graph
 
         def convert(array):
             if isinstance(array, np.ndarray):
