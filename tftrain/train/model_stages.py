@@ -16,7 +16,13 @@ class ModelStages:
         no weights yet (`_built`), rebuilt under float32 when `--precision auto` chose mixed_float16 for
         a `train_step` that does not scale its loss (`_check_step_scaling`), with float32 outputs under
         a mixed policy; compiled by the loop with `task.compile_args(steps_per_epoch)`, whose optimizer
-        accumulates gradients under `--gradient-accumulation-steps` (`tftrain.train.accumulation`)."""
+        accumulates gradients under `--gradient-accumulation-steps` (`tftrain.train.accumulation`).
+        Under `--seed` every build starts from that seed: a model built again (the float32 twin that
+        `--precision auto` times and may train) has the same initial weights as the first."""
+        if self.config.seed is not None:
+            import keras
+
+            keras.utils.set_random_seed(self.config.seed)
         with self.runtime.strategy.scope():  # the optimizer too: its variables belong to the strategy
             model = self._check_step_scaling(self._built(self.task.build_model()))
             if self.runtime.precision.compute_dtype != "float32":

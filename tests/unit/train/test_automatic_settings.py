@@ -302,15 +302,18 @@ def test_precision_auto_trains_the_float32_twin_when_float32_is_faster(tmp_path,
     from tftrain.runtime import execution_probe
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
-    timed = []  # float32 twice as fast: the twin built for the timing is the model trained
+    timed, initial = [], []  # float32 twice as fast: the twin built for the timing is the model trained
 
     def step_time(model, dataset, steps=16):
         timed.append(model.dtype_policy.name)
+        initial.append(model.get_weights())
         return 2e-3 if model.dtype_policy.name == "float32" else 4e-3
 
     monkeypatch.setattr(execution_probe, "time_graph_step", step_time)
     record = _fit(tmp_path, _dense, "run", execution="graph", precision="auto")
     assert timed == ["mixed_bfloat16", "float32"] and record.extras["precision_auto"]["policy"] == "float32"
+    for first, twin in zip(*initial):  # under --seed the twin starts where the first model did
+        np.testing.assert_array_equal(first, twin)
     assert record.runtime["precision"] == "float32" and record.runtime["compute_dtype"] == "float32"
     saved = keras.saving.load_model(tmp_path / "run" / "model.keras")
     assert all(layer.dtype_policy.name == "float32" for layer in saved.layers)
