@@ -2,6 +2,7 @@ import keras
 import numpy as np
 import pytest
 
+from tests.conftest import run_python
 from tftrain.runtime import precision as prec
 from tftrain.runtime.devices import DeviceInfo
 
@@ -117,3 +118,14 @@ def test_ensure_float32_outputs_keeps_output_names_for_a_loss_dict():
         x = np.ones((8, 4), "float32")
         history = fixed.fit(x, {"a": np.ones((8, 1)), "b": np.ones((8, 2))}, epochs=1, verbose=0)
     assert fixed.output_names == ["a", "b"] and "a_loss" in history.history
+
+
+@pytest.mark.parametrize("policy,remapping", [("mixed_float16", "False"), ("float32", "None")])
+@pytest.mark.slow
+def test_setup_turns_the_remapper_off_for_float16_on_a_cpu_only(policy, remapping):
+    # Grappler fuses MatMul + BiasAdd into oneDNN's float16 kernel, 700x slower on an AVX512-FP16 Xeon.
+    r = run_python("from tftrain import runtime\nfrom tftrain.config import RuntimeConfig\nimport tensorflow as tf\n"
+                   f"runtime.setup(RuntimeConfig(precision={policy!r}))\n"
+                   "print('RESULT', tf.config.optimizer.get_experimental_options().get('remapping'))")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"RESULT {remapping}" in r.stdout
