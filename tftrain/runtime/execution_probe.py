@@ -251,7 +251,7 @@ def choose_execution(
     return _settle(model, trials, base_spe)
 
 
-def time_graph_step(model, dataset, steps: int = 16) -> float:
+def time_graph_step(model, dataset, steps: int = 16, batch_size: Optional[int] = None) -> float:
     """Median seconds per optimizer step of `model`'s training step in graph mode at its own
     `steps_per_execution`, its weights, optimizer and metric state restored afterwards; the model's
     `jit_compile` is left as it was (the graph train function is dropped when it was XLA).
@@ -260,6 +260,8 @@ def time_graph_step(model, dataset, steps: int = 16) -> float:
         model: a compiled Keras model (TensorFlow backend), not `run_eagerly`.
         dataset: training batches (repeated as needed).
         steps: optimizer steps timed. Defaults to 16.
+        batch_size: examples per step; None reads it from the dataset's element spec,
+            which needs a static batch dimension. Defaults to None.
 
     Returns:
         Seconds per optimizer step (float).
@@ -270,7 +272,7 @@ def time_graph_step(model, dataset, steps: int = 16) -> float:
     jit = model.jit_compile
     _build_optimizer(model)
     trials = _Trials(model, dataset, int(getattr(model, "steps_per_execution", 1) or 1),
-                     {"steps": steps, "warmup_executions": 1, "min_timed_executions": 3})
+                     {"steps": steps, "warmup_executions": 1, "min_timed_executions": 3, "batch_size": batch_size})
     try:
         trials.run("graph", trials.base_spe)
     finally:

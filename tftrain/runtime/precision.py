@@ -297,7 +297,8 @@ class PrecisionChoice:
         return dataclasses.asdict(self)
 
 
-def choose_precision(bf16_model, build_float32, dataset, steps: int = 16) -> PrecisionChoice:
+def choose_precision(bf16_model, build_float32, dataset, steps: int = 16,
+                     batch_size: Optional[int] = None) -> PrecisionChoice:
     """Times the training step of a model under mixed_bfloat16 and of its float32 twin, on a CPU.
 
     Native bfloat16 (AVX512-BF16, AMX) speeds up matmuls, but casts, convolutions and
@@ -312,6 +313,9 @@ def choose_precision(bf16_model, build_float32, dataset, steps: int = 16) -> Pre
             (the caller sets the global policy).
         dataset: training batches (a few dozen; repeated as needed).
         steps: optimizer steps timed per policy. Defaults to 16.
+        batch_size: examples per step (the global batch size); None reads it from
+            the dataset, whose batch dimension must then be static (a
+            `padded_batch` without `drop_remainder` has none). Defaults to None.
 
     Returns:
         A `PrecisionChoice`: mixed_bfloat16 only when more than
@@ -319,8 +323,8 @@ def choose_precision(bf16_model, build_float32, dataset, steps: int = 16) -> Pre
     """
     from tftrain.runtime.execution_probe import time_graph_step
 
-    times = {"mixed_bfloat16": time_graph_step(bf16_model, dataset, steps)}
-    times["float32"] = time_graph_step(build_float32(), dataset, steps)
+    times = {"mixed_bfloat16": time_graph_step(bf16_model, dataset, steps, batch_size)}
+    times["float32"] = time_graph_step(build_float32(), dataset, steps, batch_size)
     ratio = times["float32"] / times["mixed_bfloat16"]
     if ratio > 1 + KEEP_FLOAT32_WITHIN:
         return PrecisionChoice("mixed_bfloat16", times, f"{ratio:.2f}x faster than float32")

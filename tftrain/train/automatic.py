@@ -88,7 +88,8 @@ class AutomaticSettings:
         try:
             choice = PrecisionChoice(**{k: entry[k] for k in ("policy", "step_time_s", "reason")})
         except (TypeError, KeyError):  # none remembered, or of another shape: time it
-            choice = choose_precision(model, lambda: twins.append(self._rebuilt_in("float32")) or twins[-1], probe)
+            choice = choose_precision(model, lambda: twins.append(self._rebuilt_in("float32")) or twins[-1], probe,
+                                      batch_size=self.batch.global_batch_size)
             if key:
                 memory.put_entry(f"precision-{key}", choice.to_dict())
         self.extras["precision_auto"] = choice.to_dict()

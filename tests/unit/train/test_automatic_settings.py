@@ -304,7 +304,7 @@ def test_precision_auto_trains_the_float32_twin_when_float32_is_faster(tmp_path,
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
     timed, initial = [], []  # float32 twice as fast: the twin built for the timing is the model trained
 
-    def step_time(model, dataset, steps=16):
+    def step_time(model, dataset, steps=16, batch_size=None):
         timed.append(model.dtype_policy.name)
         initial.append(model.get_weights())
         return 2e-3 if model.dtype_policy.name == "float32" else 4e-3
@@ -326,3 +326,31 @@ def test_precision_auto_times_nothing_under_eager_execution(tmp_path, monkeypatc
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
     record = _fit(tmp_path, _dense, "run", execution="eager", precision="auto")  # no graph step to time
     assert "precision_auto" not in record.extras and record.runtime["precision"] == "mixed_bfloat16"
+
+
+@pytest.mark.slow
+def test_precision_auto_times_batches_of_unknown_size(tmp_path, monkeypatch, fresh_execution_memory):
+    """`padded_batch` without `drop_remainder` (sequences of several lengths) has no static batch size; plain
+    Keras trains on it, and the precision timing takes the run's global batch size instead."""
+    import keras
+    import tensorflow as tf
+
+    from tftrain.runtime import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
+    lengths = np.random.default_rng(0).integers(2, 12, 300)
+
+    def train(batch_size):
+        return tf.data.Dataset.from_generator(
+            lambda: (([1.0] * n, float(n)) for n in lengths),
+            output_signature=(tf.TensorSpec([None]), tf.TensorSpec([]))).padded_batch(batch_size)
+
+    def build():
+        return keras.Sequential([keras.Input((None,)), keras.layers.Reshape((-1, 1)),
+                                 keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+
+    task = tftrain.DatasetTask(build, train, batch=False, loss="mse", num_train_examples=len(lengths))
+    record = tftrain.Trainer(task, epochs=2, verbose=0, batch_size=16, execution="graph", precision="auto",
+                             run_dir=str(tmp_path / "run")).fit()
+    assert set(record.extras["precision_auto"]["step_time_s"]) == {"float32", "mixed_bfloat16"}
+    assert len(record.history["loss"]) == 2 and np.isfinite(record.history["loss"][-1])
