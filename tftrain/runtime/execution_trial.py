@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import statistics
 import time
 from typing import Callable, Optional, Sequence
 
@@ -38,15 +37,22 @@ MIN_TIMED_STEPS = 32
 """Optimizer steps each side of a duel is timed for at least (after its compiling call)."""
 
 MIN_TIMED_CALLS = 3
-"""Calls of its train function each side of a duel is timed for at least (the figure is their median)."""
+"""Calls of its train function each side of a duel is timed for at least (`_step_time`)."""
 
 GIVE_UP_RATIO = 1.3
-"""A duel ends early once one side's median step time (of two calls or more) is this factor slower."""
+"""A duel ends early once one side's step time (over two calls or more) is this factor slower."""
 
 XLA_MAX_SPEEDUP = 2.5
 """The most XLA is taken to speed a step up over graph at the same count, for deciding whether a run is
 long enough to repay compiling it: the zoo's largest ratio was 2.26x (lstm at 32 steps/execution;
 `benchmarks/results/zoo.json`, medians over 3 rounds on a 2-core CPU), most were below 1.5x."""
+
+
+XLA_COMPILE_RATIO = 3.25
+"""XLA's first call (its compile) is estimated as this many times graph's first call (which traces and
+optimises the step) when deciding whether a run can repay compiling it: measured ratios were 0.6-1.9 on
+the zoo's models and 3.24 on an Embedding + GRU over padded sequences (3.89 s against 1.20 s), whose
+`while` loop XLA compiles whole."""
 
 
 @functools.total_ordering
@@ -119,8 +125,15 @@ def _kept(samples: list) -> list:
 
 
 def _step_time(samples: list) -> Optional[float]:
+    """Seconds per step over the whole executions timed: their total seconds over their total steps.
+
+    Not their median: a call that compiles for a new input shape is a cost the run keeps paying
+    when shapes vary (sequences padded per batch), and XLA compiles a program per shape. Measured
+    on an Embedding + GRU over `padded_batch` sequences of 5-59 tokens: XLA's median was 8.96
+    ms/step against graph's 19.98, so the trial took XLA, and the run then trained at 39 ms/step.
+    """
     kept = _kept(samples)
-    return statistics.median(s / n for s, n in kept) if kept else None
+    return sum(s for s, _ in kept) / sum(n for _, n in kept) if kept else None
 
 
 def _timed_enough(kept: list) -> bool:
@@ -147,7 +160,7 @@ class ExecutionTrial:
     challenger (XLA at that count, then the winning mode at each larger count while the larger
     count wins), their calls interleaved so that both are timed under the same load. A duel ends
     once each has `MIN_TIMED_CALLS` timed calls of `MIN_TIMED_STEPS` steps in all (the challenger
-    wins when its median step time is more than 5% below the incumbent's,
+    wins when its step time (`_step_time`) is more than 5% below the incumbent's,
     `tftrain.runtime.execution.best_label`), or earlier once one is `GIVE_UP_RATIO` slower.
 
     Args:
@@ -388,18 +401,20 @@ class ExecutionTrial:
 
     def _not_worth_timing(self, challenger: _Candidate) -> Optional[str]:
         """Why an XLA challenger of a graph incumbent cannot pay for itself in this run, or None: when
-        `XLA_MAX_SPEEDUP` over the steps left saves less than compiling XLA is estimated to take (the
-        graph step's own first call)."""
+        `XLA_MAX_SPEEDUP` over the steps left saves less than compiling XLA is estimated to take
+        (`XLA_COMPILE_RATIO` times the graph step's own first call)."""
         step_time, warmup = _step_time(self.incumbent.samples), self.incumbent.warmup_s
         if self.planned_steps is None or challenger.mode != "xla" or self.incumbent.mode != "graph" \
                 or step_time is None or warmup is None:
             return None
         left = self.planned_steps - self._step()
         gain = (1 - 1 / XLA_MAX_SPEEDUP) * step_time * left
-        if gain >= warmup:
+        compile_s = XLA_COMPILE_RATIO * warmup
+        if gain >= compile_s:
             return None
         return (f"even {XLA_MAX_SPEEDUP}x faster it would save at most {gain:.1f} s over this run's last {left} "
-                f"steps, less than compiling it takes (about {warmup:.1f} s, as graph's first call)")
+                f"steps, less than compiling it may take (about {compile_s:.1f} s, {XLA_COMPILE_RATIO}x graph's "
+                f"first call)")
 
     def _settle(self, complete: bool) -> None:
         self.chosen = self.incumbent

@@ -170,3 +170,14 @@ def test_a_remembered_xla_choice_is_kept_only_when_the_run_repays_its_compile():
     short = weigh_remembered_xla(choice, 1_000)
     assert (short.execution, short.steps_per_execution) == ("graph", 32) and short.remembered == choice.remembered
     assert short.reason.startswith("xla would save 1.0 s over this run's 1000 steps, less than compiling it again")
+
+
+def test_a_call_that_compiles_for_a_new_input_shape_counts_in_the_step_time():
+    from tftrain.runtime.execution_trial import _step_time
+
+    # Measured (seconds, steps) per call on a GRU over padded sequences: XLA compiled again for a new
+    # length in its second call; graph's calls relax the shape and do not.
+    xla = [(0.050, 8), (1.158, 8), (0.049, 8)]
+    graph = [(0.167, 8), (0.203, 8), (0.160, 8)]
+    assert _step_time(xla) == pytest.approx(1.257 / 24) and _step_time(xla) > _step_time(graph)
+    assert _step_time([(0.8, 8), (0.2, 2)]) == pytest.approx(0.1)  # a partial last call is left out
