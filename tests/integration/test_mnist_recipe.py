@@ -30,7 +30,7 @@ RUNS = {
                           dict(replicas=1, strategy="multi_worker_mirrored", precision="mixed_float16",
                                loss_scaling=True, steps_per_execution=2, execution="graph")),  # auto: no timing
     "mirrored1-cnn-eager": (["--strategy", "mirrored", "--model", "cnn", "--execution", "eager"],
-                            dict(replicas=1, model="cnn", execution="eager", strategy_class="MirroredStrategy")),
+                            dict(replicas=1, model="cnn", execution="eager", strategy_class="KerasMirroredStrategy")),
 }
 
 

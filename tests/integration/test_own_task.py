@@ -51,7 +51,7 @@ def test_regression_file_under_mirrored_with_auto_execution_auto_batch_and_profi
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert _run_dir_files(run_dir) >= {"config.yaml", "logs", "model.keras", "metrics.json", "report.md"}
     m = read_metrics(run_dir)
-    assert m["task"] == "regression" and m["replicas"] == 2 and m["strategy_class"] == "MirroredStrategy"
+    assert m["task"] == "regression" and m["replicas"] == 2 and m["strategy_class"] == "KerasMirroredStrategy"
     assert m["execution"] == "graph" and "XLA does not run across 2 replicas" in r.stdout
     assert m["batch_size_search"]["batch_size"] == m["global_batch_size"] and m["global_batch_size"] % 2 == 0
     assert m["train_examples"] == 4096 - 409 and "val_loss" in m["history"]
@@ -99,6 +99,46 @@ def test_regression_file_with_two_multi_worker_mirrored_workers(tmp_path):
     assert history[0].startswith("epoch,loss") and [row.split(",")[0] for row in history[1:]] == ["0", "1"]
     sessions = [p for p in (run_dir / "logs").glob("events.out.tfevents.*") if b"hparams" in p.read_bytes()]
     assert len(sessions) == 1  # one HParams session for the job, not one per worker
+
+
+TABLE_TASK = """
+import sys
+sys.path.insert(0, {examples!r})
+import tftrain
+from table import build_model
+task = tftrain.TableTask(build_model, {files!r}, label="price", categorical=["city"], loss="mse",
+                         learning_rate=1e-2, metrics=["mae"], name="table")
+"""
+
+
+@pytest.mark.parametrize("kind,parts", [("csv", 1), ("parquet", 2)])
+def test_a_table_task_on_two_multi_worker_mirrored_workers(tmp_path, kind, parts):
+    """One CSV file (the workers take every other example) or two Parquet files (a file each), both
+    with a `StringLookup` over a string column, on two MultiWorkerMirrored workers."""
+    import pyarrow.csv
+    import pyarrow.parquet
+
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        from table import write_table
+    finally:
+        sys.path.remove(str(REPO / "examples"))
+    for i in range(parts):
+        write_table(tmp_path / f"part-{i}.csv", 1024 // parts, seed=i)
+        if kind == "parquet":
+            pyarrow.parquet.write_table(pyarrow.csv.read_csv(tmp_path / f"part-{i}.csv"), tmp_path / f"part-{i}.parquet")
+    (tmp_path / "task.py").write_text(TABLE_TASK.format(examples=str(REPO / "examples"),
+                                                        files=str(tmp_path / f"part-*.{kind}")))
+    run_dir = tmp_path / "run"
+    r = _launch(["--workers", "2"], [f"{tmp_path / 'task.py'}:task", "--epochs", "3", "--batch-size", "64",
+                                     "--verbose", "2", "--seed", "0", "--strategy", "multi_worker_mirrored",
+                                     "--run-dir", str(run_dir)], tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert f"{parts} {kind} file(s), 1,024 training examples" in r.stdout
+    m = read_metrics(run_dir)
+    assert m["workers"] == 2 and m["replicas"] == 2 and m["train_examples"] == 1024
+    assert m["steps_per_epoch"] == 1024 // 64 and m["epochs_trained"] == 3
+    assert m["history"]["loss"][-1] < m["history"]["loss"][0]
 
 
 def test_regression_file_with_a_parameter_server_job(tmp_path):

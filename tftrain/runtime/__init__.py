@@ -11,7 +11,9 @@ worker and ps tasks of a parameter-server job do not call `setup`: they `serve`.
 
 `KerasMultiWorkerMirroredStrategy` stands in for
 `tf.distribute.MultiWorkerMirroredStrategy()` in any Keras 3 script whose
-`model.fit` fails under the plain strategy (keras-team/keras#20585).
+`model.fit` fails under the plain strategy (keras-team/keras#20585), and
+`KerasMirroredStrategy` for `tf.distribute.MirroredStrategy()` where the data
+holds strings.
 """
 
 import importlib
@@ -44,6 +46,7 @@ _EXPORTS = {
     "serve": "server",
     "start_server": "server",
     "telling_servers": "server",
+    "KerasMirroredStrategy": "strategy",
     "KerasMultiWorkerMirroredStrategy": "strategy",
     "cluster_resolver": "strategy",
     "make_strategy": "strategy",
@@ -60,6 +63,7 @@ __all__ = [
     # What a user's own script needs; the other names of _EXPORTS stay importable from
     # here for tftrain's own modules and tests.
     "ExecutionChoice",
+    "KerasMirroredStrategy",
     "KerasMultiWorkerMirroredStrategy",
     "ModelState",
     "Runtime",

@@ -22,7 +22,30 @@ _COMMUNICATION = {
 }
 
 
-class KerasMultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+class _KerasReduce:
+    """A `reduce` for the Mirrored strategies that Keras 3's `fit` can use (see
+    `KerasMultiWorkerMirroredStrategy`): each element of a nested structure on its own, scalars
+    across replicas, narrow integers through int32, strings as this worker's first value."""
+
+    def reduce(self, reduce_op, value, axis):
+        """Reduces every element of the (possibly nested) `value`; see `tf.distribute.Strategy.reduce`."""
+        parent = super()
+
+        def reduce_one(v):
+            local = self.experimental_local_results(v)
+            scalar = bool(local) and getattr(local[0], "shape", None) is not None and local[0].shape.rank == 0
+            dtype = getattr(local[0], "dtype", None) if local else None
+            if dtype == tf.string:  # "Value for attr 'T' of string is not in the list of allowed values"
+                return local[0]
+            if dtype in _NARROW_INTEGERS:  # CollectiveReduceV2 takes bfloat16/half/float/double/int32/int64
+                wide = self.run(lambda t: tf.cast(t, tf.int32), args=(v,))
+                return tf.cast(parent.reduce(reduce_op, wide, None if scalar else axis), dtype)
+            return parent.reduce(reduce_op, v, None if scalar else axis)
+
+        return tf.nest.map_structure(reduce_one, value)
+
+
+class KerasMultiWorkerMirroredStrategy(_KerasReduce, tf.distribute.MultiWorkerMirroredStrategy):
     """`MultiWorkerMirroredStrategy` with a `reduce` that Keras 3's `fit` can use.
 
     Keras 3's `Model.fit` / `evaluate` call `strategy.reduce` in two ways that
@@ -39,7 +62,9 @@ class KerasMultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy
     reduces scalars across replicas (`axis=None`, the only reading `axis=0` can
     have for them). Integer types the collective reduce does not take (such as
     uint8 images, which that first batch can hold) are reduced as int32 and cast
-    back. Everything else is its parent's: the same constructor arguments, the
+    back; strings (a table's categorical column), which no collective reduces,
+    are this worker's own first value (Keras reads that batch only for its
+    structure, shapes and dtypes, to build the model). Everything else is its parent's: the same constructor arguments, the
     same TF_CONFIG reading, the same `scope()`.
 
     Use it in your own script where you would build
@@ -64,21 +89,14 @@ class KerasMultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy
         >>> model.fit(dataset, epochs=3, steps_per_epoch=70)
     """
 
-    def reduce(self, reduce_op, value, axis):
-        """Reduces every element of the (possibly nested) `value`; see `tf.distribute.Strategy.reduce`."""
-        parent = super()
 
-        def reduce_one(v):
-            local = self.experimental_local_results(v)
-            scalar = bool(local) and getattr(local[0], "shape", None) is not None and local[0].shape.rank == 0
-            dtype = getattr(local[0], "dtype", None) if local else None
-            if dtype in _NARROW_INTEGERS:  # CollectiveReduceV2 takes bfloat16/half/float/double/int32/int64
-                wide = self.run(lambda t: tf.cast(t, tf.int32), args=(v,))
-                return tf.cast(parent.reduce(reduce_op, wide, None if scalar else axis), dtype)
-            return parent.reduce(reduce_op, v, None if scalar else axis)
-
-        return tf.nest.map_structure(reduce_one, value)
-
+class KerasMirroredStrategy(_KerasReduce, tf.distribute.MirroredStrategy):
+    """`MirroredStrategy` (one process, several replicas) whose `reduce` takes the first batch Keras 3's
+    `fit` reduces before building the model when it holds strings (a table's categorical column):
+    `MirroredStrategy.reduce` adds the replicas' values (`AddN`), which takes no strings ("Value for
+    attr 'T' of string is not in the list of allowed values"), and plain Keras fails alike. The
+    constructor is `tf.distribute.MirroredStrategy`'s; `make_strategy("mirrored", ...)` returns it.
+    """
 
 _NARROW_INTEGERS = (tf.uint8, tf.int8, tf.uint16, tf.int16)
 """Integer dtypes `KerasMultiWorkerMirroredStrategy.reduce` widens to int32 first."""
@@ -185,7 +203,7 @@ def make_strategy(
     if name == "one_device":
         return tf.distribute.OneDeviceStrategy(devices.devices[0])
     if name == "mirrored":
-        return tf.distribute.MirroredStrategy(list(devices.devices))
+        return KerasMirroredStrategy(list(devices.devices))
     check_cluster(name, cluster)
     if name == "parameter_server":
         if cluster.task_type != "chief":
