@@ -137,12 +137,28 @@ def unfuse_float16_on_cpu() -> None:
     float16 kernel ran about 700x slower than the unfused ops on this project's Intel Xeon host
     (AVX512-FP16, AMX): a 512 x 784 by 784 x 512 product plus bias, 1,580 ms fused against 2.5 ms with
     the remapper off (float32 and bfloat16 unaffected); the MNIST recipe's test evaluation under
-    `--precision mixed_float16` took 143 s instead of about 1 s. The remapper only fuses, so turning
-    it off changes no result. It stays off for the process.
+    `--precision mixed_float16` took 143 s instead of about 1 s. The remapper only fuses ops (the
+    fused kernels may round differently). A later `setup` of another precision in the same process
+    turns it back on (`_restore_remapper`).
 
     Source: https://www.tensorflow.org/guide/graph_optimization (`remapping`).
     """
+    global _REMAPPER_OFF
     tf.config.optimizer.set_experimental_options({"remapping": False})
+    _REMAPPER_OFF = True
+
+
+_REMAPPER_OFF = False
+"""Whether `unfuse_float16_on_cpu` turned Grappler's remapper off in this process."""
+
+
+def _restore_remapper() -> None:
+    """Turns the remapper back on where `unfuse_float16_on_cpu` turned it off (a user's own setting
+    is left as it is)."""
+    global _REMAPPER_OFF
+    if _REMAPPER_OFF:
+        tf.config.optimizer.set_experimental_options({"remapping": True})
+        _REMAPPER_OFF = False
 
 
 def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[ClusterInfo] = None) -> Runtime:
@@ -189,6 +205,8 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[C
     precision = set_precision(config.precision, devices)
     if precision.compute_dtype == "float16" and devices.kind == "cpu":
         unfuse_float16_on_cpu()
+    else:
+        _restore_remapper()
     strategy = make_strategy(config.strategy, devices, cluster, config.communication)
     if config.execution == "xla" and strategy.num_replicas_in_sync > 1:
         raise ConfigError(xla_replicas_error(strategy.num_replicas_in_sync))  # GPU or worker replicas

@@ -25,17 +25,20 @@ _COMMUNICATION = {
 class _KerasReduce:
     """A `reduce` for the Mirrored strategies that Keras 3's `fit` can use (see
     `KerasMultiWorkerMirroredStrategy`): each element of a nested structure on its own, scalars
-    across replicas, narrow integers through int32, strings as this worker's first value."""
+    across replicas, narrow integers through int32, strings and booleans as this worker's first
+    value (whatever the reduce op: Keras only reduces them in the first batch, for their shapes)."""
 
     def reduce(self, reduce_op, value, axis):
         """Reduces every element of the (possibly nested) `value`; see `tf.distribute.Strategy.reduce`."""
         parent = super()
 
         def reduce_one(v):
+            if v is None:
+                return None
             local = self.experimental_local_results(v)
             scalar = bool(local) and getattr(local[0], "shape", None) is not None and local[0].shape.rank == 0
             dtype = getattr(local[0], "dtype", None) if local else None
-            if dtype == tf.string:  # "Value for attr 'T' of string is not in the list of allowed values"
+            if dtype in _UNREDUCIBLE:  # "Value for attr 'T' of string is not in the list of allowed values"
                 return local[0]
             if dtype in _NARROW_INTEGERS:  # CollectiveReduceV2 takes bfloat16/half/float/double/int32/int64
                 wide = self.run(lambda t: tf.cast(t, tf.int32), args=(v,))
@@ -62,10 +65,11 @@ class KerasMultiWorkerMirroredStrategy(_KerasReduce, tf.distribute.MultiWorkerMi
     reduces scalars across replicas (`axis=None`, the only reading `axis=0` can
     have for them). Integer types the collective reduce does not take (such as
     uint8 images, which that first batch can hold) are reduced as int32 and cast
-    back; strings (a table's categorical column), which no collective reduces,
-    are this worker's own first value (Keras reads that batch only for its
-    structure, shapes and dtypes, to build the model). Everything else is its parent's: the same constructor arguments, the
-    same TF_CONFIG reading, the same `scope()`.
+    back; strings and booleans (a table's categorical column, a mask), which no
+    collective reduces, are this worker's own first value (Keras reads that batch
+    only for its structure, shapes and dtypes, to build the model). Everything
+    else is its parent's: the same constructor arguments, the same TF_CONFIG
+    reading, the same `scope()`.
 
     Use it in your own script where you would build
     `tf.distribute.MultiWorkerMirroredStrategy()`; that line, and
@@ -98,8 +102,12 @@ class KerasMirroredStrategy(_KerasReduce, tf.distribute.MirroredStrategy):
     constructor is `tf.distribute.MirroredStrategy`'s; `make_strategy("mirrored", ...)` returns it.
     """
 
+
 _NARROW_INTEGERS = (tf.uint8, tf.int8, tf.uint16, tf.int16)
-"""Integer dtypes `KerasMultiWorkerMirroredStrategy.reduce` widens to int32 first."""
+"""Integer dtypes `_KerasReduce.reduce` widens to int32 first."""
+
+_UNREDUCIBLE = (tf.string, tf.bool)
+"""Dtypes no reduce adds: `_KerasReduce.reduce` returns the first local value (with any reduce op)."""
 
 
 def cluster_resolver(cluster: ClusterInfo, devices: Optional[DeviceInfo] = None):

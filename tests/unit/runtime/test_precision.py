@@ -120,12 +120,23 @@ def test_ensure_float32_outputs_keeps_output_names_for_a_loss_dict():
     assert fixed.output_names == ["a", "b"] and "a_loss" in history.history
 
 
+def test_the_remapper_tftrain_turned_off_is_turned_on_again():
+    import tensorflow as tf
+
+    from tftrain.runtime import core
+
+    core.unfuse_float16_on_cpu()
+    assert tf.config.optimizer.get_experimental_options()["remapping"] is False
+    core._restore_remapper()  # what setup does for any other precision
+    assert tf.config.optimizer.get_experimental_options()["remapping"] is True and not core._REMAPPER_OFF
+
+
 @pytest.mark.parametrize("policy,remapping", [("mixed_float16", "False"), ("float32", "None")])
 @pytest.mark.slow
 def test_setup_turns_the_remapper_off_for_float16_on_a_cpu_only(policy, remapping):
     # Grappler fuses MatMul + BiasAdd into oneDNN's float16 kernel, 700x slower on an AVX512-FP16 Xeon.
     r = run_python("from tftrain import runtime\nfrom tftrain.config import RuntimeConfig\nimport tensorflow as tf\n"
-                   f"runtime.setup(RuntimeConfig(precision={policy!r}))\n"
+                   f"runtime.setup(RuntimeConfig(precision={policy!r}, device='cpu'))\n"
                    "print('RESULT', tf.config.optimizer.get_experimental_options().get('remapping'))")
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"RESULT {remapping}" in r.stdout

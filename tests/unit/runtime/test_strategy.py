@@ -25,13 +25,14 @@ def test_strategies_on_two_logical_cpus():
         print("MWMS", isinstance(s, tf.distribute.MultiWorkerMirroredStrategy), s.num_replicas_in_sync)
         # Keras's fit reduces the first batch before building the model; a string column there failed.
         values = rt.strategy.experimental_distribute_values_from_function(
-            lambda ctx: (tf.constant(["a", "b"]), tf.constant([1.0, 3.0]) * float(ctx.replica_id_in_sync_group + 1)))
-        text, number = rt.strategy.reduce("MEAN", values, axis=None)
-        print("REDUCED", text.numpy().tolist(), number.numpy().tolist())
+            lambda ctx: (tf.constant(["ab"[ctx.replica_id_in_sync_group]] * 2), tf.constant([True, False]),
+                         tf.constant([1.0, 3.0]) * float(ctx.replica_id_in_sync_group + 1)))
+        text, mask, number = rt.strategy.reduce("MEAN", values, axis=None)
+        print("REDUCED", text.numpy().tolist(), mask.numpy().tolist(), number.numpy().tolist())
     """))
     assert r.returncode == 0, r.stderr
     assert "MIRRORED KerasMirroredStrategy 2" in r.stdout
-    assert "REDUCED [b'a', b'b'] [1.5, 4.5]" in r.stdout
+    assert "REDUCED [b'a', b'a'] [True, False] [1.5, 4.5]" in r.stdout  # the first replica's strings
     assert "DEFAULT 1" in r.stdout
     assert "ONE OneDeviceStrategy 1" in r.stdout
     assert "MWMS True 1" in r.stdout
