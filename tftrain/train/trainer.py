@@ -189,6 +189,8 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
         except BaseException as e:  # a preempted run resumes like an interrupted one
             self._end_mlflow("KILLED" if isinstance(e, Preempted) else "FAILED")
             raise
+        finally:
+            self.task.release()
         record = self.make_record(history, test, started, fit_time)
         self.report(record)
         self.finish_run_dir()

@@ -91,6 +91,8 @@ def test_array_task_converts_each_array_once_per_run(monkeypatch):
         task.train_data(16)
     task.test_data(8)
     assert converted.count(np.ndarray) == 4  # x, y, x_test, y_test: once each
+    task.release()  # the run ended: its copies go
+    assert not task._tensor_memo
     again = [b for b, _ in task.train_data(16)]
     assert sorted(np.concatenate(first)[:, 0]) == sorted(np.concatenate(again)[:, 0]) == sorted(x[:, 0])
     x[0, 0] = -1.0  # a new run binds anew and sees the arrays as they are now

@@ -115,6 +115,10 @@ class Task:
         bound.hparams = config.task
         return bound
 
+    def release(self) -> None:
+        """Drops what the bound task keeps for its run's pipelines (called by the Trainer once the
+        model is trained, evaluated and saved, or the run failed). Defaults to nothing."""
+
     def build_model(self):
         """Returns a new, uncompiled `keras.Model`; called inside `strategy.scope()`."""
         raise NotImplementedError(f"{type(self).__name__} must define build_model(self) -> keras.Model.")
