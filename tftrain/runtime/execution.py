@@ -71,7 +71,8 @@ class StepTiming:
 
     Attributes:
         step_time_s: median seconds per optimizer step over the timed executions
-            (an execution runs `steps_per_execution` steps).
+            (an execution runs `steps_per_execution` steps); in the `ExecutionTrial`'s
+            timings, their total seconds over their steps, as `mean_step_time_s`.
         examples_per_sec: `batch_size / step_time_s`.
         mean_step_time_s: total seconds of the timed executions / timed steps:
             unlike the median, it includes occasional stalls (e.g. an input

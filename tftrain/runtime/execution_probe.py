@@ -283,7 +283,7 @@ def time_graph_step(model, dataset, steps: int = 16, batch_size: Optional[int] =
     return trials.timings["graph"].step_time_s
 
 
-def check_compiles(model, dataset) -> None:
+def check_compiles(model, dataset, batch_size: Optional[int] = None) -> None:
     """Builds `model`'s train function in its current mode (`jit_compile`, `steps_per_execution`)
     and runs two executions on `dataset`, then restores the weights, optimizer and metric state.
     The compiled function stays on the model, so the next `fit` starts at once.
@@ -291,13 +291,16 @@ def check_compiles(model, dataset) -> None:
     Args:
         model: a compiled Keras model (TensorFlow backend).
         dataset: a `tf.data.Dataset` of training batches (repeated as needed).
+        batch_size: examples per step; None reads it from the dataset's element spec,
+            which needs a static batch dimension. Defaults to None.
 
     Raises:
         Exception: what compiling or running the step raised (see `xla_failure_reason`).
     """
     _build_optimizer(model)
     model.make_train_function(force=True)
-    _timed_and_restored(model, dataset, [], steps=1, warmup_executions=1, min_timed_executions=1)
+    _timed_and_restored(model, dataset, [], steps=1, warmup_executions=1, min_timed_executions=1,
+                        batch_size=batch_size)
 
 
 def _check_candidates(model, candidates, steps_per_execution) -> tuple:

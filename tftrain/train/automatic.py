@@ -314,7 +314,7 @@ class AutomaticSettings:
         if choice.execution != "xla":
             return True
         try:
-            check_compiles(model, probe)
+            check_compiles(model, probe, batch_size=self.batch.global_batch_size)
         except Exception as error:  # noqa: BLE001 (XLA refuses what it compiled before: time again)
             self.console.line(f"execution: the remembered choice xla fails now ({failure_line(error)}); timing again")
             model.jit_compile, model.steps_per_execution = False, compiled_count

@@ -19,12 +19,8 @@ class ModelStages:
         accumulates gradients under `--gradient-accumulation-steps` (`tftrain.train.accumulation`).
         Under `--seed` every build starts from that seed: a model built again (the float32 twin that
         `--precision auto` times and may train) has the same initial weights as the first."""
-        if self.config.seed is not None:
-            import keras
-
-            keras.utils.set_random_seed(self.config.seed)
         with self.runtime.strategy.scope():  # the optimizer too: its variables belong to the strategy
-            model = self._check_step_scaling(self._built(self.task.build_model()))
+            model = self._check_step_scaling(self._built(self._seeded_build()))
             if self.runtime.precision.compute_dtype != "float32":
                 model = self._float32_outputs(model)
             if compile_model:
@@ -74,7 +70,15 @@ class ModelStages:
         self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision(policy))
         self.console.line(f"precision: auto -> {policy}, not mixed_float16: {why}, so loss scaling would divide its "
                           "gradients by the scale (keras-team/keras#20894)")
-        return self._built(self.task.build_model())
+        return self._built(self._seeded_build())
+
+    def _seeded_build(self):
+        """`task.build_model()`, after seeding Keras again under `--seed` (every build the same weights)."""
+        if self.config.seed is not None:
+            import keras
+
+            keras.utils.set_random_seed(self.config.seed)
+        return self.task.build_model()
 
     def _with_accumulation(self, compile_args: dict) -> dict:
         """`compile_args` whose optimizer updates once every `accumulation_steps` micro-batches."""
