@@ -181,3 +181,17 @@ def test_a_call_that_compiles_for_a_new_input_shape_counts_in_the_step_time():
     graph = [(0.167, 8), (0.203, 8), (0.160, 8)]
     assert _step_time(xla) == pytest.approx(1.257 / 24) and _step_time(xla) > _step_time(graph)
     assert _step_time([(0.8, 8), (0.2, 2)]) == pytest.approx(0.1)  # a partial last call is left out
+
+
+@pytest.mark.parametrize("planned_steps,timed", [(500, False), (600, True)])
+def test_xla_is_timed_only_when_its_gain_can_repay_its_estimated_compile(planned_steps, timed):
+    from tftrain.runtime.execution_trial import XLA_COMPILE_RATIO, XLA_MAX_SPEEDUP
+
+    trial = ExecutionTrial(_model(), ("graph", "xla"), examples_per_step=8, planned_steps=planned_steps)
+    trial.incumbent.warmup_s, trial.incumbent.samples = 1.0, [(0.08, 8)] * 3  # graph: 10 ms a step, 1 s first call
+    # The break-even: 0.6 x 10 ms x steps = 3.25 x 1 s at about 542 steps (graph's first call alone: 167).
+    assert (1 - 1 / XLA_MAX_SPEEDUP) * 0.01 * 500 < XLA_COMPILE_RATIO * 1.0 < (1 - 1 / XLA_MAX_SPEEDUP) * 0.01 * 600
+    why = trial._not_worth_timing(trial.challengers[0])
+    assert (why is None) == timed
+    if not timed:
+        assert "less than compiling it may take (about 3.2 s, 3.25x graph's first call)" in why
