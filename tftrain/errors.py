@@ -91,6 +91,12 @@ class XlaCompileError(TftrainError, RuntimeError):
     the fix (`--execution graph`)."""
 
 
+class PrecisionError(TftrainError, RuntimeError):
+    """The model's training step failed on a dtype under the mixed policy that `--precision auto`
+    chose where nothing timed it first (a GPU, several replicas): a run that failed (exit code 1).
+    The message has the step's error and the fix (`--precision float32`)."""
+
+
 class Preempted(TftrainError):
     """SIGTERM or SIGUSR1 (a scheduler's preemption or time-limit notice) stopped training after the
     current execution, and a checkpoint of that step was saved: the same command resumes there.

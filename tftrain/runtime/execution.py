@@ -278,12 +278,18 @@ def label_of(mode: str, spe: int, base_spe: int) -> str:
     return mode if spe == base_spe else f"{mode}, {spe} steps/execution"
 
 
-def failure_line(error: BaseException) -> str:
+def failure_line(error: BaseException, about: str = "") -> str:
     """Why a candidate failed, in one line: XLA's own reason (`xla_failure_reason`), else
-    `Type: first line` of the error, at most 300 characters."""
+    `Type: line` of the error, at most 300 characters: its first line that names `about` (e.g. a
+    dtype, under Keras's "Exception encountered when calling ..." header), else its first line;
+    terminal colour codes removed."""
+    import re
+
     reason = xla_failure_reason(error)
     if reason:
         return reason
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    named = [line for line in lines if about and about in line]
+    return f"{type(error).__name__}: {(named or lines or [''])[0]}"[:300]
 

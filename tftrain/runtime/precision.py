@@ -290,7 +290,7 @@ class PrecisionChoice:
     def describe(self) -> str:
         """E.g. `float32 (float32 2.10 ms/step; mixed_bfloat16 4.31 ms/step): 2.05x faster`."""
         figures = "; ".join(f"{p} {t * 1e3:.2f} ms/step" for p, t in self.step_time_s.items())
-        return f"{self.policy} ({figures}): {self.reason}"
+        return f"{self.policy} ({figures}): {self.reason}" if figures else f"{self.policy}: {self.reason}"
 
     def to_dict(self) -> dict:
         """Plain-data form (for the memory and metrics.json)."""
@@ -319,11 +319,17 @@ def choose_precision(bf16_model, build_float32, dataset, steps: int = 16,
 
     Returns:
         A `PrecisionChoice`: mixed_bfloat16 only when more than
-        `KEEP_FLOAT32_WITHIN` faster than float32.
+        `KEEP_FLOAT32_WITHIN` faster than float32; float32, untimed
+        (`step_time_s` empty), when the mixed_bfloat16 step raises (a layer or
+        step of the user's that mixes bfloat16 with float32 tensors).
     """
+    from tftrain.runtime.execution import failure_line
     from tftrain.runtime.execution_probe import time_graph_step
 
-    times = {"mixed_bfloat16": time_graph_step(bf16_model, dataset, steps, batch_size)}
+    try:
+        times = {"mixed_bfloat16": time_graph_step(bf16_model, dataset, steps, batch_size)}
+    except Exception as error:  # noqa: BLE001 (a step that mixes dtypes: float32, as plain Keras, trains it)
+        return PrecisionChoice("float32", {}, f"the training step fails under mixed_bfloat16 ({failure_line(error, 'bfloat16')})")
     times["float32"] = time_graph_step(build_float32(), dataset, steps, batch_size)
     ratio = times["float32"] / times["mixed_bfloat16"]
     if ratio > 1 + KEEP_FLOAT32_WITHIN:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from tftrain.errors import XlaCompileError
+from tftrain.errors import PrecisionError, XlaCompileError
 
 AUTO_PROBE_BATCHES = 16
 """Batches of the probe data that key the execution memory (their shapes and dtypes) and that a
@@ -331,3 +331,20 @@ class AutomaticSettings:
         if reason:
             raise XlaCompileError(f"XLA could not compile a step of this model: {reason}. Try --execution graph.") \
                 from error
+
+    def _raise_if_auto_precision_failed(self, error: Exception, model) -> None:
+        """Raises `PrecisionError` (the error and the fix in one line) when the first training step
+        failed on a dtype (its message names the mixed compute dtype) under a mixed policy that
+        `--precision auto` chose untimed: on a GPU, or across replicas, where no probe step ran it first
+        (`choose_precision` and the build fall back to float32 by themselves)."""
+        from tftrain.runtime.execution import failure_line
+
+        dtype = self.runtime.precision.compute_dtype
+        if self.config.runtime.precision != "auto" or dtype == "float32" or model.optimizer is None:
+            return
+        names = ("bfloat16",) if dtype == "bfloat16" else ("float16", "half")
+        if int(model.optimizer.iterations.numpy()) or not any(n in str(error) for n in names):
+            return
+        raise PrecisionError(f"The model's first training step failed under {self.runtime.precision.policy}, which "
+                             f"--precision auto chose: {failure_line(error, dtype).rstrip('.')}. Pass --precision float32 (plain "
+                             "Keras's policy), or make the step's dtypes agree (keras.ops casts).") from error

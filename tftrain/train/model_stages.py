@@ -20,7 +20,7 @@ class ModelStages:
         Under `--seed` every build starts from that seed: a model built again (the float32 twin that
         `--precision auto` times and may train) has the same initial weights as the first."""
         with self.runtime.strategy.scope():  # the optimizer too: its variables belong to the strategy
-            model = self._check_step_scaling(self._built(self._seeded_build()))
+            model = self._check_step_scaling(self._built_or_float32())
             if self.runtime.precision.compute_dtype != "float32":
                 model = self._float32_outputs(model)
             if compile_model:
@@ -28,6 +28,30 @@ class ModelStages:
         if compile_model:
             self.loop.compile(model, self.compile_args, self.runtime)
         return model
+
+    def _built_or_float32(self):
+        """The task's model, seeded and built (`_built`). Under `--precision auto`, a model that does not
+        build under the mixed policy the rule chose (a layer of the user's that mixes its inputs' dtype
+        with a float32 tensor, `x * tf.constant(2.0)`: plain Keras, in float32, builds it) is built again
+        under float32, with one line naming the error; an error under float32 too is the model's own."""
+        try:
+            return self._built(self._seeded_build())
+        except Exception as error:  # noqa: BLE001 (re-raised unless the auto-chosen policy caused it)
+            if self.config.runtime.precision != "auto" or self.runtime.precision.compute_dtype == "float32":
+                raise
+            self.use_float32_instead(f"the model does not build under {self.runtime.precision.policy}", error)
+        return self._built(self._seeded_build())
+
+    def use_float32_instead(self, why: str, error: BaseException) -> None:
+        """Sets float32 after a mixed policy that `--precision auto` chose failed (`why`, `error`): one
+        line, and `precision_auto` in `metrics.json`."""
+        from tftrain import runtime
+        from tftrain.runtime.execution import failure_line
+
+        policy, reason = self.runtime.precision.policy, f"{why} ({failure_line(error, self.runtime.precision.compute_dtype)})"
+        self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision("float32"))
+        self.extras["precision_auto"] = {"policy": "float32", "step_time_s": {}, "reason": reason, "instead_of": policy}
+        self.console.line(f"precision: auto -> float32: {reason}")
 
     def _built(self, model):
         """`model`, built from the training data when it has no weights yet (a Sequential without

@@ -489,6 +489,7 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
             raise TrainingDiverged(f"{e}; {self._checkpoint_note()}") from e
         except Exception as e:  # noqa: BLE001 (an XLA step that does not compile: one line and the fix)
             self._raise_if_xla_failed(e)
+            self._raise_if_auto_precision_failed(e, model)
             raise
         finally:
             if self.agreed_stop is not None:  # its watcher threads, when fit ended early

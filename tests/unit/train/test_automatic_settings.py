@@ -375,3 +375,69 @@ def test_a_remembered_xla_choice_is_checked_on_batches_of_unknown_size():
         check_compiles(model, data)
     check_compiles(model, data, batch_size=2)  # compiles and runs; the state is restored
     assert model.train_function is not None
+
+
+def _mixes_float32_in_a_layer():
+    """Plain Keras (float32) builds it; under a mixed policy its layer multiplies a bfloat16 input by a
+    float32 constant, and the build fails."""
+    import keras
+    import tensorflow as tf
+
+    class Scale(keras.layers.Layer):
+        def call(self, x):
+            return x * tf.constant(2.0)
+
+    inputs = keras.Input((4,))
+    return keras.Model(inputs, keras.layers.Dense(1)(Scale()(keras.layers.Dense(8)(inputs))))
+
+
+def _mixes_float32_in_its_step():
+    """Builds under any policy; its own `train_step` multiplies a hidden activation (bfloat16 under
+    mixed_bfloat16) by a float32 constant, so only the step fails."""
+    import keras
+    import tensorflow as tf
+
+    class Step(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                hidden = self.layers[1](x) * tf.constant(1.0)
+                loss = tf.reduce_mean(tf.square(tf.cast(self.layers[2](hidden), tf.float32) - y))
+            self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+            return {"loss": loss}
+
+    inputs = keras.Input((4,))
+    return Step(inputs, keras.layers.Dense(1, dtype="float32")(keras.layers.Dense(8)(inputs)))
+
+
+@pytest.mark.slow
+def test_precision_auto_builds_in_float32_a_model_that_does_not_build_under_the_mixed_policy(
+        tmp_path, monkeypatch, fresh_execution_memory, capsys):
+    from tftrain.runtime import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)  # auto would take mixed_bfloat16
+    record = _fit(tmp_path, _mixes_float32_in_a_layer, "auto", execution="graph", precision="auto", verbose=1)
+    assert record.runtime["precision"] == "float32" and np.isfinite(record.history["loss"][-1])
+    fallback = record.extras["precision_auto"]
+    assert fallback["policy"] == "float32" and fallback["instead_of"] == "mixed_bfloat16"
+    assert "does not build under mixed_bfloat16" in fallback["reason"] and "bfloat16" in fallback["reason"].split("(")[1]
+    assert "precision: auto -> float32: the model does not build under mixed_bfloat16" in capsys.readouterr().out
+    with pytest.raises(Exception, match="bfloat16"):  # asked for by name, the policy is kept: the model's error
+        _fit(tmp_path, _mixes_float32_in_a_layer, "asked", execution="graph", precision="mixed_bfloat16")
+
+
+@pytest.mark.slow
+def test_precision_auto_trains_in_float32_a_step_that_fails_under_bfloat16(tmp_path, monkeypatch,
+                                                                          fresh_execution_memory):
+    from tftrain.errors import PrecisionError
+    from tftrain.runtime import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
+    record = _fit(tmp_path, _mixes_float32_in_its_step, "timed", execution="graph", precision="auto")
+    assert record.runtime["precision"] == "float32" and np.isfinite(record.history["loss"][-1])
+    choice = record.extras["precision_auto"]
+    assert choice["step_time_s"] == {} and "the training step fails under mixed_bfloat16" in choice["reason"]
+    # Untimed (eager execution here; a GPU, several replicas): the first step's dtype error names the fix.
+    with pytest.raises(PrecisionError, match=r"failed under mixed_bfloat16, which --precision auto chose: .*"
+                                             r"bfloat16.*Pass --precision float32"):
+        _fit(tmp_path, _mixes_float32_in_its_step, "untimed", execution="eager", precision="auto")
