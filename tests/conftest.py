@@ -67,6 +67,16 @@ def xla_always_timed(monkeypatch):
     monkeypatch.setattr(execution_trial, "weigh_remembered_xla", lambda choice, planned_steps: choice)
 
 
+@pytest.fixture
+def bf16_always_timed(monkeypatch):
+    """`--precision auto` times the mixed_bfloat16 twin however short the run: tests of its mechanics run
+    a few dozen steps, too few to repay timing it (`tftrain.runtime.precision.bfloat16_repays`, tested
+    in tests/unit/runtime/test_precision.py)."""
+    from tftrain.runtime import precision
+
+    monkeypatch.setattr(precision, "bfloat16_repays", lambda *args: True)
+
+
 def run_module(module, args, cwd, env=None, timeout=300):
     """Runs `python -m module *args` in `cwd`; returns `subprocess.CompletedProcess` (text)."""
     full_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}

@@ -297,40 +297,82 @@ class PrecisionChoice:
         return dataclasses.asdict(self)
 
 
-def choose_precision(bf16_model, build_float32, dataset, steps: int = 16,
-                     batch_size: Optional[int] = None) -> PrecisionChoice:
-    """Times the training step of a model under mixed_bfloat16 and of its float32 twin, on a CPU.
+BF16_MAX_SPEEDUP = 3.0
+"""The most mixed_bfloat16 is taken to speed a CPU's whole training step up over float32, for deciding
+whether a run is long enough to repay timing it. AMX tiles multiply bfloat16 matrices many times
+faster than float32, but a step's casts, elementwise ops, optimizer update and memory traffic bound
+the gain: the largest measured on this project's hosts was 1.38x (a 784-512-256-10 MLP at batch 256 on
+an AVX512-BF16/AMX Xeon), while convolutions lost (`benchmarks/results/precision.md`)."""
+
+
+def bfloat16_repays(float32_step_s: float, probe_s: float, planned_steps: Optional[int]) -> bool:
+    """Whether timing mixed_bfloat16 can pay for itself in a run: `BF16_MAX_SPEEDUP` over its
+    `planned_steps` saves at least what the float32 timing cost (`probe_s`: building, tracing and
+    timing the twin costs about as much again).
+
+    Args:
+        float32_step_s: seconds per training step under float32.
+        probe_s: wall seconds the float32 timing took.
+        planned_steps: training steps of the whole run; None or 0 when unknown (True).
+
+    Returns:
+        A bool.
+    """
+    if not planned_steps:
+        return True
+    return (1 - 1 / BF16_MAX_SPEEDUP) * float32_step_s * planned_steps >= probe_s
+
+
+def choose_precision(float32_model, build_bfloat16, dataset, steps: int = 16, batch_size: Optional[int] = None,
+                     planned_steps: Optional[int] = None) -> PrecisionChoice:
+    """Times the training step of a model under float32 and of its mixed_bfloat16 twin, on a CPU.
 
     Native bfloat16 (AVX512-BF16, AMX) speeds up matmuls, but casts, convolutions and
     elementwise ops gain less or lose: measured on this 2-core EPYC with AVX512-BF16, a
     depthwise-separable CNN trained at half the float32 speed under mixed_bfloat16, a
     dense MLP faster. So the choice is timed on the run's own model and batches, graph
     mode at the model's own `steps_per_execution` (`time_graph_step`: state restored).
+    float32, plain Keras's policy, is timed first; the twin is built and timed only when the
+    run is long enough to repay it (`bfloat16_repays`).
 
     Args:
-        bf16_model: the compiled model, built under mixed_bfloat16.
-        build_float32: `() -> compiled model`, the same model built under float32
-            (the caller sets the global policy).
+        float32_model: the compiled model, built under float32.
+        build_bfloat16: `() -> compiled model`, the same model built under
+            mixed_bfloat16 (the caller sets the global policy).
         dataset: training batches (a few dozen; repeated as needed).
         steps: optimizer steps timed per policy. Defaults to 16.
         batch_size: examples per step (the global batch size); None reads it from
             the dataset, whose batch dimension must then be static (a
             `padded_batch` without `drop_remainder` has none). Defaults to None.
+        planned_steps: training steps of the whole run. Defaults to None
+            (mixed_bfloat16 always timed).
 
     Returns:
         A `PrecisionChoice`: mixed_bfloat16 only when more than
-        `KEEP_FLOAT32_WITHIN` faster than float32; float32, untimed
-        (`step_time_s` empty), when the mixed_bfloat16 step raises (a layer or
-        step of the user's that mixes bfloat16 with float32 tensors).
+        `KEEP_FLOAT32_WITHIN` faster than float32; float32 when the run is too
+        short to time the twin (`step_time_s` holds float32's only), or when the
+        twin does not build or its step raises (a layer or step of the user's that
+        mixes bfloat16 with float32 tensors).
+
+    Raises:
+        Exception: what the float32 model's step raised (the model's own error).
     """
+    import time
+
     from tftrain.runtime.execution import failure_line
     from tftrain.runtime.execution_probe import time_graph_step
 
+    started = time.perf_counter()
+    times = {"float32": time_graph_step(float32_model, dataset, steps, batch_size)}
+    probe_s = time.perf_counter() - started
+    if not bfloat16_repays(times["float32"], probe_s, planned_steps):
+        return PrecisionChoice("float32", times, (
+            f"mixed_bfloat16 not timed: even {BF16_MAX_SPEEDUP:g}x faster it would save less over this run's "
+            f"{planned_steps} steps than timing it costs (about {probe_s:.1f} s)"))
     try:
-        times = {"mixed_bfloat16": time_graph_step(bf16_model, dataset, steps, batch_size)}
+        times["mixed_bfloat16"] = time_graph_step(build_bfloat16(), dataset, steps, batch_size)
     except Exception as error:  # noqa: BLE001 (a step that mixes dtypes: float32, as plain Keras, trains it)
-        return PrecisionChoice("float32", {}, f"the training step fails under mixed_bfloat16 ({failure_line(error, 'bfloat16')})")
-    times["float32"] = time_graph_step(build_float32(), dataset, steps, batch_size)
+        return PrecisionChoice("float32", times, f"mixed_bfloat16 fails ({failure_line(error, 'bfloat16')})")
     ratio = times["float32"] / times["mixed_bfloat16"]
     if ratio > 1 + KEEP_FLOAT32_WITHIN:
         return PrecisionChoice("mixed_bfloat16", times, f"{ratio:.2f}x faster than float32")

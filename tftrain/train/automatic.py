@@ -63,48 +63,56 @@ class AutomaticSettings:
     """`Trainer`'s stages that choose settings by measurement (it provides `config`, `runtime`, `task`,
     `batch`, `loop`, `console`, `extras`, `build_model`, ...)."""
 
-    def choose_precision(self, model):
-        """`--precision auto` on a CPU with native bfloat16 (where it picked mixed_bfloat16): times the
-        step under mixed_bfloat16 and float32 on the run's own model and batches
-        (`tftrain.runtime.precision.choose_precision`) and keeps float32 unless bfloat16 is more than
-        5% faster; remembered per model, batch and machine like the execution choice. Not under an
-        explicit `--execution eager` or `xla` (the user chose how the step runs; the rule's policy stays).
-        Returns the model to train (its float32 twin when float32 wins)."""
-        from tftrain import runtime
+    def build_chosen_model(self):
+        """The build stage (`build_model`) under `--precision auto`'s choice. On a CPU with native
+        bfloat16 (where the rule picked mixed_bfloat16) the model is built under float32, plain Keras's
+        policy, and its step timed against its mixed_bfloat16 twin's on the run's own batches
+        (`tftrain.runtime.precision.choose_precision`; the twin only when the run is long enough to
+        repay it); float32 is kept unless bfloat16 is more than 5% faster. Remembered per model, batch
+        and machine like the execution choice. Not under an explicit `--execution eager` or `xla` (the
+        user chose how the step runs; the rule's policy stays). Returns the model to train."""
         from tftrain.runtime.execution_memory import ExecutionMemory, execution_key
         from tftrain.runtime.precision import PrecisionChoice, choose_precision
 
-        if (self.config.runtime.precision != "auto" or self.config.deterministic
-                or self.config.runtime.execution not in ("auto", "graph")
-                or self.runtime.devices.kind != "cpu"
-                or self.runtime.precision.policy != "mixed_bfloat16" or not self.loop.times_execution
-                or self.runtime.num_replicas > 1):
-            return model
+        if not self._times_precision():
+            return self.build_model()
+        model = self._rebuilt_in("float32")
         probe = _cached_if_small(self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES))
         memory = ExecutionMemory() if self.config.runtime.remember_execution else None
         key = execution_key(model, probe, ("precision: float32 vs mixed_bfloat16",)) if memory else None
         entry = memory.get_entry(f"precision-{key}") if key else None
-        twins = []  # the float32 twin built for the timing, trained when float32 wins
+        twins = []  # the mixed_bfloat16 twin built for the timing, trained when it wins
         try:
             choice = PrecisionChoice(**{k: entry[k] for k in ("policy", "step_time_s", "reason")})
         except (TypeError, KeyError):  # none remembered, or of another shape: time it
-            choice = choose_precision(model, lambda: twins.append(self._rebuilt_in("float32")) or twins[-1], probe,
-                                      batch_size=self.batch.global_batch_size)
+            choice = choose_precision(model, lambda: twins.append(self._rebuilt_in("mixed_bfloat16", False))
+                                      or twins[-1], probe, batch_size=self.batch.global_batch_size,
+                                      planned_steps=self._planned_steps() or None)
             if key:
                 memory.put_entry(f"precision-{key}", choice.to_dict())
         self.extras["precision_auto"] = choice.to_dict()
         self.console.line(f"precision: auto -> {choice.describe()}" + ("" if entry is None else " [remembered]"))
         if choice.policy == "float32":
-            return twins[-1] if twins else self._rebuilt_in("float32")
-        self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision("mixed_bfloat16"))
-        return model
+            self._rebuilt_in("float32", build=False)  # the policy in force again after a twin's build
+            return model
+        return twins[-1] if twins else self._rebuilt_in("mixed_bfloat16")
 
-    def _rebuilt_in(self, policy: str):
-        """The task's model built and compiled again under the dtype policy `policy` (set globally)."""
+    def _times_precision(self) -> bool:
+        """Whether `--precision auto` times float32 against the mixed_bfloat16 its rule picked: one CPU
+        replica, not deterministic, a graph step that the loop can time."""
+        return (self.config.runtime.precision == "auto" and not self.config.deterministic
+                and self.config.runtime.execution in ("auto", "graph") and self.runtime.devices.kind == "cpu"
+                and self.runtime.precision.policy == "mixed_bfloat16" and self.loop.times_execution
+                and self.runtime.num_replicas == 1)
+
+    def _rebuilt_in(self, policy: str, fall_back: bool = True, build: bool = True):
+        """The task's model built and compiled again under the dtype policy `policy` (set globally);
+        `fall_back=False` raises what a mixed policy's build raises (`build_model`); `build=False` only
+        sets the policy (None)."""
         from tftrain import runtime
 
         self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision(policy))
-        return self.build_model()
+        return self.build_model(fall_back=fall_back) if build else None
 
     def choose_execution(self, model) -> None:
         """`--execution auto` and `--steps-per-execution auto`: reuses the choice an earlier run timed

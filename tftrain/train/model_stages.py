@@ -11,16 +11,18 @@ import dataclasses
 class ModelStages:
     """`Trainer`'s stages that build and compile the model."""
 
-    def build_model(self, compile_model: bool = True):
+    def build_model(self, compile_model: bool = True, fall_back: bool = True):
         """`task.build_model()` inside the strategy's scope: built from the training data when it has
         no weights yet (`_built`), rebuilt under float32 when `--precision auto` chose mixed_float16 for
         a `train_step` that does not scale its loss (`_check_step_scaling`), with float32 outputs under
         a mixed policy; compiled by the loop with `task.compile_args(steps_per_epoch)`, whose optimizer
         accumulates gradients under `--gradient-accumulation-steps` (`tftrain.train.accumulation`).
         Under `--seed` every build starts from that seed: a model built again (the float32 twin that
-        `--precision auto` times and may train) has the same initial weights as the first."""
+        `--precision auto` times and may train) has the same initial weights as the first. A model that
+        does not build under the mixed policy `--precision auto` chose is built under float32
+        (`_built_or_float32`) unless `fall_back` is False (the error is raised)."""
         with self.runtime.strategy.scope():  # the optimizer too: its variables belong to the strategy
-            model = self._check_step_scaling(self._built_or_float32())
+            model = self._check_step_scaling(self._built_or_float32(fall_back))
             if self.runtime.precision.compute_dtype != "float32":
                 model = self._float32_outputs(model)
             if compile_model:
@@ -29,7 +31,7 @@ class ModelStages:
             self.loop.compile(model, self.compile_args, self.runtime)
         return model
 
-    def _built_or_float32(self):
+    def _built_or_float32(self, fall_back: bool = True):
         """The task's model, seeded and built (`_built`). Under `--precision auto`, a model that does not
         build under the mixed policy the rule chose (a layer of the user's that mixes its inputs' dtype
         with a float32 tensor, `x * tf.constant(2.0)`: plain Keras, in float32, builds it) is built again
@@ -37,7 +39,8 @@ class ModelStages:
         try:
             return self._built(self._seeded_build())
         except Exception as error:  # noqa: BLE001 (re-raised unless the auto-chosen policy caused it)
-            if self.config.runtime.precision != "auto" or self.runtime.precision.compute_dtype == "float32":
+            if not fall_back or self.config.runtime.precision != "auto" \
+                    or self.runtime.precision.compute_dtype == "float32":
                 raise
             self.use_float32_instead(f"the model does not build under {self.runtime.precision.policy}", error)
         return self._built(self._seeded_build())

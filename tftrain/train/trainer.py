@@ -175,7 +175,7 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
                     rundir_lib.write_text_atomic(out / TASK_FILE, json.dumps(self._task_identity()))
                 self.announce_run_dir()
                 self.plan_batch()
-                model = self.choose_precision(self.build_model())
+                model = self.build_chosen_model()
                 self.init_weights(model)
                 self.note_custom_steps(model)
                 self.choose_execution(model)

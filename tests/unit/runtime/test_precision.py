@@ -140,3 +140,12 @@ def test_setup_turns_the_remapper_off_for_float16_on_a_cpu_only(policy, remappin
                    "print('RESULT', tf.config.optimizer.get_experimental_options().get('remapping'))")
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"RESULT {remapping}" in r.stdout
+
+
+def test_bfloat16_is_timed_only_where_its_largest_gain_repays_the_timing():
+    gain = 1 - 1 / prec.BF16_MAX_SPEEDUP  # the most a step can save under mixed_bfloat16
+    probe_s, step_s = 0.7, 1e-3
+    steps_to_repay = probe_s / (gain * step_s)
+    assert prec.bfloat16_repays(step_s, probe_s, int(steps_to_repay) + 1)
+    assert not prec.bfloat16_repays(step_s, probe_s, int(steps_to_repay) - 1)
+    assert prec.bfloat16_repays(step_s, probe_s, None)  # an epoch of unknown length: timed

@@ -1,6 +1,8 @@
 """Automatic settings never fail a run plain Keras trains (issue: unbuilt models, steps XLA
 cannot compile, custom train steps under mixed precision), and steps per execution are measured."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -273,7 +275,8 @@ def _dense():
 
 @pytest.mark.slow
 def test_precision_auto_times_bfloat16_against_float32_on_a_cpu_and_remembers(tmp_path, monkeypatch,
-                                                                                fresh_execution_memory):
+                                                                                fresh_execution_memory,
+        bf16_always_timed):
     from tftrain.runtime import precision
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)  # auto would take mixed_bfloat16
@@ -296,7 +299,8 @@ def test_precision_auto_times_bfloat16_against_float32_on_a_cpu_and_remembers(tm
 
 
 @pytest.mark.slow
-def test_precision_auto_trains_the_float32_twin_when_float32_is_faster(tmp_path, monkeypatch, fresh_execution_memory):
+def test_precision_auto_trains_float32_when_float32_is_faster(tmp_path, monkeypatch, fresh_execution_memory,
+                                                               bf16_always_timed):
     import keras
 
     from tftrain.runtime import precision
@@ -304,7 +308,7 @@ def test_precision_auto_trains_the_float32_twin_when_float32_is_faster(tmp_path,
     from tftrain.runtime import execution_probe
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
-    timed, initial = [], []  # float32 twice as fast: the twin built for the timing is the model trained
+    timed, initial = [], []  # float32 twice as fast: the model built first (float32) is the model trained
 
     def step_time(model, dataset, steps=16, batch_size=None):
         timed.append(model.dtype_policy.name)
@@ -313,7 +317,7 @@ def test_precision_auto_trains_the_float32_twin_when_float32_is_faster(tmp_path,
 
     monkeypatch.setattr(execution_probe, "time_graph_step", step_time)
     record = _fit(tmp_path, _dense, "run", execution="graph", precision="auto")
-    assert timed == ["mixed_bfloat16", "float32"] and record.extras["precision_auto"]["policy"] == "float32"
+    assert timed == ["float32", "mixed_bfloat16"] and record.extras["precision_auto"]["policy"] == "float32"
     for first, twin in zip(*initial):  # under --seed the twin starts where the first model did
         np.testing.assert_array_equal(first, twin)
     assert record.runtime["precision"] == "float32" and record.runtime["compute_dtype"] == "float32"
@@ -331,7 +335,8 @@ def test_precision_auto_times_nothing_under_eager_execution(tmp_path, monkeypatc
 
 
 @pytest.mark.slow
-def test_precision_auto_times_batches_of_unknown_size(tmp_path, monkeypatch, fresh_execution_memory):
+def test_precision_auto_times_batches_of_unknown_size(tmp_path, monkeypatch, fresh_execution_memory,
+        bf16_always_timed):
     """`padded_batch` without `drop_remainder` (sequences of several lengths) has no static batch size; plain
     Keras trains on it, and the precision timing takes the run's global batch size instead."""
     import keras
@@ -412,15 +417,19 @@ def _mixes_float32_in_its_step():
 
 @pytest.mark.slow
 def test_precision_auto_builds_in_float32_a_model_that_does_not_build_under_the_mixed_policy(
-        tmp_path, monkeypatch, fresh_execution_memory, capsys):
+        tmp_path, monkeypatch, fresh_execution_memory, bf16_always_timed, capsys):
     from tftrain.runtime import precision
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)  # auto would take mixed_bfloat16
-    record = _fit(tmp_path, _mixes_float32_in_a_layer, "auto", execution="graph", precision="auto", verbose=1)
-    assert record.runtime["precision"] == "float32" and np.isfinite(record.history["loss"][-1])
-    fallback = record.extras["precision_auto"]
+    timed = _fit(tmp_path, _mixes_float32_in_a_layer, "timed", execution="graph", precision="auto")
+    assert timed.runtime["precision"] == "float32" and np.isfinite(timed.history["loss"][-1])
+    assert re.search(r"mixed_bfloat16 fails \(.*bfloat16", timed.extras["precision_auto"]["reason"])
+    # Untimed (here eager execution; a GPU, several replicas): the build under the rule's policy falls back.
+    untimed = _fit(tmp_path, _mixes_float32_in_a_layer, "untimed", execution="eager", precision="auto", verbose=1)
+    assert untimed.runtime["precision"] == "float32" and np.isfinite(untimed.history["loss"][-1])
+    fallback = untimed.extras["precision_auto"]
     assert fallback["policy"] == "float32" and fallback["instead_of"] == "mixed_bfloat16"
-    assert "does not build under mixed_bfloat16" in fallback["reason"] and "bfloat16" in fallback["reason"].split("(")[1]
+    assert re.search(r"does not build under mixed_bfloat16 \(.*bfloat16", fallback["reason"])
     assert "precision: auto -> float32: the model does not build under mixed_bfloat16" in capsys.readouterr().out
     with pytest.raises(Exception, match="bfloat16"):  # asked for by name, the policy is kept: the model's error
         _fit(tmp_path, _mixes_float32_in_a_layer, "asked", execution="graph", precision="mixed_bfloat16")
@@ -428,7 +437,7 @@ def test_precision_auto_builds_in_float32_a_model_that_does_not_build_under_the_
 
 @pytest.mark.slow
 def test_precision_auto_trains_in_float32_a_step_that_fails_under_bfloat16(tmp_path, monkeypatch,
-                                                                          fresh_execution_memory):
+                                                                          fresh_execution_memory, bf16_always_timed):
     from tftrain.errors import PrecisionError
     from tftrain.runtime import precision
 
@@ -436,8 +445,28 @@ def test_precision_auto_trains_in_float32_a_step_that_fails_under_bfloat16(tmp_p
     record = _fit(tmp_path, _mixes_float32_in_its_step, "timed", execution="graph", precision="auto")
     assert record.runtime["precision"] == "float32" and np.isfinite(record.history["loss"][-1])
     choice = record.extras["precision_auto"]
-    assert choice["step_time_s"] == {} and "the training step fails under mixed_bfloat16" in choice["reason"]
+    assert set(choice["step_time_s"]) == {"float32"} and "mixed_bfloat16 fails (" in choice["reason"]
     # Untimed (eager execution here; a GPU, several replicas): the first step's dtype error names the fix.
     with pytest.raises(PrecisionError, match=r"failed under mixed_bfloat16, which --precision auto chose: .*"
                                              r"bfloat16.*Pass --precision float32"):
         _fit(tmp_path, _mixes_float32_in_its_step, "untimed", execution="eager", precision="auto")
+
+
+@pytest.mark.slow
+def test_precision_auto_builds_one_model_where_the_run_cannot_repay_timing_bfloat16(tmp_path, monkeypatch,
+                                                                                    fresh_execution_memory):
+    import keras
+
+    from tftrain.runtime import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
+    built = []
+
+    def build():
+        built.append(keras.mixed_precision.global_policy().name)
+        return _dense()
+
+    record = _fit(tmp_path, build, "run", execution="graph", precision="auto")  # 128 steps of a tiny model
+    choice = record.extras["precision_auto"]
+    assert built == ["float32"] and record.runtime["precision"] == "float32"  # plain Keras's policy, one build
+    assert set(choice["step_time_s"]) == {"float32"} and choice["reason"].startswith("mixed_bfloat16 not timed")
