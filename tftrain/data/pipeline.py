@@ -247,7 +247,7 @@ def _array_batches(source, batch_size, preprocess, *, training, config, seed, in
     (`index_batches`), or single indices through a shuffle buffer when `config.shuffle_buffer` is smaller
     than the data (see the module docstring); then `preprocess` on each whole batch."""
     num_examples = num_examples_of(*source)
-    features, labels = (tf.nest.map_structure(lambda a: a if tf.is_tensor(a) else tf.constant(a), part)
+    features, labels = (tf.nest.map_structure(lambda a: a if tf.is_tensor(a) else tf.constant(a), lists_as_tuples(part))
                         for part in source)
     if not config.shuffle_buffer or config.shuffle_buffer >= num_examples:  # 0: a whole permutation an epoch
         per_pipeline = input_context.get_per_replica_batch_size(batch_size) if input_context else batch_size
@@ -263,6 +263,21 @@ def _array_batches(source, batch_size, preprocess, *, training, config, seed, in
         return batch if preprocess is None else preprocess(*batch)
 
     return ds.map(gather, num_parallel_calls=AUTOTUNE if config.parallel_map else None)
+
+
+def lists_as_tuples(structure):
+    """`structure` with every Python list made a tuple (dicts and tuples kept, leaves as they are).
+
+    tf.data takes a list that a function returns for one tensor and stacks it, so a multi-input
+    model's `[x_a, x_b]` of different shapes fails ("is not convertible to a tensor ... shape (2, 32,
+    None)"); as a tuple each is its own component, and Keras's `fit` feeds a tuple to a model's
+    inputs as it feeds the list (plain `model.fit([x_a, x_b], y)`).
+    """
+    if isinstance(structure, (list, tuple)) and type(structure) in (list, tuple):
+        return tuple(lists_as_tuples(s) for s in structure)
+    if isinstance(structure, dict):
+        return {k: lists_as_tuples(v) for k, v in structure.items()}
+    return structure
 
 
 def index_batches(num_examples: int, batch_size: int, *, shuffle: bool, seed: Optional[int] = None,

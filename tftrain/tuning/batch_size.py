@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from tftrain.callbacks._steps import steps_per_execution
 from tftrain.callbacks.throughput import ThroughputMonitor
+from tftrain.data.pipeline import lists_as_tuples
 from tftrain.errors import ConfigError
 from tftrain.runtime.execution_probe import ModelState
 from tftrain.tuning.search import (
@@ -153,7 +154,7 @@ def _is_oom(error: Exception) -> bool:
 def _arrays_dataset_fn(x, y) -> Callable[[int], tf.data.Dataset]:
     # No .cache(): the arrays are in memory already, and a trial that reads part of a
     # cached dataset makes tf.data warn once per trial.
-    base = tf.data.Dataset.from_tensor_slices((x, y))
+    base = tf.data.Dataset.from_tensor_slices((lists_as_tuples(x), lists_as_tuples(y)))  # [x_a, x_b]: two inputs
 
     def make(batch_size: int) -> tf.data.Dataset:
         return base.repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

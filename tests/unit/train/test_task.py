@@ -349,3 +349,25 @@ def test_pipeline_flags_reach_the_training_dataset(tmp_path, name):
     assert _shuffle_buffer(flagged) == 77
     assert flagged.options().threading.private_threadpool_size == 3
     assert len(list(flagged.take(2))) == 2  # still a working pipeline
+
+
+def test_array_task_takes_a_list_of_arrays_for_a_multi_input_model(tmp_path):
+    """`fit([x_a, x_b], y)` trains a two-input model in plain Keras; tf.data would stack the list into one
+    tensor and fail on their different shapes."""
+    import keras
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((64, 4)).astype("float32"), rng.standard_normal((64, 3)).astype("float32")
+    y = a[:, :1] + b[:, :1]
+
+    def two_inputs():
+        ia, ib = keras.Input((4,)), keras.Input((3,))
+        return keras.Model([ia, ib], keras.layers.Dense(1)(keras.layers.Concatenate()([ia, ib])))
+
+    task = tftrain.ArrayTask(two_inputs, [a, b], y, [a[:8], b[:8]], y[:8], loss="mse")
+    features, _ = next(iter(task.bind(RecipeConfig()).train_data(16)))
+    assert [tuple(f.shape) for f in features] == [(16, 4), (16, 3)]
+    record = tftrain.Trainer(task, epochs=1, batch_size=16, verbose=0, execution="graph", precision="float32",
+                             run_dir=str(tmp_path / "run")).fit()
+    assert record.extras["optimizer_steps"] == 4
+    assert np.isfinite(record.test["loss"])

@@ -28,9 +28,10 @@ class ArrayTask(FunctionTask):
     Args:
         build_model: function `() -> keras.Model` (or `(hparams) -> keras.Model`),
             uncompiled; called inside the strategy's scope.
-        x: training features: an array `(num_examples, ...)`, or a dict / tuple
-            of such arrays (one per model input).
-        y: training labels (or targets): an array, or a dict / tuple per output.
+        x: training features: an array `(num_examples, ...)`, or a dict, list or
+            tuple of such arrays (one per model input; a list travels as a tuple,
+            which Keras feeds to the inputs alike).
+        y: training labels (or targets): an array, or a dict / list / tuple per output.
         x_test, y_test: test arrays, evaluated once after training. Defaults
             to None (no test evaluation).
         validation_data: `(x_val, y_val)`, the task's own validation set.
