@@ -353,6 +353,7 @@ class AutomaticSettings:
         names = ("bfloat16",) if dtype == "bfloat16" else ("float16", "half")
         if int(model.optimizer.iterations.numpy()) or not any(n in str(error) for n in names):
             return
+        why = failure_line(error, dtype).rstrip(".")
         raise PrecisionError(f"The model's first training step failed under {self.runtime.precision.policy}, which "
-                             f"--precision auto chose: {failure_line(error, dtype).rstrip('.')}. Pass --precision float32 (plain "
-                             "Keras's policy), or make the step's dtypes agree (keras.ops casts).") from error
+                             f"--precision auto chose: {why}. Pass --precision float32 (plain Keras's policy), or "
+                             "make the step's dtypes agree (keras.ops casts).") from error

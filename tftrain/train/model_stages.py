@@ -51,7 +51,8 @@ class ModelStages:
         from tftrain import runtime
         from tftrain.runtime.execution import failure_line
 
-        policy, reason = self.runtime.precision.policy, f"{why} ({failure_line(error, self.runtime.precision.compute_dtype)})"
+        policy, dtype = self.runtime.precision.policy, self.runtime.precision.compute_dtype
+        reason = f"{why} ({failure_line(error, dtype)})"
         self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision("float32"))
         self.extras["precision_auto"] = {"policy": "float32", "step_time_s": {}, "reason": reason, "instead_of": policy}
         self.console.line(f"precision: auto -> float32: {reason}")
