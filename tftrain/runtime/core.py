@@ -94,7 +94,9 @@ class Runtime:
             f"devices:   {self.devices.describe()}",
             f"strategy:  {self.config.strategy} ({type(self.strategy).__name__}), "
             f"{self.num_replicas} replica(s) in sync",
-            f"precision: {self.precision.describe()}",
+            f"precision: {self.precision.describe()}"
+            + (" by auto's rule (the build may time it or take float32)"
+               if self.config.precision == "auto" and self.precision.policy != "float32" else ""),
             f"execution: {self.config.execution}, steps_per_execution={self.steps_per_execution}"
             + ("" if self.steps_per_execution == self.requested_steps_per_execution else
                f" ({self.config.steps_per_execution} requested; Keras 3 runs one step per call across replicas, "

@@ -189,7 +189,7 @@ def test_runtime_runs_one_step_per_call_across_replicas():
 
     def runtime(replicas, execution="auto"):
         parts = dict(threads=SimpleNamespace(describe=lambda: "", applied=True),
-                     devices=SimpleNamespace(describe=lambda: ""), precision=SimpleNamespace(describe=lambda: ""),
+                     devices=SimpleNamespace(describe=lambda: ""), precision=SimpleNamespace(describe=lambda: "", policy="float32"),
                      strategy=SimpleNamespace(num_replicas_in_sync=replicas), cluster=None)
         return Runtime(RuntimeConfig(execution=execution, steps_per_execution=8), **parts)
 
