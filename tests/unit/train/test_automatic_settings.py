@@ -472,3 +472,47 @@ def test_precision_auto_builds_one_model_where_the_run_cannot_repay_timing_bfloa
     choice = record.extras["precision_auto"]
     assert built == ["float32"] and record.runtime["precision"] == "float32"  # plain Keras's policy, one build
     assert set(choice["step_time_s"]) == {"float32"} and choice["reason"].startswith("mixed_bfloat16 not timed")
+
+
+def test_varying_shape_names_the_first_dimension_past_the_batch_that_varies():
+    import tensorflow as tf
+
+    from tftrain.train.automatic import varying_shape
+
+    fixed = (tf.TensorSpec([None, 28, 28]), tf.TensorSpec([None]))
+    assert varying_shape(fixed) is None  # the batch dimension may vary: XLA pads it (Keras drops no batch)
+    padded = (tf.TensorSpec([None, None], tf.int64), tf.TensorSpec([None]))
+    assert varying_shape(padded) == "dimension 1 of input 0 (shape (None, None))"
+    two_inputs = ({"ids": tf.TensorSpec([None, 8]), "text": tf.TensorSpec([None, 4, None])}, tf.TensorSpec([None, 1]))
+    assert varying_shape(two_inputs) == "dimension 2 of input 1 (shape (None, 4, None))"
+    assert varying_shape((tf.TensorSpec([None, 3]), tf.TensorSpec([None, None]))).startswith("dimension 1 of label 0")
+    assert varying_shape((tf.TensorSpec(None), tf.TensorSpec([None]))) == "input 0 (shape of unknown rank)"
+
+
+@pytest.mark.slow
+def test_execution_auto_does_not_time_xla_over_batches_whose_shape_varies(tmp_path, fresh_execution_memory,
+                                                                         xla_always_timed, capsys):
+    import keras
+    import tensorflow as tf
+
+    lengths = np.random.default_rng(0).integers(2, 12, 512)
+
+    def train(batch_size):
+        return tf.data.Dataset.from_generator(
+            lambda: (([1.0] * n, float(n)) for n in lengths),
+            output_signature=(tf.TensorSpec([None]), tf.TensorSpec([]))).padded_batch(batch_size)
+
+    def build():
+        return keras.Sequential([keras.Input((None,)), keras.layers.Reshape((-1, 1)),
+                                 keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+
+    task = tftrain.DatasetTask(build, train, batch=False, loss="mse", num_train_examples=len(lengths))
+    message = "xla not timed: the batches' dimension 1 of input 0 (shape (None, None)) varies"
+    for spe, name in ((1, "untimed"), ("auto", "counts")):
+        capsys.readouterr()
+        record = tftrain.Trainer(task, epochs=3, verbose=1, batch_size=8, execution="auto", precision="float32",
+                                 steps_per_execution=spe, run_dir=str(tmp_path / name)).fit()
+        choice = record.to_dict()["execution_choice"]
+        assert record.execution == "graph" and not any(label.startswith("xla") for label in choice["timings"])
+        assert message in capsys.readouterr().out
+        assert (message in choice["reason"]) == (spe == 1)  # with counts, graph alone goes on to them
