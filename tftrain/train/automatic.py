@@ -176,7 +176,9 @@ class AutomaticSettings:
         if why:
             self.console.line(f"execution: auto: {why}")
         if counts:  # start from the rule's count, or the largest allowed below it (1 always is)
-            model.steps_per_execution = max(c for c in counts if c <= model.steps_per_execution)
+            start = max(c for c in counts if c <= model.steps_per_execution)
+            if start != model.steps_per_execution:  # a function traced at the old count (the precision timing's)
+                model.steps_per_execution, model.train_function = start, None
         key = self._execution_key(model, modes, counts)
         choice = self._remembered(model, key, counts)
         if choice is not None:
@@ -255,10 +257,13 @@ class AutomaticSettings:
         return (self.steps_per_epoch or 0) * self.accumulation_steps * self.config.train.epochs
 
     def _untimed(self, model, modes, reason: str) -> None:
-        """Trains without timing: the one mode asked for, else graph, at the compiled count; one line says why."""
+        """Trains without timing: the one mode asked for, else graph, at the compiled count; one line says why.
+        A train function already traced in that mode at that count (`--precision auto`'s timing of this
+        model) is kept for `fit`, which would trace the same function again."""
         from tftrain.runtime.execution import ExecutionChoice
 
-        model.jit_compile, model.train_function = modes == ("xla",), None
+        if model.jit_compile != (modes == ("xla",)):  # a graph function traced by the precision timing is kept
+            model.jit_compile, model.train_function = modes == ("xla",), None
         self.execution = modes[0] if len(modes) == 1 else "graph"
         self.execution_choice = ExecutionChoice(self.execution, {}, reason,
                                                 steps_per_execution=model.steps_per_execution)
@@ -363,6 +368,8 @@ class AutomaticSettings:
             model.jit_compile, model.steps_per_execution = False, compiled_count
             return False
         if choice.execution != "xla":
+            if model.steps_per_execution != compiled_count:  # a graph function traced at the old count
+                model.train_function = None
             return True
         try:
             check_compiles(model, probe, batch_size=self.batch.global_batch_size)

@@ -516,3 +516,43 @@ def test_execution_auto_does_not_time_xla_over_batches_whose_shape_varies(tmp_pa
         assert record.execution == "graph" and not any(label.startswith("xla") for label in choice["timings"])
         assert message in capsys.readouterr().out
         assert (message in choice["reason"]) == (spe == 1)  # with counts, graph alone goes on to them
+
+
+@pytest.mark.slow
+def test_a_remembered_count_after_the_precision_timing_trains_every_step(tmp_path, monkeypatch,
+                                                                           fresh_execution_memory, bf16_always_timed):
+    """The precision timing leaves the model a graph train function traced at the compiled count (8); a
+    remembered graph choice at another count must not run it (Keras would count 32 steps a call while it
+    runs 8), and an untimed graph run at the compiled count keeps it (no second trace)."""
+    from tftrain.runtime import execution_memory, precision
+    from tftrain.runtime.execution import ExecutionChoice, StepTiming
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
+    remembered = ExecutionChoice("graph", {"graph": StepTiming(1e-3, 8e3, 1e-3, 8, 32, 64, 0.1)}, "faster",
+                                 remembered="2026-01-01T00:00:00", steps_per_execution=32)
+    monkeypatch.setattr(execution_memory.ExecutionMemory, "get", lambda self, key: remembered)
+    record = _fit(tmp_path, _dense, "remembered", execution="auto", precision="auto", steps_per_execution="auto")
+    assert record.execution_choice["steps_per_execution"] == 32
+    assert record.extras["optimizer_steps"] == 2 * 64  # 512 examples in batches of 8, 2 epochs
+
+    traced = []
+    real = precision.choose_precision
+
+    def keep_function(model, *args, **kwargs):
+        choice = real(model, *args, **kwargs)
+        traced.append(model.train_function)
+        return choice
+
+    import keras
+
+    class FitsWith(keras.callbacks.Callback):  # fit has made (or kept) its train function by now
+        def on_train_begin(self, logs=None):
+            traced.append(self.model.train_function)
+
+    monkeypatch.setattr(precision, "choose_precision", keep_function)
+    monkeypatch.setattr(execution_memory.ExecutionMemory, "get_entry", lambda self, key: None)  # timed again
+    untimed = tftrain.Trainer(_task(_dense), callbacks=[FitsWith()], epochs=2, verbose=0, seed=0, batch_size=8,
+                              execution="graph", precision="auto", steps_per_execution=8,
+                              run_dir=str(tmp_path / "untimed")).fit()
+    assert len(traced) == 2 and traced[0] is not None and traced[1] is traced[0]  # traced once, by the timing
+    assert untimed.extras["optimizer_steps"] == 2 * 64
