@@ -17,8 +17,8 @@ class ModelStages:
         a `train_step` that does not scale its loss (`_check_step_scaling`), with float32 outputs under
         a mixed policy; compiled by the loop with `task.compile_args(steps_per_epoch)`, whose optimizer
         accumulates gradients under `--gradient-accumulation-steps` (`tftrain.train.accumulation`).
-        Under `--seed` every build starts from that seed: a model built again (the float32 twin that
-        `--precision auto` times and may train) has the same initial weights as the first. A model that
+        Under `--seed` every build starts from that seed: a model built again (the mixed_bfloat16 twin
+        that `--precision auto` times and may train) has the same initial weights as the first. A model that
         does not build under the mixed policy `--precision auto` chose is built under float32
         (`_built_or_float32`) unless `fall_back` is False (the error is raised)."""
         with self.runtime.strategy.scope():  # the optimizer too: its variables belong to the strategy
@@ -42,10 +42,10 @@ class ModelStages:
             if not fall_back or self.config.runtime.precision != "auto" \
                     or self.runtime.precision.compute_dtype == "float32":
                 raise
-            self.use_float32_instead(f"the model does not build under {self.runtime.precision.policy}", error)
+            self._use_float32_instead(f"the model does not build under {self.runtime.precision.policy}", error)
         return self._built(self._seeded_build())
 
-    def use_float32_instead(self, why: str, error: BaseException) -> None:
+    def _use_float32_instead(self, why: str, error: BaseException) -> None:
         """Sets float32 after a mixed policy that `--precision auto` chose failed (`why`, `error`): one
         line, and `precision_auto` in `metrics.json`."""
         from tftrain import runtime
