@@ -93,7 +93,8 @@ class XlaCompileError(TftrainError, RuntimeError):
 
 class PrecisionError(TftrainError, RuntimeError):
     """The model's training step failed on a dtype under the mixed policy that `--precision auto`
-    chose where nothing timed it first (a GPU, several replicas): a run that failed (exit code 1).
+    took where nothing timed it first (a GPU, several replicas, `--deterministic`, an explicit
+    `--execution eager` or `xla`): a run that failed (exit code 1).
     The message has the step's error and the fix (`--precision float32`)."""
 
 

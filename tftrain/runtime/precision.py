@@ -268,6 +268,31 @@ def unscaled_step_precision(devices: DeviceInfo) -> str:
     return "mixed_bfloat16" if cap is not None and cap >= (8, 0) else "float32"
 
 
+def is_dtype_mismatch(error: BaseException, compute_dtype: str) -> bool:
+    """Whether `error` is a mixed policy's dtype clash: one line of its message names both the compute
+    dtype (`bfloat16`; `float16` or `half`) and `float32` (`float` in eager messages): TensorFlow's
+    "Input 'y' of 'Mul' Op has type float32 that does not match type bfloat16 of argument 'x'", "...
+    expected to be a bfloat16 tensor but is a float tensor". An out-of-memory error, whose message names
+    the dtype too, is not one.
+
+    Args:
+        error: the exception raised.
+        compute_dtype: the policy's compute dtype, e.g. `"bfloat16"`.
+
+    Returns:
+        A bool.
+    """
+    import re
+
+    import tensorflow as tf
+
+    if isinstance(error, tf.errors.ResourceExhaustedError):
+        return False
+    mixed = r"\bbfloat16\b" if compute_dtype == "bfloat16" else r"\b(float16|half)\b"
+    float32 = r"\b(float32|float)\b"  # eager messages call float32 "float"
+    return any(re.search(mixed, line) and re.search(float32, line) for line in str(error).splitlines())
+
+
 KEEP_FLOAT32_WITHIN = 0.05
 """`choose_precision` keeps float32 (plain Keras's numerics) unless mixed_bfloat16 is more than this
 fraction faster: on a busy machine a few executions' medians differ by about that much."""
@@ -281,11 +306,14 @@ class PrecisionChoice:
         policy: `"float32"` or `"mixed_bfloat16"`.
         step_time_s: policy -> median seconds per optimizer step (graph mode).
         reason: one sentence on why.
+        complete: False when the run was too short to time mixed_bfloat16 (not
+            remembered: a longer run times it). Defaults to True.
     """
 
     policy: str
     step_time_s: dict
     reason: str
+    complete: bool = True
 
     def describe(self) -> str:
         """E.g. `float32 (float32 2.10 ms/step; mixed_bfloat16 4.31 ms/step): 2.05x faster`."""
@@ -368,7 +396,7 @@ def choose_precision(float32_model, build_bfloat16, dataset, steps: int = 16, ba
     if not bfloat16_repays(times["float32"], probe_s, planned_steps):
         return PrecisionChoice("float32", times, (
             f"mixed_bfloat16 not timed: even {BF16_MAX_SPEEDUP:g}x faster it would save less over this run's "
-            f"{planned_steps} steps than timing it costs (about {probe_s:.1f} s)"))
+            f"{planned_steps} steps than timing it costs (about {probe_s:.1f} s)"), complete=False)
     try:
         times["mixed_bfloat16"] = time_graph_step(build_bfloat16(), dataset, steps, batch_size)
     except Exception as error:  # noqa: BLE001 (a step that mixes dtypes: float32, as plain Keras, trains it)

@@ -39,6 +39,16 @@ def _cached_if_small(probe):
     return probe.cache() if size * AUTO_PROBE_BATCHES <= PROBE_CACHE_BYTES else probe
 
 
+def _remembered_precision(entry):
+    """The `PrecisionChoice` a memory entry holds, or None (none, or of another shape)."""
+    from tftrain.runtime.precision import PrecisionChoice
+
+    try:
+        return PrecisionChoice(**{k: entry[k] for k in ("policy", "step_time_s", "reason")})
+    except (TypeError, KeyError):
+        return None
+
+
 def varying_shape(element_spec) -> Optional[str]:
     """Which input or label of a batch has a dimension past the batch one whose size varies (None in
     its `element_spec`: sequences padded per batch), e.g. `"dimension 1 of input 0 (shape (None, None))"`;
@@ -93,33 +103,55 @@ class AutomaticSettings:
         policy, and its step timed against its mixed_bfloat16 twin's on the run's own batches
         (`tftrain.runtime.precision.choose_precision`; the twin only when the run is long enough to
         repay it); float32 is kept unless bfloat16 is more than 5% faster. Remembered per model, batch
-        and machine like the execution choice. Not under an explicit `--execution eager` or `xla` (the
-        user chose how the step runs; the rule's policy stays). Returns the model to train."""
+        and machine like the execution choice (not a run too short to time the twin). Untimed (an
+        explicit `--execution eager` or `xla`, `--deterministic`, several replicas, a GPU) the rule's
+        policy stays, unless the model does not build under it (`build_model`). Returns the model to train."""
         from tftrain.runtime.execution_memory import ExecutionMemory, execution_key
-        from tftrain.runtime.precision import PrecisionChoice, choose_precision
+        from tftrain.runtime.precision import choose_precision
 
         if not self._times_precision():
             return self.build_model()
         model = self._rebuilt_in("float32")
+        compile_args = self.compile_args
         probe = _cached_if_small(self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES))
         memory = ExecutionMemory() if self.config.runtime.remember_execution else None
-        key = execution_key(model, probe, ("precision: float32 vs mixed_bfloat16",)) if memory else None
-        entry = memory.get_entry(f"precision-{key}") if key else None
-        twins = []  # the mixed_bfloat16 twin built for the timing, trained when it wins
-        try:
-            choice = PrecisionChoice(**{k: entry[k] for k in ("policy", "step_time_s", "reason")})
-        except (TypeError, KeyError):  # none remembered, or of another shape: time it
+        base = execution_key(model, probe, ("precision: float32 vs mixed_bfloat16",)) if memory else None
+        key = f"precision-{base}" if base else None
+        choice = _remembered_precision(memory.get_entry(key) if key else None)
+        remembered, twins = choice is not None, []  # the mixed_bfloat16 twin built for the timing
+        if choice is None:
             choice = choose_precision(model, lambda: twins.append(self._rebuilt_in("mixed_bfloat16", False))
                                       or twins[-1], probe, batch_size=self.batch.global_batch_size,
                                       planned_steps=self._planned_steps() or None)
-            if key:
-                memory.put_entry(f"precision-{key}", choice.to_dict())
+        choice = self._say_precision(choice, remembered, memory, key)
+        if choice.policy == "mixed_bfloat16":
+            twin = twins[-1] if twins else self._remembered_twin(memory, key)
+            if twin is not None:
+                return twin
+        self._rebuilt_in("float32", build=False)  # the policy, and the arguments, of the model trained
+        self.compile_args = compile_args
+        return model
+
+    def _say_precision(self, choice, remembered: bool, memory, key):
+        """Records, says and (when timed whole) remembers the precision choice; returns it."""
+        if memory is not None and key and not remembered and choice.complete:
+            memory.put_entry(key, choice.to_dict())
         self.extras["precision_auto"] = choice.to_dict()
-        self.console.line(f"precision: auto -> {choice.describe()}" + ("" if entry is None else " [remembered]"))
-        if choice.policy == "float32":
-            self._rebuilt_in("float32", build=False)  # the policy in force again after a twin's build
-            return model
-        return twins[-1] if twins else self._rebuilt_in("mixed_bfloat16")
+        self.console.line(f"precision: auto -> {choice.describe()}" + (" [remembered]" if remembered else ""))
+        return choice
+
+    def _remembered_twin(self, memory, key):
+        """The model built under a remembered mixed_bfloat16, or None (float32 stays) when it no longer
+        builds: one line, and float32 remembered instead."""
+        from tftrain.runtime.execution import failure_line
+        from tftrain.runtime.precision import PrecisionChoice
+
+        try:
+            return self._rebuilt_in("mixed_bfloat16", False)
+        except Exception as error:  # noqa: BLE001 (float32, built and timed-free, trains as plain Keras)
+            choice = PrecisionChoice("float32", {}, f"mixed_bfloat16 fails now ({failure_line(error, 'bfloat16')})")
+            self._say_precision(choice, False, memory, key)
+            return None
 
     def _times_precision(self) -> bool:
         """Whether `--precision auto` times float32 against the mixed_bfloat16 its rule picked: one CPU
@@ -197,8 +229,8 @@ class AutomaticSettings:
         if varying is None:
             return modes, None
         return tuple(m for m in modes if m != "xla"), (
-            f"xla not timed: the batches' {varying} varies, and XLA compiles a program for each shape "
-            "(--execution xla tries it anyway)")
+            f"xla not timed: the batches' {varying} is not static, and XLA compiles a program for each shape "
+            "it meets (tf.ensure_shape or padding to one length fixes it; --execution xla tries it anyway)")
 
     def _keep_batch_hooks_per_step(self, model) -> None:
         """`--steps-per-execution auto` with a user callback that has per-batch hooks: one step per
@@ -258,8 +290,8 @@ class AutomaticSettings:
 
     def _untimed(self, model, modes, reason: str) -> None:
         """Trains without timing: the one mode asked for, else graph, at the compiled count; one line says why.
-        A train function already traced in that mode at that count (`--precision auto`'s timing of this
-        model) is kept for `fit`, which would trace the same function again."""
+        A graph train function already on the model (`--precision auto`'s timing traced it) is kept for
+        `fit`, which would trace the same function again: callers that change the count drop it first."""
         from tftrain.runtime.execution import ExecutionChoice
 
         if model.jit_compile != (modes == ("xla",)):  # a graph function traced by the precision timing is kept
@@ -392,16 +424,17 @@ class AutomaticSettings:
 
     def _raise_if_auto_precision_failed(self, error: Exception, model) -> None:
         """Raises `PrecisionError` (the error and the fix in one line) when the first training step
-        failed on a dtype (its message names the mixed compute dtype) under a mixed policy that
-        `--precision auto` chose untimed: on a GPU, or across replicas, where no probe step ran it first
-        (`choose_precision` and the build fall back to float32 by themselves)."""
+        failed on a dtype clash (`is_dtype_mismatch`) under a mixed policy that `--precision auto` took
+        untimed (a GPU, several replicas, `--deterministic`, an explicit `--execution eager` or `xla`),
+        where no timing ran the step first (`choose_precision` and the build fall back to float32)."""
         from tftrain.runtime.execution import failure_line
+
+        from tftrain.runtime.precision import is_dtype_mismatch
 
         dtype = self.runtime.precision.compute_dtype
         if self.config.runtime.precision != "auto" or dtype == "float32" or model.optimizer is None:
             return
-        names = ("bfloat16",) if dtype == "bfloat16" else ("float16", "half")
-        if int(model.optimizer.iterations.numpy()) or not any(n in str(error) for n in names):
+        if int(model.optimizer.iterations.numpy()) or not is_dtype_mismatch(error, dtype):
             return
         why = failure_line(error, dtype).rstrip(".")
         raise PrecisionError(f"The model's first training step failed under {self.runtime.precision.policy}, which "

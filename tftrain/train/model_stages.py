@@ -34,13 +34,17 @@ class ModelStages:
     def _built_or_float32(self, fall_back: bool = True):
         """The task's model, seeded and built (`_built`). Under `--precision auto`, a model that does not
         build under the mixed policy the rule chose (a layer of the user's that mixes its inputs' dtype
-        with a float32 tensor, `x * tf.constant(2.0)`: plain Keras, in float32, builds it) is built again
-        under float32, with one line naming the error; an error under float32 too is the model's own."""
+        with a float32 tensor, `x * tf.constant(2.0)`: plain Keras, in float32, builds it; a dtype clash,
+        `is_dtype_mismatch`) is built again under float32, with one line naming the error; any other
+        error is the model's own and is raised."""
+        from tftrain.runtime.precision import is_dtype_mismatch
+
         try:
             return self._built(self._seeded_build())
         except Exception as error:  # noqa: BLE001 (re-raised unless the auto-chosen policy caused it)
-            if not fall_back or self.config.runtime.precision != "auto" \
-                    or self.runtime.precision.compute_dtype == "float32":
+            dtype = self.runtime.precision.compute_dtype
+            if not fall_back or self.config.runtime.precision != "auto" or dtype == "float32" \
+                    or not is_dtype_mismatch(error, dtype):
                 raise
             self._use_float32_instead(f"the model does not build under {self.runtime.precision.policy}", error)
         return self._built(self._seeded_build())

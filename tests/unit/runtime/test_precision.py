@@ -146,6 +146,22 @@ def test_bfloat16_is_timed_only_where_its_largest_gain_repays_the_timing():
     gain = 1 - 1 / prec.BF16_MAX_SPEEDUP  # the most a step can save under mixed_bfloat16
     probe_s, step_s = 0.7, 1e-3
     steps_to_repay = probe_s / (gain * step_s)
-    assert prec.bfloat16_repays(step_s, probe_s, int(steps_to_repay) + 1)
-    assert not prec.bfloat16_repays(step_s, probe_s, int(steps_to_repay) - 1)
+    assert prec.bfloat16_repays(step_s, probe_s, int(steps_to_repay) + 2)
+    assert not prec.bfloat16_repays(step_s, probe_s, int(steps_to_repay) - 2)
     assert prec.bfloat16_repays(step_s, probe_s, None)  # an epoch of unknown length: timed
+
+
+def test_a_dtype_mismatch_names_the_mixed_dtype_and_float32_on_one_line():
+    import tensorflow as tf
+
+    clash = TypeError("Exception encountered when calling Scale.call().\n\nInput 'y' of 'Mul' Op has type "
+                      "float32 that does not match type bfloat16 of argument 'x'.")
+    eager = tf.errors.InvalidArgumentError(None, None, "cannot compute Mul as input #1(zero-based) was expected "
+                                           "to be a half tensor but is a float tensor [Op:Mul]")
+    assert prec.is_dtype_mismatch(clash, "bfloat16") and prec.is_dtype_mismatch(eager, "float16")
+    assert not prec.is_dtype_mismatch(clash, "float16")
+    oom = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[512] and type "
+                                           "bfloat16 (float32 master weights)")
+    footer = ValueError("Invalid reshape.\nArguments received by Dense.call():\n  • inputs=tf.Tensor(shape=(8, 4), "
+                        "dtype=bfloat16)")
+    assert not prec.is_dtype_mismatch(oom, "bfloat16") and not prec.is_dtype_mismatch(footer, "bfloat16")

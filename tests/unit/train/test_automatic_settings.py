@@ -468,10 +468,12 @@ def test_precision_auto_builds_one_model_where_the_run_cannot_repay_timing_bfloa
         built.append(keras.mixed_precision.global_policy().name)
         return _dense()
 
-    record = _fit(tmp_path, build, "run", execution="graph", precision="auto")  # 128 steps of a tiny model
-    choice = record.extras["precision_auto"]
-    assert built == ["float32"] and record.runtime["precision"] == "float32"  # plain Keras's policy, one build
-    assert set(choice["step_time_s"]) == {"float32"} and choice["reason"].startswith("mixed_bfloat16 not timed")
+    for run in ("first", "second"):  # not remembered: a longer run of the model times the twin
+        record = _fit(tmp_path, build, run, execution="graph", precision="auto")  # 128 steps of a tiny model
+        choice = record.extras["precision_auto"]
+        assert record.runtime["precision"] == "float32" and not choice["complete"]  # plain Keras's policy
+        assert set(choice["step_time_s"]) == {"float32"} and choice["reason"].startswith("mixed_bfloat16 not timed")
+    assert built == ["float32", "float32"]  # one build a run, timed again
 
 
 def test_varying_shape_names_the_first_dimension_past_the_batch_that_varies():
@@ -507,7 +509,7 @@ def test_execution_auto_does_not_time_xla_over_batches_whose_shape_varies(tmp_pa
                                  keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
 
     task = tftrain.DatasetTask(build, train, batch=False, loss="mse", num_train_examples=len(lengths))
-    message = "xla not timed: the batches' dimension 1 of input 0 (shape (None, None)) varies"
+    message = "xla not timed: the batches' dimension 1 of input 0 (shape (None, None)) is not static"
     for spe, name in ((1, "untimed"), ("auto", "counts")):
         capsys.readouterr()
         record = tftrain.Trainer(task, epochs=3, verbose=1, batch_size=8, execution="auto", precision="float32",
@@ -550,9 +552,28 @@ def test_a_remembered_count_after_the_precision_timing_trains_every_step(tmp_pat
             traced.append(self.model.train_function)
 
     monkeypatch.setattr(precision, "choose_precision", keep_function)
+    monkeypatch.setattr(execution_memory.ExecutionMemory, "get", lambda self, key: None)
     monkeypatch.setattr(execution_memory.ExecutionMemory, "get_entry", lambda self, key: None)  # timed again
-    untimed = tftrain.Trainer(_task(_dense), callbacks=[FitsWith()], epochs=2, verbose=0, seed=0, batch_size=8,
-                              execution="graph", precision="auto", steps_per_execution=8,
-                              run_dir=str(tmp_path / "untimed")).fit()
+    untimed = tftrain.Trainer(_task(_dense), callbacks=[FitsWith()], epochs=1, verbose=0, seed=0, batch_size=8,
+                              execution="auto", precision="auto", steps_per_execution=8,
+                              run_dir=str(tmp_path / "untimed")).fit()  # 64 steps: too few to time graph vs xla
+    assert untimed.execution_choice["timings"] == {} and "too few" in untimed.execution_choice["reason"]
     assert len(traced) == 2 and traced[0] is not None and traced[1] is traced[0]  # traced once, by the timing
-    assert untimed.extras["optimizer_steps"] == 2 * 64
+    assert untimed.extras["optimizer_steps"] == 64
+
+
+@pytest.mark.slow
+def test_a_remembered_bfloat16_that_no_longer_builds_trains_the_float32_model_and_is_replaced(
+        tmp_path, monkeypatch, fresh_execution_memory):
+    from tftrain.runtime import execution_memory, precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
+    stored = {}
+    monkeypatch.setattr(execution_memory.ExecutionMemory, "get_entry", lambda self, key: {
+        "policy": "mixed_bfloat16", "step_time_s": {"float32": 2e-3, "mixed_bfloat16": 1e-3}, "reason": "faster"})
+    monkeypatch.setattr(execution_memory.ExecutionMemory, "put_entry",
+                        lambda self, key, value: stored.update({key: value}))
+    record = _fit(tmp_path, _mixes_float32_in_a_layer, "run", execution="graph", precision="auto")
+    assert record.runtime["precision"] == "float32" and np.isfinite(record.history["loss"][-1])
+    assert record.extras["precision_auto"]["reason"].startswith("mixed_bfloat16 fails now (")
+    assert [v["policy"] for v in stored.values()] == ["float32"]  # the next run does not try it again
