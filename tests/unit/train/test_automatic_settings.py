@@ -552,6 +552,7 @@ def test_a_remembered_count_after_the_precision_timing_trains_every_step(tmp_pat
             traced.append(self.model.train_function)
 
     monkeypatch.setattr(precision, "choose_precision", keep_function)
+    monkeypatch.setattr(precision, "bfloat16_repays", lambda *args: False)  # float32 trains, whatever the timing
     monkeypatch.setattr(execution_memory.ExecutionMemory, "get", lambda self, key: None)
     monkeypatch.setattr(execution_memory.ExecutionMemory, "get_entry", lambda self, key: None)  # timed again
     untimed = tftrain.Trainer(_task(_dense), callbacks=[FitsWith()], epochs=1, verbose=0, seed=0, batch_size=8,
