@@ -22,7 +22,7 @@ class MultiWorkerLoop(FitLoop):
     in_process_search: bool = False
     checks_input: bool = False  # each worker reads only its shard
     needs_steps_per_epoch: bool = True
-    weighs_classes: bool = False  # Keras maps class weights over a tf.data.Dataset, not a distributed one
+    weighs_classes: bool = True  # on each worker's dataset, with Keras's own map (`_class_weighted`)
     executions: tuple = ("auto", "graph", "eager")
     no_search_reason: str = ("every worker runs the same steps in lockstep (collective all-reduce), so one task "
                              "cannot try settings alone")
@@ -50,6 +50,23 @@ class MultiWorkerLoop(FitLoop):
             model.steps_per_execution = self.steps_per_execution_for(spe, steps_per_epoch)
             say(f"steps per execution: {model.steps_per_execution} ({spe} does not divide the epoch's "
                 f"{steps_per_epoch} steps, and Keras would run whole executions past the epoch's end)")
-        dataset = runtime.strategy.distribute_datasets_from_function(lambda ctx: train_data(ctx).repeat())
+        weigh = _class_weighted(class_weight)
+        dataset = runtime.strategy.distribute_datasets_from_function(lambda ctx: weigh(train_data(ctx)).repeat())
         return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=list(callbacks),
-                         verbose=verbose, validation_data=validation_data, shuffle=False, class_weight=class_weight)
+                         verbose=verbose, validation_data=validation_data, shuffle=False)
+
+
+def _class_weighted(class_weight):
+    """`dataset -> dataset` whose `(x, y)` batches carry `class_weight[y]` as sample weights, by the map
+    Keras's `fit(class_weight=...)` applies to a `tf.data.Dataset`; `fit` refuses `class_weight` with a
+    distributed dataset, so each worker's dataset is weighed before it is distributed. Identity when
+    `class_weight` is None.
+
+    Source: keras/src/trainers/data_adapters/tf_dataset_adapter.py (`make_class_weight_map_fn`).
+    """
+    if class_weight is None:
+        return lambda dataset: dataset
+    from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
+
+    weigh = make_class_weight_map_fn(class_weight)
+    return lambda dataset: dataset.map(weigh)
