@@ -135,6 +135,8 @@ def test_a_table_task_on_two_multi_worker_mirrored_workers(tmp_path, kind, parts
                                      "--run-dir", str(run_dir)], tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert f"{parts} {kind} file(s), 1,024 training examples" in r.stdout
+    assert ("each of the 2 input pipelines reads its own files (2 files" if parts == 2 else
+            "each of the 2 input pipelines keeps its share of the examples (1 file(s) for 2 pipelines)") in r.stdout
     m = read_metrics(run_dir)
     assert m["workers"] == 2 and m["replicas"] == 2 and m["train_examples"] == 1024
     assert m["steps_per_epoch"] == 1024 // 64 and m["epochs_trained"] == 3

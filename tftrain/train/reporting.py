@@ -19,6 +19,10 @@ def print_plan(trainer) -> None:
     console.section("runtime")
     console.lines(rt.describe())
     console.lines(trainer.task.describe_data())
+    pipelines = training_workers(trainer.cluster) if cfg.runtime.strategy in config_lib.MULTI_PROCESS_STRATEGIES else 1
+    sharding = trainer.task.describe_sharding(pipelines) if pipelines > 1 else None
+    if sharding:
+        console.line(sharding)
     if trainer.batch is not None:
         print_batch(trainer)
     cluster = trainer.cluster

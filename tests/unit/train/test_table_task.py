@@ -73,6 +73,13 @@ def test_input_pipelines_read_their_own_files_when_there_are_enough(tmp_path):
     assert sum(int(tf.shape(y)[0]) for _, y in second) == 32
     one_file = _task(str(tmp_path / "part-0.csv")).bind(tftrain.RecipeConfig())
     assert sum(int(tf.shape(y)[0]) for _, y in one_file.train_data(16, context)) == 32  # every other example
+    # The plan says which way this run's pipelines split the data, and why.
+    assert task.describe_sharding(2) == ("sharding:  each of the 2 input pipelines reads its own files (2 files, "
+                                         "one in 2 each)")
+    assert task.describe_sharding(3).endswith("keeps its share of the examples (2 file(s) for 3 pipelines)")
+    held_out = _task(str(tmp_path / "part-*.csv")).bind(tftrain.RecipeConfig().override({"validation_split": 0.25}))
+    assert held_out.describe_sharding(2).endswith("(--validation-split holds out the last examples)")
+    assert tftrain.ArrayTask(_build, np.zeros((4, 3)), np.zeros(4), loss="mse").describe_sharding(2) is None
 
 
 def test_bad_tables_are_named_in_one_line(tmp_path):

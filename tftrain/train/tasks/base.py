@@ -244,6 +244,12 @@ class Task:
         """Lines saying where the data comes from and what tftrain does to it. Defaults to []."""
         return []
 
+    def describe_sharding(self, num_input_pipelines: int) -> Optional[str]:
+        """One line on how this run's `num_input_pipelines` (> 1: one a worker) split the training
+        data, where the adapter chooses between ways; None (the default) when it has one rule, said
+        by `describe_data`."""
+        return None
+
 
 def _call_builder(build_model: Callable, hparams):
     """`build_model(hparams)` when the function requires an argument, or takes one and the task has

@@ -18,7 +18,7 @@ from __future__ import annotations
 import csv
 import glob
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 from tftrain.errors import ConfigError
 from tftrain.train.tasks.datasets import DatasetTask
@@ -133,15 +133,31 @@ class TableTask(DatasetTask):
 
     def train_data(self, global_batch_size, input_context=None):
         """The training examples; a multi-worker pipeline reads only its own files when there are enough."""
-        if not self._by_file(input_context):
+        if input_context is None or self._not_by_file(input_context.num_input_pipelines):
             return super().train_data(global_batch_size, input_context)
         mine = self.files[input_context.input_pipeline_id::input_context.num_input_pipelines]
         return self._finish(self.read(mine), global_batch_size, True, input_context, shard=False)
 
-    def _by_file(self, input_context) -> bool:
-        return (input_context is not None and input_context.num_input_pipelines > 1
-                and len(self.files) >= input_context.num_input_pipelines and not self._data.validation_split
-                and self._data.train_examples is None)
+    def _not_by_file(self, num_input_pipelines: int) -> Optional[str]:
+        """Why `num_input_pipelines` pipelines do not each read their own files, or None when they do."""
+        if num_input_pipelines <= 1:
+            return "one input pipeline"
+        if len(self.files) < num_input_pipelines:
+            return f"{len(self.files)} file(s) for {num_input_pipelines} pipelines"
+        if self._data.validation_split:
+            return "--validation-split holds out the last examples"
+        if self._data.train_examples is not None:
+            return "--train-examples takes the first examples"
+        return None
+
+    def describe_sharding(self, num_input_pipelines: int) -> Optional[str]:
+        """This run's branch: each of the pipelines reads its own files, or keeps its share of every
+        file's examples (and why)."""
+        why = self._not_by_file(num_input_pipelines)
+        if why is None:
+            return (f"sharding:  each of the {num_input_pipelines} input pipelines reads its own files "
+                    f"({len(self.files)} files, one in {num_input_pipelines} each)")
+        return f"sharding:  each of the {num_input_pipelines} input pipelines keeps its share of the examples ({why})"
 
     def describe_data(self) -> list:
         """The tables, their columns and how a multi-worker run shards them."""
