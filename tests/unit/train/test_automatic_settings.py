@@ -334,31 +334,36 @@ def test_precision_auto_times_nothing_under_eager_execution(tmp_path, monkeypatc
     assert "precision_auto" not in record.extras and record.runtime["precision"] == "mixed_bfloat16"
 
 
-@pytest.mark.slow
-def test_precision_auto_times_batches_of_unknown_size(tmp_path, monkeypatch, fresh_execution_memory,
-        bf16_always_timed):
-    """`padded_batch` without `drop_remainder` (sequences of several lengths) has no static batch size; plain
-    Keras trains on it, and the precision timing takes the run's global batch size instead."""
+def _padded_sequences(n: int):
+    """A `DatasetTask` of `n` sequences of 2-11 ones, padded per batch (no static batch or length
+    dimension), regressing their length."""
     import keras
     import tensorflow as tf
 
-    from tftrain.runtime import precision
-
-    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
-    lengths = np.random.default_rng(0).integers(2, 12, 300)
+    lengths = np.random.default_rng(0).integers(2, 12, n)
 
     def train(batch_size):
         return tf.data.Dataset.from_generator(
-            lambda: (([1.0] * n, float(n)) for n in lengths),
+            lambda: (([1.0] * k, float(k)) for k in lengths),
             output_signature=(tf.TensorSpec([None]), tf.TensorSpec([]))).padded_batch(batch_size)
 
     def build():
         return keras.Sequential([keras.Input((None,)), keras.layers.Reshape((-1, 1)),
                                  keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
 
-    task = tftrain.DatasetTask(build, train, batch=False, loss="mse", num_train_examples=len(lengths))
-    record = tftrain.Trainer(task, epochs=2, verbose=0, batch_size=16, execution="graph", precision="auto",
-                             run_dir=str(tmp_path / "run")).fit()
+    return tftrain.DatasetTask(build, train, batch=False, loss="mse", num_train_examples=n)
+
+
+@pytest.mark.slow
+def test_precision_auto_times_batches_of_unknown_size(tmp_path, monkeypatch, fresh_execution_memory,
+        bf16_always_timed):
+    """`padded_batch` without `drop_remainder` (sequences of several lengths) has no static batch size; plain
+    Keras trains on it, and the precision timing takes the run's global batch size instead."""
+    from tftrain.runtime import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
+    record = tftrain.Trainer(_padded_sequences(300), epochs=2, verbose=0, batch_size=16, execution="graph",
+                             precision="auto", run_dir=str(tmp_path / "run")).fit()
     assert set(record.extras["precision_auto"]["step_time_s"]) == {"float32", "mixed_bfloat16"}
     assert len(record.history["loss"]) == 2 and np.isfinite(record.history["loss"][-1])
 
@@ -494,21 +499,7 @@ def test_varying_shape_names_the_first_dimension_past_the_batch_that_varies():
 @pytest.mark.slow
 def test_execution_auto_does_not_time_xla_over_batches_whose_shape_varies(tmp_path, fresh_execution_memory,
                                                                          xla_always_timed, capsys):
-    import keras
-    import tensorflow as tf
-
-    lengths = np.random.default_rng(0).integers(2, 12, 512)
-
-    def train(batch_size):
-        return tf.data.Dataset.from_generator(
-            lambda: (([1.0] * n, float(n)) for n in lengths),
-            output_signature=(tf.TensorSpec([None]), tf.TensorSpec([]))).padded_batch(batch_size)
-
-    def build():
-        return keras.Sequential([keras.Input((None,)), keras.layers.Reshape((-1, 1)),
-                                 keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
-
-    task = tftrain.DatasetTask(build, train, batch=False, loss="mse", num_train_examples=len(lengths))
+    task = _padded_sequences(512)
     message = "xla not timed: the batches' dimension 1 of input 0 (shape (None, None)) is not static"
     for spe, name in ((1, "untimed"), ("auto", "counts")):
         capsys.readouterr()
