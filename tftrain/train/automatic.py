@@ -113,7 +113,7 @@ class AutomaticSettings:
             return self.build_model()
         model = self._rebuilt_in("float32")
         compile_args = self.compile_args
-        probe = _cached_if_small(self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES))
+        probe = self._probe()
         memory = ExecutionMemory() if self.config.runtime.remember_execution else None
         base = execution_key(model, probe, ("precision: float32 vs mixed_bfloat16",)) if memory else None
         key = f"precision-{base}" if base else None
@@ -201,7 +201,8 @@ class AutomaticSettings:
             self._untimed(model, modes, f"XLA does not run across {self.runtime.num_replicas} replicas; graph is "
                                         "the only mode")
             return
-        modes, why = self._auto_modes(modes)
+        probe = self._probe()  # for the batches' shapes, the memory's key and a remembered XLA's check
+        modes, why = self._auto_modes(modes, probe.element_spec)
         if why and not counts:
             self._untimed(model, modes, why)
             return
@@ -211,8 +212,8 @@ class AutomaticSettings:
             start = max(c for c in counts if c <= model.steps_per_execution)
             if start != model.steps_per_execution:  # a function traced at the old count (the precision timing's)
                 model.steps_per_execution, model.train_function = start, None
-        key = self._execution_key(model, modes, counts)
-        choice = self._remembered(model, key, counts)
+        key = self._execution_key(model, probe, modes, counts)
+        choice = self._remembered(model, key, counts, probe)
         if choice is not None:
             self.execution, self.execution_choice = choice.execution, choice
             self.console.line(f"execution: auto -> {choice.describe()}")
@@ -220,12 +221,12 @@ class AutomaticSettings:
             return
         self._start_trial(model, modes, counts, key)
 
-    def _auto_modes(self, modes: tuple) -> tuple:
-        """`(modes, why)`: `modes` without XLA, and why, when a batch's shape varies past its batch
-        dimension (`varying_shape`: XLA would compile a program for each shape); else `(modes, None)`."""
+    def _auto_modes(self, modes: tuple, element_spec) -> tuple:
+        """`(modes, why)`: `modes` without XLA, and why, when a batch (of `element_spec`) varies past its
+        batch dimension (`varying_shape`: XLA would compile a program for each shape); else `(modes, None)`."""
         if "xla" not in modes or len(modes) == 1:
             return modes, None
-        varying = varying_shape(self.task.probe_data(self.batch.global_batch_size, 1).element_spec)
+        varying = varying_shape(element_spec)
         if varying is None:
             return modes, None
         return tuple(m for m in modes if m != "xla"), (
@@ -322,20 +323,20 @@ class AutomaticSettings:
             counts = [c for c in counts if (backup * acc) % math.lcm(c, acc) == 0]
         return tuple(counts) or (1,)
 
-    def _execution_key(self, model, modes, counts) -> Optional[str]:
-        """The execution memory's key for this model, batch, machine and the candidates this run may
-        take (an epoch's length or the backup interval can rule counts out, so a short run's choice never
-        stands in for a full run's); None when nothing is remembered (`--no-remember-execution`)."""
+    def _execution_key(self, model, probe, modes, counts) -> Optional[str]:
+        """The execution memory's key for this model, batch (`probe`'s), machine and the candidates this
+        run may take (an epoch's length or the backup interval can rule counts out, so a short run's
+        choice never stands in for a full run's); None when nothing is remembered (`--no-remember-execution`)."""
         from tftrain.runtime.execution_memory import execution_key
 
         if not self.config.runtime.remember_execution:  # (several replicas never get here: nothing is timed)
             return None
-        probe = self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES)
         return execution_key(model, probe, (*modes, *(f"steps_per_execution {c}" for c in counts)))
 
-    def _remembered(self, model, key, counts):
+    def _remembered(self, model, key, counts, probe):
         """The remembered `ExecutionChoice` under `key`, with `model` set up for it, if it still
-        compiles (and its test step too, for XLA); else None (a stale choice is forgotten)."""
+        compiles on `probe`'s batches (and its test step too, for XLA); else None (a stale choice is
+        forgotten)."""
         from tftrain.runtime.execution_memory import ExecutionMemory
         from tftrain.runtime.execution_trial import weigh_remembered_xla
 
@@ -345,12 +346,13 @@ class AutomaticSettings:
             return None
         if choice is not None:
             choice = weigh_remembered_xla(choice, self._planned_steps())
-        if choice is not None and not self._still_compiles(model, self._probe(), choice):
+        if choice is not None and not self._still_compiles(model, probe, choice):
             memory.forget(key)
             return None
         return self._with_test_step(model, choice) if choice is not None else None
 
     def _probe(self):
+        """The first `AUTO_PROBE_BATCHES` training batches, cached when small (`_cached_if_small`)."""
         return _cached_if_small(self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES))
 
     def _test_step_failure(self, model) -> Optional[str]:
