@@ -273,7 +273,7 @@ def lists_as_tuples(structure):
     None)"); as a tuple each is its own component, and Keras's `fit` feeds a tuple to a model's
     inputs as it feeds the list (plain `model.fit([x_a, x_b], y)`).
     """
-    if isinstance(structure, (list, tuple)) and type(structure) in (list, tuple):
+    if type(structure) in (list, tuple):  # not a namedtuple: its type is kept
         return tuple(lists_as_tuples(s) for s in structure)
     if isinstance(structure, dict):
         return {k: lists_as_tuples(v) for k, v in structure.items()}

@@ -128,7 +128,7 @@ class AutomaticSettings:
             twin = twins[-1] if twins else self._remembered_twin(memory, key)
             if twin is not None:
                 return twin
-        self._rebuilt_in("float32", build=False)  # the policy, and the arguments, of the model trained
+        self._set_policy("float32")  # the policy, and the arguments, of the model trained
         self.compile_args = compile_args
         return model
 
@@ -161,14 +161,11 @@ class AutomaticSettings:
                 and self.runtime.precision.policy == "mixed_bfloat16" and self.loop.times_execution
                 and self.runtime.num_replicas == 1)
 
-    def _rebuilt_in(self, policy: str, fall_back: bool = True, build: bool = True):
-        """The task's model built and compiled again under the dtype policy `policy` (set globally);
-        `fall_back=False` raises what a mixed policy's build raises (`build_model`); `build=False` only
-        sets the policy (None)."""
-        from tftrain import runtime
-
-        self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision(policy))
-        return self.build_model(fall_back=fall_back) if build else None
+    def _rebuilt_in(self, policy: str, fall_back: bool = True):
+        """The task's model built and compiled again under the dtype policy `policy` (`_set_policy`);
+        `fall_back=False` raises what a mixed policy's build raises (`build_model`)."""
+        self._set_policy(policy)
+        return self.build_model(fall_back=fall_back)
 
     def choose_execution(self, model) -> None:
         """`--execution auto` and `--steps-per-execution auto`: reuses the choice an earlier run timed
@@ -431,14 +428,9 @@ class AutomaticSettings:
         where no timing ran the step first (`choose_precision` and the build fall back to float32)."""
         from tftrain.runtime.execution import failure_line
 
-        from tftrain.runtime.precision import is_dtype_mismatch
-
-        dtype = self.runtime.precision.compute_dtype
-        if self.config.runtime.precision != "auto" or dtype == "float32" or model.optimizer is None:
+        if model.optimizer is None or not self._auto_policy_clash(error) or int(model.optimizer.iterations.numpy()):
             return
-        if int(model.optimizer.iterations.numpy()) or not is_dtype_mismatch(error, dtype):
-            return
-        why = failure_line(error, dtype).rstrip(".")
+        why = failure_line(error, self.runtime.precision.compute_dtype).rstrip(".")
         raise PrecisionError(f"The model's first training step failed under {self.runtime.precision.policy}, which "
                              f"--precision auto chose: {why}. Pass --precision float32 (plain Keras's policy), or "
                              "make the step's dtypes agree (keras.ops casts).") from error

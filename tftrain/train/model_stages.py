@@ -37,14 +37,10 @@ class ModelStages:
         with a float32 tensor, `x * tf.constant(2.0)`: plain Keras, in float32, builds it; a dtype clash,
         `is_dtype_mismatch`) is built again under float32, with one line naming the error; any other
         error is the model's own and is raised."""
-        from tftrain.runtime.precision import is_dtype_mismatch
-
         try:
             return self._built(self._seeded_build())
         except Exception as error:  # noqa: BLE001 (re-raised unless the auto-chosen policy caused it)
-            dtype = self.runtime.precision.compute_dtype
-            if not fall_back or self.config.runtime.precision != "auto" or dtype == "float32" \
-                    or not is_dtype_mismatch(error, dtype):
+            if not fall_back or not self._auto_policy_clash(error):
                 raise
             self._use_float32_instead(f"the model does not build under {self.runtime.precision.policy}", error)
         return self._built(self._seeded_build())
@@ -52,14 +48,27 @@ class ModelStages:
     def _use_float32_instead(self, why: str, error: BaseException) -> None:
         """Sets float32 after a mixed policy that `--precision auto` chose failed (`why`, `error`): one
         line, and `precision_auto` in `metrics.json`."""
-        from tftrain import runtime
         from tftrain.runtime.execution import failure_line
 
         policy, dtype = self.runtime.precision.policy, self.runtime.precision.compute_dtype
         reason = f"{why} ({failure_line(error, dtype)})"
-        self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision("float32"))
+        self._set_policy("float32")
         self.extras["precision_auto"] = {"policy": "float32", "step_time_s": {}, "reason": reason, "instead_of": policy}
         self.console.line(f"precision: auto -> float32: {reason}")
+
+    def _auto_policy_clash(self, error: BaseException) -> bool:
+        """Whether `error` is a dtype clash (`is_dtype_mismatch`) under a mixed policy that `--precision
+        auto` took: the model builds or steps under float32, plain Keras's policy."""
+        from tftrain.runtime.precision import is_dtype_mismatch
+
+        dtype = self.runtime.precision.compute_dtype
+        return self.config.runtime.precision == "auto" and dtype != "float32" and is_dtype_mismatch(error, dtype)
+
+    def _set_policy(self, policy: str) -> None:
+        """Makes `policy` Keras's global dtype policy (models built next take it) and the run's."""
+        from tftrain import runtime
+
+        self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision(policy))
 
     def _built(self, model):
         """`model`, built from the training data when it has no weights yet (a Sequential without
@@ -83,7 +92,6 @@ class ModelStages:
         its gradients divided by the loss scale and does not learn (keras-team/keras#20894):
         `--precision auto` then takes `float32` (or `mixed_bfloat16` on Ampere and newer) and
         rebuilds the model; an explicit `mixed_float16` is kept, with a warning that says the fix."""
-        from tftrain import runtime
         from tftrain.runtime.precision import step_scales_loss, unscaled_step_precision
 
         scales = step_scales_loss(model)
@@ -99,7 +107,7 @@ class ModelStages:
                               "or float32.")
             return model
         policy = unscaled_step_precision(self.runtime.devices)
-        self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision(policy))
+        self._set_policy(policy)
         self.console.line(f"precision: auto -> {policy}, not mixed_float16: {why}, so loss scaling would divide its "
                           "gradients by the scale (keras-team/keras#20894)")
         return self._built(self._seeded_build())
