@@ -467,18 +467,21 @@ def test_precision_auto_builds_one_model_where_the_run_cannot_repay_timing_bfloa
     from tftrain.runtime import precision
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
-    built = []
+    built, asked = [], []
 
     def build():
         built.append(keras.mixed_precision.global_policy().name)
         return _dense()
 
+    # The gate's own rule is tested in tests/unit/runtime/test_precision.py; here it says no whatever the
+    # host's load (a loaded host's slow float32 steps made 128 steps look long enough to repay the twin).
+    monkeypatch.setattr(precision, "bfloat16_repays", lambda step_s, probe_s, steps: asked.append(steps) or False)
     for run in ("first", "second"):  # not remembered: a longer run of the model times the twin
         record = _fit(tmp_path, build, run, execution="graph", precision="auto")  # 128 steps of a tiny model
         choice = record.extras["precision_auto"]
         assert record.runtime["precision"] == "float32" and not choice["complete"]  # plain Keras's policy
         assert set(choice["step_time_s"]) == {"float32"} and choice["reason"].startswith("mixed_bfloat16 not timed")
-    assert built == ["float32", "float32"]  # one build a run, timed again
+    assert built == ["float32", "float32"] and asked == [128, 128]  # one build a run, timed again; the run's steps
 
 
 def test_varying_shape_names_the_first_dimension_past_the_batch_that_varies():
