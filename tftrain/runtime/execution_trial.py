@@ -30,8 +30,8 @@ import functools
 import time
 from typing import Callable, Optional, Sequence
 
-from tftrain.runtime.execution import (ExecutionChoice, StepTiming, best_label, choice_reason, failure_line,
-                                       label_of)
+from tftrain.runtime.execution import (KEEP_FIRST_WITHIN, ExecutionChoice, StepTiming, best_label, choice_reason,
+                                       failure_line, label_of)
 
 MIN_TIMED_STEPS = 32
 """Optimizer steps each side of a duel is timed for at least (after its compiling call)."""
@@ -221,6 +221,7 @@ class ExecutionTrial:
         self.count: Optional[_Count] = None  # the count the shared functions run (several counts only)
         self.chosen: Optional[_Candidate] = None
         self.choice: Optional[ExecutionChoice] = None
+        self.verdict: Optional[str] = None  # the incumbent's latest duel, as the reason says it
         self.started: Optional[tuple] = None  # (clock, training step) after the first compiling call
 
     def _candidate(self, mode: str, spe: int) -> _Candidate:
@@ -365,6 +366,8 @@ class ExecutionTrial:
         winner = best_label({c.label: _timing(c, kept, 1) for c, kept in sides}, {c.label: c.spe for c, _ in sides})
         if self.challenger.spe != self.base and winner != self.challenger.label:
             self.count_lost = True
+        self.verdict = duel_verdict(self.incumbent.label, self.challenger.label, 1 / ratio,
+                                    winner == self.challenger.label)
         if winner == self.challenger.label:
             self.incumbent = self.challenger
         self.challenger = None
@@ -427,7 +430,8 @@ class ExecutionTrial:
         timings = {label: _timing(c, c.samples, self.examples_per_step) for label, c in self.timed.items()
                    if not c.failed and _kept(c.samples)}
         if self.chosen.label in timings:
-            reason = choice_reason(timings, self.chosen.label, self.skipped)
+            reason = (self.verdict + (f"; skipped {'; '.join(self.skipped)}" if self.skipped else "")
+                      if self.verdict else choice_reason(timings, self.chosen.label, self.skipped))
             reason += "".join(f"; {line}" for line in self.not_timed)
             if not complete and self.challenger is not None:
                 reason += f"; {self.challenger.label} not decided: training ended first"
@@ -459,6 +463,18 @@ class ExecutionTrial:
         if self.choice is None:
             self._settle(complete=False)
         return self.choice
+
+
+def duel_verdict(incumbent: str, challenger: str, speedup: float, challenger_won: bool) -> str:
+    """The reason a duel gives its winner, from the figures the duel was judged on (the calls timed side
+    by side in it, not every call of the run). `speedup` is the incumbent's step time over the
+    challenger's (above 1: the challenger was faster)."""
+    if challenger_won:
+        return f"{speedup:.2f}x faster than {incumbent} when timed side by side"
+    if speedup > 1:
+        return (f"kept: {challenger} only {speedup - 1:.0%} faster when timed side by side, within the "
+                f"{KEEP_FIRST_WITHIN:.0%} timing noise")
+    return f"{1 / speedup:.2f}x faster than {challenger} when timed side by side"
 
 
 def weigh_remembered_xla(choice: ExecutionChoice, planned_steps: Optional[int]) -> ExecutionChoice:
