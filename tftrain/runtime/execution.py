@@ -158,8 +158,12 @@ class ExecutionChoice:
             less the same steps at the chosen candidate's step time (compiling
             the other candidates, running the slower ones), "complete": every
             duel ended, "modes_decided": graph against XLA ended (the choice is
-            then remembered; False when the run was too short to repay
-            compiling XLA, which was then not timed)}`. Defaults to None.
+            then remembered)}`. Defaults to None.
+        time_again_from_steps: the planned training steps from which a run
+            repays timing a candidate this one left untimed (XLA, in a run too
+            short to repay compiling it): the choice is remembered for shorter
+            runs, and a run at least that long (or of unknown length) times the
+            candidates again. Defaults to None (every candidate was timed).
     """
 
     execution: str
@@ -169,6 +173,7 @@ class ExecutionChoice:
     steps_per_execution: Optional[int] = None
     skipped: tuple = ()
     trial: Optional[Mapping] = None
+    time_again_from_steps: Optional[int] = None
 
     def describe(self) -> str:
         """One line, e.g. `xla (graph 4.10 ms/step, ...; xla 2.50 ms/step, ...): 1.64x faster than graph`;
@@ -197,6 +202,7 @@ class ExecutionChoice:
             "skipped": list(self.skipped),
             "remembered": self.remembered,
             "trial": dict(self.trial) if self.trial else None,
+            "time_again_from_steps": self.time_again_from_steps,
         }
 
 

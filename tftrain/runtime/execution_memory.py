@@ -209,7 +209,8 @@ class ExecutionMemory:
                        for mode, t in entry["timings"].items()}
             choice = ExecutionChoice(entry["execution"], timings, entry["reason"], remembered=entry["saved_at"],
                                      steps_per_execution=entry.get("steps_per_execution"),
-                                     skipped=tuple(entry.get("skipped", ())))
+                                     skipped=tuple(entry.get("skipped", ())),
+                                     time_again_from_steps=entry.get("time_again_from_steps"))
         except Exception:  # noqa: BLE001 (no entry, or one of another shape: time it again)
             return None
         return choice if choice.execution in ("graph", "xla") and choice.execution in timings else None

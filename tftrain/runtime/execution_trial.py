@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from typing import Callable, Optional, Sequence
 
@@ -209,6 +210,7 @@ class ExecutionTrial:
         self.shared_count = bool(self.larger)  # several counts: each mode's function runs any of them
         self.on_settled, self.clock, self.planned_steps = on_settled, clock, planned_steps
         self.not_timed: list = []  # "<label>: why", candidates the run is too short to repay
+        self.time_again_from: Optional[int] = None  # planned steps from which those would repay timing
         self.incumbent = self._candidate(self.modes[0], self.base)
         self.challengers = [self._candidate(m, self.base) for m in self.modes[1:]]
         self.challenger: Optional[_Candidate] = None
@@ -410,14 +412,17 @@ class ExecutionTrial:
         if self.planned_steps is None or challenger.mode != "xla" or self.incumbent.mode != "graph" \
                 or step_time is None or warmup is None:
             return None
-        left = self.planned_steps - self._step()
+        done = self._step()
+        left = self.planned_steps - done
         gain = (1 - 1 / XLA_MAX_SPEEDUP) * step_time * left
         compile_s = XLA_COMPILE_RATIO * warmup
         if gain >= compile_s:
             return None
-        return (f"even {XLA_MAX_SPEEDUP}x faster it would save at most {gain:.1f} s over this run's last {left} "
+        repays_from = done + math.ceil(compile_s / ((1 - 1 / XLA_MAX_SPEEDUP) * step_time))
+        self.time_again_from = min(self.time_again_from or repays_from, repays_from)
+        return (f"even {XLA_MAX_SPEEDUP}x faster it would save at most {gain:.1f} s over the run's last {left} "
                 f"steps, less than compiling it may take (about {compile_s:.1f} s, {XLA_COMPILE_RATIO}x graph's "
-                f"first call)")
+                f"first call; a run of {repays_from} steps or more times it)")
 
     def _settle(self, complete: bool) -> None:
         self.chosen = self.incumbent
@@ -440,7 +445,8 @@ class ExecutionTrial:
         else:
             reason = "training ended before any candidate was timed"
         self.choice = ExecutionChoice(self.chosen.mode, timings, reason, steps_per_execution=self.chosen.spe,
-                                      skipped=tuple(self.skipped), trial=self._cost(complete))
+                                      skipped=tuple(self.skipped), trial=self._cost(complete),
+                                      time_again_from_steps=self.time_again_from)
         if self.on_settled is not None:
             self.on_settled(self.choice)
 
@@ -449,7 +455,6 @@ class ExecutionTrial:
         any `fit` pays), and those seconds less the same steps at the chosen candidate's step time."""
         # The modes are decided once no other mode waits and the duel left, if any, is one of counts.
         decided = complete or (not self.challengers and (self.challenger is None or self.challenger.spe != self.base))
-        decided = decided and not self.not_timed  # a mode left untimed for a short run: a longer run times it
         if self.started is None:
             return {"steps": 0, "seconds": 0.0, "cost_s": 0.0, "complete": complete, "modes_decided": decided}
         seconds, steps = self.clock() - self.started[0], self._step() - self.started[1]
@@ -516,8 +521,6 @@ def steps_to_time(modes: int, base: int, counts: Sequence[int] = ()) -> int:
     duel (the other modes at `base` steps per execution, then each larger count) times both sides
     `MIN_TIMED_CALLS` calls of at least `MIN_TIMED_STEPS` steps after the challenger's compiling call,
     in executions of the largest count."""
-    import math
-
     largest = max((base, *counts))
     duels = [(base, base)] * (modes - 1) + list(zip([base, *sorted(c for c in counts if c > base)],
                                                     sorted(c for c in counts if c > base)))

@@ -306,14 +306,19 @@ class PrecisionChoice:
         policy: `"float32"` or `"mixed_bfloat16"`.
         step_time_s: policy -> median seconds per optimizer step (graph mode).
         reason: one sentence on why.
-        complete: False when the run was too short to time mixed_bfloat16 (not
-            remembered: a longer run times it). Defaults to True.
+        complete: False when the run was too short to time mixed_bfloat16. Defaults
+            to True.
+        time_twin_from_steps: with `complete` False, the planned training steps from
+            which a run repays timing the twin (`bfloat16_repays_from`): the choice is
+            remembered for shorter runs, and a run at least that long (or of unknown
+            length) times the twin. Defaults to None.
     """
 
     policy: str
     step_time_s: dict
     reason: str
     complete: bool = True
+    time_twin_from_steps: Optional[int] = None
 
     def describe(self) -> str:
         """E.g. `float32 (float32 2.10 ms/step; mixed_bfloat16 4.31 ms/step): 2.05x faster`."""
@@ -333,22 +338,27 @@ the gain: the largest measured on this project's hosts was 1.38x (a 784-512-256-
 an AVX512-BF16/AMX Xeon), while convolutions lost (`benchmarks/results/precision.md`)."""
 
 
-def bfloat16_repays(float32_step_s: float, probe_s: float, planned_steps: Optional[int]) -> bool:
-    """Whether timing mixed_bfloat16 can pay for itself in a run: `BF16_MAX_SPEEDUP` over its
-    `planned_steps` saves at least what the float32 timing cost (`probe_s`: building, tracing and
-    timing the twin costs about as much again).
+def bfloat16_repays_from(float32_step_s: float, probe_s: float) -> int:
+    """The planned training steps from which timing mixed_bfloat16 can pay for itself:
+    `BF16_MAX_SPEEDUP` over that many float32 steps saves what the float32 timing cost (`probe_s`:
+    building, tracing and timing the twin costs about as much again).
 
     Args:
-        float32_step_s: seconds per training step under float32.
+        float32_step_s: seconds per training step under float32 (> 0).
         probe_s: wall seconds the float32 timing took.
-        planned_steps: training steps of the whole run; None or 0 when unknown (True).
 
     Returns:
-        A bool.
+        Steps, >= 1.
     """
-    if not planned_steps:
-        return True
-    return (1 - 1 / BF16_MAX_SPEEDUP) * float32_step_s * planned_steps >= probe_s
+    import math
+
+    return max(1, math.ceil(probe_s / ((1 - 1 / BF16_MAX_SPEEDUP) * float32_step_s)))
+
+
+def bfloat16_repays(float32_step_s: float, probe_s: float, planned_steps: Optional[int]) -> bool:
+    """Whether a run of `planned_steps` training steps (None or 0: unknown, True) is long enough to
+    repay timing mixed_bfloat16 (`bfloat16_repays_from`)."""
+    return not planned_steps or planned_steps >= bfloat16_repays_from(float32_step_s, probe_s)
 
 
 def choose_precision(float32_model, build_bfloat16, dataset, steps: int = 16, batch_size: Optional[int] = None,
@@ -378,7 +388,8 @@ def choose_precision(float32_model, build_bfloat16, dataset, steps: int = 16, ba
     Returns:
         A `PrecisionChoice`: mixed_bfloat16 only when more than
         `KEEP_FLOAT32_WITHIN` faster than float32; float32 when the run is too
-        short to time the twin (`step_time_s` holds float32's only), or when the
+        short to time the twin (`step_time_s` holds float32's only; `complete`
+        False, `time_twin_from_steps` set), or when the
         twin does not build or its step raises (a layer or step of the user's that
         mixes bfloat16 with float32 tensors).
 
@@ -394,9 +405,11 @@ def choose_precision(float32_model, build_bfloat16, dataset, steps: int = 16, ba
     times = {"float32": time_graph_step(float32_model, dataset, steps, batch_size)}
     probe_s = time.perf_counter() - started
     if not bfloat16_repays(times["float32"], probe_s, planned_steps):
+        repays_from = bfloat16_repays_from(times["float32"], probe_s)
         return PrecisionChoice("float32", times, (
-            f"mixed_bfloat16 not timed: even {BF16_MAX_SPEEDUP:g}x faster it would save less over this run's "
-            f"{planned_steps} steps than timing it costs (about {probe_s:.1f} s)"), complete=False)
+            f"mixed_bfloat16 not timed: even {BF16_MAX_SPEEDUP:g}x faster it would save less over a run of "
+            f"{planned_steps} steps than timing it costs (about {probe_s:.1f} s; a run of {repays_from} steps or "
+            "more times it)"), complete=False, time_twin_from_steps=repays_from)
     try:
         times["mixed_bfloat16"] = time_graph_step(build_bfloat16(), dataset, steps, batch_size)
     except Exception as error:  # noqa: BLE001 (a step that mixes dtypes: float32, as plain Keras, trains it)

@@ -39,14 +39,19 @@ def _cached_if_small(probe):
     return probe.cache() if size * AUTO_PROBE_BATCHES <= PROBE_CACHE_BYTES else probe
 
 
-def _remembered_precision(entry):
-    """The `PrecisionChoice` a memory entry holds, or None (none, or of another shape)."""
+def _remembered_precision(entry, planned_steps: int):
+    """The `PrecisionChoice` a memory entry holds, or None (none, of another shape, or a float32 kept
+    untimed by a shorter run than this one: `planned_steps`, 0 when unknown)."""
     from tftrain.runtime.precision import PrecisionChoice
 
     try:
-        return PrecisionChoice(**{k: entry[k] for k in ("policy", "step_time_s", "reason")})
-    except (TypeError, KeyError):
+        choice = PrecisionChoice(**{k: entry[k] for k in ("policy", "step_time_s", "reason")},
+                                 complete=entry.get("complete", True),
+                                 time_twin_from_steps=entry.get("time_twin_from_steps"))
+    except (TypeError, KeyError, AttributeError):
         return None
+    untimed_for = choice.time_twin_from_steps
+    return None if untimed_for and (not planned_steps or planned_steps >= untimed_for) else choice
 
 
 def varying_shape(element_spec) -> Optional[str]:
@@ -103,7 +108,7 @@ class AutomaticSettings:
         policy, and its step timed against its mixed_bfloat16 twin's on the run's own batches
         (`tftrain.runtime.precision.choose_precision`; the twin only when the run is long enough to
         repay it); float32 is kept unless bfloat16 is more than 5% faster. Remembered per model, batch
-        and machine like the execution choice (not a run too short to time the twin). Untimed (an
+        and machine like the execution choice (an untimed twin's float32 only for runs too short to time it). Untimed (an
         explicit `--execution eager` or `xla`, `--deterministic`, several replicas, a GPU) the rule's
         policy stays, unless the model does not build under it (`build_model`). Returns the model to train."""
         from tftrain.runtime.execution_memory import ExecutionMemory, execution_key
@@ -117,7 +122,7 @@ class AutomaticSettings:
         memory = ExecutionMemory() if self.config.runtime.remember_execution else None
         base = execution_key(model, probe, ("precision: float32 vs mixed_bfloat16",)) if memory else None
         key = f"precision-{base}" if base else None
-        choice = _remembered_precision(memory.get_entry(key) if key else None)
+        choice = _remembered_precision(memory.get_entry(key) if key else None, self._planned_steps())
         remembered, twins = choice is not None, []  # the mixed_bfloat16 twin built for the timing
         if choice is None:
             choice = choose_precision(model, lambda: twins.append(self._rebuilt_in("mixed_bfloat16", False))
@@ -133,8 +138,9 @@ class AutomaticSettings:
         return model
 
     def _say_precision(self, choice, remembered: bool, memory, key):
-        """Records, says and (when timed whole) remembers the precision choice; returns it."""
-        if memory is not None and key and not remembered and choice.complete:
+        """Records, says and remembers the precision choice (one that left the twin untimed, for runs
+        shorter than `time_twin_from_steps`); returns it."""
+        if memory is not None and key and not remembered and (choice.complete or choice.time_twin_from_steps):
             memory.put_entry(key, choice.to_dict())
         self.extras["precision_auto"] = choice.to_dict()
         self.console.line(f"precision: auto -> {choice.describe()}" + (" [remembered]" if remembered else ""))
@@ -332,14 +338,19 @@ class AutomaticSettings:
 
     def _remembered(self, model, key, counts, probe):
         """The remembered `ExecutionChoice` under `key`, with `model` set up for it, if it still
-        compiles on `probe`'s batches (and its test step too, for XLA); else None (a stale choice is
-        forgotten)."""
+        compiles on `probe`'s batches (and its test step too, for XLA) and timed every candidate this run
+        could repay (`time_again_from_steps`); else None (a stale choice is forgotten)."""
         from tftrain.runtime.execution_memory import ExecutionMemory
         from tftrain.runtime.execution_trial import weigh_remembered_xla
 
         memory = ExecutionMemory() if key else None
         choice = memory.get(key) if memory else None
         if choice is not None and counts and choice.steps_per_execution not in counts:
+            return None
+        planned, untimed_for = self._planned_steps(), choice and choice.time_again_from_steps
+        if untimed_for and (not planned or planned >= untimed_for):
+            self.console.line(f"execution: the remembered choice left a candidate untimed for runs under "
+                              f"{untimed_for} steps; this run of {planned or 'unknown'} steps times them again")
             return None
         if choice is not None:
             choice = weigh_remembered_xla(choice, self._planned_steps())

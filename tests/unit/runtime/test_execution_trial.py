@@ -139,7 +139,7 @@ def test_a_run_that_ends_during_a_duel_of_counts_has_its_mode_decided():
     assert "not decided: training ended first" in choice.reason
 
 
-def test_a_run_too_short_to_repay_compiling_xla_does_not_time_it_and_does_not_remember():
+def test_a_run_too_short_to_repay_compiling_xla_does_not_time_it_and_says_from_which_length_it_would():
     # 64 steps of a ~1 ms step: even 2.5x faster XLA saves under 0.05 s, less than graph's first call took.
     model = _model()
     trial = ExecutionTrial(model, ("graph", "xla"), examples_per_step=8, planned_steps=64)
@@ -148,7 +148,9 @@ def test_a_run_too_short_to_repay_compiling_xla_does_not_time_it_and_does_not_re
     choice = trial.finish()
     assert choice.execution == "graph" and "xla" not in choice.timings
     assert "xla not timed: even 2.5x faster it would save at most" in choice.reason
-    assert not choice.trial["modes_decided"]  # a longer run of this model times XLA
+    # Remembered for runs as short; a run of at least time_again_from_steps times XLA.
+    assert choice.trial["modes_decided"] and choice.time_again_from_steps > 64
+    assert f"a run of {choice.time_again_from_steps} steps or more times it" in choice.reason
 
 
 def _timing(step_ms, warmup_s, spe=8):
@@ -191,10 +193,12 @@ def test_xla_is_timed_only_when_its_gain_can_repay_its_estimated_compile(planned
     trial.incumbent.warmup_s, trial.incumbent.samples = 1.0, [(0.08, 8)] * 3  # graph: 10 ms a step, 1 s first call
     # The break-even: 0.6 x 10 ms x steps = 3.25 x 1 s at about 542 steps (graph's first call alone: 167).
     assert (1 - 1 / XLA_MAX_SPEEDUP) * 0.01 * 500 < XLA_COMPILE_RATIO * 1.0 < (1 - 1 / XLA_MAX_SPEEDUP) * 0.01 * 600
+    trial._step = lambda: 24  # the training steps run before the XLA duel
     why = trial._not_worth_timing(trial.challengers[0])
     assert (why is None) == timed
-    if not timed:
-        assert "less than compiling it may take (about 3.2 s, 3.25x graph's first call)" in why
+    if not timed:  # the break-even, 542 steps after the 24 run, is where a later run times XLA
+        assert "less than compiling it may take (about 3.2 s, 3.25x graph's first call; a run of 566" in why
+        assert trial.time_again_from == 24 + 542
 
 
 def test_the_reason_quotes_the_duel_that_decided_not_every_call_of_the_run():

@@ -215,6 +215,22 @@ def test_a_remembered_count_that_fails_now_is_timed_again_from_the_compiled_coun
     assert timings["graph"]["steps_per_execution"] == 8
 
 
+@pytest.mark.slow
+def test_a_remembered_choice_that_left_xla_untimed_serves_runs_as_short_and_a_longer_run_times_again(
+        tmp_path, monkeypatch, fresh_execution_memory):
+    from tftrain.runtime import execution_memory
+    from tftrain.runtime.execution import ExecutionChoice, StepTiming
+
+    partial = ExecutionChoice("graph", {"graph": StepTiming(1e-3, 8e3, 1e-3, 8, 1, 64, 0.1)},
+                              "xla not timed: ... a run of 200 steps or more times it",
+                              remembered="2026-01-01T00:00:00", steps_per_execution=1, time_again_from_steps=200)
+    monkeypatch.setattr(execution_memory.ExecutionMemory, "get", lambda self, key: partial)
+    short = _fit(tmp_path, _dense, "short", execution="auto")  # 128 steps
+    assert short.execution_choice["remembered"] == "2026-01-01T00:00:00"
+    longer = _fit(tmp_path, _dense, "longer", execution="auto", epochs=4)  # 256 steps: XLA may repay now
+    assert longer.execution_choice["remembered"] is None and "graph" in longer.execution_choice["timings"]
+
+
 def _string_test_step_model():
     """A training step XLA compiles and a test step it cannot (a `tf.strings` op feeds the targets)."""
     import keras
@@ -464,7 +480,7 @@ def test_precision_auto_builds_one_model_where_the_run_cannot_repay_timing_bfloa
                                                                                     fresh_execution_memory):
     import keras
 
-    from tftrain.runtime import precision
+    from tftrain.runtime import execution_probe, precision
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
     built, asked = [], []
@@ -473,15 +489,21 @@ def test_precision_auto_builds_one_model_where_the_run_cannot_repay_timing_bfloa
         built.append(keras.mixed_precision.global_policy().name)
         return _dense()
 
-    # The gate's own rule is tested in tests/unit/runtime/test_precision.py; here it says no whatever the
-    # host's load (a loaded host's slow float32 steps made 128 steps look long enough to repay the twin).
-    monkeypatch.setattr(precision, "bfloat16_repays", lambda step_s, probe_s, steps: asked.append(steps) or False)
-    for run in ("first", "second"):  # not remembered: a longer run of the model times the twin
-        record = _fit(tmp_path, build, run, execution="graph", precision="auto")  # 128 steps of a tiny model
+    # The gate's own rule is tested in tests/unit/runtime/test_precision.py; here it says that runs from
+    # 200 steps repay the twin, whatever the host's load (a loaded host's slow float32 steps made 128
+    # steps look long enough).
+    monkeypatch.setattr(precision, "bfloat16_repays_from", lambda step_s, probe_s: 200)
+    monkeypatch.setattr(execution_probe, "time_graph_step", lambda *args: asked.append(args[0]) or 1e-3)
+    for run in ("first", "second"):  # 128 steps of a tiny model
+        record = _fit(tmp_path, build, run, execution="graph", precision="auto")
         choice = record.extras["precision_auto"]
-        assert record.runtime["precision"] == "float32" and not choice["complete"]  # plain Keras's policy
+        assert record.runtime["precision"] == "float32"  # plain Keras's policy
         assert set(choice["step_time_s"]) == {"float32"} and choice["reason"].startswith("mixed_bfloat16 not timed")
-    assert built == ["float32", "float32"] and asked == [128, 128]  # one build a run, timed again; the run's steps
+        assert not choice["complete"] and choice["time_twin_from_steps"] == 200
+    assert built == ["float32", "float32"] and len(asked) == 1  # one build a run; the second run remembers
+    longer = _fit(tmp_path, build, "longer", execution="graph", precision="auto", epochs=4)  # 256 steps
+    assert built[2:] == ["float32", "mixed_bfloat16"] and len(asked) == 3  # float32 and the twin timed
+    assert set(longer.extras["precision_auto"]["step_time_s"]) == {"float32", "mixed_bfloat16"}
 
 
 def test_varying_shape_names_the_first_dimension_past_the_batch_that_varies():
