@@ -159,6 +159,8 @@ class StepBackup(keras.callbacks.BackupAndRestore):
         self._steps = self._since_save = 0
         self._last_batch = -1
         self._ended_early = False
+        self._weights = None  # the model's WeightsFile, made at the first save
+        self._wrote_latest = False  # the newest weights file is this process's (a template for the next)
 
     def on_train_begin(self, logs=None):
         """Restores weights, optimizer state and epoch (Keras), then the step within the epoch; a newest
@@ -179,7 +181,7 @@ class StepBackup(keras.callbacks.BackupAndRestore):
                 or position
         self.restored = position
         self._resume = position if position is not None and position.steps_in_epoch > 0 else None
-        self._since_save = 0
+        self._since_save, self._wrote_latest = 0, False
 
     def _restore_previous(self, skipped: str, load: bool = True) -> Optional[BackupPosition]:
         """Puts the previous checkpoint in the newest one's place (and loads it, with `load`) when it is
@@ -270,8 +272,17 @@ class StepBackup(keras.callbacks.BackupAndRestore):
                 if os.path.exists(src):
                     _keep_as(src, dst)
         tmp = self._weights_path[: -len(".weights.h5")] + ".tmp.weights.h5"
-        self.model.save_weights(tmp, overwrite=True)
+        latest = self._weights_path if self._wrote_latest and os.path.exists(self._weights_path) else None
+        self._weights_file().save(tmp, template=latest)
         meta = {"epoch": epoch, "steps_in_epoch": steps_in_epoch, "optimizer_iterations": optimizer_steps(self.model)}
         os.replace(tmp, self._weights_path)
         write_text_atomic(self._training_metadata_path, json.dumps(meta))
-        self._since_save = 0
+        self._since_save, self._wrote_latest = 0, True
+
+    def _weights_file(self):
+        """The model's `WeightsFile`: Keras's format, Keras's own walk only for the first save of a run."""
+        from tftrain.callbacks.weights_file import WeightsFile
+
+        if self._weights is None or self._weights.model is not self.model:
+            self._weights, self._wrote_latest = WeightsFile(self.model), False
+        return self._weights

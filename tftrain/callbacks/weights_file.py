@@ -1,0 +1,157 @@
+"""Writing a model's weights file (`.weights.h5`, Keras's format) again and again, fast.
+
+Keras's `Model.save_weights` walks every layer, optimizer and metric in Python at each save: about
+12 ms for a three-layer MLP on a 2-core CPU, while its values take 0.6 ms to read and 2 ms to
+write. A backup at each epoch end of a small model paid that walk every epoch (a 64 ms epoch of a
+64-256-128-10 MLP trained 10-15 ms slower than plain Keras's; measured by disabling each of the
+`Trainer`'s callbacks in turn: the backup was most of it). `WeightsFile` lets Keras write the file
+once, recording which bytes of the file hold which variable; later saves copy that file and
+overwrite those bytes with the current values, so every file keeps Keras's own layout (groups,
+attributes, dtypes), and `Model.load_weights` reads it as it reads Keras's.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+from typing import Optional
+
+
+class WeightsFile:
+    """Saves `model`'s weights (and its optimizer's state) in Keras's `.weights.h5` format.
+
+    The first `save` (and any save after the model's variables changed in number) is Keras's own
+    (`keras.src.saving.saving_lib`'s walk, as `Model.save_weights`), recording the variable behind
+    each dataset and where its bytes lie; later saves copy the previous file (`template`) and write
+    each value over its dataset's bytes. A value Keras stores that is not a variable and not an optimizer's `variables[i]` (a layer
+    that saves computed arrays) keeps every save Keras's own.
+
+    Args:
+        model: a built Keras model.
+
+    Example:
+        >>> weights = WeightsFile(model)
+        >>> weights.save("a.weights.h5")                           # Keras's walk, recorded
+        >>> weights.save("b.weights.h5", template="a.weights.h5")  # copy, values in place
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.layout: Optional[list] = None  # (byte offset, shape, dtype, variable) per dataset, once recorded
+        self._signature: Optional[tuple] = None
+
+    def save(self, path: str, template: Optional[str] = None) -> None:
+        """Writes the weights to `path` (a new file: `path` is replaced, never written in place
+        while another name links to it).
+
+        Args:
+            path: the `.weights.h5` file to write.
+            template: a file this object wrote before for the same model (same layout), or None.
+
+        Raises:
+            OSError: when the file cannot be written (a full disk, a missing directory).
+            ValueError: what `Model.save_weights` raises (an unbuilt model).
+        """
+        if template is None or self.layout is None or self._signature != self._variables_signature():
+            self._record(path)
+            return
+        shutil.copyfile(template, path)
+        if not self._write_values(path):
+            self._record(path)
+
+    def _variables_signature(self) -> tuple:
+        optimizer = getattr(self.model, "optimizer", None)
+        return len(self.model.weights), len(getattr(optimizer, "variables", None) or ())
+
+    def _write_values(self, path: str) -> bool:
+        """Overwrites each recorded dataset's bytes in `path` with its variable's value; False when a
+        shape or dtype no longer matches (the caller writes the file Keras's way)."""
+        import numpy as np
+
+        with open(path, "r+b") as file:
+            for offset, shape, dtype, variable in self.layout:
+                value = np.asarray(variable.numpy())
+                if value.shape != shape or value.dtype != dtype:
+                    return False
+                file.seek(offset)
+                file.write(value.tobytes(order="C"))
+        return True
+
+    def _record(self, path: str) -> None:
+        """Keras's save, through a store that notes the variable behind each dataset."""
+        from keras.src.saving import saving_lib
+
+        if not self.model.built:  # as Model.save_weights
+            raise ValueError("You are saving a model that has not yet been built. Try building the model first "
+                             "by calling it on some data or by using `build()`.")
+        store = _recording_store_class()(self.model, path, mode="w")
+        try:
+            saving_lib._save_state(self.model, weights_store=store, assets_store=None, inner_path="",
+                                   visited_saveables=set())
+        finally:
+            store.close()
+        self.layout = _byte_layout(path, store.layout) if store.complete else None
+        self._signature = self._variables_signature()
+
+
+def _byte_layout(path: str, datasets: list) -> Optional[list]:
+    """`(byte offset, shape, dtype, variable)` of each dataset in the file Keras wrote, or None when one
+    is not stored as one contiguous run of raw bytes (chunked, filtered, compact, or not native-endian):
+    HDF5 keeps a contiguous dataset's raw data unchecksummed at a fixed offset, so a value of the same
+    shape and dtype can be written over it."""
+    import h5py
+
+    layout = []
+    with h5py.File(path, "r") as file:
+        for name, variable in datasets:
+            dataset = file[name]
+            offset = dataset.id.get_offset()
+            if offset is None or dataset.chunks is not None or dataset.compression is not None \
+                    or dataset.dtype.byteorder == ">":
+                return None
+            layout.append((offset, dataset.shape, dataset.dtype, variable))
+    return layout
+
+
+@functools.lru_cache(maxsize=None)
+def _recording_store_class():
+    """`H5IOStore` with a record of the variable behind each dataset it writes (built on first use:
+    Keras is imported only then)."""
+    import numpy as np
+    from keras.src.saving import saving_lib
+
+    class RecordingStore(saving_lib.H5IOStore):
+        def __init__(self, model, path, mode):
+            super().__init__(path, mode=mode)
+            self.model, self.layout, self.complete, self._path = model, [], True, ""
+
+        def make(self, path, metadata=None):
+            self._path = path
+            return super().make(path, metadata=metadata)
+
+        def __setitem__(self, key, value):
+            super().__setitem__(key, value)
+            variable = value if hasattr(value, "assign") and hasattr(value, "numpy") else self._owned(key, value)
+            if variable is None:
+                self.complete = False
+            else:
+                self.layout.append((f"{self._h5_entry_group.name}/{key}", variable))
+
+        def _owned(self, key, value):
+            """The variable `value` was read from, for an owner that stores `variables[i]` under `str(i)`
+            (Keras's optimizers store `variable.numpy()`); None when that cannot be verified."""
+            owner = self.model
+            for part in filter(None, self._path.split("/")):
+                owner = getattr(owner, part, None)
+            variables = list(getattr(owner, "variables", None) or ()) if owner is not self.model else []
+            index = int(key) if str(key).isdigit() else -1
+            if not 0 <= index < len(variables):
+                return None
+            current = np.asarray(variables[index].numpy())
+            value = np.asarray(value)
+            same = current.shape == value.shape and current.dtype == value.dtype and current.tobytes() == value.tobytes()
+            return variables[index] if same else None
+
+    return RecordingStore
+
+
