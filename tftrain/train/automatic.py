@@ -282,9 +282,12 @@ class AutomaticSettings:
             model, modes, tuple(c for c in counts if c != model.steps_per_execution),
             examples_per_step=self.batch.global_batch_size, on_settled=settled, planned_steps=planned or None)
         self.execution_trial.install()
-        timed = " and ".join(modes) + (f" at {', '.join(map(str, counts))} steps per execution" if counts else "")
+        larger = [str(c) for c in sorted(counts) if c > base]  # the trial times no count below the compiled one
+        timed = " and ".join(modes) + (f" at {base} steps per execution" + (
+            f", then {'the faster' if len(modes) > 1 else modes[0]} at {', '.join(larger)} while each larger count wins"
+            if larger else "") if counts else "")
         every = "every step" if model.steps_per_execution == 1 else f"once every {model.steps_per_execution} steps"
-        self.console.line(f"execution: auto: timing {timed} on the first training steps (they train the model); "
+        self.console.line(f"execution: auto: timing {timed}, on the first training steps (they train the model); "
                           f"Keras batch callbacks fire {every} in this run")
 
     def _planned_steps(self) -> int:
