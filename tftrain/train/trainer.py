@@ -41,6 +41,7 @@ from tftrain import rundir as rundir_lib
 from tftrain.errors import ConfigError, Preempted, TrainingDiverged
 from tftrain.train.automatic import AUTO_PROBE_BATCHES, STEPS_PER_EXECUTION_CANDIDATES  # noqa: F401
 from tftrain.train.automatic import AutomaticSettings
+from tftrain.train.batch_plan import BATCH_PLAN_FILE, BatchStages  # noqa: F401 (BATCH_PLAN_FILE: re-exported)
 from tftrain.train.callback_stages import INPUT_CHECK_BATCHES, CallbackStages  # noqa: F401
 from tftrain.train.console import Console, keras_progress
 from tftrain.train.loops import loop_for
@@ -50,10 +51,6 @@ from tftrain.train.tasks import Task
 
 TASK_FILE = "task.json"
 """File in the run directory naming the task (name, class, hyperparameter class) whose run it holds."""
-
-BATCH_PLAN_FILE = "batch_plan.json"
-"""File in the run directory that keeps the batch size `--batch-size auto` chose, for a resumed run."""
-
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during training; `run_dir` holds the checkpoint the same command resumes from."""
@@ -72,7 +69,7 @@ def _check_hparam_names(hparams) -> None:
                           "task's hparams dataclass.")
 
 
-class Trainer(AutomaticSettings, ModelStages, CallbackStages):
+class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
     """Trains a `Task` with tftrain's whole machinery and writes its run directory.
 
     Args:
@@ -367,104 +364,6 @@ class Trainer(AutomaticSettings, ModelStages, CallbackStages):
             raise ConfigError("--early-stopping watches val_loss: pass --validation-split F (e.g. 0.1) or give the "
                               "task its own validation data.")
         self._check_backup_every()
-
-    # -- batch plan ------------------------------------------------------------
-    def plan_fixed_batch(self, batch_size=None) -> None:
-        """Global / per-replica batch size and steps per epoch, unless a search picks them later.
-
-        Raises:
-            ConfigError: when the batch does not divide across replicas, or the
-                data holds fewer examples than replicas (x micro-batches). With
-                fewer examples than one global batch the batch shrinks to them.
-        """
-        from tftrain.data.pipeline import resolve_batch_size
-
-        data = self.config.data
-        if batch_size is None and (data.batch_size == config_lib.AUTO_BATCH or self.config.train.tune):
-            return
-        if batch_size is None:
-            batch_size = data.batch_size
-            if batch_size is None and data.per_replica_batch_size is None:
-                batch_size = self.task.default_batch_size
-        per_replica = data.per_replica_batch_size if batch_size is None else None
-        self.batch = resolve_batch_size(batch_size, per_replica, self.runtime.num_replicas)
-        n, acc = self.task.num_train_examples, self.accumulation_steps
-        self.steps_per_epoch = None if n is None else n // self.effective_global_batch_size
-        if self.steps_per_epoch == 0:
-            self._fit_batch_to_few_examples(n)
-        if self.steps_per_epoch == 0:
-            gb = self.batch.global_batch_size
-            batch = (f"an effective global batch of {self.effective_global_batch_size} ({acc} micro-batches of {gb})"
-                     if acc > 1 else f"a global batch of {gb}")
-            raise ConfigError(
-                f"Only {n} training examples for {batch}: not one full step. Pass a larger --train-examples or a "
-                "smaller batch size" + (" or fewer --gradient-accumulation-steps." if acc > 1 else ".")
-            )
-        window = self.config.train.profile_window
-        if window is not None and self.steps_per_epoch:  # refuse a window past the end before writing anything
-            from tftrain.callbacks.profile_steps import check_window_fits
-
-            check_window_fits(*window, self.config.train.epochs * self.steps_per_epoch)
-
-    def _fit_batch_to_few_examples(self, n: int) -> None:
-        """Fewer examples than one global batch: one step of all of them, as Keras's `fit` would take.
-
-        The global batch shrinks to the largest multiple of the replicas that
-        `n` examples fill (per gradient-accumulation micro-batch), and the run
-        says so; it stays as it is when not even one example per replica is left.
-        """
-        replicas, acc = self.runtime.num_replicas, self.accumulation_steps
-        global_batch = n // acc // replicas * replicas
-        if global_batch < replicas:
-            return
-        asked = self.batch.global_batch_size
-        from tftrain.data.pipeline import resolve_batch_size
-
-        self.batch = resolve_batch_size(global_batch, None, replicas)
-        self.steps_per_epoch = n // self.effective_global_batch_size
-        step = f"{acc} micro-batches of {global_batch}" if acc > 1 else f"{global_batch} examples"
-        self.console.line(f"Batch: {n} training examples are fewer than a global batch of {asked}; each epoch is "
-                          f"one step of {step}.")
-
-    @property
-    def accumulation_steps(self) -> int:
-        """Micro-batches per optimizer step (`--gradient-accumulation-steps`)."""
-        return self.config.train.gradient_accumulation_steps
-
-    @property
-    def effective_global_batch_size(self) -> int:
-        """Examples per optimizer step: the global batch size x `accumulation_steps`."""
-        return self.batch.global_batch_size * self.accumulation_steps
-
-    def plan_batch(self) -> None:
-        """The batch plan: fixed (already set), tuned (`--tune`), or searched (`--batch-size auto`)."""
-        if self.config.train.tune:
-            from tftrain.train.search import tune
-
-            self.extras["tuning"], best = tune(self)
-            self.config = self.config.override(best)
-            self.task = self.task.bind(self.config)
-            self.plan_fixed_batch(best["batch_size"])
-            self.print_batch()
-        elif self.batch is None:
-            from tftrain.train.search import search_batch_size
-
-            self.extras["batch_size_search"], batch_size = self._resumed_search() or search_batch_size(self)
-            rundir_lib.write_text_atomic(self.out_dir / BATCH_PLAN_FILE, json.dumps(
-                {"batch_size_search": self.extras["batch_size_search"], "batch_size": batch_size}))
-            self.config = self.config.override({"batch_size": batch_size})
-            self.plan_fixed_batch(batch_size)
-            self.print_batch()
-
-    def _resumed_search(self):
-        """`(search figures, batch size)` an interrupted run of this config chose, or None:
-        a resumed run keeps its batch size (and so its steps per epoch and schedule)."""
-        path = self.out_dir / BATCH_PLAN_FILE
-        if not self.run_dir.resumed or not path.is_file():
-            return None
-        plan = json.loads(path.read_text(encoding="utf-8"))
-        self.console.line(f"batch:     {plan['batch_size']}, as chosen by this run's search before it was interrupted")
-        return plan["batch_size_search"], int(plan["batch_size"])
 
     # -- callbacks, train, evaluate, save --------------------------------------
     def train(self, model, callbacks):

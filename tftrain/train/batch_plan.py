@@ -1,0 +1,171 @@
+"""The batch plan: global and per-replica batch size, micro-batches and steps per epoch, from explicit
+inputs (`plan_batch`, a pure function returning a frozen `BatchPlan`); and the `Trainer`'s stages that
+make it: a fixed size, `--tune`'s, or `--batch-size auto`'s search (`BatchStages`, a mixin of `Trainer`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import TYPE_CHECKING, Optional
+
+from tftrain import config as config_lib
+from tftrain import rundir as rundir_lib
+from tftrain.errors import ConfigError
+
+if TYPE_CHECKING:  # tftrain.data.pipeline imports TensorFlow: only where a plan is made
+    from tftrain.data.pipeline import BatchSize
+
+BATCH_PLAN_FILE = "batch_plan.json"
+"""In the run directory: the batch size a `--batch-size auto` search chose, kept for a resumed run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    """How a run batches its training examples.
+
+    Attributes:
+        batch: the global and per-replica batch size (`BatchSize`), examples per micro-batch.
+        accumulation_steps: micro-batches per optimizer step (`--gradient-accumulation-steps`), >= 1.
+        steps_per_epoch: full optimizer steps per epoch (the last partial batch is dropped); None when
+            the number of examples is unknown.
+        note: one line when the batch shrank to fewer examples than it asked for, else None.
+    """
+
+    batch: BatchSize
+    accumulation_steps: int
+    steps_per_epoch: Optional[int]
+    note: Optional[str] = None
+
+    @property
+    def effective_global_batch_size(self) -> int:
+        """Examples per optimizer step: the global batch size x `accumulation_steps`."""
+        return self.batch.global_batch_size * self.accumulation_steps
+
+
+def plan_batch(batch_size: Optional[int], per_replica_batch_size: Optional[int], num_replicas: int,
+               num_examples: Optional[int], accumulation_steps: int = 1) -> BatchPlan:
+    """The batch plan for a given global (or per-replica) batch size.
+
+    With fewer examples than one effective global batch, the global batch shrinks to the largest
+    multiple of the replicas that the examples fill per micro-batch (one step an epoch, as Keras's
+    `fit` takes all of them), and `note` says so.
+
+    Args:
+        batch_size: the global batch size, or None (then `per_replica_batch_size`, else 128 a replica).
+        per_replica_batch_size: examples per replica per micro-batch, or None.
+        num_replicas: replicas in sync, >= 1.
+        num_examples: training examples, or None when unknown.
+        accumulation_steps: micro-batches per optimizer step, >= 1. Defaults to 1.
+
+    Returns:
+        A `BatchPlan`.
+
+    Raises:
+        ConfigError: both sizes given, a size that is not a positive int, a global batch that does
+            not divide across the replicas (`resolve_batch_size`), or fewer examples than replicas x
+            micro-batches (not one full step).
+    """
+    from tftrain.data.pipeline import resolve_batch_size
+
+    batch = resolve_batch_size(batch_size, per_replica_batch_size, num_replicas)
+    plan = _with_steps(batch, accumulation_steps, num_examples)
+    if plan.steps_per_epoch == 0:
+        plan = _fit_to_few_examples(plan, num_examples)
+    if plan.steps_per_epoch == 0:
+        gb = plan.batch.global_batch_size
+        asked = (f"an effective global batch of {plan.effective_global_batch_size} ({accumulation_steps} "
+                 f"micro-batches of {gb})" if accumulation_steps > 1 else f"a global batch of {gb}")
+        raise ConfigError(
+            f"Only {num_examples} training examples for {asked}: not one full step. Pass a larger --train-examples "
+            "or a smaller batch size" + (" or fewer --gradient-accumulation-steps." if accumulation_steps > 1 else "."))
+    return plan
+
+
+def _with_steps(batch: BatchSize, accumulation_steps: int, num_examples: Optional[int], note=None) -> BatchPlan:
+    effective = batch.global_batch_size * accumulation_steps
+    return BatchPlan(batch, accumulation_steps, None if num_examples is None else num_examples // effective, note)
+
+
+def _fit_to_few_examples(plan: BatchPlan, n: int) -> BatchPlan:
+    """One step of all `n` examples; `plan` unchanged when not one example per replica is left."""
+    replicas, acc = plan.batch.num_replicas, plan.accumulation_steps
+    global_batch = n // acc // replicas * replicas
+    if global_batch < replicas:
+        return plan
+    step = f"{acc} micro-batches of {global_batch}" if acc > 1 else f"{global_batch} examples"
+    from tftrain.data.pipeline import resolve_batch_size
+
+    note = (f"Batch: {n} training examples are fewer than a global batch of {plan.batch.global_batch_size}; "
+            f"each epoch is one step of {step}.")
+    return _with_steps(resolve_batch_size(global_batch, None, replicas), acc, n, note)
+
+
+class BatchStages:
+    """`Trainer`'s stages that plan the batch (it provides `config`, `task`, `runtime`, `console`,
+    `out_dir`, `run_dir`, `extras`, `print_batch`); they set `batch` and `steps_per_epoch`."""
+
+    def plan_fixed_batch(self, batch_size=None) -> None:
+        """Global / per-replica batch size and steps per epoch (`plan_batch`), unless a search picks
+        them later (`--batch-size auto`, `--tune`, with `batch_size` None).
+
+        Raises:
+            ConfigError: what `plan_batch` raises; a `--profile` window past the run's last step.
+        """
+        data = self.config.data
+        if batch_size is None and (data.batch_size == config_lib.AUTO_BATCH or self.config.train.tune):
+            return
+        if batch_size is None:
+            batch_size = data.batch_size
+            if batch_size is None and data.per_replica_batch_size is None:
+                batch_size = self.task.default_batch_size
+        per_replica = data.per_replica_batch_size if batch_size is None else None
+        plan = plan_batch(batch_size, per_replica, self.runtime.num_replicas, self.task.num_train_examples,
+                          self.accumulation_steps)
+        self.batch, self.steps_per_epoch = plan.batch, plan.steps_per_epoch
+        if plan.note:
+            self.console.line(plan.note)
+        window = self.config.train.profile_window
+        if window is not None and self.steps_per_epoch:  # refuse a window past the end before writing anything
+            from tftrain.callbacks.profile_steps import check_window_fits
+
+            check_window_fits(*window, self.config.train.epochs * self.steps_per_epoch)
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step (`--gradient-accumulation-steps`)."""
+        return self.config.train.gradient_accumulation_steps
+
+    @property
+    def effective_global_batch_size(self) -> int:
+        """Examples per optimizer step: the global batch size x `accumulation_steps`."""
+        return self.batch.global_batch_size * self.accumulation_steps
+
+    def plan_batch(self) -> None:
+        """The batch plan: fixed (already set), tuned (`--tune`), or searched (`--batch-size auto`)."""
+        if self.config.train.tune:
+            from tftrain.train.search import tune
+
+            self.extras["tuning"], best = tune(self)
+            self.config = self.config.override(best)
+            self.task = self.task.bind(self.config)
+            self.plan_fixed_batch(best["batch_size"])
+            self.print_batch()
+        elif self.batch is None:
+            from tftrain.train.search import search_batch_size
+
+            self.extras["batch_size_search"], batch_size = self._resumed_search() or search_batch_size(self)
+            rundir_lib.write_text_atomic(self.out_dir / BATCH_PLAN_FILE, json.dumps(
+                {"batch_size_search": self.extras["batch_size_search"], "batch_size": batch_size}))
+            self.config = self.config.override({"batch_size": batch_size})
+            self.plan_fixed_batch(batch_size)
+            self.print_batch()
+
+    def _resumed_search(self):
+        """`(search figures, batch size)` an interrupted run of this config chose, or None:
+        a resumed run keeps its batch size (and so its steps per epoch and schedule)."""
+        path = self.out_dir / BATCH_PLAN_FILE
+        if not self.run_dir.resumed or not path.is_file():
+            return None
+        plan = json.loads(path.read_text(encoding="utf-8"))
+        self.console.line(f"batch:     {plan['batch_size']}, as chosen by this run's search before it was interrupted")
+        return plan["batch_size_search"], int(plan["batch_size"])
