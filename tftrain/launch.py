@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import ctypes.util
 import dataclasses
 import datetime
 import json
@@ -53,6 +51,8 @@ import time
 from typing import Callable, List, Mapping, Optional, Sequence, TextIO
 
 from tftrain.errors import LaunchError, check_int
+from tftrain.runtime.processes import (TaskOutput, describe_exit, exit_code, group_alive, parent_death_signal,
+                                       pump_lines, signal_group)
 from tftrain.rundir import RUN_ID_ENV
 
 PROG = "python -m tftrain.launch"
@@ -196,7 +196,7 @@ class _Job:
     command: Sequence[str]
     cluster: Mapping
     base_env: Mapping[str, str]
-    output: "_Output"
+    output: "TaskOutput"
     grace_s: float
     max_restarts: int = 0
     restarts: int = 0
@@ -223,79 +223,6 @@ class _Job:
             _pump_output(task, self.output)
 
 
-def _exit_code(returncode: int) -> int:
-    """Popen's negative return code for signal N -> 128 + N (the shell's convention)."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def _describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"was killed by {name} (exit code {128 - returncode})"
-    return f"exited with code {returncode}"
-
-
-def _parent_death_signal():
-    """A `preexec_fn` that asks Linux to SIGKILL the child when the launcher dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:
-        return None
-    pr_set_pdeathsig = 1
-
-    def preexec():  # runs in the child between fork and exec
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-    return preexec
-
-
-class _Output:
-    """Serialises prefixed lines from the tasks' reader threads onto the streams."""
-
-    def __init__(self, out: TextIO, err: TextIO):
-        self.out, self.err = out, err
-        self.lock = threading.Lock()
-
-    def write(self, stream: TextIO, text: str) -> None:
-        with self.lock:
-            stream.write(text)
-            stream.flush()
-
-    def say(self, message: str) -> None:
-        """A launcher message, on stderr."""
-        self.write(self.err, f"tftrain.launch: {message}\n")
-
-
-def _pump(pipe, stream: TextIO, prefix: str, output: _Output, task: "_Task") -> None:
-    for raw in iter(pipe.readline, b""):
-        task.last_output = time.monotonic()
-        line = raw.decode("utf-8", errors="replace")
-        output.write(stream, prefix + (line if line.endswith("\n") else line + "\n"))
-    pipe.close()
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def teardown(tasks: Sequence["_Task"], grace_s: float = DEFAULT_GRACE_S) -> None:
     """Stops every task's process group: SIGTERM, then SIGKILL after `grace_s` seconds.
 
@@ -303,17 +230,17 @@ def teardown(tasks: Sequence["_Task"], grace_s: float = DEFAULT_GRACE_S) -> None
     started cannot outlive it.
     """
     for task in tasks:
-        _signal_group(task.proc.pid, signal.SIGTERM)
+        signal_group(task.proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         for task in tasks:
             task.proc.poll()
-        if not any(_group_alive(t.proc.pid) for t in tasks):
+        if not any(group_alive(t.proc.pid) for t in tasks):
             break
         time.sleep(_POLL_S)
     for task in tasks:
-        if _group_alive(task.proc.pid):
-            _signal_group(task.proc.pid, signal.SIGKILL)
+        if group_alive(task.proc.pid):
+            signal_group(task.proc.pid, signal.SIGKILL)
     for task in tasks:
         try:
             task.proc.wait(timeout=grace_s)
@@ -385,7 +312,7 @@ def launch(
     base_env = dict(os.environ if env is None else env)
     # One run id for all tasks, so that they agree on the default run directory.
     base_env.setdefault(RUN_ID_ENV, datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    job = _Job(command, cluster, base_env, _Output(out or sys.stdout, err or sys.stderr), grace_s, max_restarts)
+    job = _Job(command, cluster, base_env, TaskOutput(out or sys.stdout, err or sys.stderr), grace_s, max_restarts)
     with _signals_stop() as previous:
         started = time.monotonic()
         try:
@@ -424,7 +351,7 @@ def _signals_stop():
             signal.signal(signum, handler)
 
 
-def _start_task(command: Sequence[str], info, base_env: Mapping[str, str], output: "_Output") -> _Task:
+def _start_task(command: Sequence[str], info, base_env: Mapping[str, str], output: "TaskOutput") -> _Task:
     """Starts one task of the cluster in its own session, with its TF_CONFIG.
 
     Raises:
@@ -433,17 +360,17 @@ def _start_task(command: Sequence[str], info, base_env: Mapping[str, str], outpu
     task_env = {**base_env, "TF_CONFIG": info.to_tf_config(), "PYTHONUNBUFFERED": "1"}
     try:
         proc = subprocess.Popen(list(command), env=task_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_parent_death_signal())
+                                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=parent_death_signal())
     except OSError as e:
         raise LaunchError(f"Cannot start {command[0]!r}: {e.strerror or e}. Check the command after --.") from None
     output.say(f"started {info.task} (pid {proc.pid}) at {info.address}")
     return _Task(info, proc, [], time.monotonic())
 
 
-def _pump_output(task: _Task, output: "_Output") -> None:
+def _pump_output(task: _Task, output: "TaskOutput") -> None:
     """Copies the task's stdout and stderr, each line prefixed with the task, in reader threads."""
     for pipe, stream in ((task.proc.stdout, output.out), (task.proc.stderr, output.err)):
-        reader = threading.Thread(target=_pump, args=(pipe, stream, f"[{task.name}] ", output, task), daemon=True)
+        reader = threading.Thread(target=pump_lines, args=(pipe, stream, f"[{task.name}] ", output, task), daemon=True)
         reader.start()
         task.readers.append(reader)
 
@@ -492,7 +419,7 @@ def _wait(job: _Job, timeout: Optional[float], started: float, server_wait_s: fl
 def _after_failure(job: _Job, task: _Task) -> Optional[int]:
     """What a task's non-zero exit does: None when the job goes on (a task restarted, or a parameter-server
     worker left out while another worker runs), else the job's exit code (the job stops)."""
-    what = f"{task.name} {_describe_exit(task.returncode)}"
+    what = f"{task.name} {describe_exit(task.returncode)}"
     ps_worker = "ps" in job.cluster and task.info.task_type == "worker"
     if job.restarts < job.max_restarts:
         job.restarts += 1
@@ -515,7 +442,7 @@ def _after_failure(job: _Job, task: _Task) -> Optional[int]:
     job.output.say(f"{what}; stopping " + (", ".join(t.name for t in running) if running
                                            else "nothing else (no task left)"))
     job.failed = True
-    return _exit_code(task.returncode)
+    return exit_code(task.returncode)
 
 
 def build_parser() -> argparse.ArgumentParser:
