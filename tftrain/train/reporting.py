@@ -15,7 +15,9 @@ def print_plan(trainer) -> None:
     """Prints the effective configuration, the runtime, the data, the batch and notes."""
     console, rt, cfg = trainer.console, trainer.runtime, trainer.config
     console.section(f"{trainer.task.name}: effective configuration")
-    console.line(config_lib.to_yaml(cfg).rstrip())
+    task_rate = trainer.task.learning_rate if cfg.train.learning_rate is None else None
+    shown = cfg.override({"learning_rate": task_rate}) if task_rate is not None else cfg  # the task's rate trains
+    console.line(config_lib.to_yaml(shown).rstrip())
     console.section("runtime")
     console.lines(rt.describe())
     console.lines(trainer.task.describe_data())

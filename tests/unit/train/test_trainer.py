@@ -541,3 +541,13 @@ def test_class_weight_is_refused_before_the_run_by_loops_over_distributed_datase
     trainer.check(), trainer.setup_runtime(), trainer.bind_task()
     with pytest.raises(ConfigError, match="class_weight is not supported by"):
         trainer.check_task()
+
+
+def test_the_printed_configuration_shows_the_task_learning_rate_that_trains(tmp_path, capsys):
+    from tftrain.train.reporting import print_plan
+
+    trainer = tftrain.Trainer(_task(), verbose=1, run_dir=str(tmp_path / "r"))
+    trainer.check(), trainer.setup_runtime(), trainer.bind_task(), trainer.plan_fixed_batch()
+    print_plan(trainer)
+    assert "learning_rate: 0.05" in capsys.readouterr().out  # the task's; config.yaml keeps null (--learning-rate)
+    assert trainer.config.train.learning_rate is None
