@@ -41,8 +41,8 @@ class WeightsFile:
         self._signature: Optional[tuple] = None
 
     def save(self, path: str, template: Optional[str] = None) -> None:
-        """Writes the weights to `path` (a new file: `path` is replaced, never written in place
-        while another name links to it).
+        """Writes the weights to `path`, truncating a file already there (write to a fresh name and
+        rename it into place where another name may link to the old file, as `StepBackup` does).
 
         Args:
             path: the `.weights.h5` file to write.
@@ -71,7 +71,7 @@ class WeightsFile:
         with open(path, "r+b") as file:
             for offset, shape, dtype, variable in self.layout:
                 value = np.asarray(variable.numpy())
-                if value.shape != shape or value.dtype != dtype:
+                if value.shape != shape or value.dtype != dtype:  # the dtype and shape Keras's save wrote
                     return False
                 file.seek(offset)
                 file.write(value.tobytes(order="C"))
@@ -95,21 +95,32 @@ class WeightsFile:
 
 
 def _byte_layout(path: str, datasets: list) -> Optional[list]:
-    """`(byte offset, shape, dtype, variable)` of each dataset in the file Keras wrote, or None when one
-    is not stored as one contiguous run of raw bytes (chunked, filtered, compact, or not native-endian):
-    HDF5 keeps a contiguous dataset's raw data unchecksummed at a fixed offset, so a value of the same
-    shape and dtype can be written over it."""
+    """`(byte offset, shape, dtype, variable)` of each dataset in the file Keras wrote, or None when the
+    file holds a dataset the record lacks (a Keras whose stores write through another object) or one
+    not stored as one contiguous run of its value's raw bytes (chunked, filtered, compact, another
+    byte order or item size). HDF5 keeps a contiguous dataset's raw data unchecksummed at a fixed
+    offset (checksums need chunking), so a value of the same shape and dtype can be written over it.
+    Keras stores bfloat16 as 2-byte opaque data marked `dtype: bfloat16`: the same bytes. Empty
+    datasets hold no bytes and are left out."""
     import h5py
+    import numpy as np
 
-    layout = []
+    layout, names = [], []
     with h5py.File(path, "r") as file:
+        file.visititems(lambda name, item: names.append(name) if isinstance(item, h5py.Dataset) else None)
+        if len(names) != len(datasets):
+            return None
         for name, variable in datasets:
-            dataset = file[name]
+            dataset, value = file[name], np.asarray(variable.numpy())
+            if value.size == 0 and dataset.size == 0:
+                continue
+            same_bytes = dataset.dtype == value.dtype or (
+                dataset.attrs.get("dtype") == "bfloat16" and dataset.dtype.itemsize == value.dtype.itemsize == 2)
             offset = dataset.id.get_offset()
             if offset is None or dataset.chunks is not None or dataset.compression is not None \
-                    or dataset.dtype.byteorder == ">":
+                    or dataset.dtype.byteorder == ">" or dataset.shape != value.shape or not same_bytes:
                 return None
-            layout.append((offset, dataset.shape, dataset.dtype, variable))
+            layout.append((offset, value.shape, value.dtype, variable))
     return layout
 
 
@@ -138,12 +149,15 @@ def _recording_store_class():
                 self.layout.append((f"{self._h5_entry_group.name}/{key}", variable))
 
         def _owned(self, key, value):
-            """The variable `value` was read from, for an owner that stores `variables[i]` under `str(i)`
-            (Keras's optimizers store `variable.numpy()`); None when that cannot be verified."""
+            """The variable `value` was read from, for a Keras optimizer (its `save_own_variables` stores
+            `variables[i].numpy()` under `str(i)`) whose `variables[i]` holds those bytes now; else None."""
+            import keras
+
             owner = self.model
             for part in filter(None, self._path.split("/")):
                 owner = getattr(owner, part, None)
-            variables = list(getattr(owner, "variables", None) or ()) if owner is not self.model else []
+            saves = getattr(type(owner), "save_own_variables", None)
+            variables = list(owner.variables) if saves is keras.optimizers.Optimizer.save_own_variables else []
             index = int(key) if str(key).isdigit() else -1
             if not 0 <= index < len(variables):
                 return None

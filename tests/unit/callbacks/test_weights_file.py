@@ -1,6 +1,7 @@
 """WeightsFile: Keras's `.weights.h5`, written by Keras once and then by overwriting its values' bytes."""
 
 import numpy as np
+import pytest
 
 from tftrain.callbacks.weights_file import WeightsFile
 
@@ -32,13 +33,18 @@ def _state(model):
     return [v.numpy() for v in [*model.weights, *model.optimizer.variables]]
 
 
-def test_later_saves_write_what_keras_writes_and_load_back(tmp_path):
+def test_later_saves_write_what_keras_writes_and_load_back(tmp_path, monkeypatch):
+    from keras.src.saving import saving_lib
+
     model = _trained()
     weights = WeightsFile(model)
     weights.save(str(tmp_path / "first.weights.h5"))
     assert weights.layout is not None  # every dataset holds a variable: later saves take the byte path
     model.fit(np.random.default_rng(0).random((16, 4), "float32"), np.zeros((16, 1)), verbose=0)  # new values
+    walk = saving_lib._save_state
+    monkeypatch.setattr(saving_lib, "_save_state", lambda *a, **k: pytest.fail("Keras's walk ran again"))
     weights.save(str(tmp_path / "second.weights.h5"), template=str(tmp_path / "first.weights.h5"))
+    monkeypatch.setattr(saving_lib, "_save_state", walk)
     model.save_weights(str(tmp_path / "keras.weights.h5"))
     ours, keras_own = _contents(tmp_path / "second.weights.h5"), _contents(tmp_path / "keras.weights.h5")
     assert ours == keras_own and any(name.startswith("optimizer") for name in ours)
@@ -79,3 +85,44 @@ def test_a_model_whose_variables_changed_in_number_is_saved_keras_way_again(tmp_
     weights.save(str(tmp_path / "b.weights.h5"), template=str(tmp_path / "a.weights.h5"))
     model.save_weights(str(tmp_path / "keras.weights.h5"))
     assert _contents(tmp_path / "b.weights.h5") == _contents(tmp_path / "keras.weights.h5")
+
+
+def test_bfloat16_variables_take_the_byte_path_too(tmp_path, monkeypatch):
+    import keras
+    from keras.src.saving import saving_lib
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, dtype="bfloat16")])
+    model.compile("sgd", "mse")
+    weights = WeightsFile(model)
+    weights.save(str(tmp_path / "a.weights.h5"))
+    assert weights.layout is not None  # stored as 2-byte opaque data marked bfloat16: the same bytes
+    model.layers[0].kernel.assign(model.layers[0].kernel * 2)
+    monkeypatch.setattr(saving_lib, "_save_state", lambda *a, **k: pytest.fail("Keras's walk ran again"))
+    weights.save(str(tmp_path / "b.weights.h5"), template=str(tmp_path / "a.weights.h5"))
+    monkeypatch.undo()
+    model.save_weights(str(tmp_path / "keras.weights.h5"))
+    assert _contents(tmp_path / "b.weights.h5") == _contents(tmp_path / "keras.weights.h5")
+
+
+def test_a_keras_whose_store_writes_elsewhere_is_not_trusted(tmp_path, monkeypatch):
+    """Older Keras 3 stores wrote through an entry object, past the recording store: a record that
+    misses a dataset of the file turns the byte path off."""
+    from tftrain.callbacks import weights_file
+
+    model = _trained()
+    record = weights_file._recording_store_class()
+    real = record.__setitem__
+    monkeypatch.setattr(record, "__setitem__", lambda self, key, value: _write_unrecorded(self, key, value, real))
+    weights = WeightsFile(model)
+    weights.save(str(tmp_path / "a.weights.h5"))
+    assert weights.layout is None
+
+
+def _write_unrecorded(store, key, value, real):
+    from keras.src.saving import saving_lib
+
+    if key == "0":  # this dataset is written, but not recorded
+        saving_lib.H5IOStore.__setitem__(store, key, value)
+    else:
+        real(store, key, value)
