@@ -157,8 +157,9 @@ class ExecutionChoice:
             trial spanned, "seconds": its wall seconds, "cost_s": those seconds
             less the same steps at the chosen candidate's step time (compiling
             the other candidates, running the slower ones), "complete": every
-            duel ended, "modes_decided": graph against XLA ended (the choice is
-            then remembered)}`. Defaults to None.
+            duel ended, "modes_decided": graph against XLA ended, or XLA was
+            left untimed (`time_again_from_steps`); the choice is then
+            remembered}`. Defaults to None.
         time_again_from_steps: the planned training steps from which a run
             repays timing a candidate this one left untimed (XLA, in a run too
             short to repay compiling it): the choice is remembered for shorter

@@ -193,10 +193,11 @@ def test_xla_is_timed_only_when_its_gain_can_repay_its_estimated_compile(planned
     trial.incumbent.warmup_s, trial.incumbent.samples = 1.0, [(0.08, 8)] * 3  # graph: 10 ms a step, 1 s first call
     # The break-even: 0.6 x 10 ms x steps = 3.25 x 1 s at about 542 steps (graph's first call alone: 167).
     assert (1 - 1 / XLA_MAX_SPEEDUP) * 0.01 * 500 < XLA_COMPILE_RATIO * 1.0 < (1 - 1 / XLA_MAX_SPEEDUP) * 0.01 * 600
-    trial._step = lambda: 24  # the training steps run before the XLA duel
+    # A run resumed at step 1000 whose trial ran 24 steps before the XLA duel.
+    trial.first_step, trial._step, trial.planned_steps = 1000, lambda: 1024, 1000 + planned_steps
     why = trial._not_worth_timing(trial.challengers[0])
     assert (why is None) == timed
-    if not timed:  # the break-even, 542 steps after the 24 run, is where a later run times XLA
+    if not timed:  # the break-even, 542 steps after the trial's 24, is where a fresh run times XLA
         assert "less than compiling it may take (about 3.2 s, 3.25x graph's first call; a run of 566" in why
         assert trial.time_again_from == 24 + 542
 
@@ -214,4 +215,5 @@ def test_the_reason_quotes_the_duel_that_decided_not_every_call_of_the_run():
     trial._judge()
     trial._settle(complete=True)
     assert trial.choice.steps_per_execution == 8
-    assert trial.choice.reason.startswith("kept: graph, 32 steps/execution only 3% faster when timed side by side")
+    assert trial.choice.reason.startswith("graph kept: graph, 32 steps/execution only 3% faster, within the 5% "
+                                          "timing noise (each duel's calls timed side by side)")
