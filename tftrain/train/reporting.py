@@ -15,9 +15,7 @@ def print_plan(trainer) -> None:
     """Prints the effective configuration, the runtime, the data, the batch and notes."""
     console, rt, cfg = trainer.console, trainer.runtime, trainer.config
     console.section(f"{trainer.task.name}: effective configuration")
-    task_rate = trainer.task.learning_rate if cfg.train.learning_rate is None else None
-    shown = cfg.override({"learning_rate": task_rate}) if task_rate is not None else cfg  # the task's rate trains
-    console.line(config_lib.to_yaml(shown).rstrip())
+    console.line(config_lib.to_yaml(_with_starting_rate(cfg, trainer.task)).rstrip())
     console.section("runtime")
     console.lines(rt.describe())
     console.lines(trainer.task.describe_data())
@@ -37,6 +35,17 @@ def print_plan(trainer) -> None:
     if not trainer.is_chief:
         console.line(f"note:      {cluster.task} is not the chief: it writes to a temporary directory, "
                      "removed at the end")
+
+
+def _with_starting_rate(cfg, task):
+    """`cfg` showing the learning rate that trains (the task's, else the optimizer's default) where it
+    leaves the rate to them; config.yaml keeps null, so that `--learning-rate` overrides on a rerun."""
+    if cfg.train.learning_rate is not None:
+        return cfg
+    try:
+        return cfg.override({"learning_rate": task.starting_learning_rate()})
+    except Exception:  # noqa: BLE001 (an optimizer function that needs a rate: the line stays null)
+        return cfg
 
 
 def print_batch(trainer) -> None:

@@ -551,3 +551,10 @@ def test_the_printed_configuration_shows_the_task_learning_rate_that_trains(tmp_
     print_plan(trainer)
     assert "learning_rate: 0.05" in capsys.readouterr().out  # the task's; config.yaml keeps null (--learning-rate)
     assert trainer.config.train.learning_rate is None
+    rng = np.random.default_rng(0)
+    x, y = rng.random((64, 4), "float32"), rng.random((64, 1), "float32")
+    unset = tftrain.Trainer(tftrain.ArrayTask(_model, x, y, loss="mse", optimizer="rmsprop"), verbose=1,
+                            run_dir=str(tmp_path / "u"))
+    unset.check(), unset.setup_runtime(), unset.bind_task(), unset.plan_fixed_batch()
+    print_plan(unset)
+    assert "learning_rate: 0.001" in capsys.readouterr().out  # RMSprop's own default trains

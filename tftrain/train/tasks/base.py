@@ -180,9 +180,19 @@ class Task:
         rate = train.learning_rate if train.learning_rate is not None else self.learning_rate
         if train.lr_schedule != "cosine" or not steps_per_epoch:
             return rate
-        if rate is None:  # the schedule decays from the optimizer's own default rate
-            rate = float(keras.ops.convert_to_numpy(self._optimizer_from_spec(None).learning_rate))
+        rate = self.starting_learning_rate()  # the schedule decays from the optimizer's own default rate
         return keras.optimizers.schedules.CosineDecay(rate, decay_steps=train.epochs * steps_per_epoch)
+
+    def starting_learning_rate(self) -> Optional[float]:
+        """The rate the run's optimizer starts from: `--learning-rate`, else the task's, else the
+        optimizer's own default (a fresh optimizer from `optimizer`'s name, instance or function)."""
+        import keras
+
+        train = self.config.train if self.config is not None else config_lib.TrainConfig()
+        rate = train.learning_rate if train.learning_rate is not None else self.learning_rate
+        if rate is None:
+            rate = self._optimizer_from_spec(None).learning_rate
+        return float(keras.ops.convert_to_numpy(rate))
 
     def train_data(self, global_batch_size: int, input_context=None):
         """The training batches, an epoch's worth (the Trainer iterates it once per epoch).
