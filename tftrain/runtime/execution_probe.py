@@ -1,6 +1,7 @@
 """`choose_execution`: graph against XLA (and several steps per execution) timed on separate probe
 steps of a model, its weights, optimizer and metric state restored after (`ModelState`), for scripts
-and benchmarks; `time_training_steps` and `time_graph_step` time a compiled model's steps. The
+and benchmarks; `time_training_steps` and `time_graph_step` time a compiled model's steps (the graph
+function `time_graph_step` traced is handed to the run's trial: `traced_graph`). The
 `Trainer` times its candidates on the run's own training steps instead
 (`tftrain.runtime.execution_trial`).
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import weakref
 from typing import Optional, Sequence
 
 from tftrain.errors import check_int
@@ -280,7 +282,21 @@ def time_graph_step(model, dataset, steps: int = 16, batch_size: Optional[int] =
         model.jit_compile = jit
         if jit:
             model.train_function = None  # rebuilt in XLA by the next fit
+    if not jit:  # traced and compiled: an ExecutionTrial's graph candidate at this count runs it (`traced_graph`)
+        _TRACED_GRAPH[model] = (model.train_function, trials.base_spe)
     return trials.timings["graph"].step_time_s
+
+
+_TRACED_GRAPH: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+"""model -> (the graph train function `time_graph_step` left on it, its steps per execution)."""
+
+
+def traced_graph(model, steps_per_execution: int):
+    """The graph train function `time_graph_step` traced for `model` at `steps_per_execution`, while it is
+    still the model's `train_function` (anything that changes the count or the mode drops that); else None."""
+    function, count = _TRACED_GRAPH.get(model, (None, None))
+    return function if function is not None and function is model.train_function and count == steps_per_execution \
+        else None
 
 
 def check_compiles(model, dataset, batch_size: Optional[int] = None) -> None:

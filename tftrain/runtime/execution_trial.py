@@ -33,6 +33,7 @@ from typing import Callable, Optional, Sequence
 
 from tftrain.runtime.execution import (KEEP_FIRST_WITHIN, ExecutionChoice, StepTiming, best_label, choice_reason,
                                        failure_line, label_of)
+from tftrain.runtime.execution_probe import traced_graph
 
 MIN_TIMED_STEPS = 32
 """Optimizer steps each side of a duel is timed for at least (after its compiling call)."""
@@ -41,7 +42,13 @@ MIN_TIMED_CALLS = 3
 """Calls of its train function each side of a duel is timed for at least (`_step_time`)."""
 
 GIVE_UP_RATIO = 1.3
-"""A duel ends early once one side's step time (over two calls or more) is this factor slower."""
+"""A duel ends early once one side's step time (over two calls or more, and `MIN_GIVE_UP_STEPS` steps) is
+this factor slower."""
+
+MIN_GIVE_UP_STEPS = 8
+"""Optimizer steps each side is timed for at least before a duel may end early: at one step per call, two
+calls of a ~2 ms step differed by 1.4-1.7x on a loaded 2-core host (XLA taken over graph, then trained at
+15,000-17,600 examples/sec against graph's 18,000-18,400 in the same runs)."""
 
 XLA_MAX_SPEEDUP = 2.5
 """The most XLA is taken to speed a step up over graph at the same count, for deciding whether a run is
@@ -226,6 +233,8 @@ class ExecutionTrial:
         self.verdicts: list = []  # each duel's outcome, as the reason says it
         self.first_step: Optional[int] = None  # the training step of the trial's first call (a resumed run's is not 0)
         self.started: Optional[tuple] = None  # (clock, training step) after the first compiling call
+        # Graph at the base count, traced already by --precision auto's timing (one count: not shared).
+        self.traced_graph = None if self.shared_count else traced_graph(model, self.base)
 
     def _candidate(self, mode: str, spe: int) -> _Candidate:
         return _Candidate(mode, spe, label_of(mode, spe, self.base))
@@ -295,7 +304,10 @@ class ExecutionTrial:
     def _function(self, candidate: _Candidate):
         """Keras's train function around the mode's one step function, one per mode: with several
         counts it loops over the shared `_Count` (set before each call), so that a mode is traced, and
-        compiled by XLA, once."""
+        compiled by XLA, once. Graph at the one count is the function the precision timing traced, when
+        there is one (`traced_graph`)."""
+        if candidate.mode == "graph" and self.traced_graph is not None:
+            return self.traced_graph
         if self.shared_count and self._make_function_available():
             if self.count is None:
                 self.count = _Count(self.fit_steps_per_execution)
@@ -364,7 +376,9 @@ class ExecutionTrial:
             return
         ratio = _step_time(chal) / _step_time(inc)
         enough = all(_timed_enough(k) for k in (inc, chal))
-        if not (enough or ratio > GIVE_UP_RATIO or ratio < 1 / GIVE_UP_RATIO):
+        clear = (ratio > GIVE_UP_RATIO or ratio < 1 / GIVE_UP_RATIO) and \
+            min(sum(n for _, n in k) for k in (inc, chal)) >= MIN_GIVE_UP_STEPS
+        if not (enough or clear):
             return
         sides = ((self.incumbent, inc), (self.challenger, chal))  # the incumbent first: it stays within 5%
         winner = best_label({c.label: _timing(c, kept, 1) for c, kept in sides}, {c.label: c.spe for c, _ in sides})

@@ -217,3 +217,32 @@ def test_the_reason_quotes_the_duel_that_decided_not_every_call_of_the_run():
     assert trial.choice.steps_per_execution == 8
     assert trial.choice.reason.startswith("graph kept: graph, 32 steps/execution only 3% faster, within the 5% "
                                           "timing noise (each duel's calls timed side by side)")
+
+
+def test_graph_at_one_count_runs_the_function_the_precision_timing_traced():
+    from tftrain.runtime.execution_probe import time_graph_step
+
+    model = _model(spe=8)
+    traces = []
+    step = model.train_step
+    model.train_step = lambda data: traces.append(1) or step(data)  # runs once per trace, in Python
+    time_graph_step(model, _data(n=256), steps=16)
+    assert len(traces) == 1
+    trial = ExecutionTrial(model, ("graph",), examples_per_step=8)
+    trial.install()
+    model.fit(_data(n=512), epochs=1, verbose=0, shuffle=False)
+    assert len(traces) == 1 and trial.finish().execution == "graph"  # not traced again
+    model.steps_per_execution, model.train_function = 4, None  # a new count drops the traced function
+    assert ExecutionTrial(model, ("graph",), examples_per_step=8).traced_graph is None
+
+
+@pytest.mark.parametrize("calls,ended", [(2, False), (8, True)])
+def test_a_duel_ends_early_only_over_enough_steps(calls, ended):
+    # One step a call: two calls 1.5x apart are noise on a loaded host; eight calls each are not.
+    trial = ExecutionTrial(_model(spe=1), ("graph", "xla"), examples_per_step=8)
+    trial._next_duel()
+    incumbent, challenger = trial.incumbent, trial.challenger
+    incumbent.window = incumbent.samples = [(0.002, 1)] * calls
+    challenger.window = challenger.samples = [(0.003, 1)] * calls
+    trial._judge()
+    assert (trial.challenger is None) == ended and trial.incumbent is incumbent
