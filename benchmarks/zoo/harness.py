@@ -77,6 +77,10 @@ def add_flags(parser) -> None:
                         help="(worker) also time plain Keras and tftrain")
     parser.add_argument("--point-out", type=Path, default=None, help="(worker) JSON file for the figures")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per worker process")
+    parser.add_argument("--oracle-from", type=Path, default=None,
+                        help="a zoo.json whose oracle points (every thread setting) are kept: this run times only "
+                             "plain Keras and tftrain, back to back, each round")
+    parser.add_argument("--no-grid", action="store_true", help="(worker) time no oracle point")
     parser.set_defaults(no_device_setup=True)  # the parent only starts subprocesses: keep TensorFlow out
 
 
@@ -105,8 +109,8 @@ def _stopwatch(stop_slower_than: float = math.inf, batches: int = 0):
         def on_epoch_begin(self, epoch, logs=None):
             self.begins.append(time.perf_counter())
 
-        def on_train_batch_end(self, batch, logs=None):
-            if self.ends or not batches or not math.isfinite(stop_slower_than):
+        def _pace(self, batch, logs=None):  # on_train_batch_end, only where it may stop training (below)
+            if self.ends:
                 return
             now = time.perf_counter()
             if self._first is None:  # the first execution traced and compiled: the pace starts here
@@ -126,7 +130,10 @@ def _stopwatch(stop_slower_than: float = math.inf, batches: int = 0):
             self.settings = {"trained_jit_compile": bool(self.model.jit_compile),
                              "trained_steps_per_execution": int(self.model.steps_per_execution)}
 
-    return EpochStopwatch()
+    stopwatch = EpochStopwatch()
+    if batches and math.isfinite(stop_slower_than):  # an oracle point; a per-batch hook would make tftrain's
+        stopwatch.on_train_batch_end = stopwatch._pace  # --steps-per-execution auto keep 1 step per execution
+    return stopwatch
 
 
 def _figures(stopwatch, examples: int, wall_s: float, lead=None) -> dict:
@@ -306,7 +313,7 @@ def time_model(spec: ZooModel, args, tmp: Path) -> dict:
     out = {"examples_per_epoch": n, "grid": []}
     if args.with_references:
         out.update(_references(spec, x, y, QUICK_REFERENCE_EPOCHS if args.quick else REFERENCE_EPOCHS, args, tmp))
-    for i, (mode, spe) in enumerate(grid(args)):
+    for i, (mode, spe) in enumerate(() if args.no_grid else grid(args)):
         limit = DOMINATED * _fastest_epoch([out.get("keras", {}), *out["grid"]])
         figures = _guarded(f"{spec.name} round {args.round} {mode} spe {spe} threads {args.threads}", lambda: time_point(
             spec, x, y, epochs, tmp / f"point-{spec.name}-{i}", device, mode, spe, limit))
@@ -338,7 +345,8 @@ def run_worker(setting, round_: int, references: bool, args, tmp: Path) -> dict:
     out = tmp / f"round-{round_}-threads-{intra}-{inter}.json"
     cmd = [sys.executable, "-m", "benchmarks.zoo", "--threads", f"{intra},{inter}", "--round", str(round_),
            "--point-out", str(out), "--device", args.device] + (["--quick"] if args.quick else []) \
-        + (["--with-references"] if references else []) + (["--models", args.models] if args.models else [])
+        + (["--with-references"] if references else []) + (["--models", args.models] if args.models else []) \
+        + (["--no-grid"] if args.oracle_from else [])
     # A fresh folder of remembered choices each round: tftrain's first run of a model times its probe.
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
            "TFTRAIN_CACHE_DIR": str(tmp / f"cache-{round_}-{intra}-{inter}")}
@@ -357,8 +365,11 @@ def run_worker(setting, round_: int, references: bool, args, tmp: Path) -> dict:
 
 def run_rounds(args) -> list:
     """Every round's workers, rounds outermost (interleaved); the default-threads worker also times plain
-    Keras and tftrain. Returns the workers' records."""
+    Keras and tftrain. With `--oracle-from`, only that worker runs, and the kept run's oracle points join
+    its records (`with_kept_oracle`). Returns the workers' records."""
     settings = thread_settings(common.cpu_cores(), args.quick)
+    if args.oracle_from:
+        settings = [(0, 0)]
     rounds = args.rounds or (QUICK_ROUNDS if args.quick else ROUNDS)
     workers = []
     with tempfile.TemporaryDirectory(prefix="tftrain-zoo-") as tmp:
@@ -367,4 +378,17 @@ def run_rounds(args) -> list:
                 print(f"--- round {round_ + 1}/{rounds}: threads intra-op {setting[0] or 'default'}, "
                       f"inter-op {setting[1] or 'default'} ---", flush=True)
                 workers.append(run_worker(setting, round_, setting == (0, 0), args, Path(tmp)))
-    return workers
+    return with_kept_oracle(workers, args.oracle_from) if args.oracle_from else workers
+
+
+def with_kept_oracle(workers: list, path: Path) -> list:
+    """`workers` (plain Keras and tftrain, default threads) with the oracle points of the zoo run saved at
+    `path`: each round's default-threads grid joins this run's worker of the same round, and the kept
+    run's other thread settings' workers are added as they are."""
+    kept = json.loads(Path(path).read_text())["data"]["workers"]
+    default = {w["round"]: w for w in kept if (w.get("intra_op"), w.get("inter_op")) == (0, 0)}
+    for worker in workers:
+        old = default.get(worker.get("round"), {}).get("models", {})
+        for name, record in worker.get("models", {}).items():
+            record["grid"] = old.get(name, {}).get("grid", [])
+    return workers + [w for w in kept if (w.get("intra_op"), w.get("inter_op")) != (0, 0)]
