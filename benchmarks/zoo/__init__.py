@@ -36,7 +36,7 @@ def run(args, device) -> common.Result:
     if args.oracle_from:
         kept = json.loads(args.oracle_from.read_text())
         result.notes.append(
-            f"The oracle's points come from the zoo run of {kept.get('date')} ({common.portable_argv([str(args.oracle_from)])[0]}, "
+            f"The oracle's points (every thread setting) come from the zoo run of {kept.get('date')} ({common.portable_argv([str(args.oracle_from)])[0]}, "
             "same code but for the harness fix below, same machine); this run timed plain Keras and tftrain again, "
             "back to back in each round. That run's tftrain rows are void: its stopwatch callback had a per-batch "
             "hook, so tftrain's --steps-per-execution auto kept 1 step per execution for it (as it does for any "

@@ -383,12 +383,18 @@ def run_rounds(args) -> list:
 
 def with_kept_oracle(workers: list, path: Path) -> list:
     """`workers` (plain Keras and tftrain, default threads) with the oracle points of the zoo run saved at
-    `path`: each round's default-threads grid joins this run's worker of the same round, and the kept
-    run's other thread settings' workers are added as they are."""
-    kept = json.loads(Path(path).read_text())["data"]["workers"]
-    default = {w["round"]: w for w in kept if (w.get("intra_op"), w.get("inter_op")) == (0, 0)}
-    for worker in workers:
-        old = default.get(worker.get("round"), {}).get("models", {})
-        for name, record in worker.get("models", {}).items():
-            record["grid"] = old.get(name, {}).get("grid", [])
-    return workers + [w for w in kept if (w.get("intra_op"), w.get("inter_op")) != (0, 0)]
+    `path` (its `data.points`): each round's default-threads points join this run's worker of the same
+    round, and the other thread settings' points come as one worker per (setting, round)."""
+    points = json.loads(Path(path).read_text())["data"]["points"]
+    by_round = {w.get("round"): w for w in workers}
+    others: dict = {}
+    for point in points:
+        setting, round_ = (point["intra_op"], point["inter_op"]), point["round"]
+        if setting == (0, 0):
+            worker = by_round.get(round_)
+        else:
+            worker = others.setdefault((setting, round_), {"intra_op": setting[0], "inter_op": setting[1],
+                                                           "round": round_, "applied": True, "models": {}})
+        if worker is not None and "models" in worker:
+            worker["models"].setdefault(point["model"], {}).setdefault("grid", []).append(point)
+    return workers + list(others.values())

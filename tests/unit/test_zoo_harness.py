@@ -16,12 +16,16 @@ def test_only_an_oracle_point_stopwatch_has_a_per_batch_hook():
 
 
 def test_a_kept_run_gives_each_round_its_oracle_points_and_its_other_thread_settings(tmp_path):
-    kept = [{"intra_op": 0, "inter_op": 0, "round": r, "models": {"mlp": {"grid": [{"round": r}]}}} for r in (0, 1)]
-    kept.append({"intra_op": 1, "inter_op": 1, "round": 0, "models": {"mlp": {"grid": [{"threads": 1}]}}})
+    def point(model, round_, intra, inter, spe):
+        return {"model": model, "round": round_, "intra_op": intra, "inter_op": inter, "execution": "graph",
+                "steps_per_execution": spe, "examples_per_sec": 1.0}
+
+    kept = [point("mlp", 0, 0, 0, 8), point("mlp", 1, 0, 0, 32), point("mlp", 0, 1, 1, 8)]
     path = tmp_path / "zoo.json"
-    path.write_text(json.dumps({"data": {"workers": kept}}))
+    path.write_text(json.dumps({"data": {"points": kept}}))
     new = [{"intra_op": 0, "inter_op": 0, "round": r, "models": {"mlp": {"grid": [], "keras": {"r": r}}}}
            for r in (1, 0)]
     merged = harness.with_kept_oracle(new, path)
-    assert [w["models"]["mlp"]["grid"] for w in merged[:2]] == [[{"round": 1}], [{"round": 0}]]
-    assert merged[0]["models"]["mlp"]["keras"] == {"r": 1} and merged[2]["intra_op"] == 1 and len(merged) == 3
+    assert [w["models"]["mlp"]["grid"] for w in merged[:2]] == [[kept[1]], [kept[0]]]
+    assert merged[0]["models"]["mlp"]["keras"] == {"r": 1} and len(merged) == 3
+    assert (merged[2]["intra_op"], merged[2]["round"], merged[2]["models"]["mlp"]["grid"]) == (1, 0, [kept[2]])
