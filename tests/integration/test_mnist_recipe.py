@@ -89,7 +89,11 @@ def test_default_run_writes_every_artifact_and_learns(tmp_path, fresh_execution_
     assert "xla not timed: even 2.5x faster it would save at most" in m["execution_choice"]["reason"]
     assert "execution: auto -> graph (graph " in r.stdout and m["execution_choice"]["remembered"] is None
     trial = m["execution_choice"]["trial"]
-    assert trial["complete"] and not trial["modes_decided"] and 0 < trial["steps"] <= 96 and trial["cost_s"] >= 0
+    assert trial["complete"] and trial["modes_decided"] and 0 < trial["steps"] <= 96 and trial["cost_s"] >= 0
+    # Remembered with the run length from which XLA could repay its compile: a run that long times it.
+    assert m["execution_choice"]["time_again_from_steps"] > 96
+    assert f"a run of {m['execution_choice']['time_again_from_steps']} steps or more times it" \
+        in m["execution_choice"]["reason"]
     # The model learns while the candidates are timed on its training steps, and after.
     losses = m["history"]["loss"]
     assert len(losses) == 3 and losses[2] < losses[0] and m["test_accuracy"] > 0.8, (losses, m["test_accuracy"])

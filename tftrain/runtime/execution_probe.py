@@ -283,20 +283,23 @@ def time_graph_step(model, dataset, steps: int = 16, batch_size: Optional[int] =
         if jit:
             model.train_function = None  # rebuilt in XLA by the next fit
     if not jit:  # traced and compiled: an ExecutionTrial's graph candidate at this count runs it (`traced_graph`)
-        _TRACED_GRAPH[model] = (model.train_function, trials.base_spe)
+        _TRACED_GRAPH[model] = (model.train_function, trials.base_spe, trials.timings["graph"].warmup_s)
     return trials.timings["graph"].step_time_s
 
 
 _TRACED_GRAPH: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-"""model -> (the graph train function `time_graph_step` left on it, its steps per execution)."""
+"""model -> (the graph train function `time_graph_step` left on it, its steps per execution, the seconds
+of its first execution, which traced it)."""
 
 
-def traced_graph(model, steps_per_execution: int):
-    """The graph train function `time_graph_step` traced for `model` at `steps_per_execution`, while it is
-    still the model's `train_function` (anything that changes the count or the mode drops that); else None."""
-    function, count = _TRACED_GRAPH.get(model, (None, None))
-    return function if function is not None and function is model.train_function and count == steps_per_execution \
-        else None
+def traced_graph(model, steps_per_execution: int) -> Optional[tuple]:
+    """`(function, first_call_s)`: the graph train function `time_graph_step` traced for `model` at
+    `steps_per_execution` and the seconds its first execution took (tracing included), while it is still
+    the model's `train_function` (anything that changes the count or the mode drops that); else None."""
+    function, count, first_call_s = _TRACED_GRAPH.get(model, (None, None, None))
+    if function is None or function is not model.train_function or count != steps_per_execution:
+        return None
+    return function, first_call_s
 
 
 def check_compiles(model, dataset, batch_size: Optional[int] = None) -> None:

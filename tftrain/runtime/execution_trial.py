@@ -307,7 +307,7 @@ class ExecutionTrial:
         compiled by XLA, once. Graph at the one count is the function the precision timing traced, when
         there is one (`traced_graph`)."""
         if candidate.mode == "graph" and self.traced_graph is not None:
-            return self.traced_graph
+            return self.traced_graph[0]
         if self.shared_count and self._make_function_available():
             if self.count is None:
                 self.count = _Count(self.fit_steps_per_execution)
@@ -359,7 +359,7 @@ class ExecutionTrial:
     def _record(self, candidate: _Candidate, seconds: float, steps: int) -> None:
         self.last = candidate
         if candidate.warmup_s is None:  # the call that traced and compiled
-            candidate.warmup_s = seconds
+            candidate.warmup_s = self._first_call_s(candidate, seconds)
             if self.started is None:
                 self.started = (self.clock(), self._step())
             return
@@ -368,6 +368,13 @@ class ExecutionTrial:
         self.timed.setdefault(candidate.label, candidate)
         if self.challenger is not None:
             self._judge()
+
+    def _first_call_s(self, candidate: _Candidate, seconds: float) -> float:
+        """Seconds of `candidate`'s first call, which traced it: graph's function traced by the precision
+        timing (`traced_graph`) first ran there, so its trace is what estimates XLA's compile."""
+        if candidate.mode == "graph" and self.traced_graph is not None:
+            return max(seconds, self.traced_graph[1])
+        return seconds
 
     def _judge(self) -> None:
         """Ends the duel when both are timed enough, or one is already `GIVE_UP_RATIO` slower."""

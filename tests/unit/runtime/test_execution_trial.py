@@ -232,6 +232,10 @@ def test_graph_at_one_count_runs_the_function_the_precision_timing_traced():
     trial.install()
     model.fit(_data(n=512), epochs=1, verbose=0, shuffle=False)
     assert len(traces) == 1 and trial.finish().execution == "graph"  # not traced again
+    # Its first call here did not trace; the timing's first call, which did, is what estimates XLA's compile.
+    traced_first_call_s = trial.traced_graph[1]
+    assert trial.finish().timings["graph"].warmup_s == max(traced_first_call_s, trial.incumbent.warmup_s)
+    assert trial.incumbent.warmup_s >= traced_first_call_s > 0
     model.steps_per_execution, model.train_function = 4, None  # a new count drops the traced function
     assert ExecutionTrial(model, ("graph",), examples_per_step=8).traced_graph is None
 
