@@ -78,6 +78,29 @@ def varying_shape(element_spec) -> Optional[str]:
     return None
 
 
+CONVOLUTION_LAYERS = ("Conv1D", "Conv2D", "Conv3D", "Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose",
+                      "DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D", "SeparableConv2D", "ConvLSTM1D",
+                      "ConvLSTM2D", "ConvLSTM3D")
+"""`keras.layers` classes whose step convolves (their subclasses count too)."""
+
+
+def convolution_layers(model) -> list:
+    """`["ClassName", ...]`, sorted, of the convolution layers (`CONVOLUTION_LAYERS`, nested layers included)
+    in `model`; `[]` when it has none.
+
+    On a CPU, XLA in this TensorFlow runs convolutions without the oneDNN kernels graph mode uses
+    (oneDNN convolutions only in XLA:CPU's classic runtime: https://github.com/openxla/xla/issues/18586):
+    in `benchmarks/results/zoo-oracle-run.json` the zoo's three convolutional models trained 5-10x (cnn,
+    separable) and up to 2.5x (resnet) slower under XLA than under graph, at every steps per execution,
+    and one conv + max-pool training step took 85 ms under XLA against 6 under graph.
+    """
+    import keras
+
+    classes = tuple(getattr(keras.layers, name) for name in CONVOLUTION_LAYERS if hasattr(keras.layers, name))
+    layers = model._flatten_layers(include_self=False) if hasattr(model, "_flatten_layers") else model.layers
+    return sorted({type(layer).__name__ for layer in layers if isinstance(layer, classes)})
+
+
 BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
 """Keras callback methods that run once per training batch, or once per execution of several."""
 
@@ -180,7 +203,7 @@ class AutomaticSettings:
         `--no-remember-execution`; else installs an `ExecutionTrial`, which times graph against XLA,
         then the faster at larger steps per execution, on the run's first training steps (a candidate
         XLA cannot compile is skipped with XLA's reason; XLA is not timed over batches whose shape
-        varies, `varying_shape`). A run too short to time them on, or a loop that cannot, trains in
+        varies, `varying_shape`, nor on CPUs for a model that convolves, `convolution_layers`). A run too short to time them on, or a loop that cannot, trains in
         graph at the rule's count."""
         from tftrain.runtime.execution import AUTO_CANDIDATES
 
@@ -205,7 +228,7 @@ class AutomaticSettings:
                                         "the only mode")
             return
         probe = self._probe()  # for the batches' shapes, the memory's key and a remembered XLA's check
-        modes, why = self._auto_modes(modes, probe.element_spec)
+        modes, why = self._auto_modes(modes, probe.element_spec, model)
         if why and not counts:
             self._untimed(model, modes, why)
             return
@@ -224,17 +247,28 @@ class AutomaticSettings:
             return
         self._start_trial(model, modes, counts, key)
 
-    def _auto_modes(self, modes: tuple, element_spec) -> tuple:
+    def _auto_modes(self, modes: tuple, element_spec, model) -> tuple:
         """`(modes, why)`: `modes` without XLA, and why, when a batch (of `element_spec`) varies past its
-        batch dimension (`varying_shape`: XLA would compile a program for each shape); else `(modes, None)`."""
+        batch dimension (`varying_shape`: XLA would compile a program for each shape) or when the run is on
+        CPUs and `model` convolves (`convolution_layers`: XLA's convolutions are slower there); else
+        `(modes, None)`."""
         if "xla" not in modes or len(modes) == 1:
             return modes, None
+        why = self._xla_not_timed(element_spec, model)
+        return (modes, None) if why is None else (tuple(m for m in modes if m != "xla"), why)
+
+    def _xla_not_timed(self, element_spec, model) -> Optional[str]:
         varying = varying_shape(element_spec)
-        if varying is None:
-            return modes, None
-        return tuple(m for m in modes if m != "xla"), (
-            f"xla not timed: the batches' {varying} is not static, and XLA compiles a program for each shape "
-            "it meets (tf.ensure_shape or padding to one length fixes it; --execution xla tries it anyway)")
+        if varying is not None:
+            return (f"xla not timed: the batches' {varying} is not static, and XLA compiles a program for each "
+                    "shape it meets (tf.ensure_shape or padding to one length fixes it; --execution xla tries it "
+                    "anyway)")
+        convolutions = convolution_layers(model) if self.runtime.devices.kind == "cpu" else []
+        if convolutions:
+            return (f"xla not timed: the model convolves ({', '.join(convolutions)}), and XLA on a CPU runs "
+                    "convolutions without the oneDNN kernels graph uses (2.5-10x slower in the zoo; "
+                    "--execution xla tries it anyway)")
+        return None
 
     def _keep_batch_hooks_per_step(self, model) -> None:
         """`--steps-per-execution auto` with a user callback that has per-batch hooks: one step per

@@ -594,3 +594,42 @@ def test_a_remembered_bfloat16_that_no_longer_builds_trains_the_float32_model_an
     assert record.runtime["precision"] == "float32" and np.isfinite(record.history["loss"][-1])
     assert record.extras["precision_auto"]["reason"].startswith("mixed_bfloat16 fails now (")
     assert [v["policy"] for v in stored.values()] == ["float32"]  # the next run does not try it again
+
+
+def _dense_model():
+    import keras
+
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+
+
+def _nested_conv_model():
+    """A Conv1D inside a nested Sequential: found however deep it sits."""
+    import keras
+
+    inputs = keras.Input((4,))
+    block = keras.Sequential([keras.layers.Reshape((4, 1)), keras.layers.Conv1D(2, 3), keras.layers.Flatten()])
+    return keras.Model(inputs, keras.layers.Dense(1)(block(inputs)))
+
+
+def test_convolution_layers_finds_nested_convolutions_and_nothing_in_a_dense_model():
+    from tftrain.train.automatic import convolution_layers
+
+    assert convolution_layers(_nested_conv_model()) == ["Conv1D"]
+    assert convolution_layers(_string_op_model()) == []
+
+
+def test_execution_auto_on_a_cpu_does_not_time_xla_for_a_model_that_convolves(tmp_path, fresh_execution_memory,
+                                                                                xla_always_timed, capsys):
+    message = "xla not timed: the model convolves (Conv1D), and XLA on a CPU runs convolutions without the oneDNN"
+    for spe, name in ((1, "untimed"), ("auto", "counts")):
+        capsys.readouterr()
+        record = _fit(tmp_path, _nested_conv_model, name, epochs=3, verbose=1, execution="auto",
+                      precision="float32", steps_per_execution=spe)
+        choice = record.to_dict()["execution_choice"]
+        assert record.execution == "graph" and not any(label.startswith("xla") for label in choice["timings"])
+        assert message in capsys.readouterr().out
+        assert (message in choice["reason"]) == (spe == 1)  # with counts, graph alone goes on to them
+    # A model without convolutions still times XLA against graph.
+    record = _fit(tmp_path, _dense_model, "dense", epochs=3, execution="auto", precision="float32",
+                  steps_per_execution=1)
+    assert "xla" in record.to_dict()["execution_choice"]["timings"]
