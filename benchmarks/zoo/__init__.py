@@ -35,12 +35,10 @@ def run(args, device) -> common.Result:
     result = report.result(zoo_models(args), harness.run_rounds(args), args.quick)
     if args.oracle_from:
         kept = json.loads(args.oracle_from.read_text())
+        path, cpu = common.portable_argv([str(args.oracle_from)])[0], kept.get("machine", {}).get("cpu", "a machine")
         result.notes.append(
-            f"The oracle's points (every thread setting) come from the zoo run of {kept.get('date')} ({common.portable_argv([str(args.oracle_from)])[0]}, "
-            "same code but for the harness fix below, same machine); this run timed plain Keras and tftrain again, "
-            "back to back in each round. That run's tftrain rows are void: its stopwatch callback had a per-batch "
-            "hook, so tftrain's --steps-per-execution auto kept 1 step per execution for it (as it does for any "
-            "user callback with one); the stopwatch now has that hook only on oracle points, whose count is fixed.")
+            f"The oracle's points (every thread setting) come from the zoo run of {kept.get('date')} ({path}, on {cpu}); "
+            "this run timed plain Keras and tftrain again, back to back in each round, in place of that run's rows.")
     return result
 
 
