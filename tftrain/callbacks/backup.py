@@ -101,6 +101,17 @@ def _keep_as(src: str, dst: str) -> None:
     os.replace(tmp, dst)
 
 
+def _reuse_as(src: str, dst: str) -> None:
+    """Links `dst` to `src`'s file before `src` is replaced, so that the file lives on at `dst` to be
+    rewritten in place; nothing where links are refused or `src` is missing (`dst` is then written anew)."""
+    try:
+        if os.path.lexists(dst):
+            os.remove(dst)
+        os.link(src, dst)
+    except OSError:
+        pass
+
+
 class StepBackup(keras.callbacks.BackupAndRestore):
     """Backs up the training state at each epoch end and every `every_steps` optimizer steps;
     a rerun resumes at the step it was saved at.
@@ -266,13 +277,15 @@ class StepBackup(keras.callbacks.BackupAndRestore):
         """Keeps the previous pair, then writes the weights and the metadata naming them, each whole."""
         os.makedirs(self.backup_dir, exist_ok=True)
         self._check_space()
+        tmp = self._weights_path[: -len(".weights.h5")] + ".tmp.weights.h5"
+        latest = self._weights_path if self._wrote_latest and os.path.exists(self._weights_path) else None
+        if latest and self.double_checkpoint:
+            _reuse_as(self._prev_weights_path, tmp)  # the oldest weights file, rewritten in place (WeightsFile)
         if self.double_checkpoint:
             for src, dst in ((self._weights_path, self._prev_weights_path),
                              (self._training_metadata_path, self._prev_training_metadata_path)):
                 if os.path.exists(src):
                     _keep_as(src, dst)
-        tmp = self._weights_path[: -len(".weights.h5")] + ".tmp.weights.h5"
-        latest = self._weights_path if self._wrote_latest and os.path.exists(self._weights_path) else None
         self._weights_file().save(tmp, template=latest)
         meta = {"epoch": epoch, "steps_in_epoch": steps_in_epoch, "optimizer_iterations": optimizer_steps(self.model)}
         os.replace(tmp, self._weights_path)

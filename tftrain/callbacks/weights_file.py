@@ -7,12 +7,16 @@ write. A backup at each epoch end of a small model paid that walk every epoch (a
 `Trainer`'s callbacks in turn: the backup was most of it). `WeightsFile` lets Keras write the file
 once, recording which bytes of the file hold which variable; later saves copy that file and
 overwrite those bytes with the current values, so every file keeps Keras's own layout (groups,
-attributes, dtypes), and `Model.load_weights` reads it as it reads Keras's.
+attributes, dtypes), and `Model.load_weights` reads it as it reads Keras's. A file this object wrote
+under the current layout is rewritten in place, with no copy: on the zoo's wide model (a 3.2M-weight
+embedding with Adam, a 39 MB file) a save took 49 ms with the copy and byte strings, 10 ms in place
+from the arrays' own buffers.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 from typing import Optional
 
@@ -23,7 +27,9 @@ class WeightsFile:
     The first `save` (and any save after the model's variables changed in number) is Keras's own
     (`keras.src.saving.saving_lib`'s walk, as `Model.save_weights`), recording the variable behind
     each dataset and where its bytes lie; later saves copy the previous file (`template`) and write
-    each value over its dataset's bytes. A value Keras stores that is not a variable and not an optimizer's `variables[i]` (a layer
+    each value over its dataset's bytes, or write them straight into `path` when it is a file this
+    object wrote under the current layout that nothing else links to (`StepBackup` hands it the
+    oldest of its files). A value Keras stores that is not a variable and not an optimizer's `variables[i]` (a layer
     that saves computed arrays) keeps every save Keras's own.
 
     Args:
@@ -33,12 +39,14 @@ class WeightsFile:
         >>> weights = WeightsFile(model)
         >>> weights.save("a.weights.h5")                           # Keras's walk, recorded
         >>> weights.save("b.weights.h5", template="a.weights.h5")  # copy, values in place
+        >>> weights.save("b.weights.h5", template="a.weights.h5")  # b is its own: values in place, no copy
     """
 
     def __init__(self, model):
         self.model = model
         self.layout: Optional[list] = None  # (byte offset, shape, dtype, variable) per dataset, once recorded
         self._signature: Optional[tuple] = None
+        self._files: set = set()  # (device, inode, size) of the files written under the current layout
 
     def save(self, path: str, template: Optional[str] = None) -> None:
         """Writes the weights to `path`, truncating a file already there (write to a fresh name and
@@ -55,9 +63,19 @@ class WeightsFile:
         if template is None or self.layout is None or self._signature != self._variables_signature():
             self._record(path)
             return
-        shutil.copyfile(template, path)
+        if not self._own(path):
+            shutil.copyfile(template, path)
         if not self._write_values(path):
             self._record(path)
+            return
+        self._files.add(_identity(path))
+
+    def _own(self, path: str) -> bool:
+        """Whether `path` is a file this object wrote under the current layout, linked from nowhere else."""
+        try:
+            return _identity(path) in self._files and os.stat(path).st_nlink == 1
+        except FileNotFoundError:
+            return False
 
     def _variables_signature(self) -> tuple:
         optimizer = getattr(self.model, "optimizer", None)
@@ -74,7 +92,7 @@ class WeightsFile:
                 if value.shape != shape or value.dtype != dtype:  # the dtype and shape Keras's save wrote
                     return False
                 file.seek(offset)
-                file.write(value.tobytes(order="C"))
+                file.write(np.ascontiguousarray(value).reshape(-1).view(np.uint8))  # its own buffer, no copy
         return True
 
     def _record(self, path: str) -> None:
@@ -92,6 +110,13 @@ class WeightsFile:
             store.close()
         self.layout = _byte_layout(path, store.layout) if store.complete else None
         self._signature = self._variables_signature()
+        self._files = {_identity(path)} if self.layout is not None else set()
+
+
+def _identity(path: str) -> tuple:
+    """`(device, inode, size)` of the file at `path`."""
+    stat = os.stat(path)
+    return stat.st_dev, stat.st_ino, stat.st_size
 
 
 def _byte_layout(path: str, datasets: list) -> Optional[list]:

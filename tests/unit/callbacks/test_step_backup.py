@@ -91,11 +91,19 @@ def test_early_stopping_state_round_trips_through_its_directory(tmp_path):
         np.testing.assert_array_equal(loaded, saved)
 
 
-def test_the_previous_checkpoint_is_kept_whole_beside_the_latest(tmp_path):
+def test_the_previous_checkpoint_is_kept_whole_beside_the_latest(tmp_path, monkeypatch):
+    import os
+    import shutil
+
     import keras
 
+    copied = []
+    copy = shutil.copyfile
+    monkeypatch.setattr(shutil, "copyfile", lambda src, dst: copied.append(dst) or copy(src, dst))
     with pytest.raises(KeyboardInterrupt):
         _fit(tmp_path, 1, False, kill_after=13)  # saves at steps 4, 8, 10 (epoch end), 14 > 13: killed after 13
+    # Keras writes the first, the second is a copy of it, the third rewrites the first's file in place.
+    assert [os.path.basename(p) for p in copied] == ["latest.tmp.weights.h5"]
     latest = json.loads((tmp_path / "training_metadata.json").read_text())
     previous = json.loads((tmp_path / "training_metadata.json.bkp").read_text())
     assert (latest["optimizer_iterations"], previous["optimizer_iterations"]) == (10, 8)
@@ -107,6 +115,8 @@ def test_the_previous_checkpoint_is_kept_whole_beside_the_latest(tmp_path):
     copy.write_bytes(kept.read_bytes())
     model.load_weights(copy)  # a whole checkpoint, not a half-written one
     assert int(model.optimizer.iterations) == 8
+    model.load_weights(weights)
+    assert int(model.optimizer.iterations) == 10
 
 
 @pytest.mark.parametrize("damage", ["truncated weights", "truncated metadata"])

@@ -53,6 +53,34 @@ def test_later_saves_write_what_keras_writes_and_load_back(tmp_path, monkeypatch
     assert all(np.array_equal(a, b) for a, b in zip(_state(fresh), _state(model)))
 
 
+def test_a_file_it_wrote_is_rewritten_in_place_and_one_linked_elsewhere_is_not(tmp_path, monkeypatch):
+    import os
+    import shutil
+
+    model = _trained()
+    weights = WeightsFile(model)
+    first, second = str(tmp_path / "first.weights.h5"), str(tmp_path / "second.weights.h5")
+    weights.save(first)
+    weights.save(second, template=first)  # a new name: copied, then its values written
+    copy = shutil.copyfile
+    monkeypatch.setattr(shutil, "copyfile", lambda *a: pytest.fail("a file of its own was copied"))
+    model.fit(np.random.default_rng(0).random((16, 4), "float32"), np.zeros((16, 1)), verbose=0)  # new values
+    weights.save(second, template=first)  # its own file, linked nowhere else: in place
+    model.save_weights(str(tmp_path / "keras.weights.h5"))
+    assert _contents(second) == _contents(tmp_path / "keras.weights.h5")
+    # The same file also reachable by another name (StepBackup's previous checkpoint) is copied, not written over.
+    os.link(second, str(tmp_path / "kept.weights.h5"))
+    kept = _contents(tmp_path / "kept.weights.h5")
+    monkeypatch.setattr(shutil, "copyfile", copy)
+    os.remove(second)
+    model.fit(np.random.default_rng(1).random((16, 4), "float32"), np.ones((16, 1)), verbose=0)
+    weights.save(second, template=str(tmp_path / "kept.weights.h5"))
+    assert _contents(tmp_path / "kept.weights.h5") == kept and _contents(second) != kept
+    fresh = _trained()
+    fresh.load_weights(second)
+    assert all(np.array_equal(a, b) for a, b in zip(_state(fresh), _state(model)))
+
+
 def test_a_layer_that_saves_computed_values_keeps_every_save_keras_own(tmp_path):
     import keras
 
