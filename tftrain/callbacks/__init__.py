@@ -9,12 +9,13 @@ Each one only wires Keras hooks; the algorithms are plain code tested alone:
 first use, so importing one submodule does not pull in the others.
 """
 
-__all__ = ["BatchSizeFinder", "ChanceWatch", "KeepBest", "NanGuard", "NvtxSteps", "PreemptionWatch", "ProfileSteps", "ProfilerServer",
+__all__ = ["BatchSizeFinder", "ChanceWatch", "EpochTensorBoard", "KeepBest", "NanGuard", "NvtxSteps", "PreemptionWatch", "ProfileSteps", "ProfilerServer",
            "ProfilerWindow", "ResumableEarlyStopping", "StepBackup", "ThroughputMonitor", "start_profiler_server"]
 
 _LAZY = {
     "BatchSizeFinder": "tftrain.tuning.finder",  # lives with the search it runs (the tuning layer)
     "ChanceWatch": "tftrain.callbacks.chance",
+    "EpochTensorBoard": "tftrain.callbacks.tensorboard",
     "KeepBest": "tftrain.callbacks.keep_best",
     "NanGuard": "tftrain.callbacks.nan_guard",
     "NvtxSteps": "tftrain.callbacks.nvtx",

@@ -30,14 +30,14 @@ class CallbackStages:
         """
         import keras
 
-        from tftrain.callbacks import ChanceWatch, NanGuard
+        from tftrain.callbacks import ChanceWatch, EpochTensorBoard, NanGuard
 
         out = self.out_dir
         agreed = self._agreed_stop()
         self.backup = self._make_backup(agreed)
         history = keras.callbacks.CSVLogger(str(out.path / rundir_lib.HISTORY_FILE), append=True)
         callbacks = [NanGuard(), history, *([agreed] if agreed else []), self.backup,
-                     keras.callbacks.TensorBoard(str(out.log_dir)), ChanceWatch(say=self.console.warn)]
+                     EpochTensorBoard(str(out.log_dir)), ChanceWatch(say=self.console.warn)]
         if self.loop.per_step_hooks:
             callbacks += self._step_callbacks()
         callbacks += self._early_stopping() + self._keep_best()
