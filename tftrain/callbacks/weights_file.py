@@ -21,6 +21,10 @@ import shutil
 from typing import Optional
 
 
+KEPT_FILES = 4
+"""Files a `WeightsFile` remembers having written, newest last: `StepBackup` cycles through three."""
+
+
 class WeightsFile:
     """Saves `model`'s weights (and its optimizer's state) in Keras's `.weights.h5` format.
 
@@ -46,11 +50,12 @@ class WeightsFile:
         self.model = model
         self.layout: Optional[list] = None  # (byte offset, shape, dtype, variable) per dataset, once recorded
         self._signature: Optional[tuple] = None
-        self._files: set = set()  # (device, inode, size) of the files written under the current layout
+        self._files: list = []  # (device, inode, size) of the last files written under the current layout
 
     def save(self, path: str, template: Optional[str] = None) -> None:
-        """Writes the weights to `path`, truncating a file already there (write to a fresh name and
-        rename it into place where another name may link to the old file, as `StepBackup` does).
+        """Writes the weights to `path`: in place when it is a file this object wrote under the current
+        layout that no other name links to, else as a new file (a file already there is unlinked first,
+        so another name that links to it keeps its content).
 
         Args:
             path: the `.weights.h5` file to write.
@@ -60,15 +65,22 @@ class WeightsFile:
             OSError: when the file cannot be written (a full disk, a missing directory).
             ValueError: what `Model.save_weights` raises (an unbuilt model).
         """
+        own = self._own(path)
+        if not own and os.path.lexists(path):
+            os.remove(path)  # another name may link to it: write a new file, never over that one
         if template is None or self.layout is None or self._signature != self._variables_signature():
             self._record(path)
             return
-        if not self._own(path):
+        if not own:
             shutil.copyfile(template, path)
         if not self._write_values(path):
             self._record(path)
             return
-        self._files.add(_identity(path))
+        self._remember(path)
+
+    def _remember(self, path: str) -> None:
+        """Notes `path` as written under the current layout (the last `KEPT_FILES` of them)."""
+        self._files = [*(f for f in self._files if f != _identity(path)), _identity(path)][-KEPT_FILES:]
 
     def _own(self, path: str) -> bool:
         """Whether `path` is a file this object wrote under the current layout, linked from nowhere else."""
@@ -110,7 +122,7 @@ class WeightsFile:
             store.close()
         self.layout = _byte_layout(path, store.layout) if store.complete else None
         self._signature = self._variables_signature()
-        self._files = {_identity(path)} if self.layout is not None else set()
+        self._files = [_identity(path)] if self.layout is not None else []
 
 
 def _identity(path: str) -> tuple:

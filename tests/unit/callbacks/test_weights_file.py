@@ -68,14 +68,16 @@ def test_a_file_it_wrote_is_rewritten_in_place_and_one_linked_elsewhere_is_not(t
     weights.save(second, template=first)  # its own file, linked nowhere else: in place
     model.save_weights(str(tmp_path / "keras.weights.h5"))
     assert _contents(second) == _contents(tmp_path / "keras.weights.h5")
-    # The same file also reachable by another name (StepBackup's previous checkpoint) is copied, not written over.
-    os.link(second, str(tmp_path / "kept.weights.h5"))
-    kept = _contents(tmp_path / "kept.weights.h5")
+    # The same file also reachable by another name (a snapshot, StepBackup's previous checkpoint) is left
+    # whole: the save writes a new file at its name, by the copy path and by Keras's walk alike.
     monkeypatch.setattr(shutil, "copyfile", copy)
-    os.remove(second)
-    model.fit(np.random.default_rng(1).random((16, 4), "float32"), np.ones((16, 1)), verbose=0)
-    weights.save(second, template=str(tmp_path / "kept.weights.h5"))
-    assert _contents(tmp_path / "kept.weights.h5") == kept and _contents(second) != kept
+    for n, template in enumerate((first, None)):
+        snapshot = str(tmp_path / f"snapshot{n}.weights.h5")
+        os.link(second, snapshot)
+        kept = _contents(snapshot)
+        model.fit(np.random.default_rng(n + 1).random((16, 4), "float32"), np.ones((16, 1)), verbose=0)
+        weights.save(second, template=template)
+        assert _contents(snapshot) == kept and _contents(second) != kept and os.stat(second).st_nlink == 1
     fresh = _trained()
     fresh.load_weights(second)
     assert all(np.array_equal(a, b) for a, b in zip(_state(fresh), _state(model)))
