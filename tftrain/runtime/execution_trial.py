@@ -359,7 +359,7 @@ class ExecutionTrial:
     def _record(self, candidate: _Candidate, seconds: float, steps: int) -> None:
         self.last = candidate
         if candidate.warmup_s is None:  # the call that traced and compiled
-            candidate.warmup_s = self._first_call_s(candidate, seconds)
+            candidate.warmup_s = seconds
             if self.started is None:
                 self.started = (self.clock(), self._step())
             return
@@ -369,12 +369,13 @@ class ExecutionTrial:
         if self.challenger is not None:
             self._judge()
 
-    def _first_call_s(self, candidate: _Candidate, seconds: float) -> float:
-        """Seconds of `candidate`'s first call, which traced it: graph's function traced by the precision
-        timing (`traced_graph`) first ran there, so its trace is what estimates XLA's compile."""
-        if candidate.mode == "graph" and self.traced_graph is not None:
-            return max(seconds, self.traced_graph[1])
-        return seconds
+    def _tracing_call_s(self, candidate: _Candidate) -> Optional[float]:
+        """Seconds of the call that traced `candidate`'s function: its first call here, or, for graph's
+        function traced by the precision timing (`traced_graph`), that timing's first call (which also
+        holds the start of its `fit`: an estimate of XLA's compile from it errs toward not timing XLA)."""
+        if candidate.mode == "graph" and self.traced_graph is not None and candidate.warmup_s is not None:
+            return max(candidate.warmup_s, self.traced_graph[1])
+        return candidate.warmup_s
 
     def _judge(self) -> None:
         """Ends the duel when both are timed enough, or one is already `GIVE_UP_RATIO` slower."""
@@ -431,7 +432,7 @@ class ExecutionTrial:
         """Why an XLA challenger of a graph incumbent cannot pay for itself in this run, or None: when
         `XLA_MAX_SPEEDUP` over the steps left saves less than compiling XLA is estimated to take
         (`XLA_COMPILE_RATIO` times the graph step's own first call)."""
-        step_time, warmup = _step_time(self.incumbent.samples), self.incumbent.warmup_s
+        step_time, warmup = _step_time(self.incumbent.samples), self._tracing_call_s(self.incumbent)
         if self.planned_steps is None or challenger.mode != "xla" or self.incumbent.mode != "graph" \
                 or step_time is None or warmup is None:
             return None

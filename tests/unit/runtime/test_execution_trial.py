@@ -202,6 +202,21 @@ def test_xla_is_timed_only_when_its_gain_can_repay_its_estimated_compile(planned
         assert trial.time_again_from == 24 + 542
 
 
+@pytest.mark.parametrize("traced_first_call_s,timed", [(None, True), (1.0, False)])
+def test_xla_s_compile_is_estimated_from_the_call_that_traced_graph(traced_first_call_s, timed):
+    # Graph's first call in the trial took 10 ms: it ran the function the precision timing traced,
+    # whose first call took 1 s. 500 steps of 10 ms repay 0.03 s of compile, not 3.25 s.
+    trial = ExecutionTrial(_model(), ("graph", "xla"), examples_per_step=8, planned_steps=500)
+    trial.traced_graph = None if traced_first_call_s is None else (trial.model.train_function, traced_first_call_s)
+    trial.incumbent.warmup_s, trial.incumbent.samples = 0.01, [(0.08, 8)] * 3
+    trial.first_step, trial._step = 0, lambda: 24
+    why = trial._not_worth_timing(trial.challengers[0])
+    assert (why is None) == timed
+    if not timed:
+        assert "less than compiling it may take (about 3.2 s, 3.25x graph's first call" in why
+        assert trial.incumbent.warmup_s == 0.01  # what the timings record: the trial's own call
+
+
 def test_the_reason_quotes_the_duel_that_decided_not_every_call_of_the_run():
     # graph at 8 steps/execution ran 14 ms a step in an earlier duel and 10 ms in the last, where
     # graph at 32 ran 9.7 ms: 3% faster side by side, so 8 is kept; over every call 32 looks 1.24x faster.
@@ -232,10 +247,7 @@ def test_graph_at_one_count_runs_the_function_the_precision_timing_traced():
     trial.install()
     model.fit(_data(n=512), epochs=1, verbose=0, shuffle=False)
     assert len(traces) == 1 and trial.finish().execution == "graph"  # not traced again
-    # Its first call here did not trace; the timing's first call, which did, is what estimates XLA's compile.
-    traced_first_call_s = trial.traced_graph[1]
-    assert trial.finish().timings["graph"].warmup_s == max(traced_first_call_s, trial.incumbent.warmup_s)
-    assert trial.incumbent.warmup_s >= traced_first_call_s > 0
+    assert trial.traced_graph[1] > 0  # the seconds of the timing's first call, which traced it
     model.steps_per_execution, model.train_function = 4, None  # a new count drops the traced function
     assert ExecutionTrial(model, ("graph",), examples_per_step=8).traced_graph is None
 
