@@ -60,3 +60,15 @@ def test_at_any_other_update_freq_batch_scalars_are_written_as_keras_writes_them
     callback = EpochTensorBoard(str(tmp_path / "logs"), update_freq=update_freq)
     _fit(callback)
     assert _event_tags(tmp_path / "logs")["batch_loss"] == 16  # 8 batches x 2 epochs
+
+
+def test_a_default_writer_the_user_set_still_gets_the_batch_scalars(tmp_path):
+    import tensorflow as tf
+
+    from tftrain.callbacks import EpochTensorBoard
+
+    writer = tf.summary.create_file_writer(str(tmp_path / "mine" / "train"))
+    with writer.as_default(step=0):
+        _fit(EpochTensorBoard(str(tmp_path / "logs")))
+    writer.flush()
+    assert _event_tags(tmp_path / "mine")["batch_loss"] == 16  # as Keras's own TensorBoard writes them
