@@ -89,8 +89,9 @@ def run_module(module, args, cwd, env=None, timeout=300):
 
 
 def interrupt_after_first_checkpoint(module, args, run_dir, cwd, timeout=180):
-    """Runs `python -m module *args`, sends SIGINT (Ctrl-C) once the run's first
-    BackupAndRestore checkpoint exists, and returns `(returncode, stderr, epochs done)`.
+    """Runs `python -m module *args` through tests/held_run.py, sends SIGINT (Ctrl-C) once the run's
+    first BackupAndRestore checkpoint exists (the run waits there for it), and returns
+    `(returncode, stderr, epochs done)`.
 
     Fails the test when the run ends before it could be interrupted; the process is
     killed if it outlives `timeout` seconds.
@@ -99,7 +100,8 @@ def interrupt_after_first_checkpoint(module, args, run_dir, cwd, timeout=180):
     import time
 
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    proc = subprocess.Popen([sys.executable, "-m", module, *map(str, args)], cwd=cwd, text=True,
+    held_run = str(REPO / "tests" / "held_run.py")
+    proc = subprocess.Popen([sys.executable, held_run, module, *map(str, args)], cwd=cwd, text=True,
                             env={**env, **SUBPROCESS_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     meta = Path(run_dir) / "backup" / "training_metadata.json"
     try:
