@@ -16,8 +16,8 @@ trained on). Then the winner trains the rest of the run. What choosing costs is 
 candidates that lose and the steps they ran slower: `ExecutionChoice.trial` records it.
 
 Every count of a mode runs through one Keras train function, traced once: the count it loops over is
-read at run time from a variable (`_Count`), so a new count costs no new trace, no Grappler pass and,
-under XLA, no new compile (Keras's own function bakes its count in: each count then cost 0.4-1.2 s of
+read at run time from a variable (`tftrain.runtime.epoch_ends.StepCount`), so a new count costs no new
+trace, no Grappler pass and, under XLA, no new compile (Keras's own function bakes its count in: each count then cost 0.4-1.2 s of
 tracing and compiling on this project's 2-core CPU).
 
 Source: keras/src/backend/tensorflow/trainer.py (`fit`, `make_train_function`) in Keras 3.
@@ -26,13 +26,14 @@ Source: keras/src/backend/tensorflow/trainer.py (`fit`, `make_train_function`) i
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 from typing import Callable, Optional, Sequence
 
 from tftrain.runtime.execution import (KEEP_FIRST_WITHIN, ExecutionChoice, StepTiming, best_label, choice_reason,
                                        failure_line, label_of)
+from tftrain.runtime.epoch_ends import StepCount as _Count
+from tftrain.runtime.epoch_ends import epoch_start_callback
 from tftrain.runtime.execution_probe import traced_graph
 
 MIN_TIMED_STEPS = 32
@@ -61,55 +62,6 @@ XLA_COMPILE_RATIO = 3.25
 optimises the step) when deciding whether a run can repay compiling it: measured ratios were 0.6-1.9 on
 the zoo's models and 3.24 on an Embedding + GRU over padded sequences (3.89 s against 1.20 s), whose
 `while` loop XLA compiles whole."""
-
-
-@functools.total_ordering
-class _Count:
-    """The steps per execution Keras's train function loops over, read from a `tf.Variable` when it runs.
-
-    Keras's loop (`keras/src/backend/tensorflow/trainer.py`, `_make_function`) compares
-    `model.steps_per_execution` with Python ints while tracing (`== 1`, `min(unrolled, ...)`) and
-    converts it to a tensor inside `tf.while_loop`'s condition. Set as `model.steps_per_execution`
-    while Keras traces, this object answers the Python comparisons as `largest` (the loop is
-    built for up to that many steps) and converts to a read of `variable`, so one trace runs any
-    count from 1 to `largest`: assign the count before each call (`set`).
-
-    Args:
-        largest: the largest count the function will run (>= 2), an int.
-    """
-
-    _registered = False
-
-    def __init__(self, largest: int):
-        import tensorflow as tf
-
-        if not _Count._registered:
-            tf.register_tensor_conversion_function(
-                _Count, lambda value, dtype=None, name=None, as_ref=False: tf.cast(value.variable.read_value(), dtype or tf.int32))
-            _Count._registered = True
-        self.largest = int(largest)
-        with tf.init_scope():
-            self.variable = tf.Variable(self.largest, dtype=tf.int32, trainable=False, name="steps_per_execution")
-        self.value = self.largest
-
-    def set(self, count: int) -> None:
-        """Makes the next calls run `count` steps (1 <= count <= `largest`)."""
-        if count != self.value:
-            self.variable.assign(count)
-            self.value = count
-
-    def __int__(self) -> int:
-        return self.largest
-
-    __index__ = __int__
-
-    def __eq__(self, other):
-        return self.largest == other
-
-    def __lt__(self, other):
-        return self.largest < other
-
-    __hash__ = None
 
 
 @dataclasses.dataclass
@@ -190,6 +142,13 @@ class ExecutionTrial:
             (estimated as the graph step's first call, which traced and optimised
             it). Defaults to None (always timed).
         clock: seconds, monotonic. Defaults to `time.perf_counter`.
+        steps_per_epoch: training steps (batches) of an epoch, or None. With
+            several counts the trial then ends each epoch itself: a call runs
+            only the steps the epoch has left (the shared count set to them), so
+            the training data may repeat forever and Keras keep one iterator for
+            the run (`ends_epochs`, `tftrain.train.loops.fit.one_iterator`); add
+            `epoch_callback()` to `fit`'s callbacks (`tftrain.runtime.epoch_ends`).
+            Defaults to None.
 
     Raises:
         ValueError: on no modes, an unknown mode, or a count that does not divide
@@ -204,7 +163,7 @@ class ExecutionTrial:
 
     def __init__(self, model, modes: Sequence[str], counts: Sequence[int] = (), *, examples_per_step: int,
                  on_settled: Optional[Callable] = None, clock: Callable[[], float] = time.perf_counter,
-                 planned_steps: Optional[int] = None):
+                 planned_steps: Optional[int] = None, steps_per_epoch: Optional[int] = None):
         if not modes or any(m not in ("graph", "xla") for m in modes):
             raise ValueError(f"modes must be a non-empty subset of ('graph', 'xla'); got {tuple(modes)}.")
         self.model, self.modes, self.examples_per_step = model, tuple(modes), examples_per_step
@@ -216,6 +175,7 @@ class ExecutionTrial:
         self.larger = [c for c in all_counts if c > self.base]
         self.shared_count = bool(self.larger)  # several counts: each mode's function runs any of them
         self.on_settled, self.clock, self.planned_steps = on_settled, clock, planned_steps
+        self.steps_per_epoch, self.epoch_steps = steps_per_epoch, 0  # epoch_steps: run so far in this epoch
         self.not_timed: list = []  # "<label>: why", candidates the run is too short to repay
         self.time_again_from: Optional[int] = None  # planned steps from which those would repay timing
         self.incumbent = self._candidate(self.modes[0], self.base)
@@ -248,14 +208,28 @@ class ExecutionTrial:
         self.model.steps_per_execution = self.fit_steps_per_execution
         self.model.train_function = self
 
+    @property
+    def ends_epochs(self) -> bool:
+        """Whether each call stops at the epoch's end (`steps_per_epoch` given and the count shared, so that a
+        call can run any number of steps up to the largest count)."""
+        return bool(self.steps_per_epoch) and self.shared_count and self._make_function_available()
+
+    def epoch_callback(self):
+        """A Keras callback that marks each epoch's start (a resumed epoch is ended early by `StepBackup`,
+        so the steps run do not say where the next begins)."""
+        return epoch_start_callback(self)
+
     # -- the train function -------------------------------------------------
     def __call__(self, iterator):
-        """Runs `fit_steps_per_execution` steps from `iterator`; the logs of the last call."""
+        """Runs `fit_steps_per_execution` steps from `iterator` (fewer where the epoch has fewer left,
+        when the trial `ends_epochs`); the logs of the last call."""
+        todo = self._steps_this_call()
         logs, done = None, 0
-        while done < self.fit_steps_per_execution:
-            candidate = self._pick(self.fit_steps_per_execution - done)
+        while done < todo:
+            candidate = self._pick(todo - done)
+            steps = min(candidate.spe, todo - done)
             try:
-                logs = self._run(candidate, iterator)
+                logs = self._run(candidate, iterator, steps)
             except StopIteration:
                 if logs is None:
                     raise
@@ -264,12 +238,23 @@ class ExecutionTrial:
                 if not self._skip(candidate, error):
                     raise
                 continue
-            done += candidate.spe
+            done += steps
+        self.epoch_steps += done
         return logs
+
+    def _steps_this_call(self) -> int:
+        """`fit_steps_per_execution`, or the steps the epoch has left when fewer and the trial `ends_epochs`."""
+        if not self.ends_epochs:
+            return self.fit_steps_per_execution
+        if self.epoch_steps >= self.steps_per_epoch:  # an epoch ended (its callback not added): the next began
+            self.epoch_steps = 0
+        return min(self.fit_steps_per_execution, self.steps_per_epoch - self.epoch_steps)
 
     def _pick(self, remaining: int) -> _Candidate:
         """The candidate of the next call: the incumbent and the challenger in turn (the challenger only
-        where its count fits the rest of this execution; the incumbent's always does)."""
+        where its count divides the rest of this execution; else the incumbent, which runs at most what
+        is left: every count divides a whole execution, and an epoch's short last one runs on the shared
+        count)."""
         if self.chosen is None and self.challenger is None and self.incumbent.samples:
             self._next_duel()
         if self.chosen is not None:
@@ -279,16 +264,17 @@ class ExecutionTrial:
         other = self.challenger if self.last is self.incumbent else self.incumbent
         return other if remaining % other.spe == 0 else self.incumbent
 
-    def _run(self, candidate: _Candidate, iterator):
-        """One call of `candidate`'s train function; timed (and synchronised by reading the optimizer's
-        step counter) while the candidates are being timed."""
+    def _run(self, candidate: _Candidate, iterator, steps: Optional[int] = None):
+        """One call of `candidate`'s train function, running `steps` steps (its count; fewer only through the
+        shared count); timed (and synchronised by reading the optimizer's step counter) while the
+        candidates are being timed."""
         model = self.model
         if candidate.function is None:
             candidate.function = self._function(candidate)
         # Read when Keras traces the function: the shared count when there is one, else the candidate's.
         model.steps_per_execution = self.count if self.count is not None else candidate.spe
         if self.count is not None:
-            self.count.set(candidate.spe)
+            self.count.set(steps or candidate.spe)
         try:
             if self.chosen is not None:
                 return candidate.function(iterator)
@@ -455,8 +441,9 @@ class ExecutionTrial:
             self.chosen.function = self._function(self.chosen)
         if self.count is not None:
             self.count.set(self.chosen.spe)
-        if self.chosen.spe == self.fit_steps_per_execution:
-            self.model.train_function = self.chosen.function  # nothing left to dispatch
+        if self.chosen.spe == self.fit_steps_per_execution and not (
+                self.ends_epochs and self.steps_per_epoch % self.chosen.spe):
+            self.model.train_function = self.chosen.function  # nothing left to dispatch (no short last call)
         timings = {label: _timing(c, c.samples, self.examples_per_step) for label, c in self.timed.items()
                    if not c.failed and _kept(c.samples)}
         if self.chosen.label in timings:

@@ -314,7 +314,8 @@ class AutomaticSettings:
         self.execution = modes[0] if len(modes) == 1 else "graph"
         self.execution_trial = ExecutionTrial(
             model, modes, tuple(c for c in counts if c != model.steps_per_execution),
-            examples_per_step=self.batch.global_batch_size, on_settled=settled, planned_steps=planned or None)
+            examples_per_step=self.batch.global_batch_size, on_settled=settled, planned_steps=planned or None,
+            steps_per_epoch=(self.steps_per_epoch or 0) * self.accumulation_steps or None)
         self.execution_trial.install()
         larger = [str(c) for c in sorted(counts) if c > base]  # the trial times no count below the compiled one
         timed = " and ".join(modes) + (f" at {base} steps per execution" + (

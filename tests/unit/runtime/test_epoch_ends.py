@@ -1,0 +1,106 @@
+"""One data iterator for the whole run: `EpochEnds`, the `ExecutionTrial`'s short last call of an epoch,
+and `FitLoop`'s `one_iterator` (Keras otherwise builds and drops the tf.data pipeline every epoch)."""
+
+import numpy as np
+
+from tftrain.runtime.epoch_ends import EpochEnds
+from tftrain.runtime.execution_trial import ExecutionTrial
+from tftrain.train.loops.fit import FitLoop, one_iterator
+
+
+def _data(batches, batch=8):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batches * batch, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5, 0.0], "float32"))[:, None]
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+
+
+def _model(spe):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", steps_per_execution=spe)
+    return model
+
+
+def _steps(model) -> int:
+    return int(model.optimizer.iterations.numpy())
+
+
+def test_one_iterator_repeats_only_data_whose_epoch_is_whole_executions_or_ends_itself():
+    import tensorflow as tf
+
+    ds = _data(20)
+    repeated, steps = one_iterator(ds, None, 4)
+    assert int(repeated.cardinality()) == tf.data.INFINITE_CARDINALITY and steps == 20
+    assert one_iterator(ds, None, 8) == (ds, None)  # 20 batches end inside the third execution of 8
+    repeated, steps = one_iterator(ds, None, 8, epoch_ends_at=20)
+    assert int(repeated.cardinality()) == tf.data.INFINITE_CARDINALITY and steps == 20
+    endless = ds.repeat()
+    assert one_iterator(endless, 20, 8) == (endless, 20)
+    unknown = ds.filter(lambda x, y: True)
+    assert one_iterator(unknown, None, 1) == (unknown, None)
+
+
+def test_epoch_ends_runs_each_epoch_s_steps_on_endless_data_where_keras_would_run_past_them():
+    # keras-team/keras#20861: on endless data Keras runs the epoch's third execution of 8 whole (24 steps).
+    plain = _model(8)
+    plain.fit(_data(20).repeat(), steps_per_epoch=20, epochs=3, verbose=0)
+    assert _steps(plain) == 72
+    model = _model(8)
+    assert EpochEnds.applies(model, 20) and not EpochEnds.applies(model, 24)
+    ends = EpochEnds(model, 20).install()
+    model.fit(_data(20).repeat(), steps_per_epoch=20, epochs=3, verbose=0, callbacks=[ends.epoch_callback()])
+    assert _steps(model) == 60 and model.steps_per_execution == 8
+
+
+def test_the_epoch_marker_restarts_the_count_after_an_epoch_ended_early():
+    import keras
+
+    class StopAfter(keras.callbacks.Callback):  # as StepBackup ends a resumed epoch early
+        def on_train_batch_end(self, batch, logs=None):
+            if self.params and batch >= 7 and not getattr(self, "done", False):
+                self.model.stop_training = self.done = True
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.stop_training = False
+
+    model = _model(8)
+    ends = EpochEnds(model, 20).install()
+    model.fit(_data(20).repeat(), steps_per_epoch=20, epochs=3, verbose=0,
+              callbacks=[ends.epoch_callback(), StopAfter()])
+    assert _steps(model) == 8 + 20 + 20  # without the marker the second epoch would end after 12 steps
+
+
+def test_fit_loop_keeps_one_iterator_and_trains_each_epoch_s_steps_once(monkeypatch):
+    model = _model(8)
+    seen = {}
+    fit = model.fit
+    monkeypatch.setattr(model, "fit", lambda dataset, **kw: seen.update(kw, cardinality=int(dataset.cardinality()))
+                        or fit(dataset, **kw))
+    FitLoop().fit(model, lambda: _data(20), epochs=3, steps_per_epoch=None, callbacks=[], verbose=0)
+    assert seen["cardinality"] < 0 and seen["steps_per_epoch"] == 20  # repeated: Keras keeps its iterator
+    assert isinstance(model.train_function, EpochEnds) and _steps(model) == 60
+
+
+def test_a_train_function_built_already_is_kept_and_the_data_left_finite(monkeypatch):
+    model = _model(8)
+    model.make_train_function()  # e.g. a remembered XLA choice, compiled before fit: not compiled again
+    built = model.train_function
+    FitLoop().fit(model, lambda: _data(20), epochs=2, steps_per_epoch=None, callbacks=[], verbose=0)
+    assert model.train_function is built and _steps(model) == 40
+
+
+def test_the_trial_runs_each_epoch_s_last_steps_on_the_shared_count():
+    model = _model(8)
+    trial = ExecutionTrial(model, ("graph",), (32,), examples_per_step=8, steps_per_epoch=100)
+    trial.install()
+    assert trial.ends_epochs
+    FitLoop().fit(model, lambda: _data(100), epochs=4, steps_per_epoch=None, callbacks=[], verbose=0)
+    choice = trial.finish()
+    assert _steps(model) == 400 and choice.trial["complete"]
+    for label, timing in choice.timings.items():  # only whole calls are timed: the short ones are not
+        assert timing.timed_steps % timing.steps_per_execution == 0, (label, timing)
