@@ -2,10 +2,11 @@
 and `FitLoop`'s `one_iterator` (Keras otherwise builds and drops the tf.data pipeline every epoch)."""
 
 import numpy as np
+import pytest
 
 from tftrain.runtime.epoch_ends import EpochEnds
 from tftrain.runtime.execution_trial import ExecutionTrial
-from tftrain.train.loops.fit import FitLoop, one_iterator
+from tftrain.train.loops.fit import FitLoop, _validation_iterator, one_iterator
 
 
 def _data(batches, batch=8):
@@ -104,3 +105,18 @@ def test_the_trial_runs_each_epoch_s_last_steps_on_the_shared_count():
     assert _steps(model) == 400 and choice.trial["complete"]
     for label, timing in choice.timings.items():  # only whole calls are timed: the short ones are not
         assert timing.timed_steps % timing.steps_per_execution == 0, (label, timing)
+
+
+def test_validation_data_of_whole_executions_is_repeated_and_scored_over_one_pass(monkeypatch):
+    model = _model(4)
+    seen = {}
+    fit = model.fit
+    monkeypatch.setattr(model, "fit", lambda dataset, **kw: seen.update(kw) or fit(dataset, **kw))
+    history = FitLoop().fit(model, lambda: _data(20), epochs=2, steps_per_epoch=None, callbacks=[], verbose=0,
+                            validation_data=_data(12, batch=5))
+    assert seen["validation_steps"] == 12 and int(seen["validation_data"].cardinality()) < 0
+    expected = model.evaluate(_data(12, batch=5), verbose=0)  # the same weights, over one pass
+    assert history.history["val_loss"][-1] == pytest.approx(expected, rel=1e-5)
+    ten = _data(10, batch=5)
+    assert _validation_iterator(ten, 4) == (ten, None)  # its last execution would read the next pass
+    assert _validation_iterator(None, 4) == (None, None)

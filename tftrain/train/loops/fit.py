@@ -150,8 +150,10 @@ class FitLoop:
         dataset, steps = one_iterator(dataset, steps_per_epoch, _steps_per_execution(model),
                                       epoch_ends_at=ender.steps_per_epoch if ender else None)
         marker = [ender.epoch_callback()] if ender is not None and steps is not None else []
+        validation_data, validation_steps = _validation_iterator(validation_data, _steps_per_execution(model))
         return model.fit(dataset, epochs=epochs, steps_per_epoch=steps, callbacks=[*marker, *callbacks],
-                         verbose=verbose, validation_data=validation_data, shuffle=False, class_weight=class_weight)
+                         verbose=verbose, validation_data=validation_data, validation_steps=validation_steps,
+                         shuffle=False, class_weight=class_weight)
 
     def evaluate(self, model, dataset, metrics=None) -> dict:
         """`Model.evaluate` as a `{name: float}` dict (`"loss"` and each metric; `metrics` unused)."""
@@ -174,6 +176,15 @@ def _epoch_ender(model, dataset):
 
     batches = int(dataset.cardinality())
     return EpochEnds(model, batches).install() if EpochEnds.applies(model, batches) else None
+
+
+def _validation_iterator(validation_data, steps_per_execution: int) -> tuple:
+    """`(validation_data, validation_steps)` for `fit`: a finite dataset whose pass is whole executions
+    of the test function is repeated, so that Keras keeps one validation iterator for the run too (its
+    test function has no short last call: other data is left as it is)."""
+    if validation_data is None or not hasattr(validation_data, "cardinality"):
+        return validation_data, None
+    return one_iterator(validation_data, None, steps_per_execution)
 
 
 def one_iterator(dataset, steps_per_epoch: Optional[int], steps_per_execution: int,
