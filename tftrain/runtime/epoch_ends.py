@@ -1,14 +1,14 @@
 """A train function that ends each epoch itself, so that Keras can keep one data iterator for the run.
 
-On finite data Keras makes a new iterator at each epoch's start and drops it at its end, and tf.data
-builds and tears the whole pipeline down each time (its functions, its parallel map and prefetch
-threads): 10 ms to make tftrain's array pipeline's iterator and 10 ms to drop it, measured on 2 CPU
-cores, 30 ms an epoch in all against 9 ms for the same 64 steps on one iterator. On data that repeats
-forever Keras keeps its iterator, but runs every execution whole, past an epoch's end
-(keras-team/keras#20861), when the epoch is not a whole number of executions. `EpochEnds` runs
-Keras's own train function with its count of steps read from a variable (`StepCount`, which the
-`ExecutionTrial` shares too), set for the last call of each epoch to the steps left, so the training data can repeat
-(`tftrain.train.loops.fit.one_iterator`).
+On finite data Keras makes a new iterator at each epoch's start and another at its end (for a next
+pass, which the next epoch does not use), and tf.data builds the whole pipeline each time (its
+functions, its parallel map and prefetch threads): 10 ms at each end for tftrain's array pipeline,
+measured on 2 CPU cores, 30 ms an epoch in all against 9 ms for the same 64 steps on one iterator.
+On data that repeats forever Keras keeps its iterator, but runs every execution whole, past an
+epoch's end (keras-team/keras#20861), when the epoch is not a whole number of executions.
+`EpochEnds` runs Keras's own train function with its count of steps read from a variable
+(`StepCount`, which the `ExecutionTrial` shares too), set for the last call of each epoch to the
+steps left, so the training data can repeat (`tftrain.train.loops.fit.one_iterator`).
 
 Source: keras/src/backend/tensorflow/trainer.py (`_make_function`) and
 keras/src/trainers/epoch_iterator.py in Keras 3.

@@ -205,6 +205,8 @@ class ExecutionTrial:
         which are not timed, run in graph."""
         if len(self.modes) > 1:
             self.model.jit_compile = False
+        if self.model.steps_per_execution != self.fit_steps_per_execution:  # a test function traced at the
+            self.model.test_function = None  # old count would run it per call of the new (XLA's test-step check)
         self.model.steps_per_execution = self.fit_steps_per_execution
         self.model.train_function = self
 
@@ -286,6 +288,8 @@ class ExecutionTrial:
             return logs
         finally:
             model.steps_per_execution = self.fit_steps_per_execution
+            if self.count is not None and steps and steps != candidate.spe:  # an epoch's short last call:
+                self.count.set(candidate.spe)  # a function handed over to Keras meanwhile runs whole calls
 
     def _function(self, candidate: _Candidate):
         """Keras's train function around the mode's one step function, one per mode: with several

@@ -236,8 +236,8 @@ class AutomaticSettings:
             self.console.line(f"execution: auto: {why}")
         if counts:  # start from the rule's count, or the largest allowed below it (1 always is)
             start = max(c for c in counts if c <= model.steps_per_execution)
-            if start != model.steps_per_execution:  # a function traced at the old count (the precision timing's)
-                model.steps_per_execution, model.train_function = start, None
+            if start != model.steps_per_execution:  # functions traced at the old count (the precision timing's,
+                model.steps_per_execution, model.train_function, model.test_function = start, None, None  # XLA's check)
         key = self._execution_key(model, probe, modes, counts)
         choice = self._remembered(model, key, counts, probe)
         if choice is not None:

@@ -77,14 +77,18 @@ def test_the_epoch_marker_restarts_the_count_after_an_epoch_ended_early():
 
 
 def test_fit_loop_keeps_one_iterator_and_trains_each_epoch_s_steps_once(monkeypatch):
+    import keras
+
     model = _model(8)
     seen = {}
     fit = model.fit
     monkeypatch.setattr(model, "fit", lambda dataset, **kw: seen.update(kw, cardinality=int(dataset.cardinality()))
                         or fit(dataset, **kw))
-    FitLoop().fit(model, lambda: _data(20), epochs=3, steps_per_epoch=None, callbacks=[], verbose=0)
+    during = keras.callbacks.LambdaCallback(on_train_end=lambda logs: seen.update(function=model.train_function))
+    FitLoop().fit(model, lambda: _data(20), epochs=3, steps_per_epoch=None, callbacks=[during], verbose=0)
     assert seen["cardinality"] < 0 and seen["steps_per_epoch"] == 20  # repeated: Keras keeps its iterator
-    assert isinstance(model.train_function, EpochEnds) and _steps(model) == 60
+    assert isinstance(seen["function"], EpochEnds) and _steps(model) == 60
+    assert model.train_function is None  # this run's epoch length does not follow the model into a later fit
 
 
 def test_a_train_function_built_already_is_kept_and_the_data_left_finite(monkeypatch):
@@ -95,14 +99,16 @@ def test_a_train_function_built_already_is_kept_and_the_data_left_finite(monkeyp
     assert model.train_function is built and _steps(model) == 40
 
 
-def test_the_trial_runs_each_epoch_s_last_steps_on_the_shared_count():
+@pytest.mark.parametrize("told", [100, 99])  # 99: a task's count off by one (a kept partial batch): the data's wins
+def test_the_trial_runs_each_epoch_s_last_steps_on_the_shared_count(told):
     model = _model(8)
-    trial = ExecutionTrial(model, ("graph",), (32,), examples_per_step=8, steps_per_epoch=100)
+    trial = ExecutionTrial(model, ("graph",), (32,), examples_per_step=8, steps_per_epoch=told)
     trial.install()
     assert trial.ends_epochs
     FitLoop().fit(model, lambda: _data(100), epochs=4, steps_per_epoch=None, callbacks=[], verbose=0)
     choice = trial.finish()
-    assert _steps(model) == 400 and choice.trial["complete"]
+    assert _steps(model) == 400 and choice.trial["complete"] and trial.steps_per_epoch == 100
+    assert trial.count.value == choice.steps_per_execution  # not left at an epoch's short last call
     for label, timing in choice.timings.items():  # only whole calls are timed: the short ones are not
         assert timing.timed_steps % timing.steps_per_execution == 0, (label, timing)
 
@@ -120,3 +126,11 @@ def test_validation_data_of_whole_executions_is_repeated_and_scored_over_one_pas
     ten = _data(10, batch=5)
     assert _validation_iterator(ten, 4) == (ten, None)  # its last execution would read the next pass
     assert _validation_iterator(None, 4) == (None, None)
+
+
+def test_installing_the_trial_at_a_new_count_drops_a_test_function_traced_at_the_old_one():
+    model = _model(8)
+    model.evaluate(_data(4), verbose=0)  # as XLA's test-step check traces it, at 8 steps per call
+    assert model.test_function is not None
+    ExecutionTrial(model, ("graph",), (32,), examples_per_step=8).install()
+    assert model.test_function is None and model.steps_per_execution == 32

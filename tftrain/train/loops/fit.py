@@ -145,15 +145,21 @@ class FitLoop:
             class_weight: `{class index: weight}` for `Model.fit`, or None.
                 Defaults to None.
         """
+        from tftrain.runtime.epoch_ends import EpochEnds
+
         dataset = train_data()
         ender = _epoch_ender(model, dataset)
         dataset, steps = one_iterator(dataset, steps_per_epoch, _steps_per_execution(model),
                                       epoch_ends_at=ender.steps_per_epoch if ender else None)
-        marker = [ender.epoch_callback()] if ender is not None and steps is not None else []
+        marker = [ender.epoch_callback()] if ender is not None else []
         validation_data, validation_steps = _validation_iterator(validation_data, _steps_per_execution(model))
-        return model.fit(dataset, epochs=epochs, steps_per_epoch=steps, callbacks=[*marker, *callbacks],
-                         verbose=verbose, validation_data=validation_data, validation_steps=validation_steps,
-                         shuffle=False, class_weight=class_weight)
+        try:
+            return model.fit(dataset, epochs=epochs, steps_per_epoch=steps, callbacks=[*marker, *callbacks],
+                             verbose=verbose, validation_data=validation_data, validation_steps=validation_steps,
+                             shuffle=False, class_weight=class_weight)
+        finally:
+            if isinstance(model.train_function, EpochEnds):  # this run's epoch length: not a later fit's
+                model.train_function = None
 
     def evaluate(self, model, dataset, metrics=None) -> dict:
         """`Model.evaluate` as a `{name: float}` dict (`"loss"` and each metric; `metrics` unused)."""
@@ -168,20 +174,32 @@ def _steps_per_execution(model) -> int:
 
 def _epoch_ender(model, dataset):
     """The model's train function when it ends each epoch itself (an `ExecutionTrial` told the epoch's
-    length), else an `EpochEnds` installed for finite data whose epoch ends inside an execution, else None."""
-    function = model.train_function
-    if getattr(function, "ends_epochs", False):
-        return function
+    length, `_at_the_data_s_length`), else an `EpochEnds` installed for finite data whose epoch ends inside
+    an execution, else None."""
+    import tensorflow as tf
+
     from tftrain.runtime.epoch_ends import EpochEnds
 
-    batches = int(dataset.cardinality())
+    function, batches = model.train_function, int(dataset.cardinality())
+    if getattr(function, "ends_epochs", False):
+        if batches != tf.data.INFINITE_CARDINALITY:  # endless data: its epoch is the run's steps_per_epoch
+            _at_the_data_s_length(function, batches)
+        return function if function.ends_epochs else None
     return EpochEnds(model, batches).install() if EpochEnds.applies(model, batches) else None
+
+
+def _at_the_data_s_length(function, batches: int) -> None:
+    """Sets the epoch length `function` ends epochs at to the finite data's pass (a task's count of steps
+    can differ from it, e.g. a dataset that keeps a partial last batch), or to None (whole calls, the data
+    ending each epoch, as Keras has it) when the data's length is unknown."""
+    function.steps_per_epoch = batches if batches > 0 else None
 
 
 def _validation_iterator(validation_data, steps_per_execution: int) -> tuple:
     """`(validation_data, validation_steps)` for `fit`: a finite dataset whose pass is whole executions
-    of the test function is repeated, so that Keras keeps one validation iterator for the run too (its
-    test function has no short last call: other data is left as it is)."""
+    of the test function is repeated, which spares the iterator Keras makes at the end of each finite
+    pass (its `evaluate` still makes one per validation); other data is left as it is (the test
+    function has no short last call)."""
     if validation_data is None or not hasattr(validation_data, "cardinality"):
         return validation_data, None
     return one_iterator(validation_data, None, steps_per_execution)
@@ -191,11 +209,11 @@ def one_iterator(dataset, steps_per_epoch: Optional[int], steps_per_execution: i
                  epoch_ends_at: Optional[int] = None):
     """`(dataset, steps_per_epoch)` for `Model.fit` such that Keras keeps one iterator for the whole run.
 
-    On finite data Keras makes a new iterator at each epoch's start and drops it at its end, and
-    tf.data then builds and tears down the whole pipeline (its functions, its parallel map and
-    prefetch threads): measured 10 ms to make tftrain's array pipeline's iterator and 10 ms to drop
-    it, 30 ms an epoch in all against 9 ms for the same 64 steps on one iterator (a 16-input linear
-    model on 2 CPU cores, 64 steps per execution). Data whose epoch is a known whole number of
+    On finite data Keras makes a new iterator at each epoch's start, and another at its end (for a next
+    pass, which the next epoch does not use: it makes its own), and tf.data builds the whole pipeline
+    each time (its functions, its parallel map and prefetch threads): measured 10 ms at the start and
+    10 ms at the end for tftrain's array pipeline, 30 ms an epoch in all against 9 ms for the same 64
+    steps on one iterator (a 16-input linear model on 2 CPU cores, 64 steps per execution). Data whose epoch is a known whole number of
     executions, or whose train function ends each epoch itself (`epoch_ends_at`: an `ExecutionTrial`
     whose last call of an epoch runs only the steps left), is therefore repeated and run
     `steps_per_epoch` steps an epoch: Keras then keeps its iterator
