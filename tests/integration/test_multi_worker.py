@@ -233,8 +233,11 @@ def test_parameter_server_job_resumes_after_a_killed_worker(tmp_path):
 @pytest.mark.timeout(400)
 def test_sigterm_stops_both_workers_at_one_saved_step_and_the_rerun_resumes_there(tmp_path):
     run_dir = tmp_path / "run"
+    # 128 steps an epoch: TensorFlow's PreemptionCheckpointHandler polls for the signal once a second, and a
+    # run whose last 1.5 epochs of 32 steps took about a second finished before the workers agreed on a step.
+    flags = [*FLAGS, "--train-examples", "16384"]
     cmd = [PY, "-m", "tftrain.launch", "--workers", "2", "--timeout", "200", "--grace", "60", "--",
-           *RECIPE, *MWMS, *FLAGS, "--run-dir", str(run_dir)]
+           *RECIPE, *MWMS, *flags, "--run-dir", str(run_dir)]
     env = _env(tmp_path / "tmp")
     # SIGTERM to the launcher, as SLURM or Kubernetes stop a job; it passes the signal on to every task.
     code, output, pids = _kill_in_epoch_2(cmd, env, watched="worker:0", victim="launcher", signum=signal.SIGTERM)
@@ -250,5 +253,5 @@ def test_sigterm_stops_both_workers_at_one_saved_step_and_the_rerun_resumes_ther
     result = _run(cmd, env, 300)  # the same command resumes at that step and finishes
     assert result.returncode == 0, result.stderr[-3000:]
     assert "optimizer steps of the next" in result.stdout or saved["steps_in_epoch"] == 0
-    assert optimizer_steps(run_dir) == 3 * 32  # every step once: none lost, none repeated
+    assert optimizer_steps(run_dir) == 3 * 128  # every step once: none lost, none repeated
     assert read_metrics(run_dir)["test_accuracy"] > 0.85
