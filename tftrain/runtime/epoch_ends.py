@@ -117,9 +117,7 @@ class EpochEnds:
     def __call__(self, iterator):
         """Runs `steps_per_execution` steps from `iterator`, or the epoch's last steps where fewer are left;
         the logs."""
-        if self.epoch_steps >= self.steps_per_epoch:
-            self.epoch_steps = 0
-        steps = min(self.steps_per_execution, self.steps_per_epoch - self.epoch_steps)
+        steps = steps_this_call(self, self.steps_per_execution)
         self.count.set(steps)
         self.model.steps_per_execution = self.count  # read when Keras traces the function
         try:
@@ -128,6 +126,15 @@ class EpochEnds:
             self.model.steps_per_execution = self.steps_per_execution
         self.epoch_steps += steps
         return logs
+
+
+def steps_this_call(function, steps_per_execution: int) -> int:
+    """The steps the next call of `function`, which ends epochs (its `steps_per_epoch` and `epoch_steps`,
+    the steps run so far in this epoch), runs: `steps_per_execution`, or the epoch's last steps where fewer
+    are left. An epoch whose steps all ran ended without its marker callback: the count starts again."""
+    if function.epoch_steps >= function.steps_per_epoch:
+        function.epoch_steps = 0
+    return min(steps_per_execution, function.steps_per_epoch - function.epoch_steps)
 
 
 def epoch_start_callback(function):

@@ -32,8 +32,7 @@ from typing import Callable, Optional, Sequence
 
 from tftrain.runtime.execution import (KEEP_FIRST_WITHIN, ExecutionChoice, StepTiming, best_label, choice_reason,
                                        failure_line, label_of)
-from tftrain.runtime.epoch_ends import StepCount as _Count
-from tftrain.runtime.epoch_ends import epoch_start_callback
+from tftrain.runtime.epoch_ends import StepCount, epoch_start_callback, steps_this_call
 from tftrain.runtime.execution_probe import traced_graph
 
 MIN_TIMED_STEPS = 32
@@ -187,7 +186,7 @@ class ExecutionTrial:
         self.skipped: list = []
         self.steps: dict = {}  # mode -> its shared step tf.function
         self.functions: dict = {}  # mode -> its train function, shared by every count
-        self.count: Optional[_Count] = None  # the count the shared functions run (several counts only)
+        self.count: Optional[StepCount] = None  # the count the shared functions run (several counts only)
         self.chosen: Optional[_Candidate] = None
         self.choice: Optional[ExecutionChoice] = None
         self.verdicts: list = []  # each duel's outcome, as the reason says it
@@ -248,9 +247,7 @@ class ExecutionTrial:
         """`fit_steps_per_execution`, or the steps the epoch has left when fewer and the trial `ends_epochs`."""
         if not self.ends_epochs:
             return self.fit_steps_per_execution
-        if self.epoch_steps >= self.steps_per_epoch:  # an epoch ended (its callback not added): the next began
-            self.epoch_steps = 0
-        return min(self.fit_steps_per_execution, self.steps_per_epoch - self.epoch_steps)
+        return steps_this_call(self, self.fit_steps_per_execution)
 
     def _pick(self, remaining: int) -> _Candidate:
         """The candidate of the next call: the incumbent and the challenger in turn (the challenger only
@@ -293,14 +290,14 @@ class ExecutionTrial:
 
     def _function(self, candidate: _Candidate):
         """Keras's train function around the mode's one step function, one per mode: with several
-        counts it loops over the shared `_Count` (set before each call), so that a mode is traced, and
+        counts it loops over the shared `StepCount` (set before each call), so that a mode is traced, and
         compiled by XLA, once. Graph at the one count is the function the precision timing traced, when
         there is one (`traced_graph`)."""
         if candidate.mode == "graph" and self.traced_graph is not None:
             return self.traced_graph[0]
         if self.shared_count and self._make_function_available():
             if self.count is None:
-                self.count = _Count(self.fit_steps_per_execution)
+                self.count = StepCount(self.fit_steps_per_execution)
             if candidate.mode not in self.functions:
                 self.functions[candidate.mode] = self._keras_function(candidate)
             return self.functions[candidate.mode]
