@@ -13,7 +13,8 @@ most `MAX_RERUNS` times). A trial passes when:
   2 x 128; a parameter-server job, whose workers keep running after one is lost, is exempt);
 * SIGKILL lost at most the backup interval: the rerun resumed at or after the newest
   checkpoint on disk just before the kill (checkpoints are 8 steps apart,
-  `--backup-every-steps 8`; a parameter-server job's coordinator backs up at epoch ends only); SIGTERM lost nothing: the rerun resumed at the step the job
+  `--backup-every-steps 8`; a parameter-server job's coordinator joins its workers there to save); SIGTERM lost
+  nothing: the rerun resumed at the step the job
   said it saved (a parameter-server task ends on SIGTERM as on SIGKILL; outside training,
   before the first step or after the last, there is nothing to save);
 * the test accuracy is within 1 point of an unfaulted run of the same kind.
@@ -54,9 +55,8 @@ RECIPE = ["--train-examples", str(STEPS_PER_EPOCH * 128), "--epochs", str(EPOCHS
 
 def _command(kind: str, run_dir: Path) -> list:
     """The job's command line: the recipe, alone or under `tftrain.launch`."""
-    recipe = [sys.executable, "-m", "tftrain.recipes.mnist", *RECIPE, "--run-dir", str(run_dir)]
-    if kind != "parameter_server":  # its coordinator loop backs up at epoch ends only (no per-step hooks)
-        recipe += ["--backup-every-steps", str(BACKUP_EVERY)]
+    recipe = [sys.executable, "-m", "tftrain.recipes.mnist", *RECIPE, "--run-dir", str(run_dir),
+              "--backup-every-steps", str(BACKUP_EVERY)]
     if kind == "single":
         return recipe
     cluster = ["--workers", "2"] if kind == "multi_worker" else ["--chief", "--workers", "2", "--ps", "1"]
@@ -146,8 +146,7 @@ def _optimizer_steps(run_dir: Path):
 def _lost_at_most_the_interval(kind, signame, reruns, resumed, seen, said) -> bool:
     """No rerun needed (the job outlived the fault), or the rerun resumed at the step a SIGTERM saved
     (a parameter-server task ends on the signal, as on SIGKILL), or, after SIGKILL, at or after the
-    newest checkpoint on disk just before the kill (checkpoints are `BACKUP_EVERY` steps apart; a
-    parameter-server job's an epoch apart)."""
+    newest checkpoint on disk just before the kill (checkpoints are `BACKUP_EVERY` steps apart)."""
     if not reruns:
         return True
     if resumed is None:

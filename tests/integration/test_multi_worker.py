@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO, SUBPROCESS_ENV, optimizer_steps, read_metrics
+from tftrain.callbacks.backup import read_position
 
 pytestmark = pytest.mark.integration
 
@@ -178,11 +179,11 @@ def test_killed_worker_of_a_chief_and_worker_job_resumes_from_the_last_checkpoin
     assert list((tmp_path / "tmp").glob("tftrain-*")) == []
 
 
-def _parameter_server_job(tmp_path, workers: int):
+def _parameter_server_job(tmp_path, workers: int, flags=()):
     """`(run directory, launcher command, task environment)` of a MNIST job: chief, `workers` workers, 1 ps."""
     run_dir = tmp_path / "run"
     cmd = _launcher(["--chief", "--workers", str(workers), "--ps", "1"],
-                    ["--strategy", "parameter_server", *FLAGS, "--run-dir", run_dir], 200)
+                    ["--strategy", "parameter_server", *FLAGS, *flags, "--run-dir", run_dir], 200)
     return run_dir, cmd, _env(tmp_path / "tmp")
 
 
@@ -204,28 +205,55 @@ def test_parameter_server_job_outlives_a_killed_worker(tmp_path):
     assert _alive(pids.values()) == []
 
 
+def _kill_at_a_mid_epoch_checkpoint(cmd, env, run_dir, victim: str, timeout_s: float = 240):
+    """Runs the launcher `cmd` and SIGKILLs task `victim` as soon as `run_dir`'s backup holds a checkpoint written
+    8 or 16 steps into epoch 2 or 3 (a later save within 16 steps stays mid-epoch); returns `(launcher exit code,
+    its output, task pids)`. Fails the test when the job ends first."""
+    log = run_dir.parent / "launcher.log"
+    with open(log, "w") as out:
+        launcher = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    killed, deadline = False, time.monotonic() + timeout_s
+    try:
+        while not killed and launcher.poll() is None and time.monotonic() < deadline:
+            saved = read_position(run_dir / "backup")
+            if saved is not None and saved.epoch >= 1 and saved.steps_in_epoch in (8, 16):
+                pids = _started_pids(log.read_text())
+                os.kill(pids[victim], signal.SIGKILL)
+                killed = True
+            time.sleep(0.005)
+        launcher.wait(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    output = log.read_text()
+    assert killed, output[-3000:]
+    return launcher.returncode, output, _started_pids(output)
+
+
 @pytest.mark.timeout(400)
-def test_parameter_server_job_resumes_after_a_killed_worker(tmp_path):
-    # One worker keeps the kill and the resume short; the exact step count under two workers is checked in
-    # tests/integration/test_own_task.py (the loop adds atomically).
-    run_dir, cmd, env = _parameter_server_job(tmp_path, workers=1)
-    code, output, pids = _kill_in_epoch_2(cmd, env, watched="chief:0", victim="worker:0")
+def test_parameter_server_job_resumes_mid_epoch_after_a_killed_chief(tmp_path):
+    # The chief (the coordinator) joins every 8 scheduled steps and saves there. One worker keeps the kill and the
+    # resume short; the exact step count under two workers is checked in tests/integration/test_own_task.py.
+    run_dir, cmd, env = _parameter_server_job(tmp_path, workers=1, flags=["--backup-every-steps", "8"])
+    code, output, pids = _kill_at_a_mid_epoch_checkpoint(cmd, env, run_dir, victim="chief:0")
     assert code == 128 + signal.SIGKILL, output[-3000:]
-    assert "worker:0 was killed by SIGKILL (exit code 137); stopping" in output
+    assert "chief:0 was killed by SIGKILL (exit code 137); stopping" in output
     assert _alive(pids.values()) == []
     assert not (run_dir / "metrics.json").exists()
-    done = json.loads((run_dir / "backup" / "training_metadata.json").read_text())["epoch"]
-    assert 1 <= done < 3
+    saved = read_position(run_dir / "backup")
+    assert saved.steps_in_epoch > 0 and saved.optimizer_iterations == 32 * saved.epoch + saved.steps_in_epoch
 
-    result = _run(cmd, env, 300)  # the same command resumes on the chief (the coordinator)
+    result = _run(cmd, env, 300)  # the same command resumes on the chief at that step
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"[chief:0] resuming: {done}/3 epochs done" in result.stdout
+    assert (f"[chief:0] resuming: {saved.epoch}/3 epochs done and {saved.steps_in_epoch} optimizer steps of the next"
+            in result.stdout)
     metrics = read_metrics(run_dir)
     assert metrics["strategy_class"] == "ParameterServerStrategyV2" and set(metrics["history"]) == {"accuracy", "loss"}
-    assert metrics["resumed_from_epoch"] == done and metrics["epochs_trained"] == 3 - done
-    # keras-team/keras#19179: the epochs done are not trained again, and the step count goes on from them.
+    assert metrics["resumed_from_epoch"] == saved.epoch
     assert len(metrics["history"]["loss"]) == 3  # the whole run (history.csv), both processes
-    assert optimizer_steps(run_dir) == 3 * metrics["steps_per_epoch"]
+    # The resumed epoch runs only its remaining steps: every step once, none lost, none repeated.
+    assert optimizer_steps(run_dir) == 3 * metrics["steps_per_epoch"] == 3 * 32
     assert metrics["test_accuracy"] > 0.85
     assert _alive(_started_pids(result.stderr).values()) == []
 

@@ -211,10 +211,16 @@ class StepBackup(keras.callbacks.BackupAndRestore):
         self.say(f"resuming: skipped the newest checkpoint ({skipped}); resuming from the previous one at {at}{steps}")
         return previous
 
+    def steps_done_in(self, epoch: int) -> int:
+        """Batches of `epoch` (0-based) done before this process: the restored checkpoint's
+        `steps_in_epoch` when it was written within that epoch, else 0. Loops that run an
+        epoch's steps themselves (`tftrain.train.loops.ps_training.fit`) run only the rest."""
+        resumed = self._resume is not None and self._resume.epoch == epoch
+        return self._resume.steps_in_epoch if resumed else 0
+
     def on_epoch_begin(self, epoch, logs=None):
         self._current_epoch = epoch  # Keras leaves it at 0 in a resumed run until an epoch ends
-        resumed = self._resume is not None and self._resume.epoch == epoch
-        self._steps = self._resume.steps_in_epoch if resumed else 0
+        self._steps = self.steps_done_in(epoch)
         self._last_batch = -1
 
     def on_train_batch_end(self, batch, logs=None):

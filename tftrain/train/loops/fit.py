@@ -90,11 +90,7 @@ class FitLoop:
         self._check_checkpoints(cfg)
 
     def _check_checkpoints(self, cfg: config_lib.RecipeConfig) -> None:
-        """Refuses `--backup-every-steps` without per-step hooks, `--keep-best` across processes and
-        `--early-stopping` without validation."""
-        if cfg.train.backup_every_steps is not None and not self.per_step_hooks:
-            raise ConfigError(f"--backup-every-steps needs per-step hooks, which {self.name} lacks (it backs up at "
-                              "each epoch end). Drop the flag, or use fewer steps per epoch.")
+        """Refuses `--keep-best` across processes and `--early-stopping` without validation."""
         if cfg.train.keep_best and cfg.runtime.strategy in config_lib.MULTI_PROCESS_STRATEGIES:
             raise ConfigError(f"--keep-best writes its checkpoints from one process; under {cfg.runtime.strategy} "
                               "every worker takes part in a save. Drop the flag (the backup keeps the last epoch), or "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Optional
 
 from tftrain.errors import ConfigError
 from tftrain.train.loops.fit import FitLoop
@@ -57,6 +58,13 @@ def metric_objects(metrics, loss) -> list:
     return out
 
 
+def _backup_every(callbacks) -> Optional[int]:
+    """The `StepBackup`'s steps between checkpoints among `callbacks` (None: at epoch ends only)."""
+    from tftrain.callbacks.backup import StepBackup
+
+    return next((c.every_steps for c in callbacks if isinstance(c, StepBackup) and c.every_steps), None)
+
+
 @dataclasses.dataclass(frozen=True)
 class ParameterServerLoop(FitLoop):
     """The coordinator loop of a `parameter_server` job (`tftrain.train.loops.ps_training`).
@@ -102,7 +110,8 @@ class ParameterServerLoop(FitLoop):
     def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
             runtime=None, metrics=None, say=print, class_weight=None):
         """`tftrain.train.loops.ps_training.fit` on per-worker datasets; see `FitLoop.fit` (`class_weight`
-        is refused before the run, `Trainer.check_task`)."""
+        is refused before the run, `Trainer.check_task`). Under `--backup-every-steps N` the coordinator
+        joins every N steps, where the backup saves (and a requested stop is read)."""
         from tftrain.train.loops import ps_training
 
         with runtime.strategy.scope():
@@ -110,7 +119,7 @@ class ParameterServerLoop(FitLoop):
         return ps_training.fit(
             model, lambda ctx: train_data(ctx).repeat(), epochs=epochs, steps_per_epoch=steps_per_epoch,
             metrics=metrics, callbacks=callbacks, verbose=verbose,
-            steps_per_execution=runtime.requested_steps_per_execution,
+            steps_per_execution=runtime.requested_steps_per_execution, sync_every=_backup_every(callbacks),
         )
 
     def evaluate(self, model, dataset, metrics=None) -> dict:

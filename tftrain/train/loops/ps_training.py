@@ -14,7 +14,9 @@ around a Keras model, its Keras optimizer and Keras metrics:
   live on the ps tasks too) and runs Keras callbacks (`History`, progress bar,
   `BackupAndRestore`, `TensorBoard`, `EarlyStopping`, ...). Batch-level hooks fire
   once per epoch, after its last step, because steps run asynchronously on the
-  workers;
+  workers; given `sync_every`, the coordinator also joins every that many steps and
+  fires them there (a mid-epoch checkpoint: `tftrain.callbacks.StepBackup`, whose
+  resumed epoch then runs only its remaining steps);
 * `evaluate` runs on the chief, reading the variables from the ps tasks, so every
   test example is seen exactly once.
 
@@ -39,6 +41,7 @@ Source: https://www.tensorflow.org/tutorials/distribute/parameter_server_trainin
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from typing import Callable, Optional, Sequence
 
@@ -123,6 +126,7 @@ def fit(
     steps_per_execution: int = 1,
     strategy: Optional[tf.distribute.Strategy] = None,
     coordinator: Optional[tf.distribute.coordinator.ClusterCoordinator] = None,
+    sync_every: Optional[int] = None,
 ) -> keras.callbacks.History:
     """Trains a compiled Keras model with `ParameterServerStrategy`.
 
@@ -151,6 +155,13 @@ def fit(
         strategy: the `ParameterServerStrategy`. Defaults to the model's
             (`model.distribute_strategy`).
         coordinator: a `ClusterCoordinator` to reuse. Defaults to a new one.
+        sync_every: optimizer steps between the joins at which batch-level hooks
+            fire within an epoch (`on_train_batch_end` with the batch index this
+            process reached in the epoch, and the metrics so far); each join
+            waits for every scheduled step, so it costs the workers' idle time.
+            A callback with `steps_done_in(epoch)` (`StepBackup` after a
+            mid-epoch resume) makes that epoch run only its remaining steps.
+            None fires them once an epoch, after its last step. Defaults to None.
 
     Returns:
         The `keras.callbacks.History` of the epochs trained here (`history.epoch`,
@@ -177,6 +188,7 @@ def fit(
     for name, value in (("epochs", epochs), ("steps_per_epoch", steps_per_epoch),
                         ("steps_per_execution", steps_per_execution)):
         check_int(value, name)
+    check_int(sync_every, "sync_every", none_ok=True)
     coordinator = coordinator or tf.distribute.coordinator.ClusterCoordinator(strategy)
     metrics = list(metrics)
     with strategy.scope():
@@ -201,9 +213,10 @@ def fit(
     logs = {}
     for epoch in range(initial_epoch, epochs):
         callback_list.on_epoch_begin(epoch)
-        logs = _run_epoch(coordinator, worker_fn, iterator, steps_per_epoch, steps_per_execution,
-                          (loss_tracker, *metrics))
-        callback_list.on_train_batch_end(steps_per_epoch - 1, logs)
+        steps = steps_per_epoch - max((c.steps_done_in(epoch) for c in callbacks if hasattr(c, "steps_done_in")),
+                                      default=0)
+        run = functools.partial(_run_steps, coordinator, worker_fn, iterator, steps_per_execution)
+        logs = _run_epoch(run, steps, sync_every or steps, (loss_tracker, *metrics), callback_list, model)
         callback_list.on_epoch_end(epoch, logs)
         if model.stop_training:
             break
@@ -235,18 +248,31 @@ def _worker_function(model, strategy, loss_tracker, metrics):
     return worker_fn
 
 
-def _run_epoch(coordinator, worker_fn, iterator, steps_per_epoch, steps_per_execution, metrics) -> dict:
-    """Schedules one epoch's steps, waits for them, and returns the metrics' results."""
+def _run_epoch(run_steps, steps: int, sync_every: int, metrics, callback_list, model) -> dict:
+    """Runs an epoch's `steps` in chunks of `sync_every`, firing `on_train_batch_end` after each chunk
+    with the metrics so far (the last one's are the epoch's); a hook that sets `model.stop_training`
+    ends the epoch there. Returns the last logs."""
     for metric in metrics:
         metric.reset_state()
+    done, logs = 0, {}
+    while done < steps and not (done and model.stop_training):
+        chunk = min(sync_every, steps - done)
+        run_steps(chunk)
+        done += chunk
+        logs = {m.name: float(m.result()) for m in metrics}
+        callback_list.on_train_batch_end(done - 1, logs)
+    return logs
+
+
+def _run_steps(coordinator, worker_fn, iterator, steps_per_execution: int, steps: int) -> None:
+    """Schedules `steps` training steps, `steps_per_execution` a closure, and waits for all of them."""
     done = 0
     with atomic_assign_add():  # the first `schedule` traces `worker_fn`
-        while done < steps_per_epoch:
-            steps = min(steps_per_execution, steps_per_epoch - done)
-            coordinator.schedule(worker_fn, args=(iterator, tf.constant(steps)))
-            done += steps
+        while done < steps:
+            n = min(steps_per_execution, steps - done)
+            coordinator.schedule(worker_fn, args=(iterator, tf.constant(n)))
+            done += n
     coordinator.join()
-    return {m.name: float(m.result()) for m in metrics}
 
 
 def evaluate(model: keras.Model, dataset: tf.data.Dataset, metrics: Sequence[keras.metrics.Metric] = ()) -> dict:
