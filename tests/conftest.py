@@ -61,10 +61,10 @@ def xla_always_timed(monkeypatch):
     the run: tests of the trial's and the memory's mechanics run a few dozen steps, too few to repay
     compiling XLA, so the trial would skip it and a remembered XLA choice would give way to graph;
     those rules have their own tests in tests/unit/runtime/test_execution_trial.py."""
-    from tftrain.runtime import execution_trial
+    from tftrain.runtime import execution_trial, trial_rules
 
     monkeypatch.setattr(execution_trial.ExecutionTrial, "_not_worth_timing", lambda self, challenger: None)
-    monkeypatch.setattr(execution_trial, "weigh_remembered_xla", lambda choice, planned_steps: choice)
+    monkeypatch.setattr(trial_rules, "weigh_remembered_xla", lambda choice, planned_steps: choice)
 
 
 @pytest.fixture

@@ -30,38 +30,14 @@ import math
 import time
 from typing import Callable, Optional, Sequence
 
-from tftrain.runtime.execution import (KEEP_FIRST_WITHIN, ExecutionChoice, StepTiming, best_label, choice_reason,
-                                       failure_line, label_of)
+from tftrain.runtime.execution import ExecutionChoice, best_label, choice_reason, failure_line, label_of
 from tftrain.runtime.epoch_ends import StepCount, epoch_start_callback, steps_this_call
 from tftrain.runtime.execution_probe import traced_graph
-
-MIN_TIMED_STEPS = 32
-"""Optimizer steps each side of a duel is timed for at least (after its compiling call)."""
-
-MIN_TIMED_CALLS = 3
-"""Calls of its train function each side of a duel is timed for at least (`_step_time`)."""
-
-GIVE_UP_RATIO = 1.3
-"""A duel ends early once one side's step time (over two calls or more, and `MIN_GIVE_UP_STEPS` steps) is
-this factor slower."""
-
-MIN_GIVE_UP_STEPS = 8
-"""Optimizer steps each side is timed for at least before a duel may end early: at one step per call, two
-calls of a ~2 ms step differed by 1.4-1.7x on a loaded 2-core host (XLA taken over graph, then trained at
-15,000-17,600 examples/sec against graph's 18,000-18,400 in the same runs)."""
-
-XLA_MAX_SPEEDUP = 2.5
-"""The most XLA is taken to speed a step up over graph at the same count, for deciding whether a run is
-long enough to repay compiling it: the zoo's largest ratio was 2.26x (lstm at 32 steps/execution;
-`benchmarks/results/zoo.json`, medians over 3 rounds on a 2-core CPU), most were below 1.5x."""
-
-
-XLA_COMPILE_RATIO = 3.25
-"""XLA's first call (its compile) is estimated as this many times graph's first call (which traces and
-optimises the step) when deciding whether a run can repay compiling it: measured ratios were 0.6-1.9 on
-the zoo's models and 3.24 on an Embedding + GRU over padded sequences (3.89 s against 1.20 s), whose
-`while` loop XLA compiles whole."""
-
+from tftrain.runtime.trial_rules import (GIVE_UP_RATIO, MIN_GIVE_UP_STEPS, XLA_COMPILE_RATIO, XLA_MAX_SPEEDUP,
+                                         duel_verdict, kept_calls, step_time, timed_enough, timing)
+# Re-exported: these lived here before trial_rules.
+from tftrain.runtime.trial_rules import (MIN_TIMED_CALLS, MIN_TIMED_STEPS, steps_to_time,  # noqa: F401
+                                         weigh_remembered_xla)
 
 @dataclasses.dataclass
 class _Candidate:
@@ -77,40 +53,6 @@ class _Candidate:
     failed: bool = False
 
 
-def _kept(samples: list) -> list:
-    """Timed calls that ran whole executions (an epoch's last call may run fewer steps)."""
-    full = max((steps for _, steps in samples), default=0)
-    return [(s, n) for s, n in samples if n == full and n > 0]
-
-
-def _step_time(samples: list) -> Optional[float]:
-    """Seconds per step over the whole executions timed: their total seconds over their total steps.
-
-    Not their median: a call that compiles for a new input shape is a cost the run keeps paying
-    when shapes vary (sequences padded per batch), and XLA compiles a program per shape. Measured
-    on an Embedding + GRU over `padded_batch` sequences of 5-59 tokens: XLA's median was 8.96
-    ms/step against graph's 19.98, so the trial took XLA, and the run then trained at 39 ms/step.
-    """
-    kept = _kept(samples)
-    return sum(s for s, _ in kept) / sum(n for _, n in kept) if kept else None
-
-
-def _timed_enough(kept: list) -> bool:
-    """`MIN_TIMED_CALLS` calls of `MIN_TIMED_STEPS` steps in all, or two calls of twice as many (a count
-    of 32 or 64 steps per call: waiting for a third call of 64 made the last duel outlast short runs)."""
-    steps = sum(n for _, n in kept)
-    return (len(kept) >= MIN_TIMED_CALLS and steps >= MIN_TIMED_STEPS) or (len(kept) >= 2
-                                                                           and steps >= 2 * MIN_TIMED_STEPS)
-
-
-def _timing(candidate: _Candidate, samples: list, examples_per_step: int) -> StepTiming:
-    kept, step = _kept(samples), _step_time(samples)
-    return StepTiming(step_time_s=step, examples_per_sec=examples_per_step / step if step > 0 else float("inf"),
-                      mean_step_time_s=sum(s for s, _ in kept) / sum(n for _, n in kept),
-                      batch_size=examples_per_step, steps_per_execution=candidate.spe,
-                      timed_steps=sum(n for _, n in kept), warmup_s=candidate.warmup_s or 0.0,
-                      execution_times_s=tuple(s for s, _ in kept))
-
 
 class ExecutionTrial:
     """Times execution candidates on the run's first training steps, inside one `Model.fit`.
@@ -119,7 +61,7 @@ class ExecutionTrial:
     challenger (XLA at that count, then the winning mode at each larger count while the larger
     count wins), their calls interleaved so that both are timed under the same load. A duel ends
     once each has `MIN_TIMED_CALLS` timed calls of `MIN_TIMED_STEPS` steps in all (the challenger
-    wins when its step time (`_step_time`) is more than 5% below the incumbent's,
+    wins when its step time (`trial_rules.step_time`) is more than 5% below the incumbent's,
     `tftrain.runtime.execution.best_label`), or earlier once one is `GIVE_UP_RATIO` slower.
 
     Args:
@@ -366,17 +308,18 @@ class ExecutionTrial:
 
     def _judge(self) -> None:
         """Ends the duel when both are timed enough, or one is already `GIVE_UP_RATIO` slower."""
-        inc, chal = _kept(self.incumbent.window), _kept(self.challenger.window)
+        inc, chal = kept_calls(self.incumbent.window), kept_calls(self.challenger.window)
         if len(inc) < 2 or len(chal) < 2:
             return
-        ratio = _step_time(chal) / _step_time(inc)
-        enough = all(_timed_enough(k) for k in (inc, chal))
+        ratio = step_time(chal) / step_time(inc)
+        enough = all(timed_enough(k) for k in (inc, chal))
         clear = (ratio > GIVE_UP_RATIO or ratio < 1 / GIVE_UP_RATIO) and \
             min(sum(n for _, n in k) for k in (inc, chal)) >= MIN_GIVE_UP_STEPS
         if not (enough or clear):
             return
         sides = ((self.incumbent, inc), (self.challenger, chal))  # the incumbent first: it stays within 5%
-        winner = best_label({c.label: _timing(c, kept, 1) for c, kept in sides}, {c.label: c.spe for c, _ in sides})
+        winner = best_label({c.label: timing(kept, 1, c.spe, c.warmup_s) for c, kept in sides},
+                            {c.label: c.spe for c, _ in sides})
         if self.challenger.spe != self.base and winner != self.challenger.label:
             self.count_lost = True
         self.verdicts.append(duel_verdict(self.incumbent.label, self.challenger.label, 1 / ratio,
@@ -419,18 +362,18 @@ class ExecutionTrial:
         """Why an XLA challenger of a graph incumbent cannot pay for itself in this run, or None: when
         `XLA_MAX_SPEEDUP` over the steps left saves less than compiling XLA is estimated to take
         (`XLA_COMPILE_RATIO` times the graph step's own first call)."""
-        step_time, warmup = _step_time(self.incumbent.samples), self._tracing_call_s(self.incumbent)
+        step_s, warmup = step_time(self.incumbent.samples), self._tracing_call_s(self.incumbent)
         if self.planned_steps is None or challenger.mode != "xla" or self.incumbent.mode != "graph" \
-                or step_time is None or warmup is None:
+                or step_s is None or warmup is None:
             return None
         done = self._step()
         left = self.planned_steps - done  # planned_steps counts a resumed run's restored steps too
-        gain = (1 - 1 / XLA_MAX_SPEEDUP) * step_time * left
+        gain = (1 - 1 / XLA_MAX_SPEEDUP) * step_s * left
         compile_s = XLA_COMPILE_RATIO * warmup
         if gain >= compile_s:
             return None
         # A fresh run reaches this duel after the steps this trial ran (not a resumed run's restored ones).
-        repays_from = done - (self.first_step or 0) + math.ceil(compile_s / ((1 - 1 / XLA_MAX_SPEEDUP) * step_time))
+        repays_from = done - (self.first_step or 0) + math.ceil(compile_s / ((1 - 1 / XLA_MAX_SPEEDUP) * step_s))
         self.time_again_from = min(self.time_again_from or repays_from, repays_from)
         return (f"even {XLA_MAX_SPEEDUP}x faster it would save at most {gain:.1f} s over the run's last {left} "
                 f"steps, less than compiling it may take (about {compile_s:.1f} s, {XLA_COMPILE_RATIO}x graph's "
@@ -445,8 +388,8 @@ class ExecutionTrial:
         if self.chosen.spe == self.fit_steps_per_execution and not (
                 self.ends_epochs and self.steps_per_epoch % self.chosen.spe):
             self.model.train_function = self.chosen.function  # nothing left to dispatch (no short last call)
-        timings = {label: _timing(c, c.samples, self.examples_per_step) for label, c in self.timed.items()
-                   if not c.failed and _kept(c.samples)}
+        timings = {label: timing(c.samples, self.examples_per_step, c.spe, c.warmup_s) for label, c in self.timed.items()
+                   if not c.failed and kept_calls(c.samples)}
         if self.chosen.label in timings:
             reason = ("; ".join(self.verdicts) + " (each duel's calls timed side by side)"
                       + (f"; skipped {'; '.join(self.skipped)}" if self.skipped else "")
@@ -472,7 +415,7 @@ class ExecutionTrial:
         if self.started is None:
             return {"steps": 0, "seconds": 0.0, "cost_s": 0.0, "complete": complete, "modes_decided": decided}
         seconds, steps = self.clock() - self.started[0], self._step() - self.started[1]
-        chosen = _step_time(self.chosen.samples) or 0.0
+        chosen = step_time(self.chosen.samples) or 0.0
         return {"steps": steps, "seconds": round(seconds, 3), "cost_s": round(max(0.0, seconds - steps * chosen), 3),
                 "complete": complete, "modes_decided": decided}
 
@@ -482,66 +425,3 @@ class ExecutionTrial:
         if self.choice is None:
             self._settle(complete=False)
         return self.choice
-
-
-def duel_verdict(incumbent: str, challenger: str, speedup: float, challenger_won: bool) -> str:
-    """A duel's outcome, from the figures it was judged on (the calls timed side by side in it, not
-    every call of the run), e.g. `xla 1.40x faster than graph`, `graph kept: xla only 3% faster, within
-    the 5% timing noise`. `speedup` is the incumbent's step time over the challenger's (above 1: the
-    challenger was faster)."""
-    if challenger_won:
-        return f"{challenger} {speedup:.2f}x faster than {incumbent}"
-    if speedup > 1:
-        return (f"{incumbent} kept: {challenger} only {speedup - 1:.0%} faster, within the "
-                f"{KEEP_FIRST_WITHIN:.0%} timing noise")
-    return f"{incumbent} {1 / speedup:.2f}x faster than {challenger}"
-
-
-def weigh_remembered_xla(choice: ExecutionChoice, planned_steps: Optional[int]) -> ExecutionChoice:
-    """A remembered XLA choice, or graph at its fastest timed count when this run is too short to repay
-    compiling XLA again.
-
-    A remembered XLA choice compiles XLA in every run that reuses it. The run that timed it recorded
-    the compile (XLA's first call less graph's, `StepTiming.warmup_s`) and both modes' step times;
-    when the steps XLA saves over `planned_steps` (graph's fastest step time less XLA's, times the
-    steps) come to less than that compile, graph trains instead, and the reason says so.
-
-    Args:
-        choice: the remembered `ExecutionChoice`.
-        planned_steps: training steps (batches) this run takes; None or 0 when unknown (the choice
-            stands).
-
-    Returns:
-        `choice` unchanged, or a copy with `execution="graph"`, graph's fastest count and the reason.
-    """
-    timings = choice.timings
-    xla = [t for label, t in timings.items() if label.startswith("xla") and t.steps_per_execution
-           == choice.steps_per_execution]
-    graphs = [t for label, t in timings.items() if label.startswith("graph")]
-    if choice.execution != "xla" or not planned_steps or not xla or "xla" not in timings or "graph" not in timings:
-        return choice
-    graph = min(graphs, key=lambda t: t.step_time_s)
-    compile_s = max(0.0, timings["xla"].warmup_s - timings["graph"].warmup_s)
-    saved = (graph.step_time_s - xla[0].step_time_s) * planned_steps
-    if saved >= compile_s:
-        return choice
-    return dataclasses.replace(
-        choice, execution="graph", steps_per_execution=graph.steps_per_execution,
-        reason=(f"xla would save {saved:.1f} s over this run's {planned_steps} steps, less than compiling it "
-                f"again takes (about {compile_s:.1f} s): graph at {graph.steps_per_execution} steps/execution"))
-
-
-def steps_to_time(modes: int, base: int, counts: Sequence[int] = ()) -> int:
-    """About how many training steps (batches) an `ExecutionTrial` takes to time every candidate: each
-    duel (the other modes at `base` steps per execution, then each larger count) times both sides
-    `MIN_TIMED_CALLS` calls of at least `MIN_TIMED_STEPS` steps after the challenger's compiling call,
-    in executions of the largest count."""
-    largest = max((base, *counts))
-    duels = [(base, base)] * (modes - 1) + list(zip([base, *sorted(c for c in counts if c > base)],
-                                                    sorted(c for c in counts if c > base)))
-
-    def calls(spe):  # as _timed_enough
-        return 2 if 2 * spe >= 2 * MIN_TIMED_STEPS else max(MIN_TIMED_CALLS, math.ceil(MIN_TIMED_STEPS / spe))
-
-    steps = base + sum(a * calls(a) + b * (calls(b) + 1) for a, b in duels)
-    return math.ceil(steps / largest) * largest

@@ -288,7 +288,8 @@ class AutomaticSettings:
         """Installs the `ExecutionTrial` on `model` for this run's `fit`, or, when the run has fewer
         training steps than timing every candidate needs, leaves graph at the rule's count."""
         from tftrain.runtime.execution_memory import ExecutionMemory
-        from tftrain.runtime.execution_trial import ExecutionTrial, steps_to_time
+        from tftrain.runtime.execution_trial import ExecutionTrial
+        from tftrain.runtime.trial_rules import steps_to_time
 
         base = model.steps_per_execution
         needed = steps_to_time(len(modes), base, counts)
@@ -379,7 +380,7 @@ class AutomaticSettings:
         compiles on `probe`'s batches (and its test step too, for XLA) and timed every candidate this run
         could repay (`time_again_from_steps`); else None (a stale choice is forgotten)."""
         from tftrain.runtime.execution_memory import ExecutionMemory
-        from tftrain.runtime.execution_trial import weigh_remembered_xla
+        from tftrain.runtime.trial_rules import weigh_remembered_xla
 
         memory = ExecutionMemory() if key else None
         choice = memory.get(key) if memory else None

@@ -175,7 +175,7 @@ def test_a_remembered_xla_choice_is_kept_only_when_the_run_repays_its_compile():
 
 
 def test_a_call_that_compiles_for_a_new_input_shape_counts_in_the_step_time():
-    from tftrain.runtime.execution_trial import _step_time
+    from tftrain.runtime.trial_rules import step_time as _step_time
 
     # Measured (seconds, steps) per call on a GRU over padded sequences: XLA compiled again for a new
     # length in its second call; graph's calls relax the shape and do not.
