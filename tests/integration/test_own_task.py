@@ -53,6 +53,9 @@ def test_regression_file_under_mirrored_with_auto_execution_auto_batch_and_profi
     m = read_metrics(run_dir)
     assert m["task"] == "regression" and m["replicas"] == 2 and m["strategy_class"] == "KerasMirroredStrategy"
     assert m["execution"] == "graph" and "XLA does not run across 2 replicas" in r.stdout
+    # --precision auto times bfloat16 on one replica only; on 2 it keeps float32 (said where the CPU has bfloat16).
+    assert m["precision"] == "float32"
+    assert m["precision_auto"] is None or "this run has 2" in m["precision_auto"]["reason"]
     assert m["batch_size_search"]["batch_size"] == m["global_batch_size"] and m["global_batch_size"] % 2 == 0
     assert m["train_examples"] == 4096 - 409 and "val_loss" in m["history"]
     assert m["profile"]["captured"] == [2, 5] and m["profile"]["trace_files"]

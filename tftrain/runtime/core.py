@@ -86,6 +86,17 @@ class Runtime:
         execution = "graph" if self.config.execution == "auto" else self.config.execution
         return compile_options(execution, self.steps_per_execution)
 
+    def _describe_precision(self) -> str:
+        """The policy in force, and under `--precision auto` what the build stage does with it: on a CPU
+        the rule's mixed_bfloat16 is only a candidate (timed against float32, or float32 where it cannot
+        be timed); on a GPU the rule's policy trains unless the model does not build under it."""
+        if self.config.precision != "auto" or self.precision.policy == "float32":
+            return self.precision.describe()
+        if self.devices.kind == "cpu":
+            return (f"auto: {self.precision.describe()} is this CPU's candidate; the build times it against "
+                    "float32 or keeps float32 (the line 'precision: auto -> ...' says which)")
+        return f"{self.precision.describe()} by auto's rule (float32 if the model does not build under it)"
+
     def describe(self) -> list:
         """Human-readable lines: threads, devices, replicas, precision, execution."""
         lines = [
@@ -94,9 +105,7 @@ class Runtime:
             f"devices:   {self.devices.describe()}",
             f"strategy:  {self.config.strategy} ({type(self.strategy).__name__}), "
             f"{self.num_replicas} replica(s) in sync",
-            f"precision: {self.precision.describe()}"
-            + (" by auto's rule (the build may time it or take float32)"
-               if self.config.precision == "auto" and self.precision.policy != "float32" else ""),
+            f"precision: {self._describe_precision()}",
             f"execution: {self.config.execution}, steps_per_execution={self.steps_per_execution}"
             + ("" if self.steps_per_execution == self.requested_steps_per_execution else
                f" ({self.config.steps_per_execution} requested; Keras 3 runs one step per call across replicas, "

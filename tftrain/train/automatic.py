@@ -131,13 +131,16 @@ class AutomaticSettings:
         policy, and its step timed against its mixed_bfloat16 twin's on the run's own batches
         (`tftrain.runtime.precision.choose_precision`; the twin only when the run is long enough to
         repay it); float32 is kept unless bfloat16 is more than 5% faster. Remembered per model, batch
-        and machine like the execution choice (an untimed twin's float32 only for runs too short to time it). Untimed (an
-        explicit `--execution eager` or `xla`, `--deterministic`, several replicas, a GPU) the rule's
-        policy stays, unless the model does not build under it (`build_model`). Returns the model to train."""
+        and machine like the execution choice (an untimed twin's float32 only for runs too short to time it). Where it
+        cannot be timed on a CPU (an explicit `--execution eager` or `xla`, `--deterministic`, several
+        replicas, a multi-process loop) float32 trains, said in one line (`_untimed_cpu_float32`): bfloat16
+        is taken on a CPU only when measured faster. On a GPU the rule's policy stays, unless the model
+        does not build under it (`build_model`). Returns the model to train."""
         from tftrain.runtime.execution_memory import ExecutionMemory, execution_key
         from tftrain.runtime.precision import choose_precision
 
         if not self._times_precision():
+            self._untimed_cpu_float32()
             return self.build_model()
         model = self._rebuilt_in("float32")
         compile_args = self.compile_args
@@ -181,6 +184,31 @@ class AutomaticSettings:
             choice = PrecisionChoice("float32", {}, f"mixed_bfloat16 fails now ({failure_line(error, 'bfloat16')})")
             self._say_precision(choice, False, memory, key)
             return None
+
+    def _untimed_cpu_float32(self) -> None:
+        """Under `--precision auto`, float32 where the rule picked mixed_bfloat16 on a CPU and this run
+        cannot time it (`_times_precision`): bfloat16 only speeds some models up on a CPU (the zoo's
+        timings), so it is taken only when measured faster, as plain Keras's float32 never is slower."""
+        from tftrain.runtime.precision import PrecisionChoice
+
+        if self.config.runtime.precision != "auto" or self.runtime.devices.kind != "cpu" \
+                or self.runtime.precision.policy != "mixed_bfloat16":
+            return
+        why = self._why_precision_untimed()
+        self._set_policy("float32")
+        choice = PrecisionChoice("float32", {}, f"mixed_bfloat16 is taken on a CPU only when timing finds it faster, "
+                                                f"and {why}")
+        self._say_precision(choice, False, None, None)
+
+    def _why_precision_untimed(self) -> str:
+        """Why `_times_precision` is False here, in words."""
+        if self.config.deterministic:
+            return "--deterministic does not time it"
+        if self.config.runtime.execution not in ("auto", "graph"):
+            return f"--execution {self.config.runtime.execution} is not timed (graph steps are)"
+        if not self.loop.times_execution:
+            return f"{self.loop.name} cannot time it in one process"
+        return f"it is timed on one replica, and this run has {self.runtime.num_replicas}"
 
     def _times_precision(self) -> bool:
         """Whether `--precision auto` times float32 against the mixed_bfloat16 its rule picked: one CPU

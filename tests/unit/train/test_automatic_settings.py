@@ -347,7 +347,8 @@ def test_precision_auto_times_nothing_under_eager_execution(tmp_path, monkeypatc
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
     record = _fit(tmp_path, _dense, "run", execution="eager", precision="auto")  # no graph step to time
-    assert "precision_auto" not in record.extras and record.runtime["precision"] == "mixed_bfloat16"
+    assert record.runtime["precision"] == "float32" and record.extras["precision_auto"]["step_time_s"] == {}
+    assert "--execution eager is not timed" in record.extras["precision_auto"]["reason"]
 
 
 def _padded_sequences(n: int):
@@ -445,17 +446,37 @@ def test_precision_auto_builds_in_float32_a_model_that_does_not_build_under_the_
     timed = _fit(tmp_path, _mixes_float32_in_a_layer, "timed", execution="graph", precision="auto")
     assert timed.runtime["precision"] == "float32" and np.isfinite(timed.history["loss"][-1])
     assert re.search(r"mixed_bfloat16 fails \(.*bfloat16", timed.extras["precision_auto"]["reason"])
-    # Untimed (here eager execution; a GPU, several replicas): the build under the rule's policy falls back.
-    untimed = _fit(tmp_path, _mixes_float32_in_a_layer, "untimed", execution="eager", precision="auto", verbose=1)
+    # Untimed where the rule's policy stays (a GPU's mixed_float16; here the CPU's, as if it stayed untimed): the
+    # build under the rule's policy falls back.
+    from tftrain.train.automatic import AutomaticSettings
+
+    with monkeypatch.context() as patched:
+        patched.setattr(AutomaticSettings, "_untimed_cpu_float32", lambda self: None)
+        untimed = _fit(tmp_path, _mixes_float32_in_a_layer, "untimed", execution="eager", precision="auto", verbose=1)
     assert untimed.runtime["precision"] == "float32" and np.isfinite(untimed.history["loss"][-1])
     fallback = untimed.extras["precision_auto"]
     assert fallback["policy"] == "float32" and fallback["instead_of"] == "mixed_bfloat16"
     assert re.search(r"does not build under mixed_bfloat16 \(.*bfloat16", fallback["reason"])
-    out = capsys.readouterr().out  # set-up names the rule's policy as such, the build what it took
-    assert "precision: mixed_bfloat16 (compute bfloat16, variables float32, loss scaling off) by auto's rule" in out
+    out = capsys.readouterr().out  # set-up names the rule's policy as a candidate, the build what it took
+    assert ("precision: auto: mixed_bfloat16 (compute bfloat16, variables float32, loss scaling off) is this CPU's "
+            "candidate") in out
     assert "precision: auto -> float32: the model does not build under mixed_bfloat16" in out
     with pytest.raises(Exception, match="bfloat16"):  # asked for by name, the policy is kept: the model's error
         _fit(tmp_path, _mixes_float32_in_a_layer, "asked", execution="graph", precision="mixed_bfloat16")
+
+
+def test_precision_auto_keeps_float32_on_a_cpu_where_it_cannot_time_bfloat16(tmp_path, monkeypatch, capsys):
+    # (--deterministic, the other untimed case in one process, would turn op determinism on for the tests after.)
+    from tftrain.runtime import precision
+
+    why = "--execution xla is not timed (graph steps are)"
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)  # the rule's candidate: mixed_bfloat16
+    record = _fit(tmp_path, _dense, "run", precision="auto", epochs=1, verbose=1, execution="xla")
+    assert record.runtime["precision"] == "float32"
+    choice = record.extras["precision_auto"]
+    assert choice["policy"] == "float32" and choice["step_time_s"] == {}
+    assert choice["reason"] == f"mixed_bfloat16 is taken on a CPU only when timing finds it faster, and {why}"
+    assert f"precision: auto -> float32: mixed_bfloat16 is taken on a CPU only when timing" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -469,7 +490,11 @@ def test_precision_auto_trains_in_float32_a_step_that_fails_under_bfloat16(tmp_p
     assert record.runtime["precision"] == "float32" and np.isfinite(record.history["loss"][-1])
     choice = record.extras["precision_auto"]
     assert set(choice["step_time_s"]) == {"float32"} and "mixed_bfloat16 fails (" in choice["reason"]
-    # Untimed (eager execution here; a GPU, several replicas): the first step's dtype error names the fix.
+    # Untimed where the rule's policy stays (a GPU's mixed_float16; here the CPU's, as if it stayed untimed): the
+    # first step's dtype error names the fix.
+    from tftrain.train.automatic import AutomaticSettings
+
+    monkeypatch.setattr(AutomaticSettings, "_untimed_cpu_float32", lambda self: None)
     with pytest.raises(PrecisionError, match=r"failed under mixed_bfloat16, which --precision auto chose: .*"
                                              r"bfloat16.*Pass --precision float32"):
         _fit(tmp_path, _mixes_float32_in_its_step, "untimed", execution="eager", precision="auto")
