@@ -114,7 +114,11 @@ class ExecutionTrial:
         if any(self.fit_steps_per_execution % c for c in all_counts):
             raise ValueError(f"Every count must divide the largest, {self.fit_steps_per_execution}; got {all_counts}.")
         self.larger = [c for c in all_counts if c > self.base]
-        self.shared_count = bool(self.larger)  # several counts: each mode's function runs any of them
+        # Several counts, or an epoch that ends inside an execution: each mode's function runs any count up to
+        # the largest, so that it can end each epoch itself and `fit` keeps one iterator (at a fixed count the
+        # data stays finite: Keras builds its pipeline each epoch and, under a MirroredStrategy, warns "Your
+        # input ran out of data" at each epoch's end).
+        self.shared_count = bool(self.larger) or bool(steps_per_epoch and steps_per_epoch % self.base)
         self.on_settled, self.clock, self.planned_steps = on_settled, clock, planned_steps
         self.steps_per_epoch, self.epoch_steps = steps_per_epoch, 0  # epoch_steps: run so far in this epoch
         self.not_timed: list = []  # "<label>: why", candidates the run is too short to repay

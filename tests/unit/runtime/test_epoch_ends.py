@@ -113,6 +113,26 @@ def test_the_trial_runs_each_epoch_s_last_steps_on_the_shared_count(told):
         assert timing.timed_steps % timing.steps_per_execution == 0, (label, timing)
 
 
+def test_a_trial_of_one_count_ends_an_epoch_inside_an_execution_itself_under_a_mirrored_strategy(recwarn):
+    # At one fixed count (--steps-per-execution 8, not auto), 20 batches end inside the third execution: the trial
+    # ends each epoch itself, so the data repeats; left finite, a MirroredStrategy's last short call made Keras
+    # warn "Your input ran out of data" at each epoch's end (the MNIST recipe's first run under mirrored).
+    import keras
+    import tensorflow as tf
+
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        model = _model(8)
+    trial = ExecutionTrial(model, ("graph",), examples_per_step=8, steps_per_epoch=20)
+    trial.install()
+    assert trial.ends_epochs and trial.larger == []
+    seen = {}
+    during = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.setdefault("steps", []).append(
+        _steps(model)))
+    FitLoop().fit(model, lambda: _data(20), epochs=3, steps_per_epoch=None, callbacks=[during], verbose=0)
+    assert seen["steps"] == [20, 40, 60]
+    assert not [w for w in recwarn if "ran out of data" in str(w.message)]
+
+
 def test_validation_data_of_whole_executions_is_repeated_and_scored_over_one_pass(monkeypatch):
     model = _model(4)
     seen = {}
