@@ -25,7 +25,10 @@ PROBE_CACHE_BYTES = 256 * 2**20
 def _cached_if_small(probe):
     """The probe batches cached in memory when their static shapes say they fit `PROBE_CACHE_BYTES`:
     the candidates are then timed on the model's step, not on the input pipeline refilling (repeating
-    the first batches of a shuffled pipeline restarts it). Unknown sizes are not cached."""
+    the first batches of a shuffled pipeline restarts it). Unknown sizes are not cached. The cache is
+    filled by one pass here: a strategy's input iterator reads ahead and is torn down mid-pass after the
+    timed steps, and tf.data then warned that a partly read cache was discarded (the first MNIST run
+    under `--strategy mirrored`)."""
     import math
 
     import tensorflow as tf
@@ -36,7 +39,12 @@ def _cached_if_small(probe):
         if None in dims or not spec.dtype.size:
             return probe
         size += math.prod(dims) * spec.dtype.size
-    return probe.cache() if size * AUTO_PROBE_BATCHES <= PROBE_CACHE_BYTES else probe
+    if size * AUTO_PROBE_BATCHES > PROBE_CACHE_BYTES:
+        return probe
+    cached = probe.cache()
+    for _ in cached:  # fills the cache whole: later iterators read it, whatever they leave unread
+        pass
+    return cached
 
 
 def _remembered_precision(entry, planned_steps: int):
