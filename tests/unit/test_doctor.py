@@ -292,6 +292,10 @@ def test_multi_worker_cost_comes_from_the_measured_ring():
     topics, _ = _topics(_report(ring=ring))
     # 2 workers: 2 ms + 2,678,824 bytes / 100 MB/s = 28.8 ms; compute >= 512 x 3,209,216 / 100 GFLOP/s = 16.4 ms.
     assert "about 28.8 ms" in topics["strategy"]["why"] and "at least 16.4 ms" in topics["strategy"]["why"]
+    # Timed at the model's own size, the measured median is the figure (the CPU section's row shows the same).
+    ring["rows"] = [{"bytes": 2_678_824, "median_s": 0.007}]
+    topics, _ = _topics(_report(ring=ring))
+    assert "about 7.0 ms" in topics["strategy"]["why"]
 
 
 def test_input_advice_compares_the_disk_with_the_upper_bound():

@@ -224,8 +224,14 @@ def _threads_by_rule(report: dict) -> dict:
 
 
 def _allreduce_step_s(allreduce: dict, gradient_bytes: int, workers: int = 2) -> Optional[float]:
+    """Seconds to all-reduce `gradient_bytes` over the loopback ring: the median measured at that size
+    between 2 processes when the doctor timed it (the CPU section's row shows the same figure), else the
+    fit `fixed_s + 2 (n - 1) / n * bytes / bytes_per_s`; None without a measured ring."""
     if not allreduce or not allreduce.get("bytes_per_s"):
         return None
+    row = next((r for r in allreduce.get("rows", ()) if r.get("bytes") == gradient_bytes), None)
+    if workers == 2 and row and row.get("median_s"):
+        return row["median_s"]
     sent = 2 * (workers - 1) / workers * gradient_bytes
     return (allreduce.get("fixed_s") or 0.0) + sent / allreduce["bytes_per_s"]
 
