@@ -483,7 +483,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             own, command = argv[:cut], argv[cut + 1:]
         else:
             own, command = argv, []
-        args = build_parser().parse_args(own)
+        args, unknown = build_parser().parse_known_args(own)
+        if unknown and not command and not unknown[0].startswith("-"):  # the command, without the '--' before it
+            raise LaunchError(f"unrecognized arguments: {' '.join(unknown)}. Put '--' before the command every task "
+                              f"runs: {PROG} --workers 2 -- {' '.join(unknown)}")
+        if unknown:
+            build_parser().parse_args(own)  # argparse's own message for an unknown flag (exit 2)
         if not command:
             raise LaunchError(
                 f"No command given after '--'. Usage: {PROG} --workers 2 -- "

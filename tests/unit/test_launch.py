@@ -78,6 +78,9 @@ def test_task_tf_config_round_trips_through_the_validator():
         (["--workers", "0", "--", PY], "--workers must be an integer >= 1"),
         (["--workers", "1", "--ps", "1", "--", PY], "needs --chief"),
         (["--workers", "2"], "No command given"),
+        (["--workers", "2", PY, "-c", "pass"], f"Put '--' before the command every task runs: python -m tftrain.launch "
+                                               f"--workers 2 -- {PY} -c pass"),
+        (["--workers", "2", "--bogus", "--", PY], "unrecognized arguments: --bogus"),
         (["--workers", "two", "--", PY], "invalid int value"),
         (["--workers", "1", "--timeout", "0", "--", PY], "--timeout must be a positive"),
         (["--workers", "1", "--server-wait", "-1", "--", PY], "--server-wait must be >= 0 seconds"),

@@ -81,9 +81,9 @@ def _class_folders(directory: Union[str, os.PathLike]) -> Tuple[Path, Tuple[str,
     class_names = tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")))
     if not class_names:
         loose = sum(1 for p in root.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
-        found = f" It holds {loose} image file(s) directly;" if loose else ""
+        found = f" It holds {loose} image file(s) directly." if loose else ""
         raise DataError(
-            f"Image folder {str(root)!r} has no class sub-folders.{found} expected one sub-folder per class, "
+            f"Image folder {str(root)!r} has no class sub-folders.{found} Expected one sub-folder per class, "
             "e.g. photos/cat/1.jpg and photos/dog/2.jpg. Move the images into one folder per class."
         )
     return root, class_names

@@ -187,7 +187,9 @@ class ExecutionChoice:
         chosen = f"{self.execution}, {self.steps_per_execution} steps/execution" if counts_timed else self.execution
         line = f"{chosen} ({figures}): {self.reason}" if figures else f"{chosen}: {self.reason}"
         if self.trial:
-            line += (f" [timed on the run's first {self.trial['steps']} training steps, which trained the model; "
+            steps = self.trial["steps"]
+            line += (f" [timed on the run's first {steps} training step{'s' if steps != 1 else ''}, which trained "
+                     "the model; "
                      f"choosing cost {self.trial['cost_s']:.1f} s]")
         if self.remembered:
             line += f" [remembered: timed by a run at {self.remembered}; --no-remember-execution times it again]"

@@ -93,7 +93,7 @@ def test_no_class_folders(tmp_path):
     with pytest.raises(DataError) as e:
         list_image_files(tmp_path)
     message = str(e.value)
-    assert "has no class sub-folders. It holds 1 image file(s) directly;" in message
+    assert "has no class sub-folders. It holds 1 image file(s) directly. Expected one sub-folder per class" in message
     assert "Move the images into one folder per class." in message
     assert isinstance(e.value, ConfigError)
 
