@@ -15,7 +15,7 @@ most `MAX_RERUNS` times). A trial passes when:
   checkpoint on disk just before the kill (checkpoints are 8 steps apart,
   `--backup-every-steps 8`; a parameter-server job's coordinator joins its workers there to save); SIGTERM lost
   nothing: the rerun resumed at the step the job
-  said it saved (a parameter-server task ends on SIGTERM as on SIGKILL; outside training,
+  said it saved (a parameter-server worker or ps task ignores SIGTERM, and the job goes on; outside training,
   before the first step or after the last, there is nothing to save);
 * the test accuracy is within 1 point of an unfaulted run of the same kind.
 
@@ -145,13 +145,13 @@ def _optimizer_steps(run_dir: Path):
 
 def _lost_at_most_the_interval(kind, signame, reruns, resumed, seen, said) -> bool:
     """No rerun needed (the job outlived the fault), or the rerun resumed at the step a SIGTERM saved
-    (a parameter-server task ends on the signal, as on SIGKILL), or, after SIGKILL, at or after the
+    (by the chief of a parameter-server job: its worker and ps tasks ignore it), or, after SIGKILL, at or after the
     newest checkpoint on disk just before the kill (checkpoints are `BACKUP_EVERY` steps apart)."""
     if not reruns:
         return True
     if resumed is None:
         return False
-    if signame == "SIGTERM" and kind != "parameter_server" and said is not None:
+    if signame == "SIGTERM" and said is not None:
         return resumed == said
     return seen is None or resumed >= seen  # SIGKILL, or SIGTERM outside training (nothing left to save)
 

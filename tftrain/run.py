@@ -145,7 +145,9 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
 
 def _resume_hint(run_dir: str) -> str:
     """How to resume: the same command with `--resume` (the newest unfinished run of the task and settings)
-    or `--run-dir` (this one)."""
+    or `--run-dir` (this one; a parameter-server job's server tasks do not know it: the chief's line says it)."""
+    if not run_dir:
+        return "To resume, rerun the same command (the chief's line names the run directory)."
     return f"To resume, rerun the same command with --resume (or --run-dir {run_dir})."
 
 

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO, SUBPROCESS_ENV, optimizer_steps, read_metrics
-from tftrain.callbacks.backup import read_position
+from tftrain.callbacks.backup import BackupPosition, read_position
 
 pytestmark = pytest.mark.integration
 
@@ -207,8 +207,9 @@ def test_parameter_server_job_outlives_a_killed_worker(tmp_path):
 
 def _kill_at_a_mid_epoch_checkpoint(cmd, env, run_dir, victim: str, timeout_s: float = 240):
     """Runs the launcher `cmd` and SIGKILLs task `victim` as soon as `run_dir`'s backup holds a checkpoint written
-    8 or 16 steps into epoch 2 or 3 (a later save within 16 steps stays mid-epoch); returns `(launcher exit code,
-    its output, task pids)`. Fails the test when the job ends first."""
+    by this run 8 or 16 steps into an epoch (a later save within 16 steps stays mid-epoch); returns `(launcher exit
+    code, its output, task pids)`. Fails the test when the job ends first."""
+    before = read_position(run_dir / "backup") or BackupPosition(0)  # a rerun's starting point: not its own save
     log = run_dir.parent / "launcher.log"
     with open(log, "w") as out:
         launcher = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
@@ -216,7 +217,8 @@ def _kill_at_a_mid_epoch_checkpoint(cmd, env, run_dir, victim: str, timeout_s: f
     try:
         while not killed and launcher.poll() is None and time.monotonic() < deadline:
             saved = read_position(run_dir / "backup")
-            if saved is not None and saved.epoch >= 1 and saved.steps_in_epoch in (8, 16):
+            if saved is not None and saved.steps_in_epoch in (8, 16) \
+                    and (saved.epoch, saved.steps_in_epoch) > (before.epoch, before.steps_in_epoch):
                 pids = _started_pids(log.read_text())
                 os.kill(pids[victim], signal.SIGKILL)
                 killed = True
@@ -231,28 +233,45 @@ def _kill_at_a_mid_epoch_checkpoint(cmd, env, run_dir, victim: str, timeout_s: f
     return launcher.returncode, output, _started_pids(output)
 
 
-@pytest.mark.timeout(400)
-def test_parameter_server_job_resumes_mid_epoch_after_a_killed_chief(tmp_path):
-    # The chief (the coordinator) joins every 8 scheduled steps and saves there. One worker keeps the kill and the
-    # resume short; the exact step count under two workers is checked in tests/integration/test_own_task.py.
+@pytest.mark.timeout(500)
+def test_parameter_server_job_stops_on_sigterm_and_resumes_mid_epoch_after_a_killed_chief(tmp_path):
+    # The chief (the coordinator) joins every 8 scheduled steps and saves there. One worker keeps the job short;
+    # the exact step count under two workers is checked in tests/integration/test_own_task.py.
     run_dir, cmd, env = _parameter_server_job(tmp_path, workers=1, flags=["--backup-every-steps", "8"])
+    # SIGTERM to the launcher, which passes it on to every task: the chief saves at its next join and tells the
+    # worker and ps tasks (which ignore the signal while they serve), and every task exits 143.
+    code, output, pids = _kill_in_epoch_2(cmd, env, watched="chief:0", victim="launcher", signum=signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM, output[-3000:]
+    stop = re.search(r"\[chief:0\] .*stopped by SIGTERM: checkpoint saved at (?:the end of epoch \d|epoch \d, batch "
+                     r"\d+) \(optimizer step (\d+)\)", output)
+    assert stop, output[-3000:]
+    for task in ("worker:0", "ps:0"):  # told by the chief, not ended by the signal
+        assert f"[{task}] python -m tftrain.recipes.mnist: {task}: the chief at" in output
+    saved = read_position(run_dir / "backup")
+    assert saved.optimizer_iterations == int(stop.group(1)) == 32 * saved.epoch + saved.steps_in_epoch
+    assert _alive(pids.values()) == []
+
+    # The rerun resumes at that step; SIGKILL its chief at a checkpoint written within an epoch.
     code, output, pids = _kill_at_a_mid_epoch_checkpoint(cmd, env, run_dir, victim="chief:0")
     assert code == 128 + signal.SIGKILL, output[-3000:]
+    resumed = f"resuming: {saved.epoch}/3 epochs done" + (
+        f" and {saved.steps_in_epoch} optimizer steps of the next" if saved.steps_in_epoch else "")
+    assert f"[chief:0] {resumed}" in output
     assert "chief:0 was killed by SIGKILL (exit code 137); stopping" in output
     assert _alive(pids.values()) == []
     assert not (run_dir / "metrics.json").exists()
-    saved = read_position(run_dir / "backup")
-    assert saved.steps_in_epoch > 0 and saved.optimizer_iterations == 32 * saved.epoch + saved.steps_in_epoch
+    killed = read_position(run_dir / "backup")
+    assert killed.steps_in_epoch > 0 and killed.optimizer_iterations == 32 * killed.epoch + killed.steps_in_epoch
 
     result = _run(cmd, env, 300)  # the same command resumes on the chief at that step
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (f"[chief:0] resuming: {saved.epoch}/3 epochs done and {saved.steps_in_epoch} optimizer steps of the next"
-            in result.stdout)
+    assert (f"[chief:0] resuming: {killed.epoch}/3 epochs done and {killed.steps_in_epoch} optimizer steps of the "
+            "next" in result.stdout)
     metrics = read_metrics(run_dir)
     assert metrics["strategy_class"] == "ParameterServerStrategyV2" and set(metrics["history"]) == {"accuracy", "loss"}
-    assert metrics["resumed_from_epoch"] == saved.epoch
-    assert len(metrics["history"]["loss"]) == 3  # the whole run (history.csv), both processes
-    # The resumed epoch runs only its remaining steps: every step once, none lost, none repeated.
+    assert metrics["resumed_from_epoch"] == killed.epoch
+    assert len(metrics["history"]["loss"]) == 3  # the whole run (history.csv), all three processes
+    # A resumed epoch runs only its remaining steps: every step once, none lost, none repeated.
     assert optimizer_steps(run_dir) == 3 * metrics["steps_per_epoch"] == 3 * 32
     assert metrics["test_accuracy"] > 0.85
     assert _alive(_started_pids(result.stderr).values()) == []

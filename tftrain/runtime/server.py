@@ -13,8 +13,12 @@ shared queue, across machines and through TensorFlow's own runtime:
 * each worker and ps task creates a FIFO queue named `STATUS_QUEUE` on its own
   device and waits on it through a session on its own server (`serve`);
 * when the chief's run ends it puts the job's status into every task's queue
-  (`tell_servers`, `telling_servers`): `JOB_FINISHED` (0) or `JOB_FAILED` (1);
-* each task then exits: 0 when the job finished, 1 (`JobFailed`) when it failed.
+  (`tell_servers`, `telling_servers`): `JOB_FINISHED` (0), `JOB_FAILED` (1) or `JOB_STOPPED`
+  (2: SIGTERM or SIGUSR1 stopped the chief after it saved a checkpoint);
+* each task then exits: 0 when the job finished, 1 (`JobFailed`) when it failed, 143
+  (`Preempted`) when it was stopped. A serving task ignores SIGTERM and SIGUSR1 meanwhile: a
+  scheduler signals every task at once, and a worker that left would stall the chief's last
+  steps before it can save (the launcher's `--grace`, or the scheduler's, still ends it).
 
 A chief can also vanish without a word (killed, its machine lost), so each task
 also watches the chief's gRPC address (`ChiefWatch`): a chief that does not appear
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import signal
 import socket
 import sys
 import threading
@@ -54,6 +59,10 @@ JOB_FINISHED = 0
 
 JOB_FAILED = 1
 """Status the chief sends when its run failed or was interrupted; the servers exit 1."""
+
+JOB_STOPPED = 2
+"""Status the chief sends when SIGTERM or SIGUSR1 stopped its run after it saved a checkpoint (`Preempted`);
+the servers exit 143, as the chief does for SIGTERM."""
 
 CHIEF_WAIT_S = 600.0
 """Seconds a worker or ps task waits for the chief to appear at its address."""
@@ -262,6 +271,8 @@ def serve(cluster: ClusterInfo, intra_op_threads: int = 0, inter_op_threads: int
             cluster has no chief.
         JobFailed: when the chief reported a failure, never appeared, or went away
             without a status (a command-line run then exits 1).
+        Preempted: when the chief reported that a signal stopped the job after its
+            checkpoint (exit 143).
     """
     if "chief" not in cluster.cluster:
         raise ClusterConfigError(f"A parameter-server job needs a chief task; the {cluster.source} cluster has "
@@ -276,6 +287,12 @@ def serve(cluster: ClusterInfo, intra_op_threads: int = 0, inter_op_threads: int
         status = wait_for_status(queue.get, ChiefWatch(chief, time.monotonic(), chief_wait_s, chief_gone_s))
     finally:
         queue.close()
+    if status == JOB_STOPPED:
+        from tftrain.errors import Preempted
+
+        _let_the_chief_exit_first(chief, chief_gone_s)
+        raise Preempted(f"{cluster.task}: the chief at {chief} stopped the job on a signal after saving its "
+                        "checkpoint", signal.SIGTERM)
     if status != JOB_FINISHED:
         _let_the_chief_exit_first(chief, chief_gone_s)
         raise JobFailed(f"the chief at {chief} reported that the parameter-server job failed; see its output")
@@ -300,7 +317,7 @@ def tell_servers(cluster: ClusterInfo, status: int) -> List[str]:
 
     Args:
         cluster: the job's `ClusterInfo` (the chief's view).
-        status: `JOB_FINISHED` (0) or `JOB_FAILED` (1).
+        status: `JOB_FINISHED` (0), `JOB_FAILED` (1) or `JOB_STOPPED` (2).
 
     Returns:
         The tasks (`worker:1`, ...) that could not be told (e.g. already gone).
@@ -319,7 +336,8 @@ def tell_servers(cluster: ClusterInfo, status: int) -> List[str]:
 @contextlib.contextmanager
 def telling_servers(cluster: Optional[ClusterInfo], log: Optional[object] = None) -> Iterator[None]:
     """Context manager for the chief's run: tells the servers `JOB_FINISHED` when the block
-    ends normally and `JOB_FAILED` when it raises (any exception, Ctrl-C included).
+    ends normally, `JOB_STOPPED` when it raises `Preempted` (a signal, after the checkpoint) and
+    `JOB_FAILED` when it raises anything else (Ctrl-C included).
 
     Args:
         cluster: the job's `ClusterInfo`; None or a cluster without ps tasks
@@ -329,12 +347,18 @@ def telling_servers(cluster: Optional[ClusterInfo], log: Optional[object] = None
     if cluster is None or "ps" not in cluster.cluster:
         yield
         return
+    from tftrain.errors import Preempted
+
     status = JOB_FAILED
     try:
         yield
         status = JOB_FINISHED
+    except Preempted:
+        status = JOB_STOPPED
+        raise
     finally:
         missed = tell_servers(cluster, status)
         if missed:
-            print(f"{cluster.task}: could not tell {', '.join(missed)} that the job "
-                  f"{'finished' if status == JOB_FINISHED else 'failed'}", file=log or sys.stderr, flush=True)
+            said = {JOB_FINISHED: "finished", JOB_STOPPED: "stopped"}.get(status, "failed")
+            print(f"{cluster.task}: could not tell {', '.join(missed)} that the job {said}", file=log or sys.stderr,
+                  flush=True)

@@ -54,16 +54,13 @@ class CallbackStages:
         return self.callbacks + self._made_user_callbacks
 
     def _agreed_stop(self):
-        """The `PreemptionWatch` of a single process or a MultiWorkerMirrored task (SIGTERM / SIGUSR1
-        checkpoint the current step), and for the latter the `AgreedStop` that makes every worker stop
-        at the same step; None (and no watch) for the parameter-server loop, whose tasks the signal
-        still ends (a lone task's save would hang the others)."""
+        """The `PreemptionWatch` of a single process, a parameter-server chief (the coordinator: SIGTERM /
+        SIGUSR1 checkpoint the step it has reached, at its next join) or a MultiWorkerMirrored task, and for
+        the latter the `AgreedStop` that makes every worker stop at the same step; None otherwise."""
         from tftrain.callbacks.preemption import AgreedStop, PreemptionWatch
 
-        if self.cluster is not None and not self.loop.per_step_hooks:
-            return None
         self.preemption = PreemptionWatch()
-        if self.cluster is None:
+        if self.cluster is None or not self.loop.per_step_hooks:  # one process, or the coordinator alone
             return None
         self.agreed_stop = AgreedStop(self.preemption, self.runtime.strategy.cluster_resolver,
                                       str(self.out_dir.backup_dir / "agreed_stop"))

@@ -311,11 +311,14 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
 
         Raises:
             JobFailed: when the chief reported a failure, never appeared or went away.
+            Preempted: when the chief reported that SIGTERM or SIGUSR1 stopped the job after its
+                checkpoint (this task ignores those signals while it serves, so that the chief can get there).
         """
         from tftrain.runtime import configure_devices, serve
 
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server blocks in C++: stop at once
+        if threading.current_thread() is threading.main_thread():  # the chief saves, then says JOB_STOPPED
+            for signum in (signal.SIGTERM, signal.SIGUSR1):
+                signal.signal(signum, signal.SIG_IGN)
         rt = self.config.runtime
         configure_devices(rt.device)  # --device cpu hides the GPUs from the ops the chief places here
         serve(self.cluster, rt.intra_op_threads, rt.inter_op_threads)

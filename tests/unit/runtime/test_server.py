@@ -98,6 +98,19 @@ def test_telling_servers_sends_failed_and_reraises(monkeypatch, error):
     assert sent == [server.JOB_FAILED]
 
 
+def test_telling_servers_sends_stopped_after_a_preemption_and_reraises(monkeypatch):
+    import signal
+
+    from tftrain.errors import Preempted
+
+    sent = _told(monkeypatch, missed=["ps:0"])
+    log = io.StringIO()
+    with pytest.raises(Preempted):
+        with server.telling_servers(CLUSTER, log=log):
+            raise Preempted("stopped by SIGTERM: checkpoint saved", signal.SIGTERM)
+    assert sent == [server.JOB_STOPPED] and log.getvalue() == "chief:0: could not tell ps:0 that the job stopped\n"
+
+
 def test_telling_servers_names_the_tasks_it_could_not_reach(monkeypatch):
     _told(monkeypatch, missed=["worker:0"])
     log = io.StringIO()
