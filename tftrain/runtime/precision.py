@@ -192,15 +192,22 @@ def ensure_float32_outputs(model: keras.Model) -> keras.Model:
         )
     if all(str(o.dtype) == "float32" for o in outputs):
         return model
-    cast = [
-        o if str(o.dtype) == "float32"
-        else keras.layers.Activation("linear", dtype="float32", name=f"float32_output_{i}")(o)
-        for i, o in enumerate(outputs)
-    ]
-    # A Sequential model in Keras 3.15 has `outputs` but no `output` until it is called.
-    single = len(outputs) == 1 and not isinstance(getattr(model, "_outputs_struct", None), (list, tuple, dict))
-    fixed = keras.Model(inputs, cast[0] if single else cast, name=model.name)
-    if getattr(model, "output_names", None):  # a loss or metric dict keyed by output name still applies
+    made = iter(range(len(outputs)))
+
+    def cast(o):
+        i = next(made)
+        return o if str(o.dtype) == "float32" else \
+            keras.layers.Activation("linear", dtype="float32", name=f"float32_output_{i}")(o)
+
+    # The outputs' structure (a dict keyed as the losses are, a list, one tensor) and the inputs' (a dict fed by
+    # name) are kept. A Sequential model in Keras 3.15 has `outputs` but no `output` until it is called.
+    struct = getattr(model, "_outputs_struct", None)
+    if not isinstance(struct, (list, tuple, dict)):
+        struct = outputs[0] if len(outputs) == 1 else list(outputs)
+    inputs_struct = getattr(model, "_inputs_struct", None)
+    fixed = keras.Model(inputs_struct if isinstance(inputs_struct, dict) else inputs,
+                        keras.tree.map_structure(cast, struct), name=model.name)
+    if getattr(model, "output_names", None) and not isinstance(struct, dict):  # a loss dict keyed by output name
         fixed.output_names = list(model.output_names)
     return fixed
 

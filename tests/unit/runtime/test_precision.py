@@ -120,6 +120,23 @@ def test_ensure_float32_outputs_keeps_output_names_for_a_loss_dict():
     assert fixed.output_names == ["a", "b"] and "a_loss" in history.history
 
 
+def test_ensure_float32_outputs_keeps_a_dict_of_outputs_and_a_dict_of_inputs():
+    # A dict of outputs keyed unlike its layers (the loss dict's keys); the sweep of 2026-12-03 found it failing
+    # "Expected keys ['cls_layer', 'reg_layer'] in loss dict" under every mixed policy, where plain Keras trains it.
+    with prec.precision_policy("mixed_bfloat16", CPU):
+        a, b = keras.Input((3,), name="a"), keras.Input((1,), name="b")
+        hidden = keras.layers.Concatenate()([a, b])
+        model = keras.Model({"a": a, "b": b}, {"cls": keras.layers.Dense(2, activation="softmax", name="cls_layer")(
+            hidden), "reg": keras.layers.Dense(1, name="reg_layer")(hidden)})
+        fixed = prec.ensure_float32_outputs(model)
+        fixed.compile("sgd", loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"})
+        x = {"a": np.ones((8, 3), "float32"), "b": np.ones((8, 1), "float32")}
+        history = fixed.fit(x, {"cls": np.zeros((8,), "int64"), "reg": np.ones((8, 1))}, epochs=1, verbose=0)
+    assert isinstance(fixed.output, dict) and {k: str(v.dtype) for k, v in fixed.output.items()} == \
+        {"cls": "float32", "reg": "float32"}
+    assert {"cls_loss", "reg_loss"} <= set(history.history)
+
+
 def test_the_remapper_tftrain_turned_off_is_turned_on_again():
     import tensorflow as tf
 
