@@ -23,6 +23,7 @@ class ModelStages:
         (`_built_or_float32`) unless `fall_back` is False (the error is raised)."""
         with self.runtime.strategy.scope():  # the optimizer too: its variables belong to the strategy
             model = self._check_step_scaling(self._built_or_float32(fall_back))
+            self._say_own_compile_is_replaced(model)
             if self.runtime.precision.compute_dtype != "float32":
                 model = self._float32_outputs(model)
             if compile_model:
@@ -111,6 +112,21 @@ class ModelStages:
         self.console.line(f"precision: auto -> {policy}, not mixed_float16: {why}, so loss scaling would divide its "
                           "gradients by the scale (keras-team/keras#20894)")
         return self._built(self._seeded_build())
+
+    def _say_own_compile_is_replaced(self, model) -> None:
+        """One warning (once a run) when `build_model` returned a compiled model: tftrain compiles every
+        model with the task's optimizer, loss and metrics (the loop's compile, for every strategy, precision
+        and the twin it may build), so the model's own compile is not used and the user must hear it."""
+        if getattr(model, "optimizer", None) is None or getattr(self, "_said_own_compile", False):
+            return
+        self._said_own_compile = True
+        task = self.task
+        optimizer = task.optimizer if isinstance(task.optimizer, str) else type(task.optimizer).__name__
+        self.console.warn(
+            f"build_model returned a model compiled with {type(model.optimizer).__name__}; tftrain compiles it again "
+            f"with the task's optimizer ({optimizer}), loss ({task.loss!r}) and metrics ({task.metrics!r}), so "
+            f"{type(model.optimizer).__name__} is not used. Give your optimizer and metrics to the task (e.g. "
+            "ArrayTask(..., optimizer=keras.optimizers.SGD(0.001), metrics=[...])) and return the model uncompiled.")
 
     def _seeded_build(self):
         """`task.build_model()`, after seeding Keras again under `--seed` (every build the same weights)."""

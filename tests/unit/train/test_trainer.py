@@ -558,3 +558,23 @@ def test_the_printed_configuration_shows_the_task_learning_rate_that_trains(tmp_
     unset.check(), unset.setup_runtime(), unset.bind_task(), unset.plan_fixed_batch()
     print_plan(unset)
     assert "learning_rate: 0.001" in capsys.readouterr().out  # RMSprop's own default trains
+
+
+def test_a_model_compiled_by_build_model_is_compiled_again_with_the_task_s_arguments_and_said(tmp_path, capsys):
+    import keras
+
+    def compiled():
+        model = _model()
+        model.compile(optimizer=keras.optimizers.RMSprop(0.001), loss="mae", metrics=["mse"])
+        return model
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((256, 4)).astype("float32"), rng.standard_normal((256, 1)).astype("float32")
+    task = tftrain.ArrayTask(compiled, x, y, x[:64], y[:64], loss="mse", optimizer="sgd", name="own_compile")
+    record = tftrain.Trainer(task, epochs=1, verbose=1, seed=0, execution="graph", precision="float32",
+                             run_dir=str(tmp_path / "run")).fit()
+    err = capsys.readouterr().err
+    assert err.count("build_model returned a model compiled with RMSprop; tftrain compiles it again with the "
+                     "task's optimizer (sgd), loss ('mse') and metrics (None)") == 1
+    saved = keras.saving.load_model(tmp_path / "run" / "model.keras")
+    assert type(saved.optimizer).__name__ == "SGD" and "loss" in record.test
