@@ -247,7 +247,12 @@ class AutomaticSettings:
         rt = self.config.runtime
         modes = AUTO_CANDIDATES if rt.execution == "auto" else (rt.execution,)
         counts = self._steps_per_execution_candidates()
-        if rt.execution == "xla":  # before training, not after it: the test step compiles under XLA too
+        if rt.execution == "xla" and not model.jit_compile:  # Keras's compile turned XLA off for this model
+            self.execution, modes = "graph", ("graph",)
+            self.console.warn("--execution xla: Keras compiles this model without XLA (one of its layers does not "
+                              "support jit_compile, e.g. TextVectorization or StringLookup), so it trains in graph "
+                              "mode; pass --execution graph to say so")
+        elif rt.execution == "xla":  # before training, not after it: the test step compiles under XLA too
             reason = self._test_step_failure(model)
             if reason:
                 raise XlaCompileError(f"XLA could not compile the test step of this model: {reason}. "

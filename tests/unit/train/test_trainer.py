@@ -578,3 +578,23 @@ def test_a_model_compiled_by_build_model_is_compiled_again_with_the_task_s_argum
                      "task's optimizer (sgd), loss ('mse') and metrics (None)") == 1
     saved = keras.saving.load_model(tmp_path / "run" / "model.keras")
     assert type(saved.optimizer).__name__ == "SGD" and "loss" in record.test
+
+
+def test_explicit_xla_on_a_model_keras_compiles_without_xla_trains_in_graph_and_says_so(tmp_path, capsys):
+    import keras
+
+    words = np.array(["red", "green", "blue", "cat"])
+
+    def lookup():
+        inputs = keras.Input((1,), dtype="string")
+        one_hot = keras.layers.StringLookup(vocabulary=list(words), output_mode="one_hot")(inputs)
+        return keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(one_hot)))
+
+    rng = np.random.default_rng(0)
+    x = words[rng.integers(0, 4, (256, 1))]
+    y = (x[:, 0] == "red").astype("float32")[:, None]
+    task = tftrain.ArrayTask(lookup, x, y, x[:64], y[:64], loss="mse", name="strings")
+    record = tftrain.Trainer(task, epochs=1, verbose=1, execution="xla", precision="float32",
+                             run_dir=str(tmp_path / "run")).fit()
+    assert record.execution == "graph"  # what ran: Keras turned jit_compile off ("Proceeding with jit_compile=False")
+    assert "--execution xla: Keras compiles this model without XLA" in capsys.readouterr().err
