@@ -199,7 +199,11 @@ def test_dataset_task_adds_only_what_is_asked():
     unbatched = tftrain.DatasetTask(_model, lambda size: train().batch(size), batch=False, loss="mse")
     first = next(iter(unbatched.bind(RecipeConfig()).train_data(5)))
     assert first[0].shape == (5, 3)
-    assert "tftrain adds: shard (multi-worker), batch" in task.describe_data()[0]
+    assert "tftrain adds: shard (multi-worker), batch" in task.describe_data()[0] and len(task.describe_data()) == 1
+    # Batches given where examples are expected (batch=True): one line says so and how to fix it.
+    twice = tftrain.DatasetTask(_model, lambda: train().batch(4), loss="mse").bind(RecipeConfig())
+    assert twice.describe_data()[1].startswith("warning:   the training examples' first dimension is unknown")
+    assert "pass batch=False" in twice.describe_data()[1]
 
 
 def test_dataset_task_validation_split_needs_a_known_count():

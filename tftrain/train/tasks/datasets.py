@@ -174,7 +174,24 @@ class DatasetTask(FunctionTask):
         if self._data.validation_split and self.validation_fn is None and n is not None:
             held_out = f", {self._held_out_count():,} held out for validation (the last {self._data.validation_split:g})"
         return [f"data:      your tf.data pipeline ({f'{n:,}' if n else 'unknown number of'} training examples"
-                f"{held_out}); tftrain adds: {', '.join(added) or 'nothing'}"]
+                f"{held_out}); tftrain adds: {', '.join(added) or 'nothing'}"] + self._batched_already()
+
+    def _batched_already(self) -> list:
+        """A warning line when `batch=True` but the training examples look batched already: every feature's
+        first dimension is unknown, as `Dataset.batch` leaves it (one example's shape is known, unless its
+        length varies); else []. Batched twice, the model meets an extra dimension at its first step."""
+        if not self.batch:
+            return []
+        import tensorflow as tf
+
+        spec = self.train_fn().element_spec
+        features = tf.nest.flatten(spec[0] if isinstance(spec, tuple) else spec)
+        shapes = [f.shape for f in features if hasattr(f, "shape") and f.shape.rank]
+        if not shapes or any(shape[0] is not None for shape in shapes):
+            return []
+        return [f"warning:   the training examples' first dimension is unknown ({shapes[0]}), as a batched "
+                "dataset's is: DatasetTask(batch=True) batches them again (the count above is then of batches). "
+                "If train() returns batches, pass batch=False and let it take the batch size: train(batch_size)."]
 
     def _held_out_count(self) -> int:
         """Examples `--validation-split` holds out of the (known) training count."""
