@@ -234,6 +234,34 @@ def test_the_reason_quotes_the_duel_that_decided_not_every_call_of_the_run():
                                           "timing noise (each duel's calls timed side by side)")
 
 
+def test_a_challenger_faster_side_by_side_but_slower_over_all_its_calls_is_not_taken():
+    # A Python generator's pipeline (the sweep of 2026-12-03): xla won its duel 1.58x side by side and ran 4.82 ms a
+    # step over all its calls against graph's 0.62; the line printed both. The incumbent, the cheaper, stays.
+    trial = ExecutionTrial(_model(), ("graph", "xla"), examples_per_step=8)
+    trial._next_duel()
+    incumbent, challenger = trial.incumbent, trial.challenger
+    incumbent.samples = [(0.005, 8)] * 8 + [(0.08, 8)] * 3
+    incumbent.window = [(0.08, 8)] * 3
+    challenger.samples = challenger.window = [(0.05, 8)] * 3
+    incumbent.warmup_s = challenger.warmup_s = 0.5
+    trial.timed = {incumbent.label: incumbent, challenger.label: challenger}
+    trial._judge()
+    trial._settle(complete=True)
+    assert trial.choice.execution == "graph"
+    assert "graph kept: xla was faster side by side but slower over all its timed calls (6.25 against 3.18 " \
+           "ms/step)" in trial.choice.reason
+    # Faster over all its calls too, it is taken.
+    trial = ExecutionTrial(_model(), ("graph", "xla"), examples_per_step=8)
+    trial._next_duel()
+    trial.incumbent.samples = trial.incumbent.window = [(0.08, 8)] * 3
+    trial.challenger.samples = trial.challenger.window = [(0.05, 8)] * 3
+    trial.incumbent.warmup_s = trial.challenger.warmup_s = 0.5
+    trial.timed = {trial.incumbent.label: trial.incumbent, trial.challenger.label: trial.challenger}
+    trial._judge()
+    trial._settle(complete=True)
+    assert trial.choice.execution == "xla"
+
+
 def test_graph_at_one_count_runs_the_function_the_precision_timing_traced():
     from tftrain.runtime.execution_probe import time_graph_step
 
