@@ -279,8 +279,8 @@ def is_dtype_mismatch(error: BaseException, compute_dtype: str) -> bool:
     """Whether `error` is a mixed policy's dtype clash: one line of its message names both the compute
     dtype (`bfloat16`; `float16` or `half`) and `float32` (`float` in eager messages): TensorFlow's
     "Input 'y' of 'Mul' Op has type float32 that does not match type bfloat16 of argument 'x'", "...
-    expected to be a bfloat16 tensor but is a float tensor". An out-of-memory error, whose message names
-    the dtype too, is not one.
+    expected to be a bfloat16 tensor but is a float tensor", XLA's "f32[..], bf16[..]), but mixed precision is
+    disallowed". An out-of-memory error, whose message names the dtype too, is not one.
 
     Args:
         error: the exception raised.
@@ -295,8 +295,10 @@ def is_dtype_mismatch(error: BaseException, compute_dtype: str) -> bool:
 
     if isinstance(error, tf.errors.ResourceExhaustedError):
         return False
-    mixed = r"\bbfloat16\b" if compute_dtype == "bfloat16" else r"\b(float16|half)\b"
-    float32 = r"\b(float32|float)\b"  # eager messages call float32 "float"
+    # XLA's HLO names them bf16, f16 and f32: "Seen floating point types of different precisions in %ReluGrad =
+    # f32[..] relu-grad(f32[..], bf16[..]), but mixed precision is disallowed" (keras-team/keras#20931).
+    mixed = r"\b(bfloat16|bf16)\b" if compute_dtype == "bfloat16" else r"\b(float16|half|f16)\b"
+    float32 = r"\b(float32|float|f32)\b"  # eager messages call float32 "float"
     return any(re.search(mixed, line) and re.search(float32, line) for line in str(error).splitlines())
 
 

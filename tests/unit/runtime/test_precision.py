@@ -177,6 +177,10 @@ def test_a_dtype_mismatch_names_the_mixed_dtype_and_float32_on_one_line():
                                            "to be a half tensor but is a float tensor [Op:Mul]")
     assert prec.is_dtype_mismatch(clash, "bfloat16") and prec.is_dtype_mismatch(eager, "float16")
     assert not prec.is_dtype_mismatch(clash, "float16")
+    xla = tf.errors.InternalError(None, None, "Seen floating point types of different precisions in %ReluGrad.27 = "
+                                  "f32[8,16,16,4]{3,2,1,0} relu-grad(f32[8,16,16,4]{3,2,1,0} %a, "
+                                  "bf16[8,16,16,4]{3,2,1,0} %b), but mixed precision is disallowed.")  # keras#20931
+    assert prec.is_dtype_mismatch(xla, "bfloat16") and not prec.is_dtype_mismatch(xla, "float16")
     oom = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[512] and type "
                                            "bfloat16 (float32 master weights)")
     footer = ValueError("Invalid reshape.\nArguments received by Dense.call():\n  • inputs=tf.Tensor(shape=(8, 4), "
