@@ -54,11 +54,12 @@ def run(args, device) -> common.Result:
     modes = ("graph",) if quick else ("graph", "xla")
     steps = {"mlp": 1, "cnn": 1} if quick else {"mlp": 48, "cnn": 8}
     rounds = 1 if quick else 2
+    model_names = ("mlp",) if quick else common.MODELS  # --quick checks the machinery on one model
     data = common.mnist_arrays()
     support = hardware_support(device)
 
     rows, points = [], []
-    for model_name in common.MODELS:
+    for model_name in model_names:
         batch = batches[model_name]
         ds = common.train_batches(data, batch, examples=batch * 16)
         models = {}
@@ -96,8 +97,8 @@ def run(args, device) -> common.Result:
     }
 
     def plot(fig):
-        axes = fig.subplots(1, len(common.MODELS))
-        for ax, model_name in zip(axes, common.MODELS):
+        axes = fig.subplots(1, len(model_names), squeeze=False)[0]
+        for ax, model_name in zip(axes, model_names):
             width = 0.8 / len(modes)
             for i, mode in enumerate(modes):
                 ys = [next(p["examples_per_sec"] for p in points
