@@ -165,18 +165,24 @@ def _figures(stopwatch, examples: int, wall_s: float, lead=None) -> dict:
 
 
 def _reset() -> None:
-    """`keras.backend.clear_session()` and seed 0, before every contender."""
+    """`keras.backend.clear_session()`, a garbage collection and seed 0, before every contender and before its
+    clock starts: clearing the previous contender's models and graphs is not this one's cost (it took 2-7 s of
+    the contender that came next in a process, which the end-to-end columns had counted against it; the first
+    contender of a process also paid TensorFlow's start-up there, 3.8 s)."""
+    import gc
+
     import keras
 
     keras.backend.clear_session()
+    gc.collect()
     keras.utils.set_random_seed(0)
 
 
 def time_keras(spec: ZooModel, x, y, epochs: int) -> dict:
     """Times plain Keras as a user writes it: a fresh model, `compile(optimizer="adam", loss, metrics)` and
     `fit(x, y, batch_size=B)` with every other Keras default. Returns `_figures`."""
-    started = time.perf_counter()
     _reset()
+    started = time.perf_counter()
     model = spec.build()
     model.compile(optimizer="adam", loss=spec.loss, metrics=[spec.metric])
     stopwatch = _stopwatch()
@@ -212,8 +218,8 @@ def train(spec: ZooModel, x, y, run_dir: Path, device: str, stop_slower_than: fl
     """
     import tftrain
 
-    started = time.perf_counter()
     _reset()
+    started = time.perf_counter()
     task = tftrain.ArrayTask(spec.build, x, y, loss=spec.loss, optimizer="adam", metrics=[spec.metric],
                              name=f"zoo-{spec.name}")
     stopwatch = _stopwatch(stop_slower_than, len(x) // spec.batch_size)
