@@ -36,8 +36,11 @@ def run(args, device) -> common.Result:
     if args.oracle_from:
         kept = json.loads(args.oracle_from.read_text())
         path, cpu = common.portable_argv([str(args.oracle_from)])[0], kept.get("machine", {}).get("cpu", "a machine")
+        # A kept file that kept its own oracle names the run that timed it: the date carries forward.
+        timed = kept.get("data", {}).get("oracle_date") or kept.get("date")
+        result.data["oracle_date"] = timed
         result.notes.append(
-            f"The oracle's points (every thread setting) come from the zoo run of {kept.get('date')} ({path}, on {cpu}); "
+            f"The oracle's points (every thread setting) come from the zoo run of {timed} (kept in {path}, on {cpu}); "
             "this run timed plain Keras and tftrain again, back to back in each round, in place of that run's rows.")
     return result
 
