@@ -25,7 +25,7 @@ Source: https://www.tensorflow.org/guide/profiler
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import keras
 import tensorflow as tf
@@ -53,8 +53,10 @@ class ProfilerWindow(keras.callbacks.Callback):
         start: first step to trace. Defaults to 10, skipping the first steps,
             which trace and compile the training function.
         stop: first step not traced. Defaults to 15.
-        host_tracer_level, python_tracer_level, device_tracer_level, subdir,
-            require_plugin, step_markers, verbose, say: see `ProfileSteps`.
+        **options: `ProfileSteps`'s keyword arguments, passed on as they are
+            (`host_tracer_level`, `python_tracer_level`, `device_tracer_level`,
+            `subdir`, `require_plugin`, `step_markers`, `verbose`, `say`), with
+            its defaults.
 
     Raises:
         ProfilerError: at construction on an invalid window or a missing
@@ -70,32 +72,9 @@ class ProfilerWindow(keras.callbacks.Callback):
                    open it with: tensorboard --logdir logs  (Profile tab)
     """
 
-    def __init__(
-        self,
-        log_dir="logs",
-        start: int = 10,
-        stop: int = 15,
-        *,
-        host_tracer_level: int = 2,
-        python_tracer_level: int = 0,
-        device_tracer_level: int = 1,
-        subdir: str = "train",
-        require_plugin: bool = True,
-        step_markers: bool = True,
-        verbose: int = 1,
-        say: Optional[Callable[[str], None]] = None,
-    ):
+    def __init__(self, log_dir="logs", start: int = 10, stop: int = 15, **options):
         super().__init__()
-        self._kwargs = dict(
-            say=say,
-            host_tracer_level=host_tracer_level,
-            python_tracer_level=python_tracer_level,
-            device_tracer_level=device_tracer_level,
-            subdir=subdir,
-            require_plugin=require_plugin,
-            step_markers=step_markers,
-            verbose=verbose,
-        )
+        self._kwargs = options
         self.log_dir = log_dir
         self.start, self.stop = start, stop
         self.profile = ProfileSteps(log_dir, start, stop, **self._kwargs)  # validates early
