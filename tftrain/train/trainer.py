@@ -316,12 +316,16 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         """
         from tftrain.runtime import configure_devices, serve
 
+        previous = {}
         if threading.current_thread() is threading.main_thread():  # the chief saves, then says JOB_STOPPED
-            for signum in (signal.SIGTERM, signal.SIGUSR1):
-                signal.signal(signum, signal.SIG_IGN)
-        rt = self.config.runtime
-        configure_devices(rt.device)  # --device cpu hides the GPUs from the ops the chief places here
-        serve(self.cluster, rt.intra_op_threads, rt.inter_op_threads)
+            previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGTERM, signal.SIGUSR1)}
+        try:
+            rt = self.config.runtime
+            configure_devices(rt.device)  # --device cpu hides the GPUs from the ops the chief places here
+            serve(self.cluster, rt.intra_op_threads, rt.inter_op_threads)
+        finally:  # a process that goes on (a test, a notebook) gets its handlers back
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
         return None
 
     def setup_runtime(self) -> None:

@@ -351,14 +351,21 @@ def test_a_parameter_server_worker_serves_on_the_asked_devices(tmp_path, monkeyp
     from tftrain import runtime
     from tftrain.runtime.cluster import ClusterInfo
 
+    import signal
+
     calls = []
     monkeypatch.setattr(runtime, "configure_devices", lambda device, *a: calls.append(("devices", device)))
-    monkeypatch.setattr(runtime, "serve", lambda cluster, *a, **k: calls.append(("serve", cluster.task)))
+    monkeypatch.setattr(runtime, "serve", lambda cluster, *a, **k: calls.append(
+        ("serve", cluster.task, signal.getsignal(signal.SIGTERM))))
     trainer = _trainer(tmp_path, strategy="parameter_server", device="cpu")
     trainer.cluster = ClusterInfo({"chief": ("127.0.0.1:1",), "worker": ("127.0.0.1:2",), "ps": ("127.0.0.1:3",)},
                                   "worker", 0)
+    before = signal.getsignal(signal.SIGTERM)
     trainer.serve()
-    assert calls == [("devices", "cpu"), ("serve", "worker:0")]
+    # While it serves, SIGTERM is ignored (the chief saves and says the job stopped); afterwards the process (here the
+    # test's worker, which later tests signal through) has its handler back.
+    assert calls == [("devices", "cpu"), ("serve", "worker:0", signal.SIG_IGN)]
+    assert signal.getsignal(signal.SIGTERM) == before != signal.SIG_IGN
 
 
 def test_resume_finds_the_newest_unfinished_run_of_the_same_settings(tmp_path, monkeypatch):
