@@ -193,6 +193,13 @@ class AutomaticSettings:
             self._say_precision(choice, False, memory, key)
             return None
 
+    def settle_untimed_precision(self) -> None:
+        """The precision stage's untimed case, before anything builds a model (the batch-size search,
+        `--tune`): float32 where `--precision auto` cannot time the CPU's bfloat16 (`_untimed_cpu_float32`),
+        so that every model of the run, searched or trained, has the policy the run records."""
+        if not self._times_precision():
+            self._untimed_cpu_float32()
+
     def _untimed_cpu_float32(self) -> None:
         """Under `--precision auto`, float32 where the rule picked mixed_bfloat16 on a CPU and this run
         cannot time it (`_times_precision`): bfloat16 only speeds some models up on a CPU (the zoo's

@@ -171,6 +171,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
                 if self.is_chief and not (out / TASK_FILE).exists():
                     rundir_lib.write_text_atomic(out / TASK_FILE, json.dumps(self._task_identity()))
                 self.announce_run_dir()
+                self.settle_untimed_precision()  # before the batch-size search and --tune build models
                 self.plan_batch()
                 model = self.build_chosen_model()
                 self.init_weights(model)
