@@ -30,6 +30,7 @@ class ModelStages:
                 self.compile_args = self._with_accumulation(self.task.compile_args(self.steps_per_epoch))
         if compile_model:
             self.loop.compile(model, self.compile_args, self.runtime)
+            model._tftrain_compiled = True  # a build_model that returns this instance again did not compile it
         return model
 
     def _built_or_float32(self, fall_back: bool = True):
@@ -117,7 +118,8 @@ class ModelStages:
         """One warning (once a run) when `build_model` returned a compiled model: tftrain compiles every
         model with the task's optimizer, loss and metrics (the loop's compile, for every strategy, precision
         and the twin it may build), so the model's own compile is not used and the user must hear it."""
-        if getattr(model, "optimizer", None) is None or getattr(self, "_said_own_compile", False):
+        if getattr(model, "optimizer", None) is None or getattr(self, "_said_own_compile", False) \
+                or getattr(model, "_tftrain_compiled", False):  # the same instance again, compiled by tftrain
             return
         self._said_own_compile = True
         task = self.task
