@@ -485,8 +485,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             own, command = argv, []
         args, unknown = build_parser().parse_known_args(own)
         if unknown and not command and not unknown[0].startswith("-"):  # the command, without the '--' before it
-            raise LaunchError(f"unrecognized arguments: {' '.join(unknown)}. Put '--' before the command every task "
-                              f"runs: {PROG} --workers 2 -- {' '.join(unknown)}")
+            cut = own.index(unknown[0])  # where the command starts: the launcher's own flags are before it
+            raise LaunchError(f"unrecognized arguments: {' '.join(own[cut:])}. Put '--' before the command every task "
+                              f"runs: {PROG} {' '.join(own[:cut])} -- {' '.join(own[cut:])}")
         if unknown:
             build_parser().parse_args(own)  # argparse's own message for an unknown flag (exit 2)
         if not command:

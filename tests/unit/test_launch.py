@@ -80,6 +80,9 @@ def test_task_tf_config_round_trips_through_the_validator():
         (["--workers", "2"], "No command given"),
         (["--workers", "2", PY, "-c", "pass"], f"Put '--' before the command every task runs: python -m tftrain.launch "
                                                f"--workers 2 -- {PY} -c pass"),
+        (["--chief", "--workers", "1", PY, "train.py", "--ps", "1"],  # the command's own flags stay in it
+         f"Put '--' before the command every task runs: python -m tftrain.launch --chief --workers 1 -- {PY} train.py "
+         "--ps 1"),
         (["--workers", "2", "--bogus", "--", PY], "unrecognized arguments: --bogus"),
         (["--workers", "two", "--", PY], "invalid int value"),
         (["--workers", "1", "--timeout", "0", "--", PY], "--timeout must be a positive"),
