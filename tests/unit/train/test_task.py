@@ -204,6 +204,10 @@ def test_dataset_task_adds_only_what_is_asked():
     twice = tftrain.DatasetTask(_model, lambda: train().batch(4), loss="mse").bind(RecipeConfig())
     assert twice.describe_data()[1].startswith("warning:   the training examples' first dimension is unknown")
     assert "pass batch=False" in twice.describe_data()[1]
+    # Examples whose own first dimension varies (decoded images, sequences) with a scalar label are no sign of it.
+    images = tftrain.DatasetTask(_model, lambda: tf.data.Dataset.from_tensor_slices((x, y[:, 0])).map(
+        lambda a, b: (tf.boolean_mask(a, a > -1e9), b)), loss="mse").bind(RecipeConfig())
+    assert images.train_fn().element_spec[0].shape.as_list() == [None] and len(images.describe_data()) == 1
 
 
 def test_dataset_task_validation_split_needs_a_known_count():

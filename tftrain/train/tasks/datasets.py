@@ -178,16 +178,16 @@ class DatasetTask(FunctionTask):
 
     def _batched_already(self) -> list:
         """A warning line when `batch=True` but the training examples look batched already: every feature's
-        first dimension is unknown, as `Dataset.batch` leaves it (one example's shape is known, unless its
-        length varies); else []. Batched twice, the model meets an extra dimension at its first step."""
+        and label's first dimension is unknown, as `Dataset.batch` leaves it (an example's label is most often
+        a scalar or of fixed size; a decoded image's or a sequence's own unknown dimension is no sign); else [].
+        Batched twice, the model meets an extra dimension at its first step."""
         if not self.batch:
             return []
         import tensorflow as tf
 
         spec = self.train_fn().element_spec
-        features = tf.nest.flatten(spec[0] if isinstance(spec, tuple) else spec)
-        shapes = [f.shape for f in features if hasattr(f, "shape") and f.shape.rank]
-        if not shapes or any(shape[0] is not None for shape in shapes):
+        shapes = [s.shape for s in tf.nest.flatten(spec) if hasattr(s, "shape")]
+        if not shapes or any(not shape.rank or shape[0] is not None for shape in shapes):
             return []
         return [f"warning:   the training examples' first dimension is unknown ({shapes[0]}), as a batched "
                 "dataset's is: DatasetTask(batch=True) batches them again (the count above is then of batches). "
