@@ -37,8 +37,8 @@ def _env(tmp_dir):
     return {**env, **SUBPROCESS_ENV, "TMPDIR": str(tmp_dir)}
 
 
-def _launcher(launch_args, recipe_args, timeout_s):
-    return [PY, "-m", "tftrain.launch", *launch_args, "--timeout", str(timeout_s), "--grace", "3", "--",
+def _launcher(launch_args, recipe_args, timeout_s, grace_s=3):
+    return [PY, "-m", "tftrain.launch", *launch_args, "--timeout", str(timeout_s), "--grace", str(grace_s), "--",
             *RECIPE, *recipe_args]
 
 
@@ -179,11 +179,11 @@ def test_killed_worker_of_a_chief_and_worker_job_resumes_from_the_last_checkpoin
     assert list((tmp_path / "tmp").glob("tftrain-*")) == []
 
 
-def _parameter_server_job(tmp_path, workers: int, flags=()):
+def _parameter_server_job(tmp_path, workers: int, flags=(), grace_s=3):
     """`(run directory, launcher command, task environment)` of a MNIST job: chief, `workers` workers, 1 ps."""
     run_dir = tmp_path / "run"
     cmd = _launcher(["--chief", "--workers", str(workers), "--ps", "1"],
-                    ["--strategy", "parameter_server", *FLAGS, *flags, "--run-dir", run_dir], 200)
+                    ["--strategy", "parameter_server", *FLAGS, *flags, "--run-dir", run_dir], 200, grace_s)
     return run_dir, cmd, _env(tmp_path / "tmp")
 
 
@@ -205,10 +205,11 @@ def test_parameter_server_job_outlives_a_killed_worker(tmp_path):
     assert _alive(pids.values()) == []
 
 
-def _kill_at_a_mid_epoch_checkpoint(cmd, env, run_dir, victim: str, timeout_s: float = 240):
-    """Runs the launcher `cmd` and SIGKILLs task `victim` as soon as `run_dir`'s backup holds a checkpoint written
-    by this run 8 or 16 steps into an epoch (a later save within 16 steps stays mid-epoch); returns `(launcher exit
-    code, its output, task pids)`. Fails the test when the job ends first."""
+def _kill_at_a_mid_epoch_checkpoint(cmd, env, run_dir, victim: str, timeout_s: float = 240, signum=signal.SIGKILL):
+    """Runs the launcher `cmd` and sends `signum` (SIGKILL) to task `victim` (or to the launcher itself,
+    `victim="launcher"`) as soon as `run_dir`'s backup holds a checkpoint written by this run 8 or 16 steps into an
+    epoch (a later save within 16 steps stays mid-epoch); returns `(launcher exit code, its output, task pids)`.
+    Fails the test when the job ends first."""
     before = read_position(run_dir / "backup") or BackupPosition(0)  # a rerun's starting point: not its own save
     log = run_dir.parent / "launcher.log"
     with open(log, "w") as out:
@@ -220,10 +221,10 @@ def _kill_at_a_mid_epoch_checkpoint(cmd, env, run_dir, victim: str, timeout_s: f
             if saved is not None and saved.steps_in_epoch in (8, 16) \
                     and (saved.epoch, saved.steps_in_epoch) > (before.epoch, before.steps_in_epoch):
                 pids = _started_pids(log.read_text())
-                os.kill(pids[victim], signal.SIGKILL)
+                os.kill(launcher.pid if victim == "launcher" else pids[victim], signum)
                 killed = True
             time.sleep(0.005)
-        launcher.wait(timeout=60)
+        launcher.wait(timeout=60 if signum == signal.SIGKILL else 120)
     finally:
         if launcher.poll() is None:
             launcher.kill()
@@ -237,10 +238,11 @@ def _kill_at_a_mid_epoch_checkpoint(cmd, env, run_dir, victim: str, timeout_s: f
 def test_parameter_server_job_stops_on_sigterm_and_resumes_mid_epoch_after_a_killed_chief(tmp_path):
     # The chief (the coordinator) joins every 8 scheduled steps and saves there. One worker keeps the job short;
     # the exact step count under two workers is checked in tests/integration/test_own_task.py.
-    run_dir, cmd, env = _parameter_server_job(tmp_path, workers=1, flags=["--backup-every-steps", "8"])
+    run_dir, cmd, env = _parameter_server_job(tmp_path, workers=1, flags=["--backup-every-steps", "8"], grace_s=30)
     # SIGTERM to the launcher, which passes it on to every task: the chief saves at its next join and tells the
-    # worker and ps tasks (which ignore the signal while they serve), and every task exits 143.
-    code, output, pids = _kill_in_epoch_2(cmd, env, watched="chief:0", victim="launcher", signum=signal.SIGTERM)
+    # worker and ps tasks (which ignore the signal while they serve), and every task exits 143. Sent at a checkpoint
+    # 8 or 16 steps into an epoch, so that the checkpoint it saves is followed by mid-epoch ones in the rerun.
+    code, output, pids = _kill_at_a_mid_epoch_checkpoint(cmd, env, run_dir, victim="launcher", signum=signal.SIGTERM)
     assert code == 128 + signal.SIGTERM, output[-3000:]
     stop = re.search(r"\[chief:0\] .*stopped by SIGTERM: checkpoint saved at (?:the end of epoch \d|epoch \d, batch "
                      r"\d+) \(optimizer step (\d+)\)", output)
