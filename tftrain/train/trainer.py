@@ -319,7 +319,13 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
 
         previous = {}
         if threading.current_thread() is threading.main_thread():  # the chief saves, then says JOB_STOPPED
-            previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGTERM, signal.SIGUSR1)}
+            task = self.cluster.task
+
+            def noted(signum, frame):  # runs between the status queue's 1-second polls
+                print(f"{task}: got {signal.Signals(signum).name}; serving on until the chief saves and says how the "
+                      "job ended (the launcher's --grace or the scheduler's kill ends this task otherwise)", flush=True)
+
+            previous = {signum: signal.signal(signum, noted) for signum in (signal.SIGTERM, signal.SIGUSR1)}
         try:
             rt = self.config.runtime
             configure_devices(rt.device)  # --device cpu hides the GPUs from the ops the chief places here
