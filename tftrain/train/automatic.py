@@ -141,14 +141,13 @@ class AutomaticSettings:
         repay it); float32 is kept unless bfloat16 is more than 5% faster. Remembered per model, batch
         and machine like the execution choice (an untimed twin's float32 only for runs too short to time it). Where it
         cannot be timed on a CPU (an explicit `--execution eager` or `xla`, `--deterministic`, several
-        replicas, a multi-process loop) float32 trains, said in one line (`_untimed_cpu_float32`): bfloat16
-        is taken on a CPU only when measured faster. On a GPU the rule's policy stays, unless the model
-        does not build under it (`build_model`). Returns the model to train."""
+        replicas, a multi-process loop) float32 trains, settled before this stage by
+        `settle_untimed_precision`. On a GPU the rule's policy stays, unless the model does not build under
+        it (`build_model`). Returns the model to train."""
         from tftrain.runtime.execution_memory import ExecutionMemory, execution_key
         from tftrain.runtime.precision import choose_precision
 
         if not self._times_precision():
-            self._untimed_cpu_float32()
             return self.build_model()
         model = self._rebuilt_in("float32")
         compile_args = self.compile_args
