@@ -211,11 +211,11 @@ def fit(
     # BackupAndRestore reports the epoch it restored this way; Model.fit reads it the same way.
     initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
     logs = {}
+    run = functools.partial(_run_steps, coordinator, worker_fn, iterator, steps_per_execution)
     for epoch in range(initial_epoch, epochs):
         callback_list.on_epoch_begin(epoch)
         steps = steps_per_epoch - max((c.steps_done_in(epoch) for c in callbacks if hasattr(c, "steps_done_in")),
                                       default=0)
-        run = functools.partial(_run_steps, coordinator, worker_fn, iterator, steps_per_execution)
         logs = _run_epoch(run, steps, sync_every or steps, (loss_tracker, *metrics), callback_list, model)
         callback_list.on_epoch_end(epoch, logs)
         if model.stop_training:
