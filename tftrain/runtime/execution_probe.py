@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 from tftrain.errors import check_int
 from tftrain.runtime.execution import (AUTO_CANDIDATES, ExecutionChoice, StepTiming, _batch_size_of, best_label,
                                        choice_reason, failure_line, label_of)
+from tftrain.runtime.input_release import released_off_thread
 
 def time_training_steps(
     model,
@@ -90,8 +91,9 @@ def time_training_steps(
             if give_up_above_s is not None and len(timed) >= 2 and statistics.median(timed) / spe > give_up_above_s:
                 self.model.stop_training = True
 
-    model.fit(dataset.repeat(), epochs=1, steps_per_epoch=total_steps, verbose=0, shuffle=False,
-              callbacks=[*callbacks, _Stamp()])
+    with released_off_thread() as release:
+        model.fit(dataset.repeat(), epochs=1, steps_per_epoch=total_steps, verbose=0, shuffle=False,
+                  callbacks=[*callbacks, _Stamp(), release])
     if len(stamps) < warmup_executions + 2:  # pragma: no cover (Keras skipped batch hooks)
         raise RuntimeError(f"Timing recorded {len(stamps) - 1} executions; expected {total_steps // spe}.")
     per_execution = [b - a for a, b in zip(stamps[warmup_executions:], stamps[warmup_executions + 1:])]

@@ -142,6 +142,7 @@ class FitLoop:
                 Defaults to None.
         """
         from tftrain.runtime.epoch_ends import EpochEnds
+        from tftrain.runtime.input_release import released_off_thread
 
         dataset = train_data()
         ender = _epoch_ender(model, dataset)
@@ -150,9 +151,11 @@ class FitLoop:
         marker = [ender.epoch_callback()] if ender is not None else []
         validation_data, validation_steps = _validation_iterator(validation_data, _steps_per_execution(model))
         try:
-            return model.fit(dataset, epochs=epochs, steps_per_epoch=steps, callbacks=[*marker, *callbacks],
-                             verbose=verbose, validation_data=validation_data, validation_steps=validation_steps,
-                             shuffle=False, class_weight=class_weight)
+            with released_off_thread() as release:
+                return model.fit(dataset, epochs=epochs, steps_per_epoch=steps,
+                                 callbacks=[*marker, *callbacks, release], verbose=verbose,
+                                 validation_data=validation_data, validation_steps=validation_steps,
+                                 shuffle=False, class_weight=class_weight)
         finally:
             if isinstance(model.train_function, EpochEnds):  # this run's epoch length: not a later fit's
                 model.train_function = None
