@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from tftrain.runtime.input_release import released_off_thread
 from tftrain.train.loops.fit import FitLoop
 
 
@@ -52,8 +53,10 @@ class MultiWorkerLoop(FitLoop):
                 f"{steps_per_epoch} steps, and Keras would run whole executions past the epoch's end)")
         weigh = _class_weighted(class_weight)
         dataset = runtime.strategy.distribute_datasets_from_function(lambda ctx: weigh(train_data(ctx)).repeat())
-        return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=list(callbacks),
-                         verbose=verbose, validation_data=validation_data, shuffle=False)
+        with released_off_thread() as release:  # tf.data's iterator destructor waits up to 2.5 s
+            return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                             callbacks=[*callbacks, release], verbose=verbose, validation_data=validation_data,
+                             shuffle=False)
 
 
 def _class_weighted(class_weight):
