@@ -27,8 +27,6 @@ import sys
 import threading
 from typing import Iterator, List
 
-import keras
-
 FIT_LOCALS = ("iterator", "epoch_iterator")
 """The locals of Keras's `TensorFlowTrainer.fit` (keras/src/backend/tensorflow/trainer.py) that hold
 its tf.data iterator: the epoch iterator and the one it yields."""
@@ -40,26 +38,32 @@ about 2.5 s)."""
 _pending: List[threading.Thread] = []
 
 
-class _TakeFitIterator(keras.callbacks.Callback):
-    """At `on_train_end`, takes references to `fit`'s input iterator (`FIT_LOCALS` of the nearest
-    calling frame named `fit` that has them), so that `fit`'s return does not free it."""
+def _fit_iterator_taker():
+    """A Keras callback that, at `on_train_end`, takes references to `fit`'s input iterator
+    (`FIT_LOCALS` of the nearest calling frame named `fit` that has them) into its `taken` list, so
+    that `fit`'s return does not free it. (Keras is imported here: this module loads without
+    TensorFlow.)"""
+    import keras
 
-    def __init__(self):
-        super().__init__()
-        self.taken: list = []
+    class TakeFitIterator(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.taken: list = []
 
-    def on_train_end(self, logs=None):
-        frame = sys._getframe(1)
-        while frame is not None and not (frame.f_code.co_name == "fit" and FIT_LOCALS[1] in frame.f_locals):
-            frame = frame.f_back
-        if frame is not None:
-            found = frame.f_locals
-            self.taken = [found[name] for name in FIT_LOCALS if name in found]
-        del frame
+        def on_train_end(self, logs=None):
+            frame = sys._getframe(1)
+            while frame is not None and not (frame.f_code.co_name == "fit" and FIT_LOCALS[1] in frame.f_locals):
+                frame = frame.f_back
+            if frame is not None:
+                found = frame.f_locals
+                self.taken = [found[name] for name in FIT_LOCALS if name in found]
+            del frame
+
+    return TakeFitIterator()
 
 
 @contextlib.contextmanager
-def released_off_thread() -> Iterator[keras.callbacks.Callback]:
+def released_off_thread() -> Iterator["keras.callbacks.Callback"]:
     """A callback for one `Model.fit` call; on leaving the block, that call's input iterator is
     freed on a daemon thread (see the module docstring for why).
 
@@ -70,7 +74,7 @@ def released_off_thread() -> Iterator[keras.callbacks.Callback]:
         >>> with released_off_thread() as release:
         ...     model.fit(dataset.repeat(), steps_per_epoch=100, epochs=5, callbacks=[release])
     """
-    taker = _TakeFitIterator()
+    taker = _fit_iterator_taker()
     try:
         yield taker
     finally:
