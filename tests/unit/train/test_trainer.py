@@ -540,12 +540,17 @@ def test_class_weight_trains_as_keras_fit_with_the_same_weights(tmp_path, loop):
     assert record.history["loss"][0] != pytest.approx(unweighted.history["loss"][0], rel=1e-3)  # weights count
 
 
-@pytest.mark.parametrize("loop", ["ParameterServerLoop"])
-def test_class_weight_is_refused_before_the_run_by_loops_over_distributed_datasets(tmp_path, loop):
+def test_class_weight_is_refused_before_the_run_by_a_loop_that_cannot_weigh_classes(tmp_path):
+    """Every loop tftrain ships weighs classes (the parameter-server one in
+    tests/unit/train/test_parameter_server_class_weight.py); a loop that says it cannot is refused early."""
+    import dataclasses
+
+    assert all(tftrain.train.loops.loop_for(s).weighs_classes
+               for s in ("default", "mirrored", "multi_worker_mirrored", "parameter_server"))
     task = tftrain.ArrayTask(_model, np.zeros((64, 4), "float32"), np.zeros(64, "int64"), loss="mse",
                              class_weight={0: 1.0})
     trainer = tftrain.Trainer(task, verbose=0, run_dir=str(tmp_path / "r"))
-    trainer.loop = getattr(tftrain.train, loop)()
+    trainer.loop = dataclasses.replace(tftrain.train.FitLoop(), weighs_classes=False)
     trainer.check(), trainer.setup_runtime(), trainer.bind_task()
     with pytest.raises(ConfigError, match="class_weight is not supported by"):
         trainer.check_task()

@@ -23,7 +23,7 @@ class MultiWorkerLoop(FitLoop):
     in_process_search: bool = False
     checks_input: bool = False  # each worker reads only its shard
     needs_steps_per_epoch: bool = True
-    weighs_classes: bool = True  # on each worker's dataset, with Keras's own map (`_class_weighted`)
+    weighs_classes: bool = True  # on each worker's dataset, with Keras's own map (`class_weighted`)
     executions: tuple = ("auto", "graph", "eager")
     no_search_reason: str = ("every worker runs the same steps in lockstep (collective all-reduce), so one task "
                              "cannot try settings alone")
@@ -51,7 +51,7 @@ class MultiWorkerLoop(FitLoop):
             model.steps_per_execution = self.steps_per_execution_for(spe, steps_per_epoch)
             say(f"steps per execution: {model.steps_per_execution} ({spe} does not divide the epoch's "
                 f"{steps_per_epoch} steps, and Keras would run whole executions past the epoch's end)")
-        weigh = _class_weighted(class_weight)
+        weigh = class_weighted(class_weight)
         dataset = runtime.strategy.distribute_datasets_from_function(lambda ctx: weigh(train_data(ctx)).repeat())
         with released_off_thread() as release:  # tf.data's iterator destructor waits up to 2.5 s
             return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
@@ -59,10 +59,11 @@ class MultiWorkerLoop(FitLoop):
                              shuffle=False)
 
 
-def _class_weighted(class_weight):
+def class_weighted(class_weight):
     """`dataset -> dataset` whose `(x, y)` batches carry `class_weight[y]` as sample weights, by the map
     Keras's `fit(class_weight=...)` applies to a `tf.data.Dataset`; `fit` refuses `class_weight` with a
-    distributed dataset, so each worker's dataset is weighed before it is distributed. Identity when
+    distributed dataset, so each worker's dataset is weighed before it is distributed (the multi-worker
+    and parameter-server loops). Identity when
     `class_weight` is None.
 
     Source: keras/src/trainers/data_adapters/tf_dataset_adapter.py (`make_class_weight_map_fn`).

@@ -85,7 +85,7 @@ class ParameterServerLoop(FitLoop):
     accumulates: bool = False
     no_search_reason: str = ("its workers run steps asynchronously under the chief's coordinator, and keras-tuner "
                              "and the batch-size search time trials in one process")
-    weighs_classes: bool = False
+    weighs_classes: bool = True  # on each worker's dataset (`class_weighted`); the step weighs the loss
 
     def serves(self, cluster) -> bool:
         """Worker and ps tasks serve; the chief (coordinator) trains."""
@@ -109,15 +109,18 @@ class ParameterServerLoop(FitLoop):
 
     def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
             runtime=None, metrics=None, say=print, class_weight=None):
-        """`tftrain.train.loops.ps_training.fit` on per-worker datasets; see `FitLoop.fit` (`class_weight`
-        is refused before the run, `Trainer.check_task`). Under `--backup-every-steps N` the coordinator
-        joins every N steps, where the backup saves (and a requested stop is read)."""
+        """`tftrain.train.loops.ps_training.fit` on per-worker datasets; see `FitLoop.fit`. `class_weight`
+        weighs each example's loss as `Model.fit` does (its metrics unweighted, as `compile(metrics=...)`
+        under `fit`). Under `--backup-every-steps N` the coordinator joins every N steps, where the backup
+        saves (and a requested stop is read)."""
         from tftrain.train.loops import ps_training
+        from tftrain.train.loops.multi_worker import class_weighted
 
         with runtime.strategy.scope():
             metrics = metric_objects(metrics, model.loss)
+        weigh = class_weighted(class_weight)
         return ps_training.fit(
-            model, lambda ctx: train_data(ctx).repeat(), epochs=epochs, steps_per_epoch=steps_per_epoch,
+            model, lambda ctx: weigh(train_data(ctx)).repeat(), epochs=epochs, steps_per_epoch=steps_per_epoch,
             metrics=metrics, callbacks=callbacks, verbose=verbose,
             steps_per_execution=runtime.requested_steps_per_execution, sync_every=_backup_every(callbacks),
         )

@@ -104,10 +104,21 @@ def _is_tf(variable) -> bool:
     return isinstance(getattr(variable, "_value", None), tf.Variable) and not in_stateless_scope()
 
 
-def _loss(model: keras.Model, y, y_pred):
-    """The compiled loss (mean over the batch) plus the model's regularization losses."""
+def _loss(model: keras.Model, y, y_pred, sample_weight=None):
+    """The compiled loss plus the model's regularization losses: a `keras.losses.Loss` object reduces
+    itself (weighing by `sample_weight`), a loss function's per-example values are weighed and averaged
+    over the batch (Keras's default reduction, "sum_over_batch_size")."""
     loss_fn = keras.losses.get(model.loss) if isinstance(model.loss, str) else model.loss
-    loss = keras.ops.mean(loss_fn(y, y_pred))  # a loss function returns one value per example
+    if isinstance(loss_fn, keras.losses.Loss):  # the mean: a reduction of "none" gives one value per example
+        loss = keras.ops.mean(loss_fn(y, y_pred, sample_weight=sample_weight))
+    else:
+        values = loss_fn(y, y_pred)  # one value per example (per time step, ...)
+        if sample_weight is not None:
+            weights = tf.cast(sample_weight, values.dtype)
+            for _ in range(values.shape.rank - weights.shape.rank):
+                weights = weights[..., None]
+            values = values * weights
+        loss = keras.ops.mean(values)
     if model.losses:
         loss = loss + tf.add_n([tf.cast(x, loss.dtype) for x in model.losses])
     return loss
@@ -229,10 +240,10 @@ def _worker_function(model, strategy, loss_tracker, metrics):
     optimizer = model.optimizer
 
     def train_step(batch):
-        x, y = batch
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)  # sample weights: a class_weight map
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
-            loss = _loss(model, y, y_pred)
+            loss = _loss(model, y, y_pred, sample_weight)
             scaled = optimizer.scale_loss(loss)
         grads = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
