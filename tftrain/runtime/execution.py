@@ -154,9 +154,11 @@ class ExecutionChoice:
             own reason), in the order tried. Defaults to ().
         trial: when the candidates were timed on the run's own training steps
             (`tftrain.runtime.execution_trial`): `{"steps": training steps the
-            trial spanned, "seconds": its wall seconds, "cost_s": those seconds
-            less the same steps at the chosen candidate's step time (compiling
-            the other candidates, running the slower ones), "complete": every
+            trial spanned, "seconds": its wall seconds, "cost_s": what the run
+            paid beyond a run at the chosen setting (those seconds less the same
+            steps at the chosen candidate's step time, plus the first candidate's
+            compiling call less the chosen one's: compiling the other
+            candidates, running the slower ones), "complete": every
             duel ended, "modes_decided": graph against XLA ended, or XLA was
             left untimed (`time_again_from_steps`); the choice is then
             remembered}`. Defaults to None.
@@ -165,6 +167,10 @@ class ExecutionChoice:
             short to repay compiling it): the choice is remembered for shorter
             runs, and a run at least that long (or of unknown length) times the
             candidates again. Defaults to None (every candidate was timed).
+        compiled_before_fit_s: for a remembered XLA choice, the seconds of the check
+            before `fit` that compiled its train function and ran it once
+            (`check_compiles`); `fit` reuses that function, so this is XLA's compile a
+            run at that setting pays anyway, moved before `fit`. Defaults to None.
     """
 
     execution: str
@@ -175,6 +181,7 @@ class ExecutionChoice:
     skipped: tuple = ()
     trial: Optional[Mapping] = None
     time_again_from_steps: Optional[int] = None
+    compiled_before_fit_s: Optional[float] = None
 
     def describe(self) -> str:
         """One line, e.g. `xla (graph 4.10 ms/step, ...; xla 2.50 ms/step, ...): 1.64x faster than graph`;
@@ -206,6 +213,7 @@ class ExecutionChoice:
             "remembered": self.remembered,
             "trial": dict(self.trial) if self.trial else None,
             "time_again_from_steps": self.time_again_from_steps,
+            "compiled_before_fit_s": self.compiled_before_fit_s,
         }
 
 

@@ -138,6 +138,7 @@ class ExecutionTrial:
         self.verdicts: list = []  # each duel's outcome, as the reason says it
         self.first_step: Optional[int] = None  # the training step of the trial's first call (a resumed run's is not 0)
         self.started: Optional[tuple] = None  # (clock, training step) after the first compiling call
+        self.first_compiled: Optional[_Candidate] = None  # the candidate whose compiling call came first
         # Graph at the base count, traced already by --precision auto's timing (one count: not shared).
         self.traced_graph = None if self.shared_count else traced_graph(model, self.base)
 
@@ -295,6 +296,7 @@ class ExecutionTrial:
             candidate.warmup_s = seconds
             if self.started is None:
                 self.started = (self.clock(), self._step())
+                self.first_compiled = candidate
             return
         candidate.samples.append((seconds, steps))
         candidate.window.append((seconds, steps))
@@ -427,15 +429,21 @@ class ExecutionTrial:
             self.on_settled(self.choice)
 
     def _cost(self, complete: bool) -> dict:
-        """The trial's training steps and wall seconds after the first candidate's compiling call (which
-        any `fit` pays), and those seconds less the same steps at the chosen candidate's step time."""
+        """The trial's training steps and wall seconds after the first candidate's compiling call, and its
+        cost: what the run paid beyond a run at the chosen setting, i.e. those seconds less the same steps
+        at the chosen candidate's step time, plus the first candidate's compiling call less the chosen
+        one's (a run at the chosen setting pays the chosen candidate's compiling call instead: XLA's
+        compile, when XLA wins, is not a cost of choosing)."""
         # The modes are decided once no other mode waits and the duel left, if any, is one of counts.
         decided = complete or (not self.challengers and (self.challenger is None or self.challenger.spe != self.base))
         if self.started is None:
             return {"steps": 0, "seconds": 0.0, "cost_s": 0.0, "complete": complete, "modes_decided": decided}
         seconds, steps = self.clock() - self.started[0], self._step() - self.started[1]
         chosen = step_time(self.chosen.samples) or 0.0
-        return {"steps": steps, "seconds": round(seconds, 3), "cost_s": round(max(0.0, seconds - steps * chosen), 3),
+        first, own = self.first_compiled.warmup_s, self.chosen.warmup_s
+        compiling = first - own if own is not None and self.chosen is not self.first_compiled else 0.0
+        cost = seconds - steps * chosen + compiling
+        return {"steps": steps, "seconds": round(seconds, 3), "cost_s": round(max(0.0, cost), 3),
                 "complete": complete, "modes_decided": decided}
 
     def finish(self) -> ExecutionChoice:

@@ -290,3 +290,25 @@ def test_a_duel_ends_early_only_over_enough_steps(calls, ended):
     challenger.window = challenger.samples = [(0.003, 1)] * calls
     trial._judge()
     assert (trial.challenger is None) == ended and trial.incumbent is incumbent
+
+
+def test_the_choosing_cost_is_what_the_run_paid_beyond_a_run_at_the_chosen_setting():
+    # graph (first call 0.5 s, then 10 ms a step) against xla (first call 3.0 s, compiling, then 6.25 ms a step).
+    # The trial spans, after graph's first call: graph 24 steps (0.24 s), xla's first call of 8 steps (3.0 s), xla
+    # 24 steps (0.15 s): 64 steps in all. A run at xla fixed pays xla's first call (8 steps) and 6.25 ms for
+    # each of the other 56: 3.35 s; the automatic run paid its first call of 0.5 s and then 3.39 s.
+    trial = ExecutionTrial(_model(), ("graph", "xla"), examples_per_step=8)
+    trial._next_duel()
+    incumbent, challenger = trial.incumbent, trial.challenger
+    incumbent.samples = incumbent.window = [(0.08, 8)] * 3
+    challenger.samples = challenger.window = [(0.05, 8)] * 3
+    incumbent.warmup_s, challenger.warmup_s = 0.5, 3.0
+    trial.timed = {incumbent.label: incumbent, challenger.label: challenger}
+    trial.started, trial.first_compiled = (100.0, 8), incumbent
+    trial.clock, trial._step = (lambda: 103.39), (lambda: 64)
+    trial._judge()
+    trial._settle(complete=True)
+    assert trial.choice.execution == "xla"
+    cost = trial.choice.trial["cost_s"]
+    assert cost == pytest.approx(3.39 - 56 * 0.00625 + 0.5 - 3.0, abs=1e-3)  # 0.54 s: not xla's own compile
+    assert cost == pytest.approx((0.5 + 3.39) - (3.0 + 56 * 0.00625), abs=1e-3)

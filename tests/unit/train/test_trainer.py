@@ -124,6 +124,9 @@ def test_execution_auto_remembers_its_choice_for_the_same_model_and_batch(tmp_pa
     assert again.execution_choice["remembered"] and again.execution == first.execution
     assert {k: v["step_time_s"] for k, v in again.execution_choice["timings"].items()} == \
         {k: v["step_time_s"] for k, v in first.execution_choice["timings"].items()}
+    # A remembered XLA is compiled before fit (which reuses the function), and that call's seconds are kept.
+    compiled = again.execution_choice["compiled_before_fit_s"]
+    assert (compiled > 0) if again.execution == "xla" else compiled is None
     _trainer(tmp_path / "c", **{**fit, "batch_size": 8}).fit()  # another batch: timed again
     retimed = _trainer(tmp_path / "d", **fit, remember_execution=False).fit()
     assert len(timed) == 3 and retimed.execution_choice["remembered"] is None
