@@ -38,8 +38,7 @@ from typing import Callable, Optional
 
 import filelock
 
-from tftrain.host import cpu_model
-from tftrain.runtime.threads import cpu_count
+from tftrain.host import cpu_model, usable_cores
 
 CACHE_ENV = "TFTRAIN_CACHE_DIR"
 """Environment variable naming the cache folder (overrides the user cache folder)."""
@@ -146,7 +145,7 @@ def execution_key(model, dataset, candidates) -> Optional[str]:
                     tf.config.threading.get_inter_op_parallelism_threads()],
         "replicas": model.distribute_strategy.num_replicas_in_sync,
         "versions": [tf.__version__, keras.__version__],
-        "machine": [cpu_model(), cpu_count(), _gpu_details()],
+        "machine": [cpu_model(), usable_cores(), _gpu_details()],
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -12,22 +12,19 @@ Source: https://www.tensorflow.org/api_docs/python/tf/config/threading
 from __future__ import annotations
 
 import dataclasses
-import os
 import warnings
 
 import tensorflow as tf
 
 from tftrain.errors import RuntimeStartedWarning, check_int
+from tftrain.host import usable_cores
 
 _warned = False
 
 
-def cpu_count() -> int:
-    """Cores this process may run on (respects CPU affinity and cgroups' cpusets)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+cpu_count = usable_cores
+"""Cores this process may run on (CPU affinity and cgroups' cpusets respected): `tftrain.host.usable_cores`,
+kept under this name for existing imports."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -92,7 +92,7 @@ _PUTTER = """
 import sys, time
 from pathlib import Path
 
-from tftrain.runtime.execution_memory import ExecutionMemory  # (tftrain/__init__ imports TensorFlow)
+from tftrain.runtime.execution_memory import ExecutionMemory  # no TensorFlow: it starts in a fraction of a second
 
 
 class Choice:  # `put` only calls `to_dict()`
@@ -169,3 +169,13 @@ def test_a_write_that_cannot_take_the_lock_in_time_is_skipped(monkeypatch, tmp_p
         assert memory.put("b", choice) is choice  # no error
         memory.forget("a")
     assert memory.get("a") is not None and memory.get("b") is None
+
+
+def test_the_memory_imports_no_tensorflow():
+    """The memory (and the usable-core count in its key, `tftrain.host.usable_cores`) loads without TensorFlow:
+    the processes of the test above start in a fraction of a second, and a launcher reading it stays light."""
+    from tests.conftest import run_python
+
+    proc = run_python("import sys; from tftrain.runtime.execution_memory import ExecutionMemory; "
+                      "print('tensorflow' in sys.modules)", timeout=60)
+    assert proc.returncode == 0 and proc.stdout.split() == ["False"], proc.stderr[-2000:]
