@@ -156,9 +156,10 @@ class ExecutionChoice:
             (`tftrain.runtime.execution_trial`): `{"steps": training steps the
             trial spanned, "seconds": its wall seconds, "cost_s": what the run
             paid beyond a run at the chosen setting (those seconds less the same
-            steps at the chosen candidate's step time, plus the first candidate's
-            compiling call less the chosen one's: compiling the other
-            candidates, running the slower ones), "complete": every
+            steps at the chosen candidate's step time, less what the chosen
+            candidate's compiling call took beyond the first one's: compiling the
+            other candidates, running the slower ones; an upper bound),
+            "complete": every
             duel ended, "modes_decided": graph against XLA ended, or XLA was
             left untimed (`time_again_from_steps`); the choice is then
             remembered}`. Defaults to None.

@@ -431,9 +431,11 @@ class ExecutionTrial:
     def _cost(self, complete: bool) -> dict:
         """The trial's training steps and wall seconds after the first candidate's compiling call, and its
         cost: what the run paid beyond a run at the chosen setting, i.e. those seconds less the same steps
-        at the chosen candidate's step time, plus the first candidate's compiling call less the chosen
-        one's (a run at the chosen setting pays the chosen candidate's compiling call instead: XLA's
-        compile, when XLA wins, is not a cost of choosing)."""
+        at the chosen candidate's step time, less what the chosen candidate's compiling call took beyond
+        the first one's (a run at the chosen setting pays its own compiling call: XLA's compile, when XLA
+        wins, is not a cost of choosing). An upper bound: the first call's one-time set-up (building the
+        optimizer, starting the input pipeline), which a run at the chosen setting pays too, stays in
+        when XLA wins, and a larger count's retrace when graph at a larger count wins."""
         # The modes are decided once no other mode waits and the duel left, if any, is one of counts.
         decided = complete or (not self.challengers and (self.challenger is None or self.challenger.spe != self.base))
         if self.started is None:
@@ -441,8 +443,8 @@ class ExecutionTrial:
         seconds, steps = self.clock() - self.started[0], self._step() - self.started[1]
         chosen = step_time(self.chosen.samples) or 0.0
         first, own = self.first_compiled.warmup_s, self.chosen.warmup_s
-        compiling = first - own if own is not None and self.chosen is not self.first_compiled else 0.0
-        cost = seconds - steps * chosen + compiling
+        beyond_first = max(0.0, own - first) if own is not None and self.chosen is not self.first_compiled else 0.0
+        cost = seconds - steps * chosen - beyond_first
         return {"steps": steps, "seconds": round(seconds, 3), "cost_s": round(max(0.0, cost), 3),
                 "complete": complete, "modes_decided": decided}
 

@@ -312,3 +312,18 @@ def test_the_choosing_cost_is_what_the_run_paid_beyond_a_run_at_the_chosen_setti
     cost = trial.choice.trial["cost_s"]
     assert cost == pytest.approx(3.39 - 56 * 0.00625 + 0.5 - 3.0, abs=1e-3)  # 0.54 s: not xla's own compile
     assert cost == pytest.approx((0.5 + 3.39) - (3.0 + 56 * 0.00625), abs=1e-3)
+    # A winner whose compiling call took less than the first one's (graph at 32 retraced in 0.2 s after graph at
+    # 8's first call of 0.5 s, which also built the optimizer): nothing is taken off.
+    trial = ExecutionTrial(_model(), ("graph",), (32,), examples_per_step=8)
+    incumbent, challenger = trial.incumbent, trial._candidate("graph", 32)
+    incumbent.samples = incumbent.window = [(0.08, 8)] * 3
+    challenger.samples = challenger.window = [(0.16, 32)] * 2
+    incumbent.warmup_s, challenger.warmup_s = 0.5, 0.2
+    trial.challenger, trial.larger = challenger, []
+    trial.timed = {incumbent.label: incumbent, challenger.label: challenger}
+    trial.started, trial.first_compiled = (100.0, 8), incumbent
+    trial.clock, trial._step = (lambda: 100.76), (lambda: 128)
+    trial._judge()
+    trial._settle(complete=True)
+    assert trial.choice.steps_per_execution == 32
+    assert trial.choice.trial["cost_s"] == pytest.approx(0.76 - 120 * 0.005, abs=1e-3)
