@@ -13,10 +13,10 @@ shared queue, across machines and through TensorFlow's own runtime:
 * each worker and ps task creates a FIFO queue named `STATUS_QUEUE` on its own
   device and waits on it through a session on its own server (`serve`);
 * when the chief's run ends it puts the job's status into every task's queue
-  (`tell_servers`, `telling_servers`): `JOB_FINISHED` (0), `JOB_FAILED` (1) or `JOB_STOPPED`
-  (2: SIGTERM or SIGUSR1 stopped the chief after it saved a checkpoint);
-* each task then exits: 0 when the job finished, 1 (`JobFailed`) when it failed, 143
-  (`Preempted`) when it was stopped. A serving task ignores SIGTERM and SIGUSR1 meanwhile: a
+  (`tell_servers`, `telling_servers`): `JOB_FINISHED` (0), `JOB_FAILED` (1), `JOB_STOPPED`
+  (2: SIGTERM stopped the chief after it saved a checkpoint) or `JOB_STOPPED_SIGUSR1` (3: SIGUSR1 did);
+* each task then exits as the chief: 0 when the job finished, 1 (`JobFailed`) when it failed, 143
+  or 138 (`Preempted`, 128 + the signal's number) when a signal stopped it. A serving task ignores SIGTERM and SIGUSR1 meanwhile: a
   scheduler signals every task at once, and a worker that left would stall the chief's last
   steps before it can save (the launcher's `--grace`, or the scheduler's, still ends it).
 
@@ -61,8 +61,25 @@ JOB_FAILED = 1
 """Status the chief sends when its run failed or was interrupted; the servers exit 1."""
 
 JOB_STOPPED = 2
-"""Status the chief sends when SIGTERM or SIGUSR1 stopped its run after it saved a checkpoint (`Preempted`);
-the servers exit 143, as the chief does for SIGTERM."""
+"""Status the chief sends when SIGTERM stopped its run after it saved a checkpoint (`Preempted`); the servers
+exit 143, as the chief does."""
+
+JOB_STOPPED_SIGUSR1 = 3
+"""Status the chief sends when SIGUSR1 (SLURM's `--signal` notice before the time limit) stopped its run after
+it saved a checkpoint; the servers exit 138, as the chief does."""
+
+_STOPPED_BY = {JOB_STOPPED: signal.SIGTERM, JOB_STOPPED_SIGUSR1: signal.SIGUSR1}
+
+
+def stopped_status(signum: int) -> int:
+    """The status that tells the servers `signum` (SIGTERM or SIGUSR1) stopped the job: `JOB_STOPPED` or
+    `JOB_STOPPED_SIGUSR1` (another signal is told as SIGTERM's)."""
+    return JOB_STOPPED_SIGUSR1 if signum == signal.SIGUSR1 else JOB_STOPPED
+
+
+def stopped_signal(status: int) -> Optional[int]:
+    """The signal that stopped the job for a stop status (`stopped_status`'s inverse), else None."""
+    return _STOPPED_BY.get(status)
 
 CHIEF_WAIT_S = 600.0
 """Seconds a worker or ps task waits for the chief to appear at its address."""
@@ -272,7 +289,7 @@ def serve(cluster: ClusterInfo, intra_op_threads: int = 0, inter_op_threads: int
         JobFailed: when the chief reported a failure, never appeared, or went away
             without a status (a command-line run then exits 1).
         Preempted: when the chief reported that a signal stopped the job after its
-            checkpoint (exit 143).
+            checkpoint (exit 143 for SIGTERM, 138 for SIGUSR1, as the chief).
     """
     if "chief" not in cluster.cluster:
         raise ClusterConfigError(f"A parameter-server job needs a chief task; the {cluster.source} cluster has "
@@ -287,12 +304,13 @@ def serve(cluster: ClusterInfo, intra_op_threads: int = 0, inter_op_threads: int
         status = wait_for_status(queue.get, ChiefWatch(chief, time.monotonic(), chief_wait_s, chief_gone_s))
     finally:
         queue.close()
-    if status == JOB_STOPPED:
+    signum = stopped_signal(status)
+    if signum is not None:
         from tftrain.errors import Preempted
 
         _let_the_chief_exit_first(chief, chief_gone_s)
-        raise Preempted(f"{cluster.task}: the chief at {chief} stopped the job on a signal after saving its "
-                        "checkpoint", signal.SIGTERM)
+        raise Preempted(f"{cluster.task}: the chief at {chief} stopped the job on {signal.Signals(signum).name} "
+                        "after saving its checkpoint", signum)
     if status != JOB_FINISHED:
         _let_the_chief_exit_first(chief, chief_gone_s)
         raise JobFailed(f"the chief at {chief} reported that the parameter-server job failed; see its output")
@@ -317,7 +335,7 @@ def tell_servers(cluster: ClusterInfo, status: int) -> List[str]:
 
     Args:
         cluster: the job's `ClusterInfo` (the chief's view).
-        status: `JOB_FINISHED` (0), `JOB_FAILED` (1) or `JOB_STOPPED` (2).
+        status: `JOB_FINISHED` (0), `JOB_FAILED` (1), `JOB_STOPPED` (2) or `JOB_STOPPED_SIGUSR1` (3).
 
     Returns:
         The tasks (`worker:1`, ...) that could not be told (e.g. already gone).
@@ -353,12 +371,12 @@ def telling_servers(cluster: Optional[ClusterInfo], log: Optional[object] = None
     try:
         yield
         status = JOB_FINISHED
-    except Preempted:
-        status = JOB_STOPPED
+    except Preempted as stopped:
+        status = stopped_status(stopped.signum)
         raise
     finally:
         missed = tell_servers(cluster, status)
         if missed:
-            said = {JOB_FINISHED: "finished", JOB_STOPPED: "stopped"}.get(status, "failed")
+            said = "finished" if status == JOB_FINISHED else "stopped" if stopped_signal(status) else "failed"
             print(f"{cluster.task}: could not tell {', '.join(missed)} that the job {said}", file=log or sys.stderr,
                   flush=True)

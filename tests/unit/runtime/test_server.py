@@ -98,17 +98,22 @@ def test_telling_servers_sends_failed_and_reraises(monkeypatch, error):
     assert sent == [server.JOB_FAILED]
 
 
-def test_telling_servers_sends_stopped_after_a_preemption_and_reraises(monkeypatch):
+@pytest.mark.parametrize("signame, status", [("SIGTERM", 2), ("SIGUSR1", 3)])
+def test_telling_servers_sends_stopped_by_the_chief_s_signal_and_reraises(monkeypatch, signame, status):
+    """The servers learn which signal stopped the chief, so that they exit with its code (143 or 138)."""
     import signal
 
     from tftrain.errors import Preempted
 
+    signum = getattr(signal, signame)
     sent = _told(monkeypatch, missed=["ps:0"])
     log = io.StringIO()
     with pytest.raises(Preempted):
         with server.telling_servers(CLUSTER, log=log):
-            raise Preempted("stopped by SIGTERM: checkpoint saved", signal.SIGTERM)
-    assert sent == [server.JOB_STOPPED] and log.getvalue() == "chief:0: could not tell ps:0 that the job stopped\n"
+            raise Preempted(f"stopped by {signame}: checkpoint saved", signum)
+    assert sent == [status] and log.getvalue() == "chief:0: could not tell ps:0 that the job stopped\n"
+    assert server.stopped_signal(status) == signum  # what a server raises Preempted with: exit 128 + signum
+    assert server.stopped_signal(server.JOB_FINISHED) is None and server.stopped_signal(server.JOB_FAILED) is None
 
 
 def test_telling_servers_names_the_tasks_it_could_not_reach(monkeypatch):
