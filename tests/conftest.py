@@ -162,6 +162,23 @@ def run_python(code, env=None, timeout=180, cwd=None):
     )
 
 
+def class_weight_problem():
+    """A 4-feature, 2-class problem for class-weight tests: `(x, y, weights, build)`, 256 float32 rows of
+    which about 1 in 4 is positive, `{0: 1.0, 1: 3.0}`, and an uncompiled softmax layer's builder. The same
+    in every process (seed 0), so a subprocess's run compares with plain Keras in the test's process."""
+    import keras
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((256, 4)).astype("float32")
+    y = (x[:, 0] + 0.5 * rng.standard_normal(256) > 0.8).astype("int64")
+
+    def build():
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+
+    return x, y, {0: 1.0, 1: 3.0}, build
+
+
 def linear_regression_task(name: str):
     """A 4-feature linear regression `ArrayTask` (256 training rows, 64 test rows; MSE, SGD, `mae`):
     seconds to train, for tests of what a run writes."""

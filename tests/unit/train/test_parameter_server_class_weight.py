@@ -12,11 +12,11 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.conftest import run_python
+from tests.conftest import REPO, run_python
 
 IN_PROCESS_CLUSTER = textwrap.dedent("""
     import json, types
-    import keras, numpy as np, portpicker, tensorflow as tf
+    import keras, portpicker, tensorflow as tf
     from tftrain.train.loops.parameter_server import ParameterServerLoop
 
     ports = {"worker": portpicker.pick_unused_port(), "ps": portpicker.pick_unused_port()}
@@ -25,13 +25,9 @@ IN_PROCESS_CLUSTER = textwrap.dedent("""
     strategy = tf.distribute.ParameterServerStrategy(
         tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc"))
 
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((256, 4)).astype("float32")
-    y = (x[:, 0] + 0.5 * rng.standard_normal(256) > 0.8).astype("int64")  # about 1 in 4 positive
-    WEIGHTS = {0: 1.0, 1: 3.0}
+    from tests.conftest import class_weight_problem
 
-    def build():
-        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+    x, y, WEIGHTS, build = class_weight_problem()
 
     def loop_losses(class_weight, loss):
         keras.utils.set_random_seed(0)
@@ -65,7 +61,7 @@ def test_class_weight_trains_as_keras_fit_with_the_same_weights():
         out["unweighted"] = loop_losses(None, "sparse_categorical_crossentropy")
         print("RESULT", json.dumps(out))
     """)
-    proc = run_python(code, timeout=240)
+    proc = run_python(code, timeout=240, cwd=REPO)  # `tests` importable
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.split("RESULT ", 1)[1])
     for name in ("function", "object"):  # a loss given by name and a `keras.losses.Loss` object

@@ -517,14 +517,9 @@ def test_class_weight_trains_as_keras_fit_with_the_same_weights(tmp_path, loop):
     worker) maps the weights onto each worker's dataset, since `fit` refuses them over a distributed one."""
     import keras
 
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((256, 4)).astype("float32")
-    y = (x[:, 0] + 0.5 * rng.standard_normal(256) > 0.8).astype("int64")  # about 1 in 4 positive
-    weights = {0: 1.0, 1: 3.0}
+    from tests.conftest import class_weight_problem
 
-    def build():
-        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
-
+    x, y, weights, build = class_weight_problem()
     task = tftrain.ArrayTask(build, x, y, loss="sparse_categorical_crossentropy", optimizer="sgd",
                              learning_rate=0.1, class_weight=weights)
     trainer = tftrain.Trainer(task, epochs=3, batch_size=256, seed=0, execution="graph", steps_per_execution=1,
