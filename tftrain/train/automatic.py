@@ -442,11 +442,11 @@ class AutomaticSettings:
             choice = weigh_remembered_xla(choice, self._planned_steps())
         if choice is None:
             return None
-        compiled_s = self._still_compiles(model, probe, choice)
-        if compiled_s is False:
+        choice = self._still_compiles(model, probe, choice)
+        if choice is None:
             memory.forget(key)
             return None
-        return self._with_test_step(model, dataclasses.replace(choice, compiled_before_fit_s=compiled_s))
+        return self._with_test_step(model, choice)
 
     def _probe(self):
         """The first `AUTO_PROBE_BATCHES` training batches, cached when small (`_cached_if_small`)."""
@@ -487,8 +487,9 @@ class AutomaticSettings:
 
     def _still_compiles(self, model, probe, choice):
         """Sets `model` up for a remembered choice; an XLA one is compiled and run once (its train
-        function is kept for `fit`). Returns the seconds of its first call, which compiled (None for graph:
-        nothing is compiled here), or False, with one line, when Keras or XLA refuses it now."""
+        function is kept for `fit`, and the seconds of that first, compiling call are the returned choice's
+        `compiled_before_fit_s`). Returns the choice, or None, with one line, when Keras or XLA refuses it
+        now."""
         from tftrain.runtime.execution import failure_line
         from tftrain.runtime.execution_probe import check_compiles
 
@@ -498,19 +499,19 @@ class AutomaticSettings:
             model.steps_per_execution = choice.steps_per_execution
         if model.jit_compile != (choice.execution == "xla"):  # Keras refused XLA for this model now
             model.jit_compile, model.steps_per_execution = False, compiled_count
-            return False
+            return None
         if choice.execution != "xla":
             if model.steps_per_execution != compiled_count:  # a graph function traced at the old count
                 model.train_function = None
-            return None
+            return choice
         try:
             timing = check_compiles(model, probe, batch_size=self.batch.global_batch_size)
         except Exception as error:  # noqa: BLE001 (XLA refuses what it compiled before: time again)
             self.console.line(f"execution: the remembered choice xla fails now ({failure_line(error)}); timing again")
             model.jit_compile, model.steps_per_execution = False, compiled_count
             model.train_function = None  # the XLA one check_compiles built
-            return False
-        return round(timing.warmup_s, 3)
+            return None
+        return dataclasses.replace(choice, compiled_before_fit_s=round(timing.warmup_s, 3))
 
     def _raise_if_xla_failed(self, error: Exception) -> None:
         """Raises `XlaCompileError` (XLA's reason and the fix in one line) when XLA, asked for or
