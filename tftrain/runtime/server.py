@@ -16,9 +16,10 @@ shared queue, across machines and through TensorFlow's own runtime:
   (`tell_servers`, `telling_servers`): `JOB_FINISHED` (0), `JOB_FAILED` (1), `JOB_STOPPED`
   (2: SIGTERM stopped the chief after it saved a checkpoint) or `JOB_STOPPED_SIGUSR1` (3: SIGUSR1 did);
 * each task then exits as the chief: 0 when the job finished, 1 (`JobFailed`) when it failed, 143
-  or 138 (`Preempted`, 128 + the signal's number) when a signal stopped it. A serving task ignores SIGTERM and SIGUSR1 meanwhile: a
-  scheduler signals every task at once, and a worker that left would stall the chief's last
-  steps before it can save (the launcher's `--grace`, or the scheduler's, still ends it).
+  or 138 (`Preempted`, 128 + the signal's number) when a signal stopped it. A serving task
+  ignores SIGTERM and SIGUSR1 meanwhile: a scheduler signals every task at once, and a worker
+  that left would stall the chief's last steps before it can save (the launcher's `--grace`,
+  or the scheduler's, still ends it).
 
 A chief can also vanish without a word (killed, its machine lost), so each task
 also watches the chief's gRPC address (`ChiefWatch`): a chief that does not appear
@@ -74,7 +75,7 @@ _STOPPED_BY = {JOB_STOPPED: signal.SIGTERM, JOB_STOPPED_SIGUSR1: signal.SIGUSR1}
 def stopped_status(signum: int) -> int:
     """The status that tells the servers `signum` (SIGTERM or SIGUSR1) stopped the job: `JOB_STOPPED` or
     `JOB_STOPPED_SIGUSR1` (another signal is told as SIGTERM's)."""
-    return JOB_STOPPED_SIGUSR1 if signum == signal.SIGUSR1 else JOB_STOPPED
+    return next((status for status, by in _STOPPED_BY.items() if by == signum), JOB_STOPPED)
 
 
 def stopped_signal(status: int) -> Optional[int]:
