@@ -263,8 +263,9 @@ def _notes(specs: list, workers: list, quick: bool) -> list:
         "choose_execution stage before fit plus the trial's cost inside fit (its wall seconds less the same steps "
         "at the chosen candidate's step time, less what the chosen candidate's compiling call took beyond the "
         "first one's, which a run at the chosen setting pays too: compiling the candidates that lost, running the "
-        "slower ones; an upper bound); on the next run, the stage less the first call of a remembered XLA choice's check, which "
-        "compiled the train function fit then reuses. Projected 10-epoch seconds = the timed run's fixed cost (its wall seconds less "
+        "slower ones; an upper bound); on the next run, the stage less the first call of a remembered XLA "
+        "choice's check, which compiled the train function fit then reuses. Projected 10-epoch seconds = the "
+        "timed run's fixed cost (its wall seconds less "
         "its epochs at the steady rate: building, choosing, tracing, the run's writes) + 10 epochs of the "
         "dataset size at the steady rate; choosing / projected 10 epochs divides by tftrain's projection.",
     ]

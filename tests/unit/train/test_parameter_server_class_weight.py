@@ -17,6 +17,7 @@ from tests.conftest import REPO, run_python
 IN_PROCESS_CLUSTER = textwrap.dedent("""
     import json, types
     import keras, portpicker, tensorflow as tf
+    from tests.conftest import class_weight_problem
     from tftrain.train.loops.parameter_server import ParameterServerLoop
 
     ports = {"worker": portpicker.pick_unused_port(), "ps": portpicker.pick_unused_port()}
@@ -24,8 +25,6 @@ IN_PROCESS_CLUSTER = textwrap.dedent("""
     servers = [tf.distribute.Server(spec, job_name=job, task_index=0, protocol="grpc") for job in ports]
     strategy = tf.distribute.ParameterServerStrategy(
         tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc"))
-
-    from tests.conftest import class_weight_problem
 
     x, y, WEIGHTS, build = class_weight_problem()
 
