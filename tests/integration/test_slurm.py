@@ -42,7 +42,10 @@ SMOKE = "--train-examples 512 --epochs 1 --batch-size 128 --seed 0 --execution g
 # The multi-worker job is requeued in its second epoch (32 steps of 128 an epoch) and must resume.
 REQUEUED = "--train-examples 4096 --epochs 2 --batch-size 128 --seed 0 --execution graph"
 TEMPLATES = {"multi_worker": "mnist_multi_worker.sbatch", "parameter_server": "mnist_parameter_server.sbatch"}
-ONE_NODE = ["--nodes=1", "--ntasks-per-node=4"]  # over the templates' 2 nodes x 2 tasks
+# One node, over the templates' 2 nodes x 2 tasks: two workers for the multi-worker job (each task is a
+# TensorFlow process; two show the synchronised model as well as four), four tasks for the parameter-server
+# job (chief, ps, two workers).
+ONE_NODE = {"multi_worker": ["--nodes=1", "--ntasks-per-node=2"], "parameter_server": ["--nodes=1", "--ntasks-per-node=4"]}
 JOB_TIMEOUT_S = 240
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}
 
@@ -175,7 +178,7 @@ def jobs(slurm, tmp_path_factory):
     submitted = {}
     for name, template in TEMPLATES.items():
         folder = tmp_path_factory.mktemp(name)
-        cmd = ["sbatch", "--parsable", *ONE_NODE, f"--chdir={folder}", f"--output={folder}/job.out",
+        cmd = ["sbatch", "--parsable", *ONE_NODE[name], f"--chdir={folder}", f"--output={folder}/job.out",
                str(REPO / "recipes" / "slurm" / template)]
         args = REQUEUED if name == "multi_worker" else SMOKE
         result = subprocess.run(cmd, env={**env, "TFTRAIN_ARGS": args}, capture_output=True, text=True, timeout=30)
@@ -218,33 +221,33 @@ def _task_exit_codes(slurm_root: Path, job_id: str) -> dict:
     return {int(rank): int(code) for rank, code in re.findall(pattern, (slurm_root / "slurmd.log").read_text())}
 
 
-def _check_job(job: dict, output: str, task_codes: dict) -> None:
-    """The job (its last run, when requeued) completed and every task exited 0."""
+def _check_job(job: dict, output: str, task_codes: dict, ranks: int = 4) -> None:
+    """The job (its last run, when requeued) completed and every one of its `ranks` tasks exited 0."""
     if "resuming:" in output:  # a requeued job's output file holds both runs (--open-mode=append)
         output = output[output.rindex("resuming:"):]
     assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0", (job, output[-3000:])
-    assert task_codes == {0: 0, 1: 0, 2: 0, 3: 0}, output[-3000:]
+    assert task_codes == {rank: 0 for rank in range(ranks)}, output[-3000:]
     # srun names every task that ended non-zero or by a signal; none did.
     assert not re.search(r"srun: error: .*task \d+", output), output[-3000:]
 
 
 @pytest.mark.timeout(300)
-def test_multi_worker_template_runs_four_workers_and_a_requeued_job_resumes(jobs):
+def test_multi_worker_template_runs_two_workers_and_a_requeued_job_resumes(jobs):
     job, output, folder, task_codes = jobs["multi_worker"]
-    _check_job(job, output, task_codes)  # the requeued run's tasks
+    _check_job(job, output, task_codes, ranks=2)  # the requeued run's tasks
     assert job.get("Restarts") == "1", job
-    # The requeue's SIGTERM: the four workers saved one agreed step and exited 143; the rerun resumed there.
+    # The requeue's SIGTERM: both workers saved one agreed step and exited 143; the rerun resumed there.
     stops = set(re.findall(r"stopped by SIGTERM: checkpoint saved at .*\(optimizer step (\d+)\)", output))
-    assert len(stops) == 1 and len(re.findall(r"stopped by SIGTERM", output)) == 4, output[-3000:]
+    assert len(stops) == 1 and len(re.findall(r"stopped by SIGTERM", output)) == 2, output[-3000:]
     assert re.search(r"resuming: [12]/2 epochs done", output), output[-3000:]
     assert set(re.findall(r"srun: error: .*task \d+: Exited with exit code (\d+)", output)) <= {"143"}
     run_dir = folder / "runs" / "mnist-slurm"
     metrics = read_metrics(run_dir)
-    assert metrics["cluster_source"] == "SLURM" and metrics["workers"] == 4 and metrics["replicas"] == 4
+    assert metrics["cluster_source"] == "SLURM" and metrics["workers"] == 2 and metrics["replicas"] == 2
     assert metrics["strategy_class"] == "KerasMultiWorkerMirroredStrategy"
     assert metrics["resumed_from_epoch"] >= 1 and optimizer_steps(run_dir) == 2 * 32  # none lost, none repeated
     accuracies = re.findall(r"^(\d): test accuracy ([\d.]+)", output, re.MULTILINE)
-    assert sorted(rank for rank, _ in accuracies) == ["0", "1", "2", "3"], output[-3000:]
+    assert sorted(rank for rank, _ in accuracies) == ["0", "1"], output[-3000:]
     assert len({accuracy for _, accuracy in accuracies}) == 1  # one synchronised model
 
 
