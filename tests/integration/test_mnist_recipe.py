@@ -181,7 +181,7 @@ def test_run_dir_of_another_run_is_refused_and_untouched(tmp_path):
 
 def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["--train-examples", "4096", "--per-replica-batch-size", "16", "--epochs", "4", "--verbose", "2",
+    args = ["--train-examples", "2048", "--per-replica-batch-size", "32", "--epochs", "4", "--verbose", "2",
             "--seed", "0", "--run-dir", str(run_dir)]
     code, err, done = interrupt_after_first_checkpoint(MODULE, args, run_dir, tmp_path)
     assert code == 130, err[-2000:]
