@@ -2,9 +2,9 @@
 
 `python -m tftrain.run examples/regression.py:task` (MSE, SGD) with MirroredStrategy
 on 2 logical CPUs, `--execution auto`, `--batch-size auto`, `--profile`, a validation
-split, Ctrl-C and resume, `python -m tftrain.launch` with MultiWorkerMirrored and
-with a parameter-server job; and the image-folder recipe on real PNG and JPEG
-files. Each run is bounded by a subprocess timeout (and the launcher's own). The
+split, Ctrl-C and resume, `python -m tftrain.launch` with a parameter-server job;
+a table task (CSV, Parquet) on two MultiWorkerMirrored workers; and the image-folder
+recipe on real PNG and JPEG files. Each run is bounded by a subprocess timeout (and the launcher's own). The
 two-input example runs in tests/docs (the README's command); the Python API on the
 example file in tests/unit/train/test_trainer.py.
 """
@@ -92,37 +92,21 @@ def _launch(launch_args, run_args, tmp_path, timeout_s=240):
                           capture_output=True, text=True, timeout=timeout_s + 60)
 
 
-def test_regression_file_with_two_multi_worker_mirrored_workers(tmp_path):
-    run_dir = tmp_path / "run"
-    r = _launch(["--workers", "2"], [REGRESSION, *SMALL, "--epochs", "2", "--batch-size", "128",
-                                     "--strategy", "multi_worker_mirrored", "--run-dir", str(run_dir)], tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    m = read_metrics(run_dir)
-    assert m["strategy_class"] == "KerasMultiWorkerMirroredStrategy" and m["workers"] == 2 and m["replicas"] == 2
-    assert m["steps_per_epoch"] == 4096 // 128 and m["epochs_trained"] == 2
-    assert m["test_loss"] < MEAN_PREDICTOR_MSE
-    losses = [line.split("test loss ")[1][:6] for line in r.stdout.splitlines() if "test loss " in line]
-    assert len(losses) == 2 and losses[0] == losses[1]  # both workers hold the same synchronised model
-    history = (run_dir / "history.csv").read_text().splitlines()  # the chief's alone: a header, a row an epoch
-    assert history[0].startswith("epoch,loss") and [row.split(",")[0] for row in history[1:]] == ["0", "1"]
-    sessions = [p for p in (run_dir / "logs").glob("events.out.tfevents.*") if b"hparams" in p.read_bytes()]
-    assert len(sessions) == 1  # one HParams session for the job, not one per worker
-
-
 TABLE_TASK = """
 import sys
 sys.path.insert(0, {examples!r})
 import tftrain
 from table import build_model
 task = tftrain.TableTask(build_model, {files!r}, label="price", categorical=["city"], loss="mse",
-                         learning_rate=1e-2, metrics=["mae"], name="table")
+                         learning_rate=1e-2, metrics=["mae"], name="table", test_files={test!r})
 """
 
 
 @pytest.mark.parametrize("kind,parts", [("csv", 1), ("parquet", 2)])
 def test_a_table_task_on_two_multi_worker_mirrored_workers(tmp_path, kind, parts):
-    """One CSV file (the workers take every other example) or two Parquet files (a file each), both
-    with a `StringLookup` over a string column, on two MultiWorkerMirrored workers."""
+    """A task file on two MultiWorkerMirrored workers through the launcher: one CSV file (the workers
+    take every other example) or two Parquet files (a file each), both with a `StringLookup` over a
+    string column; one synchronised model, one epoch log and one HParams session for the job."""
     import pyarrow.csv
     import pyarrow.parquet
 
@@ -131,12 +115,13 @@ def test_a_table_task_on_two_multi_worker_mirrored_workers(tmp_path, kind, parts
         from table import write_table
     finally:
         sys.path.remove(str(REPO / "examples"))
-    for i in range(parts):
-        write_table(tmp_path / f"part-{i}.csv", 1024 // parts, seed=i)
+    for stem, rows, seed in [*((f"part-{i}", 1024 // parts, i) for i in range(parts)), ("test", 256, 9)]:
+        write_table(tmp_path / f"{stem}.csv", rows, seed=seed)
         if kind == "parquet":
-            pyarrow.parquet.write_table(pyarrow.csv.read_csv(tmp_path / f"part-{i}.csv"), tmp_path / f"part-{i}.parquet")
+            pyarrow.parquet.write_table(pyarrow.csv.read_csv(tmp_path / f"{stem}.csv"), tmp_path / f"{stem}.parquet")
     (tmp_path / "task.py").write_text(TABLE_TASK.format(examples=str(REPO / "examples"),
-                                                        files=str(tmp_path / f"part-*.{kind}")))
+                                                        files=str(tmp_path / f"part-*.{kind}"),
+                                                        test=str(tmp_path / f"test.{kind}")))
     run_dir = tmp_path / "run"
     r = _launch(["--workers", "2"], [f"{tmp_path / 'task.py'}:task", "--epochs", "3", "--batch-size", "64",
                                      "--verbose", "2", "--seed", "0", "--strategy", "multi_worker_mirrored",
@@ -147,8 +132,15 @@ def test_a_table_task_on_two_multi_worker_mirrored_workers(tmp_path, kind, parts
             "each of the 2 input pipelines keeps its share of the examples (1 file(s) for 2 pipelines)") in r.stdout
     m = read_metrics(run_dir)
     assert m["workers"] == 2 and m["replicas"] == 2 and m["train_examples"] == 1024
+    assert m["strategy_class"] == "KerasMultiWorkerMirroredStrategy"
     assert m["steps_per_epoch"] == 1024 // 64 and m["epochs_trained"] == 3
     assert m["history"]["loss"][-1] < m["history"]["loss"][0]
+    losses = [line.split("test loss ")[1][:6] for line in r.stdout.splitlines() if "test loss " in line]
+    assert len(losses) == 2 and losses[0] == losses[1]  # both workers hold the same synchronised model
+    history = (run_dir / "history.csv").read_text().splitlines()  # the chief's alone: a header, a row an epoch
+    assert history[0].startswith("epoch,loss") and [row.split(",")[0] for row in history[1:]] == ["0", "1", "2"]
+    sessions = [p for p in (run_dir / "logs").glob("events.out.tfevents.*") if b"hparams" in p.read_bytes()]
+    assert len(sessions) == 1  # one HParams session for the job, not one per worker
 
 
 def test_regression_file_with_a_parameter_server_job(tmp_path):
