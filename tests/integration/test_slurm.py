@@ -39,8 +39,10 @@ pytestmark = pytest.mark.integration
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "scontrol", "scancel")
 SMOKE = "--train-examples 512 --epochs 1 --batch-size 128 --seed 0 --execution graph"
-# The multi-worker job is requeued in its second epoch (32 steps of 128 an epoch) and must resume.
-REQUEUED = "--train-examples 4096 --epochs 2 --batch-size 128 --seed 0 --execution graph"
+# The multi-worker job is requeued in its second epoch (128 steps of 128 an epoch) and must resume. Two
+# workers ran a 32-step epoch in about a second, which ended training before they agreed on a step to stop
+# at; the requeued job then found a finished run (exit 2).
+REQUEUED = "--train-examples 16384 --epochs 2 --batch-size 128 --seed 0 --execution graph"
 TEMPLATES = {"multi_worker": "mnist_multi_worker.sbatch", "parameter_server": "mnist_parameter_server.sbatch"}
 # One node, over the templates' 2 nodes x 2 tasks: two workers for the multi-worker job (each task is a
 # TensorFlow process; two show the synchronised model as well as four), four tasks for the parameter-server
@@ -245,7 +247,7 @@ def test_multi_worker_template_runs_two_workers_and_a_requeued_job_resumes(jobs)
     metrics = read_metrics(run_dir)
     assert metrics["cluster_source"] == "SLURM" and metrics["workers"] == 2 and metrics["replicas"] == 2
     assert metrics["strategy_class"] == "KerasMultiWorkerMirroredStrategy"
-    assert metrics["resumed_from_epoch"] >= 1 and optimizer_steps(run_dir) == 2 * 32  # none lost, none repeated
+    assert metrics["resumed_from_epoch"] >= 1 and optimizer_steps(run_dir) == 2 * 128  # none lost, none repeated
     accuracies = re.findall(r"^(\d): test accuracy ([\d.]+)", output, re.MULTILINE)
     assert sorted(rank for rank, _ in accuracies) == ["0", "1"], output[-3000:]
     assert len({accuracy for _, accuracy in accuracies}) == 1  # one synchronised model
