@@ -55,9 +55,9 @@ def test_regression_file_under_mirrored_with_auto_execution_auto_batch_and_profi
     assert m["execution"] == "graph" and "XLA does not run across 2 replicas" in r.stdout
     # --precision auto times bfloat16 on one replica only; on 2 it keeps float32 (said where the CPU has bfloat16).
     assert m["precision"] == "float32"
-    from tftrain import host
+    from tftrain.runtime.precision import cpu_has_native_bf16
 
-    if host.native_bf16(host.cpu_flags()[0]):  # the rule's mixed_bfloat16, kept untimed: float32, and why
+    if cpu_has_native_bf16():  # the rule's mixed_bfloat16, kept untimed: float32, and why
         assert "this run has 2" in m["precision_auto"]["reason"]
     else:  # the rule itself says float32: nothing to choose
         assert "precision_auto" not in m
