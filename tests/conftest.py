@@ -24,6 +24,38 @@ SMOKE = ["--train-examples", "1024", "--epochs", "1", "--verbose", "2", "--seed"
 """Recipe flags for a few-second smoke run."""
 
 
+BASE_INSTALL_WITHOUT = "pandas,sklearn,scipy,matplotlib"
+"""Packages the dev extras install (for MLflow, the bayesian tuner and the benchmark plots) and
+`pip install tftrain` does not; the processes tests start run without them (tests/base_install)."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _processes_start_as_a_base_install():
+    """Every process a test starts sees only what a base install has: `tests/base_install` on
+    `PYTHONPATH` blocks `BASE_INSTALL_WITHOUT`, which Keras would import at start-up (2 s a process
+    on 2 cores). This process (pytest's) keeps them."""
+    before = {key: os.environ.get(key) for key in ("PYTHONPATH", "TFTRAIN_TESTS_WITHOUT")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests" / "base_install"), before["PYTHONPATH"]]))
+    os.environ["TFTRAIN_TESTS_WITHOUT"] = BASE_INSTALL_WITHOUT
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def with_dev_extras(env: dict) -> dict:
+    """`env` (a process environment) with every package of the dev extras importable again:
+    without what `_processes_start_as_a_base_install` adds."""
+    env = {k: v for k, v in env.items() if k != "TFTRAIN_TESTS_WITHOUT"}
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p) != REPO / "tests" / "base_install"]
+    env.pop("PYTHONPATH", None)
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    return env
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_execution_memory(tmp_path_factory):
     """One `--execution auto` memory (`tftrain.runtime.execution_memory`) for the whole session,

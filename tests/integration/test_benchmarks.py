@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, SUBPROCESS_ENV
+from tests.conftest import REPO, SUBPROCESS_ENV, with_dev_extras
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +21,7 @@ CPU_SUITE = ("recipe_defaults", "flagship", "time_to_accuracy", "roofline", "exe
 def _run(args, timeout):
     import os
 
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env = with_dev_extras({k: v for k, v in os.environ.items() if k != "TF_CONFIG"})  # matplotlib draws the plots
     env.update(SUBPROCESS_ENV)
     return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)

@@ -1,6 +1,7 @@
 """`--mlflow`: a run's settings, epoch metrics, final figures and files reach a real MLflow tracking
 server, started on 127.0.0.1 by the test; a resumed run continues the same MLflow run."""
 
+import os
 import subprocess
 import sys
 import time
@@ -10,7 +11,7 @@ import portpicker
 import pytest
 
 import tftrain
-from tests.conftest import linear_regression_task
+from tests.conftest import linear_regression_task, with_dev_extras
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +27,8 @@ def tracking_server(tmp_path):
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                                "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
                                "--artifacts-destination", str(tmp_path / "artifacts")],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                              env=with_dev_extras(dict(os.environ)))  # the server needs pandas
     uri, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
     try:
         while True:
@@ -38,7 +40,6 @@ def tracking_server(tmp_path):
                 time.sleep(0.5)
         yield uri
     finally:
-        import os
         import signal
 
         os.killpg(server.pid, signal.SIGTERM)  # the server and its gunicorn / uvicorn workers

@@ -1,0 +1,29 @@
+"""The processes tests start run as a base install: the dev extras' pandas, scikit-learn, SciPy and
+matplotlib cannot be imported there (tests/base_install), and can again with `with_dev_extras`."""
+
+import os
+import subprocess
+import sys
+
+from tests.conftest import BASE_INSTALL_WITHOUT, REPO, with_dev_extras
+
+_PROBE = ("import importlib, sys\n"
+          "missing = []\n"
+          "for name in sys.argv[1].split(','):\n"
+          "    try:\n"
+          "        importlib.import_module(name)\n"
+          "    except ModuleNotFoundError:\n"
+          "        missing.append(name)\n"
+          "print(','.join(missing))\n")
+
+
+def _missing(env):
+    done = subprocess.run([sys.executable, "-c", _PROBE, BASE_INSTALL_WITHOUT], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_processes_started_by_tests_lack_the_dev_extras_and_get_them_back_on_request():
+    assert _missing(dict(os.environ)) == BASE_INSTALL_WITHOUT
+    assert _missing(with_dev_extras(dict(os.environ))) == ""
