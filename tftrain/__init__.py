@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 
 from tftrain.config import DataConfig, RecipeConfig, RuntimeConfig, TrainConfig, hparam
 from tftrain.errors import (
+    AlreadyFinished,
     BatchSizeSearchError,
     CheckpointSpaceError,
     ClusterConfigError,
@@ -50,6 +51,7 @@ from tftrain.train import (
 
 __all__ = [
     "__version__",
+    "AlreadyFinished",
     "ArrayTask",
     "BatchSizeSearchError",
     "CheckpointSpaceError",

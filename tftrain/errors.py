@@ -113,6 +113,21 @@ class Preempted(TftrainError):
         self.signum, self.run_dir = signum, run_dir
 
 
+class AlreadyFinished(TftrainError):
+    """A scheduler restarted a job whose run had already finished (its `metrics.json` is written, with
+    the same configuration): nothing is left to train. `python -m tftrain.run` and the recipes print
+    the message and exit 0, so that a SLURM requeue or a `tftrain.launch --max-restarts` restart that
+    came as training ended does not fail the job.
+
+    Attributes:
+        run_dir: the finished run's directory.
+    """
+
+    def __init__(self, message: str, run_dir: str = ""):
+        super().__init__(message)
+        self.run_dir = run_dir
+
+
 class CheckpointSpaceError(TftrainError, OSError):
     """The disk holding the run directory has no room for the next checkpoint: a run that failed
     (exit code 1). Raised before anything is written, so the previous checkpoint stays whole; the

@@ -53,7 +53,7 @@ from typing import Callable, List, Mapping, Optional, Sequence, TextIO
 from tftrain.errors import LaunchError, check_int
 from tftrain.runtime.processes import (TaskOutput, describe_exit, exit_code, group_alive, parent_death_signal,
                                        pump_lines, signal_group)
-from tftrain.rundir import RUN_ID_ENV
+from tftrain.rundir import RESTART_COUNT_ENV, RUN_ID_ENV
 
 PROG = "python -m tftrain.launch"
 
@@ -209,8 +209,14 @@ class _Job:
         """The grace of a teardown after a task failed (`FAILURE_GRACE_S` at most)."""
         return min(self.grace_s, FAILURE_GRACE_S)
 
+    @property
+    def env(self) -> Mapping[str, str]:
+        """The tasks' environment: `base_env`, and on a restart its count (`RESTART_COUNT_ENV`), by
+        which a chief that had finished before the restart exits 0 (`tftrain.rundir.restart_count`)."""
+        return {**self.base_env, RESTART_COUNT_ENV: str(self.restarts)} if self.restarts else self.base_env
+
     def start(self, info: TaskSpec) -> _Task:
-        task = _start_task(self.command, info, self.base_env, self.output)
+        task = _start_task(self.command, info, self.env, self.output)
         _pump_output(task, self.output)
         return task
 
@@ -218,7 +224,7 @@ class _Job:
         self.retired.extend(self.tasks)
         self.tasks = []
         for info in tasks_of(self.cluster):
-            self.tasks.append(_start_task(self.command, info, self.base_env, self.output))
+            self.tasks.append(_start_task(self.command, info, self.env, self.output))
         for task in self.tasks:
             _pump_output(task, self.output)
 

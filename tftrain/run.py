@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from tftrain import cli
-from tftrain.errors import ConfigError, Preempted, RuntimeStartedError, RuntimeStartedWarning
+from tftrain.errors import AlreadyFinished, ConfigError, Preempted, RuntimeStartedError, RuntimeStartedWarning
 from tftrain.rundir import FAILURE_LOG  # noqa: F401 (the run directory's traceback file; re-exported here)
 from tftrain.train.user_code import import_where, line_of, one_line
 
@@ -102,7 +102,7 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
         default_config: a recipe file named in `--config`'s help. Defaults to None.
 
     Returns:
-        0 on success, 2 on bad input, 1 when the run failed, 130 on Ctrl-C, 143 (138) when
+        0 on success (and when a scheduler's restart finds the run finished already), 2 on bad input, 1 when the run failed, 130 on Ctrl-C, 143 (138) when
         SIGTERM (SIGUSR1) stopped training after saving its checkpoint.
     """
     from tftrain.train.trainer import Interrupted, Trainer
@@ -129,6 +129,9 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
     except ConfigError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except AlreadyFinished as e:  # a scheduler restarted a job that had finished: nothing to do
+        print(f"{prog}: {e}", flush=True)
+        return 0
     except Interrupted as e:
         print(f"\n{prog}: interrupted. {_resume_hint(e.run_dir)}", file=sys.stderr)
         return 130

@@ -35,7 +35,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Mapping, Optional
 
 import yaml
 
@@ -72,11 +72,14 @@ class RunDir:
         resumed_steps: batches of the next epoch done as well (a checkpoint
             written mid-epoch, `--backup-every-steps`; micro-batches under
             gradient accumulation); 0 otherwise.
+        finished_before: True when a scheduler's restart of this run found it
+            finished (`metrics.json`) with the same configuration: nothing to train.
     """
 
     path: Path
     resumed_epochs: int = 0
     resumed_steps: int = 0
+    finished_before: bool = False  # a restart found this run finished (check_run_dir's `restarted`)
 
     @property
     def resumed(self) -> bool:
@@ -198,22 +201,45 @@ def _check_writable(p: Path) -> None:
         ) from None
 
 
-def check_run_dir(path, config: dict) -> RunDir:
+RESTART_COUNT_ENV = "TFTRAIN_RESTART_COUNT"
+"""Set by `tftrain.launch` on the tasks it restarts under `--max-restarts`: the restart's number."""
+
+RESTART_ENVS = ("SLURM_RESTART_COUNT", RESTART_COUNT_ENV)
+"""Variables that say this process is a scheduler's restart of an earlier attempt, with their count:
+SLURM's, on a requeued job (https://slurm.schedmd.com/sbatch.html#OPT_SLURM_RESTART_COUNT), and
+`tftrain.launch`'s, on the tasks it restarts under `--max-restarts`."""
+
+
+def restart_count(env: Optional[Mapping[str, str]] = None) -> int:
+    """How many times a scheduler has restarted this job (`RESTART_ENVS`, the largest); 0 on a first
+    attempt or when the value is not an integer. `env` defaults to `os.environ`."""
+    env = os.environ if env is None else env
+    counts = [env.get(name, "").strip() for name in RESTART_ENVS]
+    return max([int(c) for c in counts if c.isdigit()], default=0)
+
+
+def check_run_dir(path, config: dict, restarted: bool = False) -> RunDir:
     """Checks that `path` may hold this run, leaving nothing behind.
 
     Args:
         path: the run directory.
         config: the run's configuration as nested dicts (`RecipeConfig.to_dict()`).
+        restarted: whether a scheduler restarted this job (`restart_count() > 0`): a
+            finished run of the same configuration is then the earlier attempt that
+            finished before the restart (a preemption signal that came as training
+            ended), not a run to refuse. Defaults to False.
 
     Returns:
         A `RunDir`; `resumed_epochs` > 0 when an interrupted run of the same
-        configuration left a checkpoint there.
+        configuration left a checkpoint there; `finished_before` when `restarted`
+        and that run finished.
 
     Raises:
         RunDirError: when `path` is a file, or inside a file, or cannot be
             written; holds files tftrain did not write;
-            holds a finished run (`metrics.json`); or holds another run's
-            configuration or checkpoint. The message names the path and the fix.
+            holds a finished run (`metrics.json`) and this is not a restart of it; or
+            holds another run's configuration or checkpoint. The message names the
+            path and the fix.
     """
     p = Path(path)
     if p.exists() and not p.is_dir():
@@ -228,11 +254,9 @@ def check_run_dir(path, config: dict) -> RunDir:
             f"Run directory {str(p)!r} already holds files tftrain did not write ({names}). "
             "Pass --run-dir with a new or empty directory."
         )
-    if (p / METRICS_FILE).exists():
-        raise RunDirError(
-            f"Run directory {str(p)!r} holds a finished run ({METRICS_FILE} exists). "
-            "Pass --run-dir with a new directory; tftrain never overwrites a finished run."
-        )
+    finished = (p / METRICS_FILE).exists()
+    if finished and not restarted:
+        raise _finished_error(p)
     try:
         previous = yaml.safe_load((p / CONFIG_FILE).read_text(encoding="utf-8")) or {}
     except yaml.YAMLError:
@@ -240,6 +264,8 @@ def check_run_dir(path, config: dict) -> RunDir:
     if not isinstance(previous, dict):
         raise RunDirError(f"Run directory {str(p)!r} holds an unreadable {CONFIG_FILE}. Pass a new --run-dir.")
     diffs = _differences(_strip(previous), _strip(config))
+    if diffs and finished:
+        raise _finished_error(p)
     if diffs:
         shown = "; ".join(diffs[:3]) + ("; ..." if len(diffs) > 3 else "")
         raise RunDirError(
@@ -247,8 +273,17 @@ def check_run_dir(path, config: dict) -> RunDir:
             "Pass a new --run-dir, or rerun with that run's settings "
             f"(--config {p / CONFIG_FILE}) to resume it."
         )
+    if finished:
+        return RunDir(p, finished_before=True)
     return RunDir(p, resumed_epochs=completed_epochs(p / BACKUP_DIR),
                   resumed_steps=_backup_metadata(p / BACKUP_DIR, "steps_in_epoch"))
+
+
+def _finished_error(p: Path) -> RunDirError:
+    return RunDirError(
+        f"Run directory {str(p)!r} holds a finished run ({METRICS_FILE} exists). "
+        "Pass --run-dir with a new directory; tftrain never overwrites a finished run."
+    )
 
 
 def completed_epochs(backup_dir) -> int:

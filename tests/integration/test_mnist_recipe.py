@@ -112,6 +112,10 @@ def test_default_run_writes_every_artifact_and_learns(tmp_path, fresh_execution_
     # The run's own config.yaml reproduces it; rerunning into the finished run is refused.
     r2 = run_module(MODULE, ["--config", run_dir / "config.yaml"], cwd=tmp_path)
     assert r2.returncode == 2 and "finished run" in r2.stderr
+    # A SLURM requeue of the finished job (the signal came as training ended) has nothing to do: exit 0.
+    r3 = run_module(MODULE, ["--config", run_dir / "config.yaml"], cwd=tmp_path, env={"SLURM_RESTART_COUNT": "1"})
+    assert r3.returncode == 0 and "finished before this restart" in r3.stdout, r3.stderr
+    assert read_metrics(run_dir) == m
 
 
 def _error_line(r):

@@ -83,8 +83,9 @@ def test_regression_resumes_after_ctrl_c(tmp_path):
     assert m["resumed_from_epoch"] == done and m["epochs_trained"] == 4 - done
 
 
-def _launch(launch_args, run_args, tmp_path, timeout_s=240):
+def _launch(launch_args, run_args, tmp_path, timeout_s=240, extra_env=None):
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
+    env.update(extra_env or {})
     (tmp_path / "tmp").mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "tftrain.launch", *launch_args, "--timeout", str(timeout_s), "--grace", "3", "--",
            sys.executable, "-m", "tftrain.run", *run_args]
@@ -149,9 +150,10 @@ def test_regression_file_with_a_parameter_server_job(tmp_path):
     run_dir = tmp_path / "run"
     # Learning rate 0.02, not the example's 0.05: the workers apply stale gradients asynchronously, and on
     # a loaded machine one such run at 0.05 ended at test loss 2.53 after its training loss fell to 0.39.
-    r = _launch(["--chief", "--workers", "2", "--ps", "1"],
-                [REGRESSION, *SMALL, "--epochs", "2", "--batch-size", "128", "--strategy", "parameter_server",
-                 "--learning-rate", "0.02", "--run-dir", str(run_dir)], tmp_path)
+    job = (["--chief", "--workers", "2", "--ps", "1"],
+           [REGRESSION, *SMALL, "--epochs", "2", "--batch-size", "128", "--strategy", "parameter_server",
+            "--learning-rate", "0.02", "--run-dir", str(run_dir)])
+    r = _launch(*job, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     # Every task exits 0 by itself: the servers once the chief has told them the job finished.
     for task in ("chief:0", "worker:0", "worker:1", "ps:0"):
@@ -173,6 +175,14 @@ def test_regression_file_with_a_parameter_server_job(tmp_path):
     assert m["throughput"] is None  # the coordinator loop has no per-step hooks
     started = {int(pid) for pid in re.findall(r"started \S+ \(pid (\d+)\)", r.stderr)}
     assert len(started) == 4 and not [pid for pid in started if _alive(pid)]
+    # A scheduler's restart of the finished job (a requeue whose signal came as training ended): the chief
+    # says there is nothing to train and tells the servers the job finished; every task exits 0.
+    again = _launch(*job, tmp_path, extra_env={"TFTRAIN_RESTART_COUNT": "1"})
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "finished before this restart" in again.stdout, again.stdout[-3000:]
+    for task in ("worker:0", "worker:1", "ps:0"):
+        assert f"[{task}] {task}: the chief finished the job; exiting" in again.stdout
+    assert read_metrics(run_dir) == m
 
 
 def test_image_folder_recipe_on_png_and_jpeg_files(tmp_path):

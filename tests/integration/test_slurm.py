@@ -41,7 +41,7 @@ BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "scontrol", "sca
 SMOKE = "--train-examples 512 --epochs 1 --batch-size 128 --seed 0 --execution graph"
 # The multi-worker job is requeued in its second epoch (128 steps of 128 an epoch) and must resume. Two
 # workers ran a 32-step epoch in about a second, which ended training before they agreed on a step to stop
-# at; the requeued job then found a finished run (exit 2).
+# at, and the requeued job found the run finished: nothing left to resume, which this test is about.
 REQUEUED = "--train-examples 16384 --epochs 2 --batch-size 128 --seed 0 --execution graph"
 TEMPLATES = {"multi_worker": "mnist_multi_worker.sbatch", "parameter_server": "mnist_parameter_server.sbatch"}
 # One node, over the templates' 2 nodes x 2 tasks: two workers for the multi-worker job (each task is a

@@ -259,7 +259,7 @@ def test_max_restarts_restarts_a_synchronous_job_whole_and_stops_beyond_it(tmp_p
     script = _task_script(tmp_path, """
         count = sys.argv[1] + "-" + name
         runs = len(open(count).read()) if os.path.exists(count) else 0
-        open(count, "a").write("x")
+        open(count, "a").write(os.environ.get("TFTRAIN_RESTART_COUNT", "0"))  # one digit a start
         if name == "worker:1" and runs < int(sys.argv[2]):
             time.sleep(0.3)
             sys.exit(3)
@@ -272,6 +272,8 @@ def test_max_restarts_restarts_a_synchronous_job_whole_and_stops_beyond_it(tmp_p
             in result.stderr)
     assert sorted(re.findall(r"started (\S+) \(pid", result.stderr)) == ["worker:0", "worker:0", "worker:1", "worker:1"]
     assert _alive_in_groups(set(_started_pids(result.stderr).values())) == []
+    # The restarted tasks are told they are a restart (a chief that had finished then exits 0).
+    assert [(tmp_path / f"runs-worker:{i}").read_text() for i in (0, 1)] == ["01", "01"]
 
     again = _launch(["--workers", "2", "--grace", "2", "--max-restarts", "1", "--", PY, script,
                      tmp_path / "fails", 2])  # fails twice: one restart, then the job stops

@@ -47,6 +47,24 @@ def test_finished_run_is_refused(tmp_path):
         rundir.check_run_dir(tmp_path / "run", CFG.to_dict())
 
 
+def test_a_restart_finds_its_finished_run_and_another_configuration_is_still_refused(tmp_path):
+    started(tmp_path / "run")
+    (tmp_path / "run" / "metrics.json").write_text("{}")
+    again = rundir.check_run_dir(tmp_path / "run", CFG.to_dict(), restarted=True)
+    assert again.finished_before and not again.resumed
+    other = RecipeConfig(run_dir="x", train=TrainConfig(epochs=3))
+    with pytest.raises(RunDirError, match="finished run"):
+        rundir.check_run_dir(tmp_path / "run", other.to_dict(), restarted=True)
+    assert not rundir.check_run_dir(tmp_path / "new", CFG.to_dict(), restarted=True).finished_before
+
+
+@pytest.mark.parametrize("env, count", [({}, 0), ({"SLURM_RESTART_COUNT": "2"}, 2), ({"TFTRAIN_RESTART_COUNT": "1"}, 1),
+                                        ({"SLURM_RESTART_COUNT": "1", "TFTRAIN_RESTART_COUNT": "3"}, 3),
+                                        ({"SLURM_RESTART_COUNT": "x"}, 0), ({"SLURM_RESTART_COUNT": ""}, 0)])
+def test_restart_count_reads_slurm_and_the_launcher(env, count):
+    assert rundir.restart_count(env) == count
+
+
 def test_foreign_files_are_refused(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "notes.txt").write_text("mine")

@@ -38,7 +38,7 @@ from typing import Optional, Sequence
 
 from tftrain import config as config_lib
 from tftrain import rundir as rundir_lib
-from tftrain.errors import ConfigError, Preempted, TrainingDiverged
+from tftrain.errors import AlreadyFinished, ConfigError, Preempted, TrainingDiverged
 from tftrain.train.automatic import AUTO_PROBE_BATCHES, STEPS_PER_EXECUTION_CANDIDATES  # noqa: F401
 from tftrain.train.automatic import AutomaticSettings
 from tftrain.train.batch_plan import BATCH_PLAN_FILE, BatchStages  # noqa: F401 (BATCH_PLAN_FILE: re-exported)
@@ -141,15 +141,33 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
             TrainingDiverged: when the training loss becomes NaN or infinite (the message names
                 where, and the checkpoint kept in the run directory).
             JobFailed: on a parameter-server worker or ps task whose chief failed or vanished.
+            AlreadyFinished: when a scheduler's restart (`tftrain.rundir.RESTART_ENVS`) finds this
+                run finished, with the same settings: nothing is trained (the command line exits 0).
         """
         started = time.perf_counter() if started is None else started
         self.check()
         if self.serves():
             return self.serve()
+        if self.run_dir.finished_before:
+            self.end_finished_job()
         self.bind_task()  # before TensorFlow starts: a task's bad data folder is reported at once
         self.setup_runtime()
         with self.loop.job(self.cluster):  # a parameter-server chief tells the servers how the run ended
             return self.run_stages(started)
+
+    def end_finished_job(self) -> None:
+        """A scheduler's restart of a run that finished before it: tells a parameter-server job's
+        servers that the job finished (they exit 0), then raises.
+
+        Raises:
+            AlreadyFinished: always, naming the run directory.
+        """
+        if self.cluster is not None and "ps" in self.cluster.cluster:
+            self.setup_runtime()  # the chief connects to the servers to tell them
+            with self.loop.job(self.cluster):
+                pass
+        raise AlreadyFinished(f"the run in {str(self.run_dir.path)!r} finished before this restart (metrics.json "
+                              "is written); nothing to train", str(self.run_dir.path))
 
     def run_stages(self, started: float) -> RunRecord:
         """The stages after set-up: batch plan, build, train, evaluate, save, report.
@@ -245,7 +263,8 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
 
             export.parse(self.config.train.export)
         self._check_same_task(Path(self.config.run_dir))  # first: another task's settings differ too
-        self.run_dir = rundir_lib.check_run_dir(self.config.run_dir, self.config.to_dict())
+        self.run_dir = rundir_lib.check_run_dir(self.config.run_dir, self.config.to_dict(),
+                                                restarted=rundir_lib.restart_count() > 0)
         if self.is_chief:  # another process training into it: refused now, not after TensorFlow starts
             rundir_lib.check_not_in_use(self.run_dir.path)
 

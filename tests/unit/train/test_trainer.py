@@ -45,10 +45,14 @@ def test_fit_writes_the_run_directory_and_returns_the_record(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_finished_run_directory_is_never_overwritten(tmp_path):
+def test_a_finished_run_directory_is_never_overwritten(tmp_path, monkeypatch):
     _trainer(tmp_path, epochs=1).fit()
     before = (tmp_path / "run" / "metrics.json").read_text()
     with pytest.raises(RunDirError, match="holds a finished run"):
+        _trainer(tmp_path, epochs=1).fit()
+    # A scheduler's restart (a SLURM requeue) of the finished run: nothing to train, nothing rewritten.
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    with pytest.raises(tftrain.AlreadyFinished, match="finished before this restart"):
         _trainer(tmp_path, epochs=1).fit()
     assert (tmp_path / "run" / "metrics.json").read_text() == before
 
