@@ -21,17 +21,58 @@ in a projected 10-epoch run, its first run's probe <= 3% of that run.
 
     python -m benchmarks.zoo [--quick] [--models mlp,wide] [--rounds 3]
     python -m benchmarks.zoo --oracle-from benchmarks/results/zoo-oracle-run.json  # plain Keras and tftrain only
+
+`--oracle-from` keeps the oracle of a run on the same machine (CPU model and cores; another is
+refused with exit code 2): a kept oracle from another host would compare two machines.
 """
 
 import json
+import sys
 
 from benchmarks import common
 from benchmarks.zoo import harness, report
 from benchmarks.zoo.models import zoo_models
 
 
+def check_oracle_host(path, kept: dict, machine: dict) -> None:
+    """Refuses an `--oracle-from` file timed on another machine (CPU model or cores differ): its points,
+    set against this machine's plain Keras and tftrain, would compare two machines, not two settings.
+
+    Args:
+        path: the file (for the message).
+        kept: its parsed contents (a zoo result: `machine.cpu`, `machine.cores`).
+        machine: this machine's `common.machine_info()`.
+
+    Raises:
+        SystemExit: (exit code 2) naming both machines and the fix.
+    """
+    theirs = kept.get("machine") or {}
+    if (theirs.get("cpu"), theirs.get("cores")) != (machine["cpu"], machine["cores"]):
+        print(f"benchmarks.zoo: error: --oracle-from {path} was timed on {theirs.get('cpu', 'an unnamed machine')} "
+              f"({theirs.get('cores', '?')} cores), this machine is {machine['cpu']} ({machine['cores']} cores): "
+              "its oracle would compare two machines. Drop --oracle-from to time the oracle here.",
+              file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _read_kept(path) -> dict:
+    """The `--oracle-from` file's contents; a file that cannot be read as JSON exits 2 in one line."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        print(f"benchmarks.zoo: error: --oracle-from {path} cannot be read as a zoo result ({e}). "
+              "Pass a zoo.json that a zoo run wrote.", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def run(args, device) -> common.Result:
-    """Every round's workers (`harness.run_rounds`), then the report."""
+    """Every round's workers (`harness.run_rounds`), then the report.
+
+    Raises:
+        SystemExit: (exit code 2) when `--oracle-from` was timed on another machine (`check_oracle_host`).
+    """
+    if args.oracle_from:
+        check_oracle_host(args.oracle_from, _read_kept(args.oracle_from), common.machine_info())
     result = report.result(zoo_models(args), harness.run_rounds(args), args.quick)
     if args.oracle_from:
         kept = json.loads(args.oracle_from.read_text())

@@ -29,3 +29,26 @@ def test_a_kept_run_gives_each_round_its_oracle_points_and_its_other_thread_sett
     assert [w["models"]["mlp"]["grid"] for w in merged[:2]] == [[kept[1]], [kept[0]]]
     assert merged[0]["models"]["mlp"]["keras"] == {"r": 1} and len(merged) == 3
     assert (merged[2]["intra_op"], merged[2]["round"], merged[2]["models"]["mlp"]["grid"]) == (1, 0, [kept[2]])
+
+
+def test_an_oracle_timed_on_another_machine_or_unreadable_is_refused_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from benchmarks import common
+    from tests.conftest import REPO
+
+    here = common.machine_info()
+    elsewhere = tmp_path / "zoo.json"
+    elsewhere.write_text(json.dumps({"machine": {"cpu": "Another CPU", "cores": here["cores"]}, "data": {"points": []}}))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    for path, said in ((elsewhere, "was timed on Another CPU"), (broken, "cannot be read as a zoo result"),
+                       (tmp_path / "missing.json", "cannot be read as a zoo result")):
+        done = subprocess.run([sys.executable, "-m", "benchmarks.zoo", "--quick", "--oracle-from", str(path),
+                               "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    from benchmarks.zoo import check_oracle_host
+
+    check_oracle_host(elsewhere, {"machine": {"cpu": here["cpu"], "cores": here["cores"]}}, here)  # the same machine
