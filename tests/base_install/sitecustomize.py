@@ -1,33 +1,48 @@
-"""Makes the packages named in `TFTRAIN_TESTS_WITHOUT` (comma-separated) unimportable in this process.
+"""Makes the packages named in `TFTRAIN_TESTS_WITHOUT` (comma-separated) look not installed in this process.
 
-tests/conftest.py puts this folder on `PYTHONPATH` for every process a test starts, naming the
-packages the dev extras install but `pip install tftrain` does not (pandas, scikit-learn, SciPy,
-matplotlib). Keras imports each of them at start-up whenever it is installed (2 s of the 7 s that
-`import tensorflow, keras` takes on 2 cores), so test processes start as fast as a base install's
-and check that tftrain runs without them. A test whose processes need them (the MLflow server,
-the benchmark plots) drops the variable (`tests.conftest.with_dev_extras`).
+tests/conftest.py puts this folder on `PYTHONPATH` for every process a test starts, naming
+pandas, scikit-learn, SciPy and matplotlib: the dev extras install them (for MLflow, the bayesian
+tuner and the benchmark plots), `pip install tftrain` does not, and Keras imports each of them at
+start-up whenever it is installed (2 s of the 7 s that `import tensorflow, keras` takes on 2 cores).
+So test processes start faster and check that tftrain runs without them. A test whose processes
+need them (the MLflow server, the benchmark suite) drops the variable (`tests.conftest.with_dev_extras`).
 
-The first finder on `sys.meta_path` answers `import pandas` (and its submodules) with the
-ModuleNotFoundError of a package that is not installed. (A `None` in `sys.modules` blocks the
-import too, but code that asks `"pandas" in sys.modules` then takes it for imported: pyarrow does.)
+Every finder on `sys.meta_path` is wrapped so that it finds none of those packages: `import pandas`
+raises ModuleNotFoundError and `importlib.util.find_spec("pandas")` returns None, as where pandas is
+not installed (`importlib.metadata` still lists it). The next `sitecustomize` on `sys.path`, if any,
+runs after this one.
 """
 
+import importlib.machinery
+import importlib.util
 import os
 import sys
 
 
-class _NotInstalled:
-    """A meta path finder for which the named top-level packages do not exist."""
+class _Without:
+    """A meta path finder that delegates to `finder` except for the top-level packages in `names`."""
 
-    def __init__(self, names):
-        self.names = frozenset(names)
+    def __init__(self, finder, names):
+        self._finder, self._names = finder, names
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname.partition(".")[0] in self.names:
-            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
-        return None
+        if fullname.partition(".")[0] in self._names:
+            return None
+        return self._finder.find_spec(fullname, path, target)
+
+    def __getattr__(self, name):  # invalidate_caches, find_distributions, ...
+        return getattr(self._finder, name)
 
 
-_names = [n.strip() for n in os.environ.get("TFTRAIN_TESTS_WITHOUT", "").split(",") if n.strip()]
+def _run_next_sitecustomize():
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+_names = frozenset(n.strip() for n in os.environ.get("TFTRAIN_TESTS_WITHOUT", "").split(",") if n.strip())
 if _names:
-    sys.meta_path.insert(0, _NotInstalled(_names))
+    sys.meta_path[:] = [_Without(f, _names) if hasattr(f, "find_spec") else f for f in sys.meta_path]
+_run_next_sitecustomize()

@@ -27,3 +27,14 @@ def _missing(env):
 def test_processes_started_by_tests_lack_the_dev_extras_and_get_them_back_on_request():
     assert _missing(dict(os.environ)) == BASE_INSTALL_WITHOUT
     assert _missing(with_dev_extras(dict(os.environ))) == ""
+
+
+def test_a_missing_package_is_not_found_as_where_it_is_not_installed():
+    code = ("import importlib.util, sys\n"
+            "assert importlib.util.find_spec('pandas') is None and importlib.util.find_spec('json') is not None\n"
+            "assert 'pandas' not in sys.modules\n"
+            "import pyarrow  # which asks whether pandas is there\n"
+            "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=dict(os.environ), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
