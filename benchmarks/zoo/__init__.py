@@ -58,7 +58,10 @@ def check_oracle_host(path, kept: dict, machine: dict) -> None:
 def _read_kept(path) -> dict:
     """The `--oracle-from` file's contents; a file that cannot be read as JSON exits 2 in one line."""
     try:
-        return json.loads(path.read_text())
+        kept = json.loads(path.read_text())
+        if not isinstance(kept, dict) or not isinstance(kept.get("machine", {}), dict):
+            raise ValueError("not a zoo result object")
+        return kept
     except (OSError, ValueError) as e:
         print(f"benchmarks.zoo: error: --oracle-from {path} cannot be read as a zoo result ({e}). "
               "Pass a zoo.json that a zoo run wrote.", file=sys.stderr)

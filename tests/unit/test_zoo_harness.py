@@ -41,9 +41,14 @@ def test_an_oracle_timed_on_another_machine_or_unreadable_is_refused_in_one_line
     here = common.machine_info()
     elsewhere = tmp_path / "zoo.json"
     elsewhere.write_text(json.dumps({"machine": {"cpu": "Another CPU", "cores": here["cores"]}, "data": {"points": []}}))
+    fewer_cores = tmp_path / "cores.json"
+    fewer_cores.write_text(json.dumps({"machine": {"cpu": here["cpu"], "cores": here["cores"] + 1}}))
     broken = tmp_path / "broken.json"
     broken.write_text("{")
-    for path, said in ((elsewhere, "was timed on Another CPU"), (broken, "cannot be read as a zoo result"),
+    listed = tmp_path / "list.json"
+    listed.write_text("[]")
+    for path, said in ((elsewhere, "was timed on Another CPU"), (fewer_cores, f"({here['cores'] + 1} cores)"),
+                       (broken, "cannot be read as a zoo result"), (listed, "cannot be read as a zoo result"),
                        (tmp_path / "missing.json", "cannot be read as a zoo result")):
         done = subprocess.run([sys.executable, "-m", "benchmarks.zoo", "--quick", "--oracle-from", str(path),
                                "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=120)
