@@ -24,6 +24,8 @@ SMOKE = ["--train-examples", "1024", "--epochs", "1", "--verbose", "2", "--seed"
 """Recipe flags for a few-second smoke run."""
 
 
+RESTART_ENVS = ("SLURM_RESTART_COUNT", "TFTRAIN_RESTART_COUNT")  # tftrain.rundir.RESTART_ENVS
+
 BASE_INSTALL_WITHOUT = "pandas,sklearn,scipy,matplotlib"
 """Packages the dev extras install (for MLflow, the bayesian tuner and the benchmark plots) and
 `pip install tftrain` does not; the processes tests start run without them (tests/base_install)."""
@@ -31,10 +33,12 @@ BASE_INSTALL_WITHOUT = "pandas,sklearn,scipy,matplotlib"
 
 @pytest.fixture(scope="session", autouse=True)
 def _processes_start_as_a_base_install():
-    """Every process a test starts sees only what a base install has: `tests/base_install` on
-    `PYTHONPATH` blocks `BASE_INSTALL_WITHOUT`, which Keras would import at start-up (2 s a process
-    on 2 cores). This process (pytest's) keeps them."""
-    before = {key: os.environ.get(key) for key in ("PYTHONPATH", "TFTRAIN_TESTS_WITHOUT")}
+    """Every process a test starts lacks `BASE_INSTALL_WITHOUT` (`tests/base_install` on `PYTHONPATH`),
+    which Keras would import at start-up (2 s a process on 2 cores); this process (pytest's) keeps
+    them. No test process takes itself for a scheduler's restart (`RESTART_ENVS` removed)."""
+    before = {key: os.environ.get(key) for key in ("PYTHONPATH", "TFTRAIN_TESTS_WITHOUT", *RESTART_ENVS)}
+    for key in RESTART_ENVS:  # a suite run inside a requeued SLURM job is no restart of the runs it makes
+        os.environ.pop(key, None)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests" / "base_install"), before["PYTHONPATH"]]))
     os.environ["TFTRAIN_TESTS_WITHOUT"] = BASE_INSTALL_WITHOUT
     yield

@@ -114,8 +114,8 @@ class Preempted(TftrainError):
 
 
 class AlreadyFinished(TftrainError):
-    """A scheduler restarted a job whose run had already finished (its `metrics.json` is written, with
-    the same configuration): nothing is left to train. `python -m tftrain.run` and the recipes print
+    """A scheduler restarted a job whose run an earlier attempt of the same job had already finished
+    (its `metrics.json` is written, with the same configuration): nothing is left to train. `python -m tftrain.run` and the recipes print
     the message and exit 0, so that a SLURM requeue or a `tftrain.launch --max-restarts` restart that
     came as training ended does not fail the job.
 

@@ -212,7 +212,7 @@ class _Job:
     @property
     def env(self) -> Mapping[str, str]:
         """The tasks' environment: `base_env`, and on a restart its count (`RESTART_COUNT_ENV`), by
-        which a chief that had finished before the restart exits 0 (`tftrain.rundir.restart_count`)."""
+        which a chief that had finished before the restart exits 0 (`tftrain.rundir.restarted_job`)."""
         return {**self.base_env, RESTART_COUNT_ENV: str(self.restarts)} if self.restarts else self.base_env
 
     def start(self, info: TaskSpec) -> _Task:

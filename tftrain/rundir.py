@@ -79,7 +79,7 @@ class RunDir:
     path: Path
     resumed_epochs: int = 0
     resumed_steps: int = 0
-    finished_before: bool = False  # a restart found this run finished (check_run_dir's `restarted`)
+    finished_before: bool = False  # a restart found this run finished (check_run_dir's `restart_of`)
 
     @property
     def resumed(self) -> bool:
@@ -111,14 +111,16 @@ def default_run_dir(recipe: str, root: str = "runs", now: Optional[datetime.date
     return candidate
 
 
-def newest_unfinished(task: str, config: dict, root: str = "runs") -> Optional[Path]:
-    """The newest run directory `root/<task>-*` that this run may resume: unfinished (no `metrics.json`),
-    of the same configuration, not in use by another process (`--resume`).
+def newest_unfinished(task: str, config: dict, root: str = "runs", restart_of: Optional[str] = None) -> Optional[Path]:
+    """The newest run directory `root/<task>-*` that this run may resume: unfinished (no `metrics.json`)
+    or finished by an earlier attempt of job `restart_of`, of the same configuration, not in use by
+    another process (`--resume`).
 
     Args:
         task: the task's name (the directories' prefix).
         config: this run's configuration as nested dicts (`RecipeConfig.to_dict()`).
         root: the folder of default run directories. Defaults to `"runs"`.
+        restart_of: see `check_run_dir`. Defaults to None.
 
     Returns:
         The directory, or None when there is none.
@@ -126,7 +128,7 @@ def newest_unfinished(task: str, config: dict, root: str = "runs") -> Optional[P
     candidates = [p for p in Path(root).glob(f"{task}-*") if (p / CONFIG_FILE).is_file()]
     for path in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
         try:
-            check_run_dir(path, config)
+            check_run_dir(path, config, restart_of)
             check_not_in_use(path)
         except RunDirError:
             continue
@@ -153,13 +155,23 @@ def cluster_run_id(cluster_spec: dict, env: Optional[dict] = None) -> str:
     Returns:
         A directory-name-safe id, e.g. `20261201-101500`, `slurm4711`, `cluster-3f2a9c01de`.
     """
+    job = job_id(env)
+    if job is not None:
+        return job
+    digest = hashlib.sha1(json.dumps(cluster_spec, sort_keys=True).encode()).hexdigest()
+    return f"cluster-{digest[:10]}"
+
+
+def job_id(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The id of the job this process belongs to, the same across the job's restarts: `TFTRAIN_RUN_ID`
+    (set by `python -m tftrain.launch`), else `slurm<SLURM_JOB_ID>`; None outside such a job.
+    `env` defaults to `os.environ`."""
     env = os.environ if env is None else env
     if env.get(RUN_ID_ENV, "").strip():
         return env[RUN_ID_ENV].strip().replace(os.sep, "-")
     if env.get("SLURM_JOB_ID", "").strip():
         return f"slurm{env['SLURM_JOB_ID'].strip()}"
-    digest = hashlib.sha1(json.dumps(cluster_spec, sort_keys=True).encode()).hexdigest()
-    return f"cluster-{digest[:10]}"
+    return None
 
 
 def _strip(config: dict) -> dict:
@@ -201,6 +213,9 @@ def _check_writable(p: Path) -> None:
         ) from None
 
 
+JOB_FILE = "job_id"
+"""The job (`job_id`) of the run's latest attempt, in the run directory (`note_job`)."""
+
 RESTART_COUNT_ENV = "TFTRAIN_RESTART_COUNT"
 """Set by `tftrain.launch` on the tasks it restarts under `--max-restarts`: the restart's number."""
 
@@ -210,34 +225,45 @@ SLURM's, on a requeued job (https://slurm.schedmd.com/sbatch.html#OPT_SLURM_REST
 `tftrain.launch`'s, on the tasks it restarts under `--max-restarts`."""
 
 
-def restart_count(env: Optional[Mapping[str, str]] = None) -> int:
-    """How many times a scheduler has restarted this job (`RESTART_ENVS`, the largest); 0 on a first
-    attempt or when the value is not an integer. `env` defaults to `os.environ`."""
+def restarted_job(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """This job's id (`job_id`) when a scheduler has restarted it (a count in `RESTART_ENVS` >= 1), else
+    None: a first attempt, a count that is not an integer, or no job id. `env` defaults to `os.environ`."""
     env = os.environ if env is None else env
     counts = [env.get(name, "").strip() for name in RESTART_ENVS]
-    return max([int(c) for c in counts if c.isdigit()], default=0)
+    return job_id(env) if any(c.isdigit() and int(c) > 0 for c in counts) else None
 
 
-def check_run_dir(path, config: dict, restarted: bool = False) -> RunDir:
+def note_job(path: Path, env: Optional[Mapping[str, str]] = None) -> None:
+    """Records in run directory `path` (`JOB_FILE`) the job of the attempt starting now (`job_id`), or
+    removes an earlier attempt's record outside a job: a restart of the same job that finds the run
+    finished knows it finished it (`check_run_dir`'s `restart_of`)."""
+    job = job_id(env)
+    if job is None:
+        (path / JOB_FILE).unlink(missing_ok=True)
+    else:
+        write_text_atomic(path / JOB_FILE, job + "\n")
+
+
+def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDir:
     """Checks that `path` may hold this run, leaving nothing behind.
 
     Args:
         path: the run directory.
         config: the run's configuration as nested dicts (`RecipeConfig.to_dict()`).
-        restarted: whether a scheduler restarted this job (`restart_count() > 0`): a
-            finished run of the same configuration is then the earlier attempt that
-            finished before the restart (a preemption signal that came as training
-            ended), not a run to refuse. Defaults to False.
+        restart_of: this job's id when a scheduler restarted it (`restarted_job()`), else
+            None: a run of the same configuration that an earlier attempt of this job
+            finished (`JOB_FILE`; no `failure.log` written after `metrics.json`) is then
+            not refused: the signal came as training ended. Defaults to None.
 
     Returns:
         A `RunDir`; `resumed_epochs` > 0 when an interrupted run of the same
-        configuration left a checkpoint there; `finished_before` when `restarted`
-        and that run finished.
+        configuration left a checkpoint there; `finished_before` when an earlier
+        attempt of job `restart_of` finished it.
 
     Raises:
         RunDirError: when `path` is a file, or inside a file, or cannot be
             written; holds files tftrain did not write;
-            holds a finished run (`metrics.json`) and this is not a restart of it; or
+            holds a finished run (`metrics.json`) but for `restart_of`'s; or
             holds another run's configuration or checkpoint. The message names the
             path and the fix.
     """
@@ -255,7 +281,7 @@ def check_run_dir(path, config: dict, restarted: bool = False) -> RunDir:
             "Pass --run-dir with a new or empty directory."
         )
     finished = (p / METRICS_FILE).exists()
-    if finished and not restarted:
+    if finished and not _finished_by(p, restart_of):
         raise _finished_error(p)
     try:
         previous = yaml.safe_load((p / CONFIG_FILE).read_text(encoding="utf-8")) or {}
@@ -277,6 +303,14 @@ def check_run_dir(path, config: dict, restarted: bool = False) -> RunDir:
         return RunDir(p, finished_before=True)
     return RunDir(p, resumed_epochs=completed_epochs(p / BACKUP_DIR),
                   resumed_steps=_backup_metadata(p / BACKUP_DIR, "steps_in_epoch"))
+
+
+def _finished_by(p: Path, job: Optional[str]) -> bool:
+    """Whether an attempt of `job` finished the run in `p` and nothing failed after its `metrics.json`."""
+    if job is None or not (p / JOB_FILE).is_file() or (p / JOB_FILE).read_text().strip() != job:
+        return False
+    failure = p / FAILURE_LOG
+    return not failure.exists() or failure.stat().st_mtime < (p / METRICS_FILE).stat().st_mtime
 
 
 def _finished_error(p: Path) -> RunDirError:

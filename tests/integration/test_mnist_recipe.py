@@ -72,7 +72,8 @@ def test_recipe_smoke(name, tmp_path):
 def test_default_run_writes_every_artifact_and_learns(tmp_path, fresh_execution_memory):
     run_dir = tmp_path / "run"
     r = run_module(MODULE, [*SMOKE, "--train-examples", "8192", "--epochs", "3", "--steps-per-execution", "8",
-                            "--run-dir", run_dir], cwd=tmp_path)  # 96 steps of 256: enough to time both modes on
+                            "--run-dir", run_dir], cwd=tmp_path,  # 96 steps of 256: enough to time both modes on
+                   env={"SLURM_JOB_ID": "4711"})  # a SLURM job's (a restart of it comes at the end)
     assert r.returncode == 0, r.stderr[-3000:]
     names = {p.name for p in run_dir.iterdir()}
     assert {"config.yaml", "metrics.json", "report.md", "model.keras", "logs"} <= names
@@ -113,7 +114,8 @@ def test_default_run_writes_every_artifact_and_learns(tmp_path, fresh_execution_
     r2 = run_module(MODULE, ["--config", run_dir / "config.yaml"], cwd=tmp_path)
     assert r2.returncode == 2 and "finished run" in r2.stderr
     # A SLURM requeue of the finished job (the signal came as training ended) has nothing to do: exit 0.
-    r3 = run_module(MODULE, ["--config", run_dir / "config.yaml"], cwd=tmp_path, env={"SLURM_RESTART_COUNT": "1"})
+    r3 = run_module(MODULE, ["--config", run_dir / "config.yaml"], cwd=tmp_path,
+                    env={"SLURM_JOB_ID": "4711", "SLURM_RESTART_COUNT": "1"})
     assert r3.returncode == 0 and "finished before this restart" in r3.stdout, r3.stderr
     assert read_metrics(run_dir) == m
 

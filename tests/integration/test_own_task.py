@@ -153,7 +153,7 @@ def test_regression_file_with_a_parameter_server_job(tmp_path):
     job = (["--chief", "--workers", "2", "--ps", "1"],
            [REGRESSION, *SMALL, "--epochs", "2", "--batch-size", "128", "--strategy", "parameter_server",
             "--learning-rate", "0.02", "--run-dir", str(run_dir)])
-    r = _launch(*job, tmp_path)
+    r = _launch(*job, tmp_path, extra_env={"TFTRAIN_RUN_ID": "ps-job"})  # what the launcher keeps across restarts
     assert r.returncode == 0, r.stderr[-3000:]
     # Every task exits 0 by itself: the servers once the chief has told them the job finished.
     for task in ("chief:0", "worker:0", "worker:1", "ps:0"):
@@ -177,7 +177,7 @@ def test_regression_file_with_a_parameter_server_job(tmp_path):
     assert len(started) == 4 and not [pid for pid in started if _alive(pid)]
     # A scheduler's restart of the finished job (a requeue whose signal came as training ended): the chief
     # says there is nothing to train and tells the servers the job finished; every task exits 0.
-    again = _launch(*job, tmp_path, extra_env={"TFTRAIN_RESTART_COUNT": "1"})
+    again = _launch(*job, tmp_path, extra_env={"TFTRAIN_RUN_ID": "ps-job", "TFTRAIN_RESTART_COUNT": "1"})
     assert again.returncode == 0, again.stderr[-3000:]
     assert "finished before this restart" in again.stdout, again.stdout[-3000:]
     for task in ("worker:0", "worker:1", "ps:0"):

@@ -1,5 +1,6 @@
 import datetime
 import json
+import os
 
 import pytest
 
@@ -47,22 +48,34 @@ def test_finished_run_is_refused(tmp_path):
         rundir.check_run_dir(tmp_path / "run", CFG.to_dict())
 
 
-def test_a_restart_finds_its_finished_run_and_another_configuration_is_still_refused(tmp_path):
-    started(tmp_path / "run")
-    (tmp_path / "run" / "metrics.json").write_text("{}")
-    again = rundir.check_run_dir(tmp_path / "run", CFG.to_dict(), restarted=True)
+def test_a_restart_of_the_job_that_finished_the_run_finds_it_finished_and_nothing_else_does(tmp_path):
+    run = started(tmp_path / "run").path
+    rundir.note_job(run, {"SLURM_JOB_ID": "77"})
+    (run / "metrics.json").write_text("{}")
+    again = rundir.check_run_dir(run, CFG.to_dict(), restart_of="slurm77")
     assert again.finished_before and not again.resumed
+    for job in (None, "slurm78"):  # not a restart; a restart of another job (a new job on an old run directory)
+        with pytest.raises(RunDirError, match="finished run"):
+            rundir.check_run_dir(run, CFG.to_dict(), restart_of=job)
     other = RecipeConfig(run_dir="x", train=TrainConfig(epochs=3))
     with pytest.raises(RunDirError, match="finished run"):
-        rundir.check_run_dir(tmp_path / "run", other.to_dict(), restarted=True)
-    assert not rundir.check_run_dir(tmp_path / "new", CFG.to_dict(), restarted=True).finished_before
+        rundir.check_run_dir(run, other.to_dict(), restart_of="slurm77")
+    (run / "failure.log").write_text("failed after metrics.json")  # an attempt that failed after writing it
+    os.utime(run / "metrics.json", (1, 1))
+    with pytest.raises(RunDirError, match="finished run"):
+        rundir.check_run_dir(run, CFG.to_dict(), restart_of="slurm77")
+    assert not rundir.check_run_dir(tmp_path / "new", CFG.to_dict(), restart_of="slurm77").finished_before
+    rundir.note_job(run, {})  # an attempt outside a job forgets the earlier job
+    assert not (run / rundir.JOB_FILE).exists()
 
 
-@pytest.mark.parametrize("env, count", [({}, 0), ({"SLURM_RESTART_COUNT": "2"}, 2), ({"TFTRAIN_RESTART_COUNT": "1"}, 1),
-                                        ({"SLURM_RESTART_COUNT": "1", "TFTRAIN_RESTART_COUNT": "3"}, 3),
-                                        ({"SLURM_RESTART_COUNT": "x"}, 0), ({"SLURM_RESTART_COUNT": ""}, 0)])
-def test_restart_count_reads_slurm_and_the_launcher(env, count):
-    assert rundir.restart_count(env) == count
+@pytest.mark.parametrize("env, job", [
+    ({}, None), ({"SLURM_JOB_ID": "7"}, None), ({"SLURM_RESTART_COUNT": "0", "SLURM_JOB_ID": "7"}, None),
+    ({"SLURM_RESTART_COUNT": "2", "SLURM_JOB_ID": "7"}, "slurm7"), ({"SLURM_RESTART_COUNT": "1"}, None),
+    ({"TFTRAIN_RESTART_COUNT": "1", "TFTRAIN_RUN_ID": "20261203-101500"}, "20261203-101500"),
+    ({"SLURM_RESTART_COUNT": "x", "SLURM_JOB_ID": "7"}, None)])
+def test_restarted_job_is_the_job_id_on_a_slurm_or_launcher_restart(env, job):
+    assert rundir.restarted_job(env) == job
 
 
 def test_foreign_files_are_refused(tmp_path):

@@ -141,8 +141,9 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
             TrainingDiverged: when the training loss becomes NaN or infinite (the message names
                 where, and the checkpoint kept in the run directory).
             JobFailed: on a parameter-server worker or ps task whose chief failed or vanished.
-            AlreadyFinished: when a scheduler's restart (`tftrain.rundir.RESTART_ENVS`) finds this
-                run finished, with the same settings: nothing is trained (the command line exits 0).
+            AlreadyFinished: when a scheduler's restart (`tftrain.rundir.restarted_job`) finds this
+                run finished by an earlier attempt of the same job, with the same settings: nothing
+                is trained (the command line exits 0).
         """
         started = time.perf_counter() if started is None else started
         self.check()
@@ -156,12 +157,15 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
             return self.run_stages(started)
 
     def end_finished_job(self) -> None:
-        """A scheduler's restart of a run that finished before it: tells a parameter-server job's
-        servers that the job finished (they exit 0), then raises.
+        """A scheduler's restart of a run that an earlier attempt finished: ends the run directory as
+        that attempt would have (`finish_run_dir`: a kill after `metrics.json` left the backup), tells a
+        parameter-server job's servers that the job finished (they exit 0), then raises. (A `report.md`
+        or MLflow run that the kill left unwritten stays so.)
 
         Raises:
             AlreadyFinished: always, naming the run directory.
         """
+        self.finish_run_dir()
         if self.cluster is not None and "ps" in self.cluster.cluster:
             self.setup_runtime()  # the chief connects to the servers to tell them
             with self.loop.job(self.cluster):
@@ -188,6 +192,8 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
                 self.out_dir = out
                 if self.is_chief and not (out / TASK_FILE).exists():
                     rundir_lib.write_text_atomic(out / TASK_FILE, json.dumps(self._task_identity()))
+                if self.is_chief:
+                    rundir_lib.note_job(out.path)
                 self.announce_run_dir()
                 self.settle_untimed_precision()  # before the batch-size search and --tune build models
                 self.plan_batch()
@@ -264,7 +270,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
             export.parse(self.config.train.export)
         self._check_same_task(Path(self.config.run_dir))  # first: another task's settings differ too
         self.run_dir = rundir_lib.check_run_dir(self.config.run_dir, self.config.to_dict(),
-                                                restarted=rundir_lib.restart_count() > 0)
+                                                restart_of=rundir_lib.restarted_job())
         if self.is_chief:  # another process training into it: refused now, not after TensorFlow starts
             rundir_lib.check_not_in_use(self.run_dir.path)
 
@@ -276,7 +282,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         """
         if not self.config.resume or self.cluster is not None:  # a cluster's default directory is already fixed
             return None
-        found = rundir_lib.newest_unfinished(self.task.name, self.config.to_dict())
+        found = rundir_lib.newest_unfinished(self.task.name, self.config.to_dict(), restart_of=rundir_lib.restarted_job())
         if found is None:
             raise rundir_lib.RunDirError(
                 f"--resume found no unfinished run of task {self.task.name!r} with these settings under runs/. "

@@ -46,15 +46,21 @@ def test_fit_writes_the_run_directory_and_returns_the_record(tmp_path):
 
 @pytest.mark.slow
 def test_a_finished_run_directory_is_never_overwritten(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFTRAIN_RUN_ID", "job-1")  # as tftrain.launch sets it
     _trainer(tmp_path, epochs=1).fit()
     before = (tmp_path / "run" / "metrics.json").read_text()
     with pytest.raises(RunDirError, match="holds a finished run"):
         _trainer(tmp_path, epochs=1).fit()
-    # A scheduler's restart (a SLURM requeue) of the finished run: nothing to train, nothing rewritten.
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    # A scheduler's restart of the job that finished the run: nothing to train, nothing rewritten, and the
+    # backup a kill after metrics.json left behind is removed as the finished attempt would have.
+    (tmp_path / "run" / "backup").mkdir()
+    monkeypatch.setenv("TFTRAIN_RESTART_COUNT", "1")
     with pytest.raises(tftrain.AlreadyFinished, match="finished before this restart"):
         _trainer(tmp_path, epochs=1).fit()
-    assert (tmp_path / "run" / "metrics.json").read_text() == before
+    assert (tmp_path / "run" / "metrics.json").read_text() == before and not (tmp_path / "run" / "backup").exists()
+    monkeypatch.setenv("TFTRAIN_RUN_ID", "job-2")  # another job's restart is no restart of this run
+    with pytest.raises(RunDirError, match="holds a finished run"):
+        _trainer(tmp_path, epochs=1).fit()
 
 
 def test_batch_plan_uses_the_task_default_and_fits_a_batch_to_few_examples(tmp_path, capsys):
