@@ -123,3 +123,13 @@ def test_history_reads_the_whole_run_and_keeps_an_epoch_logged_twice_once(tmp_pa
     assert list(history) == ["loss", "val_loss"] and history["loss"] == [0.9, 0.45, 0.3]
     assert history["val_loss"][:2] == [1.0, 0.65] and history["val_loss"][2] != history["val_loss"][2]  # NaN
     assert read_history(tmp_path / "missing.csv") == {}
+
+
+def test_resume_finds_a_run_that_an_earlier_attempt_of_the_restarted_job_finished(tmp_path):
+    run = started(tmp_path / "runs" / "mnist-1").path
+    rundir.note_job(run, {"SLURM_JOB_ID": "5"})
+    (run / "metrics.json").write_text("{}")
+    root = str(tmp_path / "runs")
+    assert rundir.newest_unfinished("mnist", CFG.to_dict(), root) is None
+    assert rundir.newest_unfinished("mnist", CFG.to_dict(), root, restart_of="slurm6") is None
+    assert rundir.newest_unfinished("mnist", CFG.to_dict(), root, restart_of="slurm5") == run
