@@ -7,7 +7,8 @@ start-up whenever it is installed (2 s of the 7 s that `import tensorflow, keras
 So test processes start faster and check that tftrain runs without them. A test whose processes
 need them (the MLflow server, the benchmark suite) drops the variable (`tests.conftest.with_dev_extras`).
 
-Every finder on `sys.meta_path` is wrapped so that it finds none of those packages: `import pandas`
+The path finder on `sys.meta_path` (which finds installed packages) is wrapped so that it finds
+none of those packages: `import pandas`
 raises ModuleNotFoundError and `importlib.util.find_spec("pandas")` returns None, as where pandas is
 not installed (`importlib.metadata` still lists it). The next `sitecustomize` on `sys.path`, if any,
 runs after this one.
@@ -36,7 +37,8 @@ class _Without:
 
 def _run_next_sitecustomize():
     here = os.path.dirname(os.path.abspath(__file__))
-    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    entries = [os.path.abspath(p or os.curdir) for p in sys.path]
+    rest = sys.path[entries.index(here) + 1:] if here in entries else []  # after this one: no cycle
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
     if spec is not None and spec.loader is not None:
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
@@ -44,5 +46,5 @@ def _run_next_sitecustomize():
 
 _names = frozenset(n.strip() for n in os.environ.get("TFTRAIN_TESTS_WITHOUT", "").split(",") if n.strip())
 if _names:
-    sys.meta_path[:] = [_Without(f, _names) if hasattr(f, "find_spec") else f for f in sys.meta_path]
+    sys.meta_path[:] = [_Without(f, _names) if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
 _run_next_sitecustomize()

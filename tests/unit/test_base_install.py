@@ -20,7 +20,7 @@ _PROBE = ("import importlib, sys\n"
 def _missing(env):
     done = subprocess.run([sys.executable, "-c", _PROBE, BASE_INSTALL_WITHOUT], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0 and "Error in sitecustomize" not in done.stderr, done.stderr
     return done.stdout.strip()
 
 
@@ -37,4 +37,11 @@ def test_a_missing_package_is_not_found_as_where_it_is_not_installed():
             "print('ok')\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=dict(os.environ), capture_output=True, text=True,
                           timeout=120)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    assert done.returncode == 0 and done.stdout.strip() == "ok" and "Error in sitecustomize" not in done.stderr, \
+        done.stderr
+
+
+def test_the_tutorial_tests_offline_sitecustomize_runs_the_shim_after_it():
+    offline = REPO / "tests" / "integration" / "tf_tutorial" / "offline"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(offline), os.environ["PYTHONPATH"]])}
+    assert _missing(env) == BASE_INSTALL_WITHOUT
