@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tftrain.rundir import RESTART_ENVS
+
 REPO = Path(__file__).resolve().parents[1]
 
 # TensorFlow's C++ warnings stay visible (tests assert some never appear).
@@ -23,8 +25,6 @@ SUBPROCESS_ENV = {"TF_CPP_MIN_LOG_LEVEL": "1", "PYTHONUNBUFFERED": "1"}
 SMOKE = ["--train-examples", "1024", "--epochs", "1", "--verbose", "2", "--seed", "0"]
 """Recipe flags for a few-second smoke run."""
 
-
-RESTART_ENVS = ("SLURM_RESTART_COUNT", "TFTRAIN_RESTART_COUNT")  # tftrain.rundir.RESTART_ENVS
 
 BASE_INSTALL_WITHOUT = "pandas,sklearn,scipy,matplotlib"
 """Packages the dev extras install (for MLflow, the bayesian tuner and the benchmark plots) and
