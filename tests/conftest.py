@@ -49,9 +49,13 @@ def _processes_start_as_a_base_install():
             os.environ[key] = value
 
 
-def with_dev_extras(env: dict) -> dict:
-    """`env` (a process environment) with every package of the dev extras importable again:
-    without what `_processes_start_as_a_base_install` adds."""
+def with_dev_extras(env: dict, *names: str) -> dict:
+    """`env` (a process environment) with the dev extras' packages `names` (top-level import names,
+    e.g. "matplotlib") importable again, or all of them when none is named: without what
+    `_processes_start_as_a_base_install` adds."""
+    still_without = [n for n in env.get("TFTRAIN_TESTS_WITHOUT", "").split(",") if n and names and n not in names]
+    if still_without:
+        return {**env, "TFTRAIN_TESTS_WITHOUT": ",".join(still_without)}
     env = {k: v for k, v in env.items() if k != "TFTRAIN_TESTS_WITHOUT"}
     path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p) != REPO / "tests" / "base_install"]
     env.pop("PYTHONPATH", None)

@@ -27,6 +27,7 @@ def _missing(env):
 def test_processes_started_by_tests_lack_the_dev_extras_and_get_them_back_on_request():
     assert _missing(dict(os.environ)) == BASE_INSTALL_WITHOUT
     assert _missing(with_dev_extras(dict(os.environ))) == ""
+    assert _missing(with_dev_extras(dict(os.environ), "matplotlib")) == BASE_INSTALL_WITHOUT.replace(",matplotlib", "")
 
 
 def test_a_missing_package_is_not_found_as_where_it_is_not_installed():
