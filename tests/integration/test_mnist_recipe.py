@@ -53,11 +53,13 @@ def test_recipe_smoke(name, tmp_path):
     assert (steps == reported) if m["precision"] != "mixed_float16" else (1 <= steps <= reported), (steps, reported)
     # tensorflow/tensorflow#62963: no "Local rendezvous is aborting with status: OUT_OF_RANGE" (TF 2.16) or
     # "Local rendezvous recv item cancelled" (TF 2.21) lines, which Keras's fit logs at the end of data of
-    # unknown length under MirroredStrategy. (One "... CANCELLED: GetNextFromShard was cancelled" line, a
-    # device iterator torn down with a batch in flight, appeared once in a one_device run: a
-    # shutdown race, not the end-of-data spam; docs/troubleshooting.md.)
-    rendezvous = [line for line in r.stderr.splitlines() if "Local rendezvous" in line]
-    assert all("CANCELLED: GetNextFromShard was cancelled" in line for line in rendezvous), rendezvous
+    # unknown length under MirroredStrategy. (A lone "Local rendezvous is aborting with status: CANCELLED: ..."
+    # line, "GetNextFromShard was cancelled" or "Operation was cancelled", a device iterator torn down
+    # with a batch in flight, appeared in one_device runs under load: a shutdown race, not the
+    # end-of-data spam; docs/troubleshooting.md.)
+    spam = [line for line in r.stderr.splitlines()
+            if "Local rendezvous" in line and ("OUT_OF_RANGE" in line or "recv item cancelled" in line)]
+    assert not spam, spam
     assert m["global_batch_size"] == m["per_replica_batch_size"] * m["replicas"]
     assert f"{m['replicas']} replica(s) in sync" in r.stdout
     if name == "mirrored1-cnn-eager":  # no GPU here: the run says so, and how to get replicas
