@@ -7,7 +7,7 @@ between them; the bad-input tests check the one-line error and exit code 2.
 import pytest
 
 from tests.conftest import (
-    SMOKE, interrupt_after_first_checkpoint, optimizer_steps, read_metrics, run_module,
+    SMOKE, optimizer_steps, read_metrics, run_module,
 )
 
 pytestmark = pytest.mark.integration
@@ -184,23 +184,3 @@ def test_run_dir_of_another_run_is_refused_and_untouched(tmp_path):
     assert (run_dir / "config.yaml").read_text() == "train: {epochs: 99}\n"
     assert (run_dir / "backup" / "latest.weights.h5").read_bytes() == b"precious"
     assert sorted(p.name for p in run_dir.iterdir()) == ["backup", "config.yaml"]
-
-
-def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
-    run_dir = tmp_path / "run"
-    args = ["--train-examples", "2048", "--per-replica-batch-size", "32", "--epochs", "4", "--verbose", "2",
-            "--seed", "0", "--run-dir", str(run_dir)]
-    code, err, done = interrupt_after_first_checkpoint(MODULE, args, run_dir, tmp_path)
-    assert code == 130, err[-2000:]
-    assert f"interrupted. To resume, rerun the same command with --resume (or --run-dir {run_dir})" in err
-    assert 1 <= done < 4
-    assert not (run_dir / "metrics.json").exists()
-
-    r = run_module(MODULE, args, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert f"resuming: {done}/4 epochs done" in r.stdout
-    m = read_metrics(run_dir)
-    assert m["resumed_from_epoch"] == done and m["epochs_trained"] == 4 - done
-    # keras-team/keras#19179: the epochs done are not trained again, and the step count goes on from them.
-    assert len(m["history"]["loss"]) == 4  # the whole run, across the resume (history.csv)
-    assert optimizer_steps(run_dir) == 4 * m["steps_per_epoch"]

@@ -76,11 +76,16 @@ def test_regression_resumes_after_ctrl_c(tmp_path):
     code, err, done = interrupt_after_first_checkpoint("tftrain.run", args, run_dir, tmp_path)
     assert code == 130, err[-2000:]
     assert f"interrupted. To resume, rerun the same command with --resume (or --run-dir {run_dir})" in err
+    assert 1 <= done < 4
+    assert not (run_dir / "metrics.json").exists()
     r = run_module("tftrain.run", args, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"resuming: {done}/4 epochs done" in r.stdout
     m = read_metrics(run_dir)
     assert m["resumed_from_epoch"] == done and m["epochs_trained"] == 4 - done
+    # keras-team/keras#19179: the epochs done are not trained again, and the step count goes on from them.
+    assert len(m["history"]["loss"]) == 4  # the whole run, across the resume (history.csv)
+    assert optimizer_steps(run_dir) == 4 * m["steps_per_epoch"]
 
 
 def _launch(launch_args, run_args, tmp_path, timeout_s=240, extra_env=None):
