@@ -19,6 +19,7 @@ import sys
 
 import psutil
 import pytest
+import yaml
 
 from tests.conftest import (REPO, SUBPROCESS_ENV, interrupt_after_first_checkpoint, optimizer_steps, read_metrics,
                             run_module)
@@ -61,7 +62,13 @@ def test_regression_file_under_mirrored_with_auto_execution_auto_batch_and_profi
         assert "this run has 2" in m["precision_auto"]["reason"]
     else:  # the rule itself says float32: nothing to choose
         assert "precision_auto" not in m
-    assert m["batch_size_search"]["batch_size"] == m["global_batch_size"] and m["global_batch_size"] % 2 == 0
+    search = m["batch_size_search"]
+    assert search["batch_size"] == search["best_throughput"] == m["global_batch_size"]
+    assert m["global_batch_size"] % 2 == 0
+    assert 32 <= search["batch_size"] <= m["train_examples"] // 10  # at least 10 steps per epoch
+    assert search["trials"] and all(t["status"] in ("ok", "over_budget", "timeout") for t in search["trials"])
+    assert search["memory_budget_bytes"] > 0 and "batch size search:" in r.stdout
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["data"]["batch_size"] == "auto"
     assert m["train_examples"] == 4096 - 409 and "val_loss" in m["history"]
     assert m["profile"]["captured"] == [2, 5] and m["profile"]["trace_files"]
     assert m["throughput"]["examples_per_sec"] > 0 and m["throughput"]["input"]["verdict"]

@@ -1,7 +1,7 @@
-"""The MNIST recipe with the callback flags: --profile, --batch-size auto, --tune (subprocesses)."""
+"""The MNIST recipe with the callback flags: --profile, --tune (subprocesses). `--batch-size auto` on the
+command line: tests/integration/test_own_task.py (the regression task under mirrored)."""
 
 import pytest
-import yaml
 
 from tests.conftest import REPO, SMOKE, read_metrics, run_module
 from tests.profile_traces import read_xspace, stat_values, step_markers
@@ -66,19 +66,6 @@ def test_bad_profile_and_batch_size_values_are_one_line_errors(tmp_path):
     assert "Expected START,STOP" in refused(run_module(RECIPE, [*SMOKE, "--profile", "5"], cwd=tmp_path))
     assert "invalid int or auto value: 'big'" in refused(run_module(RECIPE, [*SMOKE, "--batch-size", "big"],
                                                                      cwd=tmp_path))
-
-
-def test_batch_size_auto(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = ok(run_module(RECIPE, [*SMOKE, "--batch-size", "auto", "--run-dir", run_dir], cwd=REPO))
-    metrics = read_metrics(run_dir)
-    search = metrics["batch_size_search"]
-    assert metrics["global_batch_size"] == search["batch_size"] == search["best_throughput"]
-    assert 32 <= search["batch_size"] <= 1024 // 10  # at least 10 steps per epoch
-    assert search["trials"] and all(t["status"] in ("ok", "over_budget", "timeout") for t in search["trials"])
-    assert search["memory_budget_bytes"] > 0
-    assert "batch size search:" in proc.stdout
-    assert yaml.safe_load((run_dir / "config.yaml").read_text())["data"]["batch_size"] == "auto"
 
 
 def test_tune_with_mirrored_cpu_replicas(tmp_path):
