@@ -1,5 +1,7 @@
 """`python -m benchmarks.fault_campaign --quick`: one real training process killed by SIGKILL at a random
-moment after its first checkpoint, rerun until it finishes, and judged (the campaign's own checks)."""
+moment after its first checkpoint, rerun until it finishes, and judged (the campaign's own checks: it resumed at
+or after the newest checkpoint, every optimizer step ran once, nothing is left running). This is the recipe's
+SIGKILL-mid-epoch test; the lines a resumed run prints are checked in tests/unit/train/test_checkpoints.py."""
 
 import json
 import subprocess

@@ -82,8 +82,8 @@ def _metadata(run_dir):
 @pytest.mark.parametrize("spe, every, saves_every, killed_after", [(1, 5, 5, 25), (4, 10, 8, 28)],
                          ids=["one-step-executions", "four-step-executions"])
 @pytest.mark.slow
-def test_a_run_killed_mid_epoch_loses_at_most_n_steps_and_resumes_at_its_step(tmp_path, spe, every, saves_every,
-                                                                                killed_after):
+def test_a_run_killed_mid_epoch_loses_at_most_n_steps_and_resumes_at_its_step(tmp_path, capsys, spe, every,
+                                                                                saves_every, killed_after):
     kw = {"backup_every_steps": every, "steps_per_execution": spe}
     whole = _run(tmp_path, name="whole", **kw)
     assert whole.to_dict()["optimizer_steps"] == 3 * STEPS_PER_EPOCH
@@ -96,7 +96,13 @@ def test_a_run_killed_mid_epoch_loses_at_most_n_steps_and_resumes_at_its_step(tm
     assert killed_after - saved["optimizer_iterations"] <= every  # the steps the kill lost
 
     counter = _step_counter()
-    resumed = _run(tmp_path, callbacks=[counter], **kw)
+    capsys.readouterr()
+    resumed = _run(tmp_path, callbacks=[counter], verbose=2, **kw)
+    said = capsys.readouterr().out  # what a user sees (the killed-then-rerun recipe, as a user meets it)
+    backup = tmp_path / "run" / "backup"
+    assert f"backup:    every {saves_every} optimizer steps and at each epoch end, in {backup}" in said
+    assert (f"resuming: {saved['epoch']}/3 epochs done and {saved['steps_in_epoch']} optimizer steps of the next, "
+            f"from the checkpoint in {backup}") in said
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert m["optimizer_steps"] == whole.to_dict()["optimizer_steps"]  # not one step twice, none missing
     assert counter.steps == 3 * STEPS_PER_EPOCH - saved["optimizer_iterations"]
