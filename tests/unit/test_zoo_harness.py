@@ -5,7 +5,7 @@ import json
 import math
 
 from benchmarks.zoo import harness
-from tftrain.train.automatic import batch_hooks
+from tftrain.train.model_facts import batch_hooks
 
 
 def test_only_an_oracle_point_stopwatch_has_a_per_batch_hook():

@@ -534,7 +534,7 @@ def test_precision_auto_builds_one_model_where_the_run_cannot_repay_timing_bfloa
 def test_varying_shape_names_the_first_dimension_past_the_batch_that_varies():
     import tensorflow as tf
 
-    from tftrain.train.automatic import varying_shape
+    from tftrain.train.model_facts import varying_shape
 
     fixed = (tf.TensorSpec([None, 28, 28]), tf.TensorSpec([None]))
     assert varying_shape(fixed) is None  # the batch dimension may vary: XLA pads it (Keras drops no batch)
@@ -637,7 +637,7 @@ def _nested_conv_model():
 
 
 def test_convolution_layers_finds_nested_convolutions_and_nothing_in_a_dense_model():
-    from tftrain.train.automatic import convolution_layers
+    from tftrain.train.model_facts import convolution_layers
 
     assert convolution_layers(_nested_conv_model()) == ["Conv1D"]
     assert convolution_layers(_string_op_model()) == []

@@ -476,7 +476,7 @@ def test_deterministic_runs_give_identical_figures(tmp_path):
 def test_batch_hooks_lists_the_users_own_per_batch_methods_only():
     import keras
 
-    from tftrain.train.automatic import batch_hooks
+    from tftrain.train.model_facts import batch_hooks
 
     class Logger(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
