@@ -127,10 +127,10 @@ def test_crashing_worker_ends_the_job_and_leaves_no_process(tmp_path):
     assert _alive(_started_pids(result.stderr).values()) == []
 
 
-def _kill_in_epoch_2(cmd, env, watched: str, victim: str, timeout_s: float = 240, signum=signal.SIGKILL):
-    """Runs the launcher `cmd` and sends `signum` (SIGKILL) to task `victim` (or to the launcher itself,
-    `victim="launcher"`) once task `watched` has begun epoch 2 (so epoch 1's checkpoint is written);
-    returns `(launcher exit code, its output, task pids)`. Fails the test when the job ends first."""
+def _kill_in_epoch_2(cmd, env, watched: str, victim: str, timeout_s: float = 240):
+    """Runs the launcher `cmd` and sends SIGKILL to task `victim` once task `watched` has begun epoch 2 (so
+    epoch 1's checkpoint is written); returns `(launcher exit code, its output, task pids)`. Fails the test
+    when the job ends first."""
     launcher = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pids, killed, lines = {}, False, []
     try:
@@ -142,11 +142,11 @@ def _kill_in_epoch_2(cmd, env, watched: str, victim: str, timeout_s: float = 240
                 pids[match.group(1)] = int(match.group(2))
             if not killed and line.startswith(f"[{watched}] Epoch 2/3"):
                 time.sleep(0.5)  # into epoch 2: epoch 1's checkpoint is written
-                os.kill(launcher.pid if victim == "launcher" else pids[victim], signum)
+                os.kill(pids[victim], signal.SIGKILL)
                 killed = True
             if time.monotonic() > deadline:
                 break
-        launcher.wait(timeout=60 if signum == signal.SIGKILL else 120)
+        launcher.wait(timeout=60)
     finally:
         if launcher.poll() is None:
             launcher.kill()
