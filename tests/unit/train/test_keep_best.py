@@ -109,3 +109,11 @@ def test_keep_best_is_refused_across_processes():
     cfg = RecipeConfig(runtime=RuntimeConfig(strategy="multi_worker_mirrored"), train=TrainConfig(keep_best=2))
     with pytest.raises(ConfigError, match="--keep-best writes its checkpoints from one process"):
         loop_for("multi_worker_mirrored").check(cfg)
+
+
+@pytest.mark.slow
+def test_monitor_mode_sets_the_direction_the_run_ranks_in(tmp_path):
+    record = _fit(tmp_path, "run", epochs=3, keep_best=1, monitor="val_mae", monitor_mode="max")
+    maes = record.history["val_mae"]
+    assert record.extras["keep_best"]["mode"] == "max"
+    assert [k["epoch"] for k in record.extras["keep_best"]["kept"]] == [maes.index(max(maes)) + 1]

@@ -1,0 +1,89 @@
+"""KeepBest's direction rule (`monitor_direction`), the sanity pass's monitor check (`check_monitor`), and
+KeepBest on a model of several outputs."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tftrain.callbacks.keep_best import STATE_FILE, KeepBest, check_monitor, monitor_direction
+from tftrain.errors import ConfigError
+
+
+@pytest.mark.parametrize("monitor, direction", [
+    ("loss", "min"), ("val_loss", "min"), ("val_value_loss", "min"), ("label_loss", "min"),
+    ("accuracy", "max"), ("val_acc", "max"), ("val_label_accuracy", "max"), ("label_acc", "max"),
+    ("val_label_sparse_categorical_accuracy", "max"), ("sparse_top_k_categorical_accuracy", "max"),
+    ("val_auc", "max"), ("out_precision", "max"), ("recall", "max"), ("val_precision_at_recall", "max"),
+    ("f1_score", "max"), ("head_fbeta_score", "max"), ("r2_score", "max"), ("val_seg_mean_io_u", "max"),
+    ("binary_io_u", "max"), ("cosine_similarity", "max"), ("true_positives", "max"), ("val_x_true_negatives", "max"),
+    ("mae", "min"), ("val_value_mae", "min"), ("value_mse", "min"), ("val_rmse", "min"), ("msle", "min"),
+    ("mape", "min"), ("mean_absolute_error", "min"), ("val_value_root_mean_squared_error", "min"),
+    ("val_y_mean_anything_error", "min"), ("val_label_sparse_categorical_crossentropy", "min"),
+    ("binary_crossentropy", "min"), ("squared_hinge", "min"), ("categorical_hinge", "min"),
+    ("kl_divergence", "min"), ("val_poisson", "min"), ("logcosh", "min"), ("false_positives", "min"),
+    ("val_out_false_negatives", "min"),
+    ("my_metric", None), ("val_custom", None), ("value", None), ("maex", None), ("", None),
+])
+def test_auto_direction_comes_from_the_name_or_its_part_after_an_output_prefix(monitor, direction):
+    assert monitor_direction(monitor) == direction
+
+
+def test_min_and_max_are_returned_as_they_are_and_other_modes_are_refused():
+    assert monitor_direction("my_metric", "max") == "max"
+    assert monitor_direction("val_accuracy", "min") == "min"  # the user's word wins
+    with pytest.raises(ConfigError, match=r"Invalid monitor mode 'up'. Expected one of: auto, min, max"):
+        monitor_direction("val_loss", "up")
+
+
+def test_check_monitor_names_the_logs_keys_or_the_mode_flag():
+    keys = ("loss", "value_mae", "val_loss", "val_value_mae")
+    check_monitor("val_value_mae", "auto", keys)
+    check_monitor("loss", "min", keys)
+    with pytest.raises(ConfigError) as missing:
+        check_monitor("val_mae", "auto", keys)
+    message = str(missing.value)
+    assert "\n" not in message and "'val_mae'" in message and "loss, value_mae, val_loss, val_value_mae" in message
+    assert "--monitor KEY" in message
+    with pytest.raises(ConfigError) as unknown:
+        check_monitor("val_score", "auto", [*keys, "val_score"])
+    assert "\n" not in str(unknown.value) and "'val_score'" in str(unknown.value)
+    assert "direction is unknown" in str(unknown.value) and "--monitor-mode min or max" in str(unknown.value)
+    check_monitor("val_score", "max", [*keys, "val_score"])
+
+
+def test_keep_best_refuses_an_unknown_direction_when_made(tmp_path):
+    with pytest.raises(ConfigError, match=r"direction is unknown.*pass --monitor-mode min or max"):
+        KeepBest(tmp_path, keep=1, monitor="val_score")
+    assert KeepBest(tmp_path, keep=1, monitor="val_score", mode="max").summary()["mode"] == "max"
+    assert KeepBest(tmp_path, keep=1, monitor="val_value_mae").summary() == {
+        "monitor": "val_value_mae", "mode": "min", "kept": [], "last": None}
+    with pytest.raises(ValueError):
+        KeepBest(tmp_path, keep=0)
+
+
+def _two_outputs():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, {"value": keras.layers.Dense(1, name="value")(inputs),
+                                 "label": keras.layers.Dense(3, activation="softmax", name="label")(inputs)})
+    model.compile("sgd", loss={"value": "mse", "label": "sparse_categorical_crossentropy"},
+                  metrics={"value": ["mae"], "label": ["accuracy"]})
+    return model
+
+
+@pytest.mark.parametrize("monitor, reverse", [("val_value_mae", False), ("val_label_accuracy", True)])
+def test_a_model_of_two_outputs_is_ranked_by_one_output_s_metric(tmp_path, monitor, reverse):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 4)).astype("float32")
+    y = {"value": x[:, :1] * 2, "label": (x[:, 0] > 0).astype("int32")}
+    model = _two_outputs()
+    best = KeepBest(tmp_path, keep=2, monitor=monitor)
+    history = model.fit(x, y, epochs=3, batch_size=16, validation_split=0.25, verbose=0, callbacks=[best])
+    values = history.history[monitor]
+    assert [k["value"] for k in best.kept] == pytest.approx(sorted(values, reverse=reverse)[:2])
+    assert json.loads((tmp_path / STATE_FILE).read_text()) == best.kept
+    assert best.summary()["mode"] == ("max" if reverse else "min") and best.last.endswith("epoch-3")
+
