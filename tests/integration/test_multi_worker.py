@@ -61,10 +61,11 @@ def _run(cmd, env, timeout):
 
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
-    """One uninterrupted 2-worker MultiWorkerMirrored run (shared by two tests)."""
+    """One uninterrupted 2-worker MultiWorkerMirrored run (shared by two tests), keeping its best epoch."""
     root = tmp_path_factory.mktemp("mwms")
     # No --run-dir: every task must derive the same default one (under root/runs).
-    result = subprocess.run(_launcher(["--workers", "2"], [*MWMS, *FLAGS], 240), cwd=root, env=_env(root / "tmp"),
+    flags = [*MWMS, *FLAGS, "--keep-best", "1", "--monitor", "accuracy"]
+    result = subprocess.run(_launcher(["--workers", "2"], flags, 240), cwd=root, env=_env(root / "tmp"),
                             capture_output=True, text=True, timeout=300)
     run_dirs = list((root / "runs").glob("mnist-*")) if (root / "runs").is_dir() else []
     return result, (run_dirs[0] if len(run_dirs) == 1 else root / "no-single-run-dir"), root / "tmp"
@@ -82,6 +83,7 @@ def test_two_workers_multi_worker_mirrored(two_workers):
     # Only the chief (worker 0) wrote the run directory; worker 1's temporary one is gone.
     assert (run_dir / "model.keras").is_file() and (run_dir / "logs").is_dir()
     assert not (run_dir / "backup").exists()  # BackupAndRestore removes it after a finished fit
+    _assert_keeps_the_best_epoch(run_dir, metrics, "accuracy", max)
     assert "[worker:1] note:      worker:1 is not the chief" in result.stdout
     reported = set(re.findall(r"\[worker:\d\] run directory: (\S+)", result.stdout))
     assert reported == {f"runs/{run_dir.name}"}, reported  # both tasks name the one that exists
@@ -127,6 +129,17 @@ def test_crashing_worker_ends_the_job_and_leaves_no_process(tmp_path):
     assert _alive(_started_pids(result.stderr).values()) == []
 
 
+def _assert_keeps_the_best_epoch(run_dir, metrics, monitor, best):
+    """`--keep-best 1`: the chief's `checkpoints/` ranks the run's `best` epoch by `monitor` (every worker saves
+    at the same epochs, the others to their temporary directories)."""
+    kept = json.loads((run_dir / "checkpoints" / "keep_best.json").read_text())
+    values = metrics["history"][monitor]
+    assert [k["epoch"] for k in kept] == [values.index(best(values)) + 1], (kept, values)
+    assert kept[0]["value"] == pytest.approx(best(values))
+    assert (run_dir / "checkpoints" / "best" / f"epoch-{kept[0]['epoch']}.index").is_file()
+    assert metrics["keep_best"]["mode"] == ("max" if best is max else "min")
+
+
 def _kill_in_epoch_2(cmd, env, watched: str, victim: str, timeout_s: float = 240):
     """Runs the launcher `cmd` and sends SIGKILL to task `victim` once task `watched` has begun epoch 2 (so
     epoch 1's checkpoint is written); returns `(launcher exit code, its output, task pids)`. Fails the test
@@ -160,7 +173,7 @@ def _kill_in_epoch_2(cmd, env, watched: str, victim: str, timeout_s: float = 240
 def test_killed_worker_of_a_chief_and_worker_job_resumes_from_the_last_checkpoint(two_workers, tmp_path):
     # A chief and one worker (tensorflow/tensorflow#57372: such a job stalled at its first step).
     run_dir = tmp_path / "run"
-    cmd = _launcher(["--chief", "--workers", "1"], [*MWMS, *FLAGS, "--run-dir", run_dir], 200)
+    cmd = _launcher(["--chief", "--workers", "1"], [*MWMS, *FLAGS, "--keep-best", "1", "--run-dir", run_dir], 200)
     env = _env(tmp_path / "tmp")
     code, output, pids = _kill_in_epoch_2(cmd, env, watched="chief:0", victim="worker:0")
     assert code == 128 + signal.SIGKILL
@@ -177,6 +190,7 @@ def test_killed_worker_of_a_chief_and_worker_job_resumes_from_the_last_checkpoin
     metrics = read_metrics(run_dir)
     assert metrics["replicas"] == 2 and metrics["global_batch_size"] == 128
     assert metrics["resumed_from_epoch"] == done and metrics["epochs_trained"] == 3 - done
+    _assert_keeps_the_best_epoch(run_dir, metrics, "loss", min)  # ranked across the restart; the worker ranks alike
     uninterrupted = read_metrics(two_workers[1])["test_accuracy"]
     # Same model, data and epochs (chief and worker read the shards workers 0 and 1 read); only the
     # shuffle order after the restart differs.

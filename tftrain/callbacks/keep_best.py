@@ -12,7 +12,13 @@ the compiled model's metric objects as in Keras's `ModelCheckpoint` / `EarlyStop
 for a model of several outputs (`val_<output>_mae`), and the sanity pass can apply it before the first
 step (`check_monitor`).
 
-Source: https://www.tensorflow.org/guide/checkpoint
+Under `multi_worker_mirrored` every worker runs the callback on the same epoch logs (Keras all-reduces
+the metrics), so every worker ranks alike and saves at the same epochs: saving may involve collective
+ops, so a worker that is not the chief still saves, to its own temporary directory, and reads the
+chief's ranking when the run resumes (`ranking_from`).
+
+Source: https://www.tensorflow.org/guide/checkpoint,
+https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras#model_saving_and_loading
 """
 
 from __future__ import annotations
@@ -148,6 +154,11 @@ class KeepBest(keras.callbacks.Callback):
         mode: `"min"`, `"max"` or `"auto"` (from the metric's name:
             `monitor_direction`). Defaults to `"auto"`.
         say: prints one line (the missing metric's warning). Defaults to `print`.
+        ranking_from: the checkpoints directory whose `keep_best.json` a
+            resumed run starts its ranking from, when it is not `directory`: a
+            worker that is not the chief saves to its own temporary directory
+            but must rank (and so save) as the chief does. None reads
+            `directory`. Defaults to None.
 
     Attributes:
         kept: `[{"epoch": 1-based epoch, "value": float, "checkpoint": path}]`, best first.
@@ -165,13 +176,15 @@ class KeepBest(keras.callbacks.Callback):
         >>> tf.train.Checkpoint(model=model).read(best.kept[0]["checkpoint"]).expect_partial()
     """
 
-    def __init__(self, directory, keep: int, monitor: str = "val_loss", mode: str = "auto", say=print):
+    def __init__(self, directory, keep: int, monitor: str = "val_loss", mode: str = "auto", say=print,
+                 ranking_from=None):
         super().__init__()
         check_int(keep, "keep")
         direction = monitor_direction(monitor, mode)
         if direction is None:
             raise ConfigError(_unknown_direction(monitor))
         self.directory, self.keep, self.monitor, self.mode, self.say = Path(directory), keep, monitor, direction, say
+        self.ranking_from = Path(ranking_from) if ranking_from is not None else None
         self.kept: List[dict] = []
         self.last: Optional[str] = None
         self._warned = False
@@ -180,7 +193,15 @@ class KeepBest(keras.callbacks.Callback):
         self._checkpoint = tf.train.Checkpoint(model=self.model)
         self._last = tf.train.CheckpointManager(self._checkpoint, str(self.directory / "last"), max_to_keep=1,
                                                checkpoint_name="epoch")
-        self.kept, self.last = read_state(self.directory), self._last.latest_checkpoint
+        self.kept, self.last = self._read_ranking(), self._last.latest_checkpoint
+
+    def _read_ranking(self) -> List[dict]:
+        """This directory's ranking, or `ranking_from`'s with each checkpoint path in this directory
+        (this task never deletes another's files)."""
+        if self.ranking_from is None or self.ranking_from.resolve() == self.directory.resolve():
+            return read_state(self.directory)
+        return [{**k, "checkpoint": str(self.directory / "best" / f"epoch-{k['epoch']}")}
+                for k in read_state(self.ranking_from)]
 
     def on_epoch_end(self, epoch, logs=None):
         self.last = self._last.save(checkpoint_number=epoch + 1)

@@ -97,7 +97,8 @@ class CallbackStages:
     def _keep_best(self) -> list:
         """`--keep-best N`: `KeepBest` in `checkpoints/`, ranking by `--monitor` (default `val_loss` where
         `fit` validates, else `loss`) in the direction `--monitor-mode` gives; after the backup, so a kill
-        between the two repeats the epoch."""
+        between the two repeats the epoch. A worker that is not the chief saves the same epochs (saving
+        may take collective ops) to its temporary directory, ranking from the chief's `keep_best.json`."""
         keep = self.config.train.keep_best
         if not keep:
             return []
@@ -107,7 +108,8 @@ class CallbackStages:
         validates = self.loop.validates and self.task.validation_data(self.batch.global_batch_size) is not None
         monitor = self.config.train.monitor or ("val_loss" if validates else "loss")
         self.keep_best = KeepBest(self.out_dir.path / CHECKPOINTS_DIR, keep, monitor=monitor,
-                                  mode=self.config.train.monitor_mode, say=self.console.line)
+                                  mode=self.config.train.monitor_mode, say=self.console.line,
+                                  ranking_from=None if self.is_chief else self.run_dir.path / CHECKPOINTS_DIR)
         self.console.line(f"keep-best: the {keep} best epochs by {monitor} and the last, in "
                           f"{self.run_dir.path / CHECKPOINTS_DIR}")
         return [self.keep_best]

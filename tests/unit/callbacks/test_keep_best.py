@@ -1,5 +1,5 @@
 """KeepBest's direction rule (`monitor_direction`), the sanity pass's monitor check (`check_monitor`), and
-KeepBest on a model of several outputs."""
+KeepBest on a model of several outputs and as a worker that ranks from the chief's `keep_best.json`."""
 
 import json
 
@@ -87,3 +87,26 @@ def test_a_model_of_two_outputs_is_ranked_by_one_output_s_metric(tmp_path, monit
     assert json.loads((tmp_path / STATE_FILE).read_text()) == best.kept
     assert best.summary()["mode"] == ("max" if reverse else "min") and best.last.endswith("epoch-3")
 
+
+def test_a_worker_ranks_from_the_chief_s_state_and_never_deletes_its_files(tmp_path):
+    import keras
+
+    chief, worker = tmp_path / "chief", tmp_path / "worker"
+    (chief / "best").mkdir(parents=True)
+    kept = [{"epoch": e, "value": v, "checkpoint": str(chief / "best" / f"epoch-{e}")} for e, v in ((2, 0.1), (1, 0.5))]
+    for k in kept:
+        (chief / "best" / f"epoch-{k['epoch']}.index").write_text("")
+    (chief / STATE_FILE).write_text(json.dumps(kept))
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    best = KeepBest(worker, keep=2, monitor="loss", ranking_from=chief)
+    best.set_model(model)
+    best.on_train_begin()
+    assert [(k["epoch"], k["value"]) for k in best.kept] == [(2, 0.1), (1, 0.5)]  # the chief's ranking
+    assert all(k["checkpoint"] == str(worker / "best" / f"epoch-{k['epoch']}") for k in best.kept)
+    best.on_epoch_end(2, {"loss": 0.3})  # better than epoch 1: saved here, epoch 1 dropped
+    assert [k["epoch"] for k in best.kept] == [2, 3]
+    assert (worker / "best" / "epoch-3.index").is_file() and (worker / STATE_FILE).is_file()
+    assert sorted(p.name for p in (chief / "best").iterdir()) == ["epoch-1.index", "epoch-2.index"]  # untouched
+    best.on_epoch_end(3, {"loss": 0.9})  # worse than both: not saved (as on the chief)
+    assert not list((worker / "best").glob("epoch-4*"))

@@ -33,6 +33,9 @@ class FitLoop:
         no_search_reason: why `--tune` and `--batch-size auto` cannot run here
             (said when refused); "" where they can.
         weighs_classes: a task's `class_weight` is applied here.
+        keeps_best: `--keep-best` can run here: every process that runs the
+            callbacks sees the same epoch logs (a multi-worker job all-reduces
+            its metrics), so each ranks and saves alike.
     """
 
     name: str = "Model.fit"
@@ -46,6 +49,7 @@ class FitLoop:
     accumulates: bool = True
     no_search_reason: str = ""
     weighs_classes: bool = True
+    keeps_best: bool = True
 
     def serves(self, cluster) -> bool:
         """Whether this process only serves the job (never for `Model.fit`)."""
@@ -90,11 +94,11 @@ class FitLoop:
         self._check_checkpoints(cfg)
 
     def _check_checkpoints(self, cfg: config_lib.RecipeConfig) -> None:
-        """Refuses `--keep-best` across processes and `--early-stopping` without validation."""
-        if cfg.train.keep_best and cfg.runtime.strategy in config_lib.MULTI_PROCESS_STRATEGIES:
-            raise ConfigError(f"--keep-best writes its checkpoints from one process; under {cfg.runtime.strategy} "
-                              "every worker takes part in a save. Drop the flag (the backup keeps the last epoch), or "
-                              "train with a single-process strategy (default, one_device, mirrored).")
+        """Refuses `--keep-best` where the loop cannot keep it and `--early-stopping` without validation."""
+        if cfg.train.keep_best and not self.keeps_best:
+            raise ConfigError(f"--keep-best is not supported by {self.name}. Drop the flag (the backup keeps the "
+                              "last epoch), or train with --strategy multi_worker_mirrored or a single-process "
+                              "strategy (default, one_device, mirrored).")
         if cfg.train.early_stopping is not None and not self.validates:
             raise ConfigError(f"--early-stopping watches val_loss, which {self.name} does not compute. Drop the "
                               "flag, or train with a strategy whose loop validates (default, mirrored, "

@@ -86,6 +86,7 @@ class ParameterServerLoop(FitLoop):
     no_search_reason: str = ("its workers run steps asynchronously under the chief's coordinator, and keras-tuner "
                              "and the batch-size search time trials in one process")
     weighs_classes: bool = True  # on each worker's dataset (`class_weighted`); the step weighs the loss
+    keeps_best: bool = False  # not tried under the coordinator loop, which keeps its own metrics
 
     def serves(self, cluster) -> bool:
         """Worker and ps tasks serve; the chief (coordinator) trains."""
