@@ -57,7 +57,8 @@ the process dies, even by SIGKILL), and the file naming that process (pid, host,
 
 _IGNORED_WHEN_RESUMING = (("train", "verbose"), ("train", "profile"), ("train", "backup_every_steps"),
                           ("train", "callbacks"), ("train", "mlflow"), ("runtime", "nvtx"),
-                          ("runtime", "remember_execution"), ("run_dir",), ("resume",))
+                          ("runtime", "remember_execution"), ("run_dir",), ("resume",),
+                         ("sanity_check",))
 """Config fields that may differ between a run and its resumption."""
 
 
@@ -74,12 +75,15 @@ class RunDir:
             gradient accumulation); 0 otherwise.
         finished_before: True when a scheduler's restart of this run found it
             finished (`metrics.json`) with the same configuration: nothing to train.
+        after_steps_pending: the after-steps (`"export"`) that a finished run of the same
+            configuration has not done (`pending_after_steps`): a rerun does only these.
     """
 
     path: Path
     resumed_epochs: int = 0
     resumed_steps: int = 0
     finished_before: bool = False  # a restart found this run finished (check_run_dir's `restart_of`)
+    after_steps_pending: tuple = ()
 
     @property
     def resumed(self) -> bool:
@@ -281,7 +285,8 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
             "Pass --run-dir with a new or empty directory."
         )
     finished = (p / METRICS_FILE).exists()
-    if finished and not _finished_by(p, restart_of):
+    pending = pending_after_steps(p) if finished else ()
+    if finished and not pending and not _finished_by(p, restart_of):
         raise _finished_error(p)
     try:
         previous = yaml.safe_load((p / CONFIG_FILE).read_text(encoding="utf-8")) or {}
@@ -300,9 +305,25 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
             f"(--config {p / CONFIG_FILE}) to resume it."
         )
     if finished:
-        return RunDir(p, finished_before=True)
+        return RunDir(p, finished_before=True, after_steps_pending=pending)
     return RunDir(p, resumed_epochs=completed_epochs(p / BACKUP_DIR),
                   resumed_steps=_backup_metadata(p / BACKUP_DIR, "steps_in_epoch"))
+
+
+AFTER_STEPS_KEY = "after_steps"
+"""`metrics.json`'s record of the after-steps a run asked for: `{step: "pending" | "done" | "failed: <why>"}`."""
+
+
+def pending_after_steps(p) -> tuple:
+    """The after-steps (`"export"`) that the finished run in `p` asked for and has not done: its `metrics.json`
+    is written as soon as training and evaluation end, with each after-step `"pending"` until it is done."""
+    import json
+
+    try:
+        steps = json.loads((Path(p) / METRICS_FILE).read_text(encoding="utf-8")).get(AFTER_STEPS_KEY) or {}
+    except (OSError, ValueError, AttributeError):
+        return ()
+    return tuple(step for step, status in sorted(steps.items()) if status != "done") if isinstance(steps, dict) else ()
 
 
 def _finished_by(p: Path, job: Optional[str]) -> bool:

@@ -106,7 +106,7 @@ def test_yaml_top_level_must_be_mapping(tmp_path):
 
 def test_every_field_has_a_unique_flat_name():
     index = config_lib.flat_field_index()
-    total = sum(len(dataclasses.fields(c)) for c in config_lib.SECTIONS.values()) + 4  # seed, run_dir, resume, deterministic
+    total = sum(len(dataclasses.fields(c)) for c in config_lib.SECTIONS.values()) + 5  # seed, run_dir, resume, sanity_check, deterministic
     assert len(index) == total
 
 

@@ -14,7 +14,7 @@ LAYERS = (
     ("callbacks",),
     ("tuning", "reports"),
     ("train", "ps_training"),  # ps_training: a re-export of tftrain.train.loops.ps_training
-    ("run", "cli"),
+    ("run", "cli", "export"),
     ("recipes",),
     ("doctor", "launch"),
     ("__init__",),  # the public API re-exports every layer

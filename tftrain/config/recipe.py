@@ -65,6 +65,11 @@ class RecipeConfig:
         resume: without `run_dir`, resume the newest unfinished run of the same
             task and configuration under `runs/` (`--resume`; none found is an
             error). Defaults to False.
+        sanity_check: run only the sanity pass (every feature the run asks
+            for, tried on the real model and data in seconds: the data's
+            shapes, one training and one validation step, the monitor, each
+            export format) and exit; no run directory is written. Defaults to
+            False.
         deterministic: repeatable figures (`--deterministic`): TensorFlow's op
             determinism (`tf.config.experimental.enable_op_determinism`), a seed
             (0 when `seed` is None), and no setting chosen by timing (`execution`
@@ -87,6 +92,8 @@ class RecipeConfig:
     seed: Optional[int] = _field(None, "random seed (repeatable runs)", minimum=0)
     run_dir: Optional[str] = _field(None, "run directory (None: runs/<task>-<time>)")
     resume: bool = _field(False, "resume the newest unfinished run of this task and settings under runs/")
+    sanity_check: bool = _field(False, "only check every feature this run asks for on the real model and data, "
+                                       "in seconds, then exit (writes no run directory)")
     deterministic: bool = _field(False, "repeatable figures: op determinism, a seed, no setting chosen by timing")
     task: Any = None
 

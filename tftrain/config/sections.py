@@ -258,8 +258,11 @@ class TrainConfig:
             and of the last epoch, as TensorFlow checkpoints in `checkpoints/`
             (`tftrain.callbacks.KeepBest`); 0 keeps none. Defaults to 0.
         monitor: the epoch metric `keep_best` ranks by; None is `val_loss` with
-            validation data, else `loss`; the direction follows Keras's rule
-            (`loss` down, `accuracy` up). Defaults to None.
+            validation data, else `loss`. Defaults to None.
+        monitor_mode: whether `monitor` improves as it falls (`"min"`) or
+            rises (`"max"`); `"auto"` takes it from the metric's name (a loss
+            or an error falls, an accuracy rises) and refuses, before
+            training, a name whose direction is unknown. Defaults to `"auto"`.
         init_from: weights to start from, for fine-tuning: a `.keras` file, a
             TensorFlow checkpoint path, or a run directory (its best kept
             checkpoint, else its `model.keras`); None starts from the model's
@@ -298,6 +301,8 @@ class TrainConfig:
                             minimum=0, metavar="N")
     monitor: Optional[str] = _field(None, "metric --keep-best ranks by (None: val_loss with validation data, else "
                                           "loss)", metavar="METRIC")
+    monitor_mode: str = _field("auto", "whether --monitor improves as it falls (min) or rises (max); auto: from its "
+                                       "name", ("auto", "min", "max"))
     init_from: Optional[str] = _field(None, "start from these weights: a .keras file, a checkpoint, or a run directory "
                                             "(its best checkpoint)", metavar="PATH")
     export: Optional[str] = _field(None, "after training, write the model for serving and check each artifact: "

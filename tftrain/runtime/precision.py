@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import os
 import warnings
-from typing import Optional
+from typing import Callable, Optional
 
 import keras
 
@@ -226,35 +226,44 @@ def overridden_steps(model) -> tuple:
                  if getattr(type(model), name, None) is not getattr(keras.Model, name))
 
 
-def step_scales_loss(model) -> Optional[bool]:
-    """Whether `model`'s training step applies loss scaling as `mixed_float16` needs.
+def step_scales_loss(model, compile_with: Callable, data, scales: tuple = (1.0, 16.0)) -> Optional[bool]:
+    """Whether `model`'s training step applies loss scaling as `mixed_float16` needs, judged by running it.
 
-    Keras's own `train_step` scales the loss (`optimizer.scale_loss`) before taking
-    gradients, and `LossScaleOptimizer.apply` divides them by the scale. A step of the
-    user's own that does not call `self.optimizer.scale_loss(loss)` gets its gradients
-    divided by the scale (2**15 at first): the model silently does not learn
-    (keras-team/keras#20894).
+    Keras's own `train_step` scales the loss (`optimizer.scale_loss`) before taking gradients,
+    and `LossScaleOptimizer.apply` divides them by the scale. A step of the user's own that does
+    not scale its loss gets its gradients divided by the scale (2**15 at first): the model silently
+    does not learn (keras-team/keras#20894). The step is run on `batch` once under each loss scale
+    of `scales`, from the same weights, with plain SGD inside the `LossScaleOptimizer`: a step that
+    scales its loss moves the weights alike under both; one that does not moves them `16` times
+    less under the larger scale.
 
     Args:
-        model: a Keras model.
+        model: a built Keras model (its weights change; use a model of its own).
+        compile_with: compiles `model` with the optimizer it is given (and the task's loss and metrics).
+        data: a `tf.data.Dataset` of one batch.
+        scales: the two loss scales. Defaults to (1.0, 16.0).
 
     Returns:
-        True for Keras's own step, or a step whose source calls `scale_loss` or
-        `super().train_step`; False when the source is readable and does neither;
-        None when the source cannot be read (built in a REPL, compiled).
+        True when the weights moved alike (within 4x) under both scales, False when they moved
+        at least 4x less under the larger, None when the step moved no weight.
 
     Source: https://keras.io/guides/custom_train_step_in_tensorflow/ and
     https://keras.io/api/mixed_precision/loss_scale_optimizer/
     """
-    import inspect
+    import numpy as np
 
-    if "train_step" not in overridden_steps(model):
-        return True
-    try:
-        source = inspect.getsource(type(model).train_step)
-    except (OSError, TypeError):
+    start = [v.numpy() for v in model.trainable_variables]
+    moved = []
+    for scale in scales:
+        for variable, value in zip(model.trainable_variables, start):
+            variable.assign(value)
+        compile_with(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=scale))
+        model.fit(data, epochs=1, verbose=0)
+        moved.append(sum(float(np.sum(np.abs(v.numpy().astype("float64") - s)))
+                         for v, s in zip(model.trainable_variables, start)))
+    if not moved[0] or not np.isfinite(moved[0]):
         return None
-    return "scale_loss" in source or "super().train_step" in source
+    return bool(moved[1] * 4 >= moved[0])
 
 
 def unscaled_step_precision(devices: DeviceInfo) -> str:

@@ -3,9 +3,10 @@ checked against the model.
 
 Each format is written with Keras's own `model.export` into `export/` of the run directory
 (`saved_model/`, `model.onnx`, `model.tflite`), then loaded by the runtime that serves it
-(TensorFlow's `tf.saved_model.load`, ONNX Runtime, the LiteRT interpreter) and run on a batch
-of test data: the largest absolute difference from the trained model's own outputs is printed
-and recorded in `metrics.json` (`export`). A model trained under a mixed policy is exported in
+(TensorFlow's `tf.saved_model.load`, ONNX Runtime, the LiteRT interpreter) and run, through its
+serving signature, on a batch of test data: every input and output matched by its serving name
+(a model may take and give lists or dicts). The largest absolute difference from the trained
+model's own outputs, over every output, is printed and recorded in `metrics.json` (`export`). A model trained under a mixed policy is exported in
 float32 (the task's model rebuilt under float32 with the trained weights: ONNX export needs it,
 keras-team/keras#20710). A format whose converter or runtime is not installed is refused before
 training, naming the pip extra.
@@ -52,78 +53,163 @@ def parse(text: str) -> Tuple[str, ...]:
     return formats
 
 
-def export_all(model, formats: Sequence[str], directory: Path, batch) -> Dict[str, dict]:
-    """Writes `model` in each format under `directory` and checks each artifact on `batch`.
+def export_all(model, formats: Sequence[str], directory: Path, features) -> Dict[str, dict]:
+    """Writes `model` in each format under `directory` and checks each artifact on `features`.
+
+    Every input and output is matched by its serving name (`serving_names`), so models with
+    several inputs or outputs (lists or dicts) are checked on every output.
 
     Args:
-        model: a float32 Keras model (the trained weights).
+        model: a built float32 Keras model (the trained weights).
         formats: from `FORMATS`.
         directory: the `export/` folder (created).
-        batch: input features of one batch (a NumPy array), run through the model and each artifact.
+        features: one batch of the model's inputs as NumPy arrays, in the structure the model
+            takes (an array, a tuple / list, or a dict), run through the model and each artifact.
 
     Returns:
-        `{format: {"path": str, "max_abs_difference": float}}`.
+        `{format: {"path": str, "max_abs_difference": float, "outputs": [name, ...]}}`.
+
+    Raises:
+        ExportCheckFailed: when an artifact's outputs differ from the model's in names or shapes.
     """
     import numpy as np
 
     directory.mkdir(parents=True, exist_ok=True)
-    expected = np.asarray(model(batch, training=False), dtype="float32")
+    expected = output_arrays(model(features, training=False))
+    feeds = input_feeds(model, features)
     out = {}
     for name in formats:
         keras_format, filename, _ = FORMATS[name]
         path = directory / filename
         model.export(str(path), format=keras_format, verbose=False)
-        got = np.asarray(_RUNNERS[name](path)(batch), dtype="float32").reshape(expected.shape)
-        out[name] = {"path": str(path), "max_abs_difference": float(np.max(np.abs(got - expected)))}
+        got = _match_outputs(name, _RUNNERS[name](path)(feeds), expected)
+        worst = max(float(np.max(np.abs(got[k] - expected[k]), initial=0.0)) for k in expected)
+        out[name] = {"path": str(path), "max_abs_difference": worst, "outputs": list(expected)}
     return out
 
 
-def check_batch(dataset):
-    """The features of `dataset`'s first batch as one float NumPy array, the input the artifacts are
-    checked on.
+class ExportCheckFailed(RuntimeError):
+    """An exported artifact whose outputs do not match the model's (names, count or shapes)."""
+
+
+def output_arrays(outputs) -> Dict[str, "object"]:
+    """The model's outputs as `{serving name: float32 array}`, named as Keras's `model.export`
+    names them in the serving signature: a dict's keys, else `output_0`, `output_1`, ... in order."""
+    import numpy as np
+    import tensorflow as tf
+
+    if isinstance(outputs, dict):
+        return {str(k): np.asarray(v, dtype="float32") for k, v in sorted(outputs.items())}
+    return {f"output_{i}": np.asarray(v, dtype="float32") for i, v in enumerate(tf.nest.flatten(outputs))}
+
+
+def input_feeds(model, features) -> Dict[str, "object"]:
+    """`features` as `{serving input name: array}`: a dict by its keys, a tuple or list by the names of
+    the model's inputs in order, one array by the model's one input name (`"inputs"` for a model
+    without symbolic inputs, e.g. subclassed)."""
+    import numpy as np
+
+    if isinstance(features, dict):
+        return {str(k): np.asarray(v) for k, v in features.items()}
+    names = [t.name for t in (getattr(model, "inputs", None) or [])]
+    items = list(features) if isinstance(features, (tuple, list)) else [features]
+    if len(names) != len(items):
+        names = ["inputs"] if len(items) == 1 else [f"inputs_{i}" for i in range(len(items))]
+    return {n: np.asarray(v) for n, v in zip(names, items)}
+
+
+def _match_outputs(fmt: str, got: Dict[str, "object"], expected: Dict[str, "object"]) -> Dict[str, "object"]:
+    """The artifact's outputs `got` keyed like `expected`: by name where every name matches, else by
+    position (ONNX names the outputs of a list-output model after graph nodes, `Identity:0`, in order).
 
     Raises:
-        ConfigError: when the model takes several inputs (a dict or tuple of features): the check
-            feeds one input.
+        ExportCheckFailed: on a different count, or a shape that differs.
     """
     import numpy as np
 
-    features = next(iter(dataset.take(1)))
-    features = features[0] if isinstance(features, tuple) else features
-    if not hasattr(features, "numpy"):
-        raise ConfigError("--export checks one input per model; this task's model takes several. Export it "
-                          "yourself with model.export(...) from model.keras.")
-    return np.asarray(features.numpy())
+    if set(got) != set(expected):
+        if len(got) != len(expected):
+            raise ExportCheckFailed(f"the {fmt} artifact has {len(got)} output(s) ({', '.join(got)}); the model has "
+                                    f"{len(expected)} ({', '.join(expected)})")
+        got = dict(zip(expected, got.values()))
+    out = {}
+    for key, want in expected.items():
+        value = np.asarray(got[key], dtype="float32")
+        if value.size != want.size:
+            raise ExportCheckFailed(f"the {fmt} artifact's output {key!r} has shape {value.shape}; the model's has "
+                                    f"{want.shape}")
+        out[key] = value.reshape(want.shape)
+    return out
+
+
+def check_batch(dataset, max_examples: int = 8):
+    """The features of `dataset`'s first batch (at most `max_examples` examples) as NumPy arrays in
+    the structure the model takes (an array, a tuple, or a dict): the input the artifacts are checked on."""
+    import tensorflow as tf
+
+    element = next(iter(dataset.take(1)))
+    features = element[0] if isinstance(element, tuple) and len(element) in (2, 3) else element
+    return tf.nest.map_structure(lambda t: t.numpy()[:max_examples], features)
 
 
 def _saved_model(path: Path) -> Callable:
     import tensorflow as tf
 
-    loaded = tf.saved_model.load(str(path))
-    return lambda x: loaded.serve(x).numpy()
+    serve = tf.saved_model.load(str(path)).signatures["serving_default"]
+
+    def run(feeds):
+        specs = serve.structured_input_signature[1]
+        return {k: v.numpy() for k, v in serve(**{n: tf.constant(x, dtype=specs[n].dtype)
+                                                  for n, x in _by_names(feeds, list(specs)).items()}).items()}
+
+    return run
 
 
 def _onnx(path: Path) -> Callable:
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return lambda x: session.run(None, {name: x})[0]
+    types = {i.name: i.type for i in session.get_inputs()}
+
+    def run(feeds):
+        named = _by_names(feeds, list(types))
+        values = session.run(None, {n: x.astype(_ONNX_DTYPES.get(types[n], x.dtype)) for n, x in named.items()})
+        return {o.name: v for o, v in zip(session.get_outputs(), values)}
+
+    return run
+
+
+_ONNX_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(int32)": "int32",
+                "tensor(int64)": "int64", "tensor(float16)": "float16", "tensor(bool)": "bool"}
+"""ONNX Runtime's input type names -> NumPy dtypes (strings are left as they are)."""
 
 
 def _litert(path: Path) -> Callable:
     from ai_edge_litert.interpreter import Interpreter
 
-    def run(x):
+    def run(feeds):
         interpreter = Interpreter(model_path=str(path))
-        (entry,), (exit_,) = interpreter.get_input_details(), interpreter.get_output_details()
-        interpreter.resize_tensor_input(entry["index"], x.shape)
-        interpreter.allocate_tensors()
-        interpreter.set_tensor(entry["index"], x.astype(entry["dtype"]))
-        interpreter.invoke()
-        return interpreter.get_tensor(exit_["index"])
+        runner = interpreter.get_signature_runner("serving_default")
+        details = runner.get_input_details()
+        named = _by_names(feeds, list(details))
+        return runner(**{n: x.astype(details[n]["dtype"]) for n, x in named.items()})
 
     return run
+
+
+def _by_names(feeds: Dict[str, "object"], names: Sequence[str]) -> Dict[str, "object"]:
+    """`feeds` keyed by the artifact's input `names`: by name where they all match, else (one input, or
+    names the converter changed) by position.
+
+    Raises:
+        ExportCheckFailed: when the artifact takes another number of inputs.
+    """
+    if set(feeds) == set(names):
+        return feeds
+    if len(feeds) != len(names):
+        raise ExportCheckFailed(f"the artifact takes {len(names)} input(s) ({', '.join(names)}); the model's batch "
+                                f"has {len(feeds)} ({', '.join(feeds)})")
+    return dict(zip(names, feeds.values()))
 
 
 _RUNNERS = {"saved_model": _saved_model, "onnx": _onnx, "litert": _litert}

@@ -91,17 +91,17 @@ class ModelStages:
 
     def _check_step_scaling(self, model):
         """Under `mixed_float16`, a `train_step` of the model's own that does not scale its loss gets
-        its gradients divided by the loss scale and does not learn (keras-team/keras#20894):
-        `--precision auto` then takes `float32` (or `mixed_bfloat16` on Ampere and newer) and
-        rebuilds the model; an explicit `mixed_float16` is kept, with a warning that says the fix."""
-        from tftrain.runtime.precision import step_scales_loss, unscaled_step_precision
+        its gradients divided by the loss scale and does not learn (keras-team/keras#20894); the sanity
+        pass ran the step under two loss scales to find out (`step_scales_loss`). `--precision auto` then
+        takes `float32` (or `mixed_bfloat16` on Ampere and newer) and rebuilds the model; an explicit
+        `mixed_float16` is kept, with a warning that says the fix."""
+        from tftrain.runtime.precision import unscaled_step_precision
 
-        scales = step_scales_loss(model)
-        if not self.runtime.precision.loss_scaling or scales:
+        sanity = getattr(self, "sanity", None)
+        if not self.runtime.precision.loss_scaling or sanity is None or sanity.step_scales_loss is not False:
             return model
-        name = type(model).__name__
-        why = (f"{name}.train_step does not call self.optimizer.scale_loss(loss)" if scales is False else
-               f"{name}.train_step's source cannot be read to check that it calls self.optimizer.scale_loss(loss)")
+        why = (f"{type(model).__name__}.train_step does not scale its loss: run under two loss scales, its updates "
+               "shrank with the larger (it does not take the gradients of self.optimizer.scale_loss(loss))")
         if self.config.runtime.precision != "auto":
             self.console.warn(f"{why}: under mixed_float16 its gradients are divided by the loss scale and the model "
                               "does not learn (keras-team/keras#20894). Take the gradients of "
@@ -194,37 +194,109 @@ class ModelStages:
         self.extras["init_from"] = {"path": source, "kind": kind}
         self.console.line(f"init:      weights from {source}")
 
-    def export_model(self, model) -> None:
-        """`--export FORMATS` (the chief): the trained model in each format under `export/`, each artifact
-        loaded back and run on a test batch; the largest difference is said and recorded
-        (`tftrain.train.export`). Under a mixed policy the float32 twin with the trained weights is exported."""
-        if not self.config.train.export or not self.is_chief:
-            return
-        from tftrain.train import export
-
-        formats = export.parse(self.config.train.export)
-        gb = self.batch.global_batch_size
-        data = self.task.test_data(gb)
-        data = self.task.probe_data(gb, 1) if data is None else data
-        results = export.export_all(self._float32_twin(model), formats, self.out_dir.path / "export",
-                                    export.check_batch(data))
-        self.extras["export"] = results
-        for name, r in results.items():
-            self.console.line(f"export:    {name} -> {r['path']}; loaded back, max |difference| from the model "
-                              f"{r['max_abs_difference']:.2e}")
-
     def _float32_twin(self, model):
         """`model` itself under float32; under a mixed policy the task's model built in float32 with its weights."""
         if self.runtime.precision.compute_dtype == "float32":
             return model
+        twin = self._build_in_float32()
+        twin.set_weights(model.get_weights())
+        return twin
+
+    def _build_in_float32(self):
+        """The task's model built (`_built`) under the float32 policy, outside the strategy; the global policy
+        is put back."""
         import keras
 
         policy = keras.mixed_precision.global_policy()
         keras.mixed_precision.set_global_policy("float32")
         try:
-            twin = self._built(self.task.build_model())
+            return self._built(self.task.build_model())
         finally:
             keras.mixed_precision.set_global_policy(policy)
-        twin.set_weights(model.get_weights())
-        return twin
 
+    # -- the sanity pass ---------------------------------------------------------
+    def sanity_pass(self):
+        """Every feature the run asked for, tried on the task's real model and data before training
+        (`tftrain.train.sanity`); returns the `SanityResult`, also kept as `self.sanity` (None when the model
+        does not build: the build stage then fails the run as before, its traceback in `failure.log`). Under `--precision
+        auto`, a mixed policy that the model cannot step in, or whose outputs would round the labels,
+        gives way to float32 here (one line), before anything is timed or trained; where that policy is
+        still to be timed against float32, the pass runs the float32 model (the timing tries the other).
+
+        Raises:
+            ConfigError: (`SanityError`) what cannot work, in one line with the fix.
+        """
+        from tftrain.train import sanity
+
+        plan = self._sanity_plan()
+        try:
+            result = sanity.run(plan, say=self.console.warn)
+        except (sanity.BuildFailed, sanity.SanityError) as e:
+            if not self._auto_policy_clash(e.error):
+                if isinstance(e, sanity.BuildFailed):  # the build stage raises it again, as any failed run
+                    return None
+                raise
+            what = "build" if isinstance(e, sanity.BuildFailed) else "build or step"
+            self._use_float32_instead(f"the model does not {what} under {self.runtime.precision.policy}", e.error)
+            plan = self._sanity_plan()
+            result = sanity.run(plan, say=self.console.warn)
+        if result.float32_needed:  # --precision auto chose the mixed policy: float32 keeps the labels whole
+            from tftrain.runtime.precision import PrecisionChoice
+
+            self._set_policy("float32")
+            self._say_precision(PrecisionChoice("float32", {}, result.float32_needed[0].lower()
+                                                + result.float32_needed[1:]), False, None, None)
+        self.sanity = result
+        self.extras["sanity"] = {"checked": list(result.checked), "seconds": round(result.seconds, 3)}
+        self.console.line(result.line())
+        return result
+
+    def _sanity_plan(self):
+        """The `SanityPlan` of this run: the model built as `build_model` builds it (outside the strategy),
+        the first batch of the run's size per replica, and the flags to try."""
+        from tftrain.train import sanity
+
+        cfg, rt = self.config, self.runtime
+        gb = self.batch.global_batch_size if self.batch else (self.task.default_batch_size or 32 * rt.num_replicas)
+        validation = self.task.validation_data(gb) if self.loop.validates else None
+        init = None
+        if cfg.train.init_from is not None:
+            from tftrain.train import init_weights
+
+            init = init_weights.resolve(cfg.train.init_from)
+        export = ()
+        if cfg.train.export and self.is_chief:
+            from tftrain.train import export as export_lib
+
+            export = export_lib.parse(cfg.train.export)
+        build = lambda: self._plain_outputs(self._built(self._seeded_build()))  # noqa: E731
+        timed = self._times_precision()  # float32 trains unless timing finds the mixed policy faster
+        return sanity.SanityPlan(
+            build=self._build_in_float32 if timed else build, build_float32=self._build_in_float32,
+            compile_args=self.task.compile_args(self.steps_per_epoch), train_data=self.task.train_data(gb),
+            validation_data=validation, batch_size=max(1, gb // rt.num_replicas),
+            compute_dtype="float32" if timed else rt.precision.compute_dtype, auto_precision=cfg.runtime.precision == "auto",
+            loss_scaling=rt.precision.loss_scaling, class_weight=self.task.class_weight,
+            monitor=(self.keep_best_monitor(), cfg.train.monitor_mode) if cfg.train.keep_best else None,
+            init_from=init, export_formats=export, candidate_build=build if timed else None,
+            candidate_dtype=rt.precision.compute_dtype)
+
+    def _plain_outputs(self, model):
+        """`model` with float32 outputs under a mixed policy where `build_model` gives them (a plain functional
+        or Sequential model), said nothing about."""
+        import keras
+
+        from tftrain import runtime
+
+        if self.runtime.precision.compute_dtype != "float32" and (
+                type(model) is keras.Sequential or type(model).__name__ == "Functional"):
+            return runtime.ensure_float32_outputs(model)
+        return model
+
+    def keep_best_monitor(self) -> str:
+        """The metric `--keep-best` ranks by: `--monitor`, else `val_loss` where the run validates, else `loss`."""
+        if self.config.train.monitor:
+            return self.config.train.monitor
+        gb = self.batch.global_batch_size if self.batch else 32
+        validates = self.loop.validates and self.task.validation_data(gb) is not None
+        return "val_loss" if validates else "loss"

@@ -102,5 +102,6 @@ RUNTIME_KEYS = ("replicas", "workers", "ps_tasks", "cluster_source", "strategy",
 """Keys of `RunRecord.runtime`."""
 
 EXTRA_KEYS = ("throughput", "profile", "tuning", "batch_size_search", "execution_auto", "precision_auto",
-              "optimizer_steps", "backup", "early_stopping", "custom_step", "keep_best", "init_from", "export")
+              "optimizer_steps", "backup", "early_stopping", "custom_step", "keep_best", "init_from", "export",
+              "after_steps", "sanity")
 """Keys `RunRecord.extras` may hold."""

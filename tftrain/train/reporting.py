@@ -193,16 +193,25 @@ def make_record(trainer, history, test, started: float, fit_time: float) -> RunR
     )
 
 
+def write_record(trainer, record: RunRecord) -> dict:
+    """Writes `metrics.json` and `report.md` (chief only); returns the metrics."""
+    from tftrain import reports
+
+    metrics = record.to_dict()
+    if trainer.is_chief:
+        reports.write_metrics(record.run_dir, metrics)
+        reports.write_report(record.run_dir, metrics, title=_title(trainer))
+    return metrics
+
+
 def report(trainer, record: RunRecord) -> None:
     """Writes `metrics.json`, `report.md` and the HParams session (chief only) and prints the result lines."""
     from tftrain import reports
 
     from tftrain.train import hparams_log
 
-    metrics = record.to_dict()
+    metrics = write_record(trainer, record)
     if trainer.is_chief:
-        reports.write_metrics(record.run_dir, metrics)
-        reports.write_report(record.run_dir, metrics, title=_title(trainer))
         hparams_log.log_run(trainer, record)  # TensorBoard's HParams tab compares the runs of a folder
         if trainer.mlflow is not None:  # after metrics.json and report.md, which it uploads
             trainer.mlflow.finish(hparams_log.hparam_values(trainer.config, record), hparams_log.final_figures(record),

@@ -43,6 +43,7 @@ from tftrain.train.automatic import AUTO_PROBE_BATCHES, STEPS_PER_EXECUTION_CAND
 from tftrain.train.automatic import AutomaticSettings
 from tftrain.train.batch_plan import BATCH_PLAN_FILE, BatchStages  # noqa: F401 (BATCH_PLAN_FILE: re-exported)
 from tftrain.train.callback_stages import INPUT_CHECK_BATCHES, CallbackStages  # noqa: F401
+from tftrain.train.after_steps import AfterStepFailed
 from tftrain.train.console import Console, keras_progress
 from tftrain.train.loops import loop_for
 from tftrain.train.model_stages import ModelStages
@@ -111,6 +112,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         self.console = Console(self.config.train.verbose)
         self.loop = loop_for(self.config.runtime.strategy)
         self.cluster = self.runtime = self.run_dir = self.out_dir = self.batch = None
+        self.sanity = None  # the SanityResult (sanity_pass)
         self.steps_per_epoch = None
         self.execution, self.execution_choice = self.config.runtime.execution, None
         self.execution_trial = None  # `--execution auto`'s ExecutionTrial while it times candidates in fit
@@ -149,6 +151,8 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         self.check()
         if self.serves():
             return self.serve()
+        if self.run_dir.after_steps_pending:  # trained and written before: only its after-steps
+            return self.redo_after_steps()
         if self.run_dir.finished_before:
             self.end_finished_job()
         self.bind_task()  # before TensorFlow starts: a task's bad data folder is reported at once
@@ -186,6 +190,13 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         self.check_task()
         self.plan_fixed_batch()
         self.print_plan()
+        self.settle_untimed_precision()  # before the sanity pass, the batch-size search and --tune build models
+        self.sanity_pass()  # before the run directory: what cannot work is refused with nothing written
+        if self.config.sanity_check:
+            self.task.release()
+            self.console.line(f"sanity check passed; nothing trained, no run directory written ({self.run_dir.path} "
+                              "is where this command without --sanity-check trains)")
+            return None
         try:
             with rundir_lib.task_run_dir(self.run_dir, config_lib.to_yaml(self.config), self.is_chief,
                                          self.task_name) as out:
@@ -195,7 +206,6 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
                 if self.is_chief:
                     rundir_lib.note_job(out.path)
                 self.announce_run_dir()
-                self.settle_untimed_precision()  # before the batch-size search and --tune build models
                 self.plan_batch()
                 model = self.build_chosen_model()
                 self.init_weights(model)
@@ -204,7 +214,13 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
                 history, fit_time = self.train(model, self.make_callbacks())
                 test = self.evaluate(model)
                 self.save(model)
-                self.export_model(model)
+                if self.config.train.export and self.is_chief:
+                    self.extras[rundir_lib.AFTER_STEPS_KEY] = {"export": "pending"}
+                record = self.make_record(history, test, started, fit_time)
+                self.write_record(record)  # metrics.json beside model.keras: the trained run is safe from here
+                self.finish_run_dir()
+                failure = self.run_after_steps(model)
+                record = self.make_record(history, test, started, fit_time)
         except KeyboardInterrupt:  # the checkpoint (and finished tuner trials) resume the same command
             self._end_mlflow("KILLED")
             raise Interrupted(str(self.run_dir.path)) from None
@@ -213,10 +229,80 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
             raise
         finally:
             self.task.release()
-        record = self.make_record(history, test, started, fit_time)
         self.report(record)
-        self.finish_run_dir()
+        if failure:
+            raise AfterStepFailed(failure)
         return record
+
+    def run_after_steps(self, model) -> Optional[str]:
+        """`--export` (the chief), once `metrics.json` is written: each format under `export/`, each artifact
+        loaded back and checked (`tftrain.train.after_steps`). Returns the failure's one line, else None; the
+        step's status (`done` / `failed: ...`) goes into `metrics.json`'s `after_steps`."""
+        if not self.config.train.export or not self.is_chief:
+            return None
+        from tftrain.train import after_steps, export
+
+        try:
+            self.extras["export"] = after_steps.export(
+                self._float32_twin(model), export.parse(self.config.train.export), self.out_dir.path,
+                self._export_features(), self.console.line)
+            status = "done"
+        except Exception as e:  # noqa: BLE001 (recorded and raised once the record is written)
+            status = after_steps.failure_status(e)
+        self.extras[rundir_lib.AFTER_STEPS_KEY] = {"export": status}
+        return None if status == "done" else after_steps.failed_message(
+            "export", self.run_dir.path, status, self.config.train.export)
+
+    def _export_features(self, global_batch_size: Optional[int] = None):
+        """A few examples' features to check exported artifacts on: the test data's, else the training data's."""
+        from tftrain.train import export
+
+        gb = global_batch_size or self.batch.global_batch_size
+        data = self.task.test_data(gb)
+        return export.check_batch(self.task.probe_data(gb, 1) if data is None else data)
+
+    def redo_after_steps(self) -> None:
+        """A rerun of a run that trained and wrote `metrics.json` but did not finish its after-steps
+        (`RunDir.after_steps_pending`): the model is built as the task builds it, its trained weights
+        loaded from `model.keras`, and only the pending steps run; nothing is trained. `metrics.json`
+        gets their results.
+
+        Raises:
+            AfterStepFailed: when a step fails again (the run stays as it was).
+        """
+        from tftrain.train import after_steps
+
+        path = self.run_dir.path
+        metrics = json.loads((path / rundir_lib.METRICS_FILE).read_text(encoding="utf-8"))
+        self.bind_task()
+        self.setup_runtime()
+        self.console.line(f"run directory: {path}: trained before (metrics.json); doing only its pending "
+                          f"after-step(s): {', '.join(self.run_dir.after_steps_pending)}")
+        try:
+            with rundir_lib.locked(path):
+                self.out_dir = self.run_dir
+                model = self._build_in_float32()
+                model.load_weights(str(path / rundir_lib.MODEL_FILE))
+                failure = None
+                try:
+                    results = after_steps.export(model, self._export_formats(), path,
+                                                 self._export_features(metrics.get("global_batch_size") or 32),
+                                                 self.console.line)
+                    after_steps.update_metrics(path, export=results, after_steps={"export": "done"})
+                except Exception as e:  # noqa: BLE001 (recorded, then one line)
+                    status = after_steps.failure_status(e)
+                    after_steps.update_metrics(path, after_steps={"export": status})
+                    failure = after_steps.failed_message("export", path, status, self.config.train.export)
+        finally:
+            self.task.release()
+        if failure:
+            raise AfterStepFailed(failure)
+        self.console.line(f"after-steps done; metrics.json updated in {path}")
+
+    def _export_formats(self):
+        from tftrain.train import export
+
+        return export.parse(self.config.train.export)
 
     def _end_mlflow(self, status: str) -> None:
         """Marks the MLflow run (if one was opened) ended with `status`; a tracking error is only warned of."""
@@ -389,7 +475,15 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         Raises:
             ConfigError: naming the flag and the fix.
         """
-        has_validation = self.task.validation_data(32) is not None  # raises now on a split the task refuses
+        from tftrain.train import sanity
+
+        validation = self.task.validation_data(32)  # raises now on a split the task refuses
+        has_validation = validation is not None
+        train = self.task.train_data(32)
+        for dataset, what in ((train, "training data"), (validation, "validation data"),
+                              (self.task.test_data(32), "test data")):
+            sanity.check_element_spec(dataset, what)
+        sanity.check_class_weight(train, self.task.class_weight)
         if self.config.train.tune and not has_validation:
             raise ConfigError("--tune scores trials on validation data, never on the test set: pass "
                               "--validation-split F (e.g. 0.1) or give the task its own validation data.")
@@ -498,6 +592,12 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         from tftrain.train import reporting
 
         return reporting.make_record(self, history, test, started, fit_time)
+
+    def write_record(self, record: RunRecord) -> None:
+        """Writes `metrics.json` and `report.md` (chief only)."""
+        from tftrain.train import reporting
+
+        reporting.write_record(self, record)
 
     def report(self, record: RunRecord) -> None:
         """Writes `metrics.json` and `report.md` (chief only) and prints the result."""

@@ -1,0 +1,208 @@
+"""Models of every shape through the features that failed on them after training: export of several
+inputs and outputs, a trained run kept when an after-step fails (and redone alone), bad input refused
+before the run directory, labels a mixed policy would round, and `--sanity-check`."""
+
+import json
+
+import numpy as np
+import pytest
+
+import tftrain
+from tftrain import run
+from tftrain.errors import ConfigError
+from tftrain.train.after_steps import AfterStepFailed
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((96, 8)).astype("float32")
+CLASSES = (X[:, 0] > 0).astype("int32")
+VALUES = (2 * X[:, 1:2]).astype("float32")
+
+
+def _two_outputs():
+    import keras
+
+    inputs = keras.Input((8,), name="features")
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    return keras.Model(inputs, {"label": keras.layers.Dense(2, activation="softmax", name="label")(hidden),
+                                "value": keras.layers.Dense(1, name="value")(hidden)})
+
+
+def _dict_inputs():
+    import keras
+
+    a, b = keras.Input((5,), name="a"), keras.Input((3,), name="b")
+    hidden = keras.layers.Dense(8, activation="relu")(keras.layers.Concatenate()([a, b]))
+    return keras.Model({"a": a, "b": b}, keras.layers.Dense(2, activation="softmax")(hidden))
+
+
+def _list_in_list_out():
+    import keras
+
+    a, b = keras.Input((5,), name="left"), keras.Input((3,), name="right")
+    hidden = keras.layers.Dense(8, activation="relu")(keras.layers.Concatenate()([a, b]))
+    return keras.Model([a, b], [keras.layers.Dense(2, activation="softmax")(hidden), keras.layers.Dense(1)(hidden)])
+
+
+TWO_OUTPUTS = dict(build_model=_two_outputs, x=X, y={"label": CLASSES, "value": VALUES},
+                   loss={"label": "sparse_categorical_crossentropy", "value": "mse"},
+                   metrics={"label": ["accuracy"], "value": ["mae"]})
+DICT_INPUTS = dict(build_model=_dict_inputs, x={"a": X[:, :5], "b": X[:, 5:]}, y=CLASSES,
+                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+LISTS = dict(build_model=_list_in_list_out, x=(X[:, :5], X[:, 5:]), y=(CLASSES, VALUES),
+             loss=["sparse_categorical_crossentropy", "mse"], metrics=[["accuracy"], ["mae"]])
+
+
+def _task(spec, **kw):
+    spec = {**spec, **kw}
+    build, x, y = spec.pop("build_model"), spec.pop("x"), spec.pop("y")
+    return tftrain.ArrayTask(build, x, y, x, y, name="shape", **spec)
+
+
+def _fit(task, tmp_path, name="run", **overrides):
+    overrides = {"epochs": 1, "verbose": 0, "seed": 0, "batch_size": 32, "execution": "graph",
+                 "run_dir": str(tmp_path / name), **overrides}
+    return tftrain.Trainer(task, **overrides).fit()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec, outputs", [(TWO_OUTPUTS, ["label", "value"]), (DICT_INPUTS, ["output_0"]),
+                                           (LISTS, ["output_0", "output_1"])], ids=["dict-outputs", "dict-inputs",
+                                                                                   "list-inputs-list-outputs"])
+def test_models_of_several_inputs_or_outputs_export_to_every_format_checked_on_every_output(spec, outputs,
+                                                                                         tmp_path):
+    record = _fit(_task(spec), tmp_path, export="saved_model,onnx,litert")
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["after_steps"] == {"export": "done"}
+    for name in ("saved_model", "onnx", "litert"):
+        assert record.extras["export"][name]["outputs"] == outputs
+        assert record.extras["export"][name]["max_abs_difference"] < 1e-4
+    assert (tmp_path / "run" / "export" / "model.onnx").is_file()
+
+
+@pytest.mark.slow
+def test_an_export_that_fails_after_training_keeps_the_run_and_the_same_command_redoes_only_the_export(
+        tmp_path, monkeypatch):
+    from tftrain.train import export
+
+    real = export.export_all
+
+    def fails_in_the_run_directory(model, formats, directory, features):
+        if directory.name == "export":  # the run's after-step, not the sanity pass's temporary folder
+            raise RuntimeError("disk said no")
+        return real(model, formats, directory, features)
+
+    task = _task(TWO_OUTPUTS)
+    with monkeypatch.context() as patched:
+        patched.setattr(export, "export_all", fails_in_the_run_directory)
+        with pytest.raises(AfterStepFailed, match=r"export failed after training \(RuntimeError: disk said no\); "
+                                                  r"the trained model and metrics.json are kept"):
+            _fit(task, tmp_path, epochs=2, export="saved_model")
+    run_dir = tmp_path / "run"
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["after_steps"] == {"export": "failed: RuntimeError: disk said no"}
+    assert metrics["epochs_trained"] == 2 and (run_dir / "model.keras").is_file()
+    assert not (run_dir / "backup").exists()  # the run is finished: nothing to resume
+    history = (run_dir / "history.csv").read_text()
+    assert _fit(task, tmp_path, epochs=2, export="saved_model") is None  # only the export: nothing trained
+    assert (run_dir / "history.csv").read_text() == history
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["after_steps"] == {"export": "done"} and metrics["export"]["saved_model"]["outputs"] == [
+        "label", "value"]
+    assert (run_dir / "export" / "saved_model" / "saved_model.pb").is_file()
+    with pytest.raises(ConfigError, match="holds a finished run"):  # done: the same command is refused again
+        _fit(task, tmp_path, epochs=2, export="saved_model")
+
+
+def _numpy_function_task():
+    import tensorflow as tf
+
+    def train_data():
+        ds = tf.data.Dataset.from_tensor_slices((X, CLASSES))
+        return ds.map(lambda x, y: (tf.numpy_function(lambda a: a, [x], tf.float32), y))  # no set_shape
+
+    def build():
+        import keras
+
+        return keras.Sequential([keras.layers.Dense(2, activation="softmax")])
+
+    return tftrain.DatasetTask(build, train_data, loss="sparse_categorical_crossentropy", name="shape")
+
+
+@pytest.mark.parametrize("case, message", [
+    ("class_weight", "class_weight weighs the classes of one output, and this task's labels are for 2 outputs"),
+    ("numpy_function", r"The training data's features have an unknown shape \(rank unknown\).*set_shape"),
+])
+def test_bad_input_found_late_before_is_refused_before_the_run_directory(case, message, tmp_path):
+    task = (_task(TWO_OUTPUTS, class_weight={0: 1.0, 1: 2.0}) if case == "class_weight" else _numpy_function_task())
+    with pytest.raises(ConfigError, match=message):
+        _fit(task, tmp_path)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_monitor_the_logs_do_not_have_is_refused_before_training(tmp_path):
+    with pytest.raises(ConfigError, match="val_value_mse"):
+        _fit(_task(TWO_OUTPUTS), tmp_path, keep_best=1, monitor="val_value_mse", validation_split=0.25)
+    assert not (tmp_path / "run").exists()
+    record = _fit(_task(TWO_OUTPUTS), tmp_path, keep_best=1, monitor="val_value_mae", validation_split=0.25,
+                  epochs=2)
+    assert record.extras["keep_best"]["mode"] == "min" and len(record.extras["keep_best"]["kept"]) == 1
+    assert record.extras["sanity"]["checked"][-1] == "--monitor val_value_mae"
+
+
+def _many_classes():
+    """A subclassed model whose last layer computes in the policy's dtype: 400 classes."""
+    import keras
+
+    class Classifier(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden, self.out = keras.layers.Dense(16, activation="relu"), keras.layers.Dense(400)
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+    return Classifier()
+
+
+MANY = RNG.integers(0, 400, len(X)).astype("int32")
+
+
+@pytest.mark.slow
+def test_labels_a_mixed_policy_would_round_are_refused_or_trained_in_float32_never_a_silent_wrong_figure(
+        tmp_path, monkeypatch):
+    import keras
+
+    from tftrain.runtime import precision
+
+    task = tftrain.ArrayTask(_many_classes, X, MANY, X, MANY, loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True), metrics=["accuracy"], name="shape")
+    with pytest.raises(ConfigError, match=r"computed in bfloat16, which holds integers exactly only up to 256; its "
+                                          r"labels go up to 39\d.*pass --precision float32"):
+        _fit(task, tmp_path, "asked", precision="mixed_bfloat16")
+    assert not (tmp_path / "asked").exists()
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)  # auto's candidate is mixed_bfloat16
+    record = _fit(task, tmp_path, "auto", precision="auto", epochs=3)
+    assert record.runtime["precision"] == "float32"
+    assert "labels go up to" in record.extras["precision_auto"]["reason"]
+    keras.mixed_precision.set_global_policy("float32")
+    model = _many_classes()
+    model(X[:1])
+    model.load_weights(tmp_path / "auto" / "model.keras")
+    true_accuracy = float(np.mean(np.argmax(model.predict(X, verbose=0), axis=-1) == MANY))
+    assert record.test["accuracy"] == pytest.approx(true_accuracy, abs=1e-6)  # the figure is the model's own
+
+
+@pytest.mark.slow
+def test_sanity_check_runs_only_the_pass_and_writes_nothing(tmp_path, capsys):
+    task_file = tmp_path / "shapes_task.py"
+    task_file.write_text("from tests.unit.train.test_model_shapes import TWO_OUTPUTS, _task\n"
+                         "task = _task(TWO_OUTPUTS)\n")
+    run_dir = tmp_path / "run"
+    code = run.main([f"{task_file}:task", "--sanity-check", "--export", "saved_model,onnx", "--keep-best", "1",
+                     "--monitor", "val_label_accuracy", "--validation-split", "0.25", "--run-dir", str(run_dir)])
+    out = capsys.readouterr().out
+    assert code == 0 and not run_dir.exists()
+    assert ("sanity:    data shapes, a training step and a validation step, --monitor val_label_accuracy, "
+            "export saved_model, onnx checked in") in out
+    assert "sanity check passed; nothing trained" in out

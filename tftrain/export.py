@@ -1,0 +1,137 @@
+"""`python -m tftrain.export RUN_DIR --formats saved_model,onnx,litert`: a finished run's model for serving.
+
+Loads `RUN_DIR/model.keras` (`keras.models.load_model`), writes each format under `RUN_DIR/export/`
+with Keras's `model.export`, loads each artifact back and runs it on a few examples, and records the
+results in `metrics.json` (`export`, `after_steps`), as `--export` does at the end of a run. The
+examples come from the model's input signature (random normal floats, zeros for integers, empty
+strings); a model trained under a mixed policy is exported in float32. The model must have symbolic inputs (functional or Sequential; a subclassed model is
+exported by rerunning its training command with `--export`, which does only the export).
+
+Exit codes: 0 exported and checked; 2 bad input (no finished run, an unknown format, a converter
+not installed); 1 an export that failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from tftrain import rundir as rundir_lib
+from tftrain.errors import ConfigError
+
+PROG = "python -m tftrain.export"
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a finished run's directory (it holds model.keras)")
+    parser.add_argument("--formats", default="saved_model", metavar="FORMATS",
+                        help="saved_model, onnx, litert, comma-separated (default: saved_model)")
+    return parser.parse_args(argv)
+
+
+def check(run_dir: Path, formats_text: str):
+    """The formats, once the run directory is a finished run's.
+
+    Raises:
+        ConfigError: naming what is missing and the fix.
+    """
+    from tftrain.train import export as export_lib
+
+    formats = export_lib.parse(formats_text)
+    if not (run_dir / rundir_lib.MODEL_FILE).is_file() or not (run_dir / rundir_lib.METRICS_FILE).is_file():
+        raise ConfigError(f"{str(run_dir)!r} holds no finished run ({rundir_lib.MODEL_FILE} and "
+                          f"{rundir_lib.METRICS_FILE}). Pass the directory of a run that finished training.")
+    return formats
+
+
+def signature_features(model, batch: int = 4):
+    """A batch of `batch` examples for `model`'s inputs, in the structure it takes (`model.input`).
+
+    Raises:
+        ConfigError: for a model without symbolic inputs (subclassed).
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    if not getattr(model, "inputs", None):
+        raise ConfigError(f"{type(model).__name__} has no input signature (a subclassed model): rerun its training "
+                          "command with --export FORMATS, which exports from its task without training again.")
+    rng = np.random.default_rng(0)
+
+    def example(tensor):
+        shape = [batch] + [d if d is not None else 8 for d in tensor.shape[1:]]
+        dtype = tf.as_dtype(tensor.dtype)
+        if dtype == tf.string:
+            return np.full(shape, b"", dtype=object)
+        if dtype.is_integer or dtype.is_bool:
+            return np.zeros(shape, dtype.as_numpy_dtype)
+        return rng.standard_normal(shape).astype(dtype.as_numpy_dtype)
+
+    return tf.nest.map_structure(example, model.input)
+
+
+def float32_model(model):
+    """`model` itself when every layer computes in float32, else a copy of it whose layers do (from its config,
+    every mixed dtype policy replaced by `"float32"`), with its weights: the model exported after a mixed
+    policy, as `--export` does (ONNX export needs it, keras-team/keras#20710)."""
+    if all(getattr(layer, "compute_dtype", "float32") == "float32" for layer in model.layers):
+        return model
+
+    def float32(config):
+        if isinstance(config, dict):
+            return {k: ("float32" if k == "dtype" and _mixed(v) else float32(v)) for k, v in config.items()}
+        if isinstance(config, list):
+            return [float32(v) for v in config]
+        return config
+
+    copy = type(model).from_config(float32(model.get_config()))
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def _mixed(dtype) -> bool:
+    """Whether a layer config's `dtype` entry names a mixed policy (as a name or a serialised DTypePolicy)."""
+    name = dtype.get("config", {}).get("name") if isinstance(dtype, dict) else dtype
+    return isinstance(name, str) and name.startswith("mixed_")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Exports and checks; returns the exit code (module docstring)."""
+    args = parse_args(argv)
+    run_dir = Path(args.run_dir)
+    try:
+        formats = check(run_dir, args.formats)
+        import keras
+
+        from tftrain.train import after_steps
+
+        model = float32_model(keras.models.load_model(run_dir / rundir_lib.MODEL_FILE, compile=False))
+        features = signature_features(model)
+    except ConfigError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 (a model.keras that does not load: one line)
+        from tftrain.train.sanity import cause_line
+
+        print(f"{PROG}: error: {run_dir / rundir_lib.MODEL_FILE} does not load ({cause_line(e)}). Rerun its "
+              "training command with --export FORMATS instead, which builds the model from its task.", file=sys.stderr)
+        return 2
+    try:
+        with rundir_lib.locked(run_dir):
+            results = after_steps.export(model, formats, run_dir, features, print)
+            after_steps.update_metrics(run_dir, export=results, after_steps={"export": "done"})
+    except ConfigError as e:  # the run directory is in use
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 (one line; the run is unchanged)
+        print(f"{PROG}: export failed: {after_steps.failure_status(e).removeprefix('failed: ')}", file=sys.stderr)
+        return 1
+    print(f"exported {', '.join(formats)} to {run_dir / after_steps.EXPORT_DIR}; metrics.json updated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
