@@ -206,3 +206,21 @@ def test_sanity_check_runs_only_the_pass_and_writes_nothing(tmp_path, capsys):
     assert ("sanity:    data shapes, a training step and a validation step, --monitor val_label_accuracy, "
             "export saved_model, onnx checked in") in out
     assert "sanity check passed; nothing trained" in out
+
+
+@pytest.mark.slow
+def test_python_m_tftrain_export_exports_a_finished_run_of_a_mixed_policy_model(tmp_path, capsys):
+    from tftrain import export
+
+    _fit(_task(TWO_OUTPUTS), tmp_path, precision="mixed_bfloat16")
+    run_dir = tmp_path / "run"
+    assert export.main([str(run_dir), "--formats", "saved_model,onnx"]) == 0
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["after_steps"] == {"export": "done"} and set(metrics["export"]) == {"saved_model", "onnx"}
+    assert all(r["outputs"] == ["label", "value"] and r["max_abs_difference"] < 1e-4 for r in metrics["export"].values())
+    assert (run_dir / "export" / "model.onnx").is_file()
+    capsys.readouterr()
+    assert export.main([str(tmp_path / "nothing"), "--formats", "onnx"]) == 2
+    assert "holds no finished run" in capsys.readouterr().err
+    assert export.main([str(run_dir), "--formats", "pdf"]) == 2
+    assert "unknown format 'pdf'" in capsys.readouterr().err

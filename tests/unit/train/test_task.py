@@ -379,3 +379,12 @@ def test_array_task_takes_a_list_of_arrays_for_a_multi_input_model(tmp_path):
                              run_dir=str(tmp_path / "run")).fit()
     assert record.extras["optimizer_steps"] == 4
     assert np.isfinite(record.test["loss"])
+
+
+def test_loss_weights_reach_compile():
+    import numpy as np
+
+    task = tftrain.ArrayTask(lambda: None, np.ones((4, 2)), {"a": np.ones(4), "b": np.ones(4)},
+                             loss={"a": "mse", "b": "mae"}, loss_weights={"a": 1.0, "b": 0.5})
+    assert task.compile_args(None)["loss_weights"] == {"a": 1.0, "b": 0.5}
+    assert "loss_weights" not in tftrain.ArrayTask(lambda: None, np.ones((4, 2)), np.ones(4), loss="mse").compile_args(None)

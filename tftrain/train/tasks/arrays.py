@@ -49,7 +49,7 @@ class ArrayTask(FunctionTask):
             CPU). Defaults to None.
         preprocess: function `(features, labels) -> (features, labels)` on whole
             batches, run in the pipeline. Defaults to None.
-        learning_rate, name, hparams, default_batch_size, defaults, class_weight: see `Task`.
+        learning_rate, name, hparams, default_batch_size, defaults, class_weight, loss_weights: see `Task`.
             `name` defaults to `"arrays"`.
 
     Raises:
@@ -64,10 +64,11 @@ class ArrayTask(FunctionTask):
 
     def __init__(self, build_model, x, y, x_test=None, y_test=None, *, validation_data=None, loss, optimizer="adam",
                  metrics=None, preprocess=None, learning_rate=None, name="arrays", hparams=None,
-                 default_batch_size=None, defaults=None, class_weight=None):
+                 default_batch_size=None, defaults=None, class_weight=None,
+                 loss_weights=None):
         super().__init__(build_model, loss=loss, optimizer=optimizer, metrics=metrics, learning_rate=learning_rate,
                          name=name, hparams=hparams, default_batch_size=default_batch_size, defaults=defaults,
-                         class_weight=class_weight)
+                         class_weight=class_weight, loss_weights=loss_weights)
         from tftrain.data.pipeline import num_examples_of
 
         num_examples_of(x, y)

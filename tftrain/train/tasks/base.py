@@ -23,7 +23,10 @@ class Task:
             a flag of `python -m tftrain.run` and a key of the recipe file's
             `task:` section. Defaults to None (none).
         loss, metrics: what `compile_args` passes to `Model.compile` (any Keras
-            loss and metrics: names, objects, dicts per output). `metrics` may
+            loss and metrics: names, objects, dicts per output).
+        loss_weights: `Model.compile`'s weights of each output's loss in the
+            total (a list or a dict per output); None weighs each 1. Defaults
+            to None. `metrics` may
             also hold `keras.metrics.Metric` classes and functions of no
             arguments that return a metric: `compile_args` builds them (see
             `build_metrics`). Defaults to None.
@@ -76,6 +79,7 @@ class Task:
     defaults: Mapping[str, Any] = {}
     unused_fields: Mapping[str, str] = {}
     class_weight: Optional[Mapping[int, float]] = None
+    loss_weights: Any = None
     config: Optional[config_lib.RecipeConfig] = None
 
     # -- what the Trainer calls ------------------------------------------------
@@ -124,7 +128,7 @@ class Task:
         raise NotImplementedError(f"{type(self).__name__} must define build_model(self) -> keras.Model.")
 
     def compile_args(self, steps_per_epoch: Optional[int]) -> dict:
-        """Keyword arguments for `Model.compile`: `optimizer`, `loss`, `metrics`.
+        """Keyword arguments for `Model.compile`: `optimizer`, `loss`, `metrics` (and `loss_weights` when set).
 
         Args:
             steps_per_epoch: optimizer steps per epoch, or None when unknown
@@ -136,8 +140,11 @@ class Task:
             are `build_metrics(self.metrics)`: the Trainer calls this inside the
             strategy's scope, where the metrics' variables belong.
         """
-        return {"optimizer": self.make_optimizer(steps_per_epoch), "loss": self.loss,
+        args = {"optimizer": self.make_optimizer(steps_per_epoch), "loss": self.loss,
                 "metrics": build_metrics(self.metrics)}
+        if self.loss_weights is not None:
+            args["loss_weights"] = self.loss_weights
+        return args
 
     def make_optimizer(self, steps_per_epoch: Optional[int]):
         """A fresh optimizer from `optimizer`, at `run_learning_rate(steps_per_epoch)`.
@@ -389,8 +396,9 @@ class FunctionTask(Task):
     """A task whose model comes from a function and whose compile arguments are given."""
 
     def __init__(self, build_model, *, loss, optimizer="adam", metrics=None, learning_rate=None, name="task",
-                 hparams=None, default_batch_size=None, defaults=None, class_weight=None):
+                 hparams=None, default_batch_size=None, defaults=None, class_weight=None, loss_weights=None):
         self.class_weight = check_class_weight(class_weight)
+        self.loss_weights = loss_weights
         if not callable(build_model):
             raise ConfigError(f"build_model must be a function returning a keras.Model. Received: {build_model!r}.")
         if loss is None:

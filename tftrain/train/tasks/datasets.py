@@ -39,7 +39,7 @@ class DatasetTask(FunctionTask):
             `--validation-split`, schedules and multi-process strategies.
             Defaults to None (the dataset's cardinality when known).
         loss, optimizer, metrics, learning_rate, name, hparams,
-        default_batch_size, defaults, class_weight: see `ArrayTask`. `name` defaults to
+        default_batch_size, defaults, class_weight, loss_weights: see `ArrayTask`. `name` defaults to
             `"dataset"`.
 
     Raises:
@@ -54,10 +54,11 @@ class DatasetTask(FunctionTask):
 
     def __init__(self, build_model, train, validation=None, test=None, *, batch=True, shard=True, prefetch=True,
                  shuffle=False, num_train_examples=None, loss, optimizer="adam", metrics=None, learning_rate=None,
-                 name="dataset", hparams=None, default_batch_size=None, defaults=None, class_weight=None):
+                 name="dataset", hparams=None, default_batch_size=None, defaults=None, class_weight=None,
+                 loss_weights=None):
         super().__init__(build_model, loss=loss, optimizer=optimizer, metrics=metrics, learning_rate=learning_rate,
                          name=name, hparams=hparams, default_batch_size=default_batch_size, defaults=defaults,
-                         class_weight=class_weight)
+                         class_weight=class_weight, loss_weights=loss_weights)
         for label, fn in (("train", train), ("validation", validation), ("test", test)):
             if fn is not None and not callable(fn):
                 raise ConfigError(f"{label} must be a function returning a tf.data.Dataset. Received: {fn!r}.")

@@ -28,7 +28,7 @@ class TFRecordTask(FileSplitTask):
         preprocess: batch map `(features, labels) -> (features, labels)`.
             Defaults to None.
         loss, optimizer, metrics, learning_rate, name, hparams,
-        default_batch_size, defaults, class_weight: see `ArrayTask`. `name` defaults to
+        default_batch_size, defaults, class_weight, loss_weights: see `ArrayTask`. `name` defaults to
             `"tfrecord"`.
 
     Raises:
@@ -37,10 +37,11 @@ class TFRecordTask(FileSplitTask):
 
     def __init__(self, build_model, train_files, parse_fn, *, validation_files=None, test_files=None,
                  num_train_examples=None, preprocess=None, loss, optimizer="adam", metrics=None, learning_rate=None,
-                 name="tfrecord", hparams=None, default_batch_size=None, defaults=None, class_weight=None):
+                 name="tfrecord", hparams=None, default_batch_size=None, defaults=None, class_weight=None,
+                 loss_weights=None):
         super().__init__(build_model, loss=loss, optimizer=optimizer, metrics=metrics, learning_rate=learning_rate,
                          name=name, hparams=hparams, default_batch_size=default_batch_size, defaults=defaults,
-                         class_weight=class_weight)
+                         class_weight=class_weight, loss_weights=loss_weights)
         if not train_files or isinstance(train_files, str):
             raise ConfigError(f"train_files must be a non-empty list of TFRecord paths. Received: {train_files!r}.")
         self.files = {"train": list(train_files), "validation": validation_files, "test": test_files}
