@@ -62,7 +62,11 @@ def load(model, kind: str, path: str) -> None:
 def _load_keras(model, path: str) -> None:
     import keras
 
-    source = keras.models.load_model(path, compile=False)
+    try:
+        source = keras.models.load_model(path, compile=False)
+    except (TypeError, ValueError):  # a class the file names that is not registered here (a subclassed model)
+        _load_weights_only(model, path)
+        return
     mine, theirs = model.weights, source.weights
     for a, b in zip(mine, theirs):
         if tuple(a.shape) != tuple(b.shape):
@@ -73,6 +77,17 @@ def _load_keras(model, path: str) -> None:
         raise ConfigError(f"--init-from {path}: this model has {len(mine)} weights, the file's {len(theirs)}: it "
                           "holds another model. Pass weights of this task's model.")
     model.set_weights(source.get_weights())
+
+
+def _load_weights_only(model, path: str) -> None:
+    """`model.load_weights(path)` from a `.keras` file whose model cannot be rebuilt here (Keras matches the
+    weights by the model's structure, without its classes)."""
+    try:
+        model.load_weights(path)
+    except (ValueError, TypeError, KeyError) as error:
+        first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        raise ConfigError(f"--init-from {path}: its weights do not fit this model ({first[:300]}). Pass weights of "
+                          "this task's model.") from None
 
 
 def _load_checkpoint(model, path: str) -> None:
