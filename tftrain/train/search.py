@@ -35,8 +35,10 @@ def tune(trainer) -> Tuple[dict, dict]:
     """Runs `--tune N` keras-tuner trials over learning rate, batch size and `task.tune_space()`.
 
     Trials train on the task's training data and are scored on its validation
-    data. keras-tuner keeps its trials under `<run_dir>/tuning`, so a resumed
-    run reuses finished trials.
+    data, both batched at the trial's global batch size (under several replicas
+    the first validation batch split evenly, `even_first_batch`). keras-tuner
+    keeps its trials under `<run_dir>/tuning`, so a resumed run reuses finished
+    trials.
 
     Returns:
         `(figures for metrics.json, best values as flat config overrides)`.
@@ -53,7 +55,6 @@ def tune(trainer) -> Tuple[dict, dict]:
     if not batch_sizes:
         raise ConfigError(f"--tune needs at least {TUNE_BATCH_SIZES[0]} training examples per trial; {n} remain. "
                           "Pass a larger --train-examples.")
-    validation = task.validation_data(max(batch_sizes))  # present: Trainer.check_task
 
     def model_fn(values):
         bound = task.bind(cfg.override(values)) if values else task
@@ -64,8 +65,10 @@ def tune(trainer) -> Tuple[dict, dict]:
         return task.bind(cfg.override({"learning_rate": learning_rate, "lr_schedule": "constant"})).compile_args(None)
 
     objective = _objective(task.compile_args(None))
+    # Each trial validates at its own global batch size; the validation data is present (Trainer.check_task).
     hypermodel = TrainingHyperModel(
-        model_fn, lambda b: task.train_data(b), validation, learning_rate=_learning_rate_range(trainer),
+        model_fn, lambda b: task.train_data(b), lambda b: task.validation_data(b),
+        learning_rate=_learning_rate_range(trainer),
         choices=dict(task.tune_space()), batch_sizes=batch_sizes, compile_args=compile_args,
         compile_options=rt.compile_options(),
     )

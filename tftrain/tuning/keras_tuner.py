@@ -12,7 +12,10 @@ starts every trial from `keras.backend.clear_session()`.
 
 `TrainingHyperModel` searches learning rate, batch size and either a width (a
 model function `width -> keras.Model`) or any named choices (a model function
-`{name: value} -> keras.Model`).
+`{name: value} -> keras.Model`). Each trial validates at its own global batch size
+when the validation data is a function of it, and under several replicas its first
+validation batch is cut to split evenly (`even_first_batch`), so a validation set of
+any size works on any number of replicas.
 
 Source: https://keras.io/keras_tuner/api/tuners/
 """
@@ -160,7 +163,10 @@ class TrainingHyperModel(kt.HyperModel):
         make_dataset: function `global_batch_size -> tf.data.Dataset` of training
             batches.
         validation_data: dataset (or arrays) for `fit(validation_data=...)`, which
-            the `val_*` objective reads. Defaults to None.
+            the `val_*` objective reads, or a function `global_batch_size ->
+            tf.data.Dataset` that each trial calls with its own batch size.
+            Under several replicas its first batch is cut to split evenly
+            (`even_first_batch`). Defaults to None.
         loss: Keras loss. Defaults to "sparse_categorical_crossentropy".
         metrics: metric names (strings, so each trial gets fresh metric
             objects). Defaults to ("accuracy",).
@@ -244,10 +250,87 @@ class TrainingHyperModel(kt.HyperModel):
         return model
 
     def fit(self, hp, model, *args, **kwargs):
-        """Trains one trial at its batch size; returns the `History`."""
+        """Trains one trial at its batch size and validates at the same size; returns the `History`."""
         batch = hp.Choice("batch_size", self.batch_sizes) if self.batch_sizes else self.default_batch_size
-        kwargs.setdefault("validation_data", self.validation_data)
+        validation = kwargs.get("validation_data", self.validation_data)
+        if callable(validation):
+            validation = validation(batch)
+        kwargs["validation_data"] = _evenly_first(validation, batch, model.distribute_strategy.num_replicas_in_sync)
         data = self.make_dataset(batch)
         if isinstance(data, tf.data.Dataset):
             kwargs.setdefault("shuffle", False)  # a dataset shuffles itself
         return model.fit(data, *args, **kwargs)
+
+
+def _evenly_first(validation, batch_size: int, num_replicas: int):
+    """`fit`'s `validation_data` with a first batch that splits evenly over the replicas: a dataset
+    through `even_first_batch`; arrays (`(x, y)` or `(x, y, sample_weight)`), which Keras would batch
+    itself, first as a dataset of `batch_size` batches; anything else (None, a distributed dataset)
+    unchanged. A dataset whose first batch already splits evenly (read once here, eagerly) stays as
+    it is, so it keeps its cardinality and Keras its count of validation steps."""
+    if num_replicas <= 1 or validation is None or isinstance(validation, tf.distribute.DistributedDataset):
+        return validation
+    if not isinstance(validation, tf.data.Dataset):
+        validation = tf.data.Dataset.from_tensor_slices(tuple(validation)).batch(batch_size)
+    if tf.executing_eagerly():
+        first = next(iter(validation.take(1)), None)
+        if first is None or _rows(first) % num_replicas == 0:
+            return validation
+    return even_first_batch(validation, num_replicas)
+
+
+def _rows(batch):
+    """The batch dimension of a batch (its first leaf's first dimension), as an int64 tensor."""
+    return tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
+
+
+def even_first_batch(dataset: "tf.data.Dataset", num_replicas: int) -> "tf.data.Dataset":
+    """`dataset` with a first batch that splits evenly over `num_replicas` replicas.
+
+    Keras 3's `fit` and `evaluate` under a `tf.distribute` strategy read the shapes of the
+    first batch before the first step by averaging the replicas' parts of it
+    (`strategy.reduce("MEAN", batch, axis=None)`, an `AddN` under MirroredStrategy), which
+    fails when the parts differ in size: "Inputs to operation AddN ... must have the same size
+    and shape. Input 0: [201,8] != input 1: [200,8]". A validation set smaller than one batch,
+    with a size that is not a multiple of the replica count, is such a first batch. Later
+    batches may split unevenly: Keras's steps take parts of any size (as for the last, partial
+    batch of any validation set).
+
+    The first batch is cut in two: its largest part that divides by `num_replicas` (with fewer
+    examples than replicas that part is empty, and every replica reads zero examples; Keras's
+    per-output `<output>_loss` logs, averaged per batch, then count that empty batch), then the
+    rest as a batch of its own. The other batches follow unchanged, in order; no example is
+    added, dropped or repeated. A dataset whose batch dimension is static and divisible (or one
+    replica) is returned as it is. The cut dataset's cardinality is unknown, so Keras counts its
+    batches on the first pass (and warns "Your input ran out of data" once);
+    `TrainingHyperModel.fit` cuts only a dataset whose first batch it found uneven.
+
+    Args:
+        dataset: batched `tf.data.Dataset` whose element's leaves all have the batch dimension
+            first (`(x, y)`, `(x, y, sample_weight)`, dicts of them).
+        num_replicas: the strategy's `num_replicas_in_sync`.
+
+    Returns:
+        The dataset with its first batch split as above.
+
+    Example:
+        >>> ds = tf.data.Dataset.range(5).batch(8)   # one batch of 5
+        >>> [len(b) for b in even_first_batch(ds, 2)]
+        [4, 1]
+    """
+    check_int(num_replicas, "num_replicas", error=TuningError)
+    leaves = tf.nest.flatten(dataset.element_spec)
+    static = leaves[0].shape[0] if leaves and leaves[0].shape.rank else None
+    if num_replicas == 1 or (static is not None and static % num_replicas == 0):
+        return dataset
+
+    def cut(index, batch):
+        size = _rows(batch)
+        at = tf.where(index == 0, size // num_replicas * num_replicas, size)
+        head = tf.nest.map_structure(lambda t: t[:at], batch)
+        tail = tf.nest.map_structure(lambda t: t[at:], batch)
+        parts = tf.data.Dataset.from_tensors(head).concatenate(tf.data.Dataset.from_tensors(tail)).enumerate()
+        # The head always (the first one may be empty: it still splits evenly); the tail when it has rows.
+        return parts.filter(lambda i, part: (i == 0) | (_rows(part) > 0)).map(lambda i, part: part)
+
+    return dataset.enumerate().flat_map(cut)
