@@ -7,9 +7,8 @@ then `TuningFailed`); each trial now validates at its own batch size with that f
 once for a model of two dict outputs with per-output metrics. Each run in its own process (logical
 CPU devices can be set once per process).
 
-The runs stop once tuning has returned: training the best trial afterwards validates through the
-trainer's own path (`Trainer.train`), not the tuner's, and that path meets the same first-batch limit
-when the validation set is smaller than the global batch and does not split evenly.
+Each run then trains the best trial, validating through the trainer's own path (`Trainer.train`,
+whose first validation and test batches are cut the same way, `Trainer._evenly_first`).
 """
 
 import json
@@ -45,25 +44,6 @@ TWO_OUTPUTS = textwrap.dedent('''
                              metrics={"label": ["accuracy"], "value": ["mae"]})
 ''')
 
-# tftrain.run's main with `tune` (which BatchStages.plan_batch imports when it runs) wrapped to print
-# the trials' ranking and end the process once tuning returned.
-TUNE_ONLY = textwrap.dedent('''
-    import json, sys
-    import tftrain.train.search as search
-
-    tune = search.tune
-
-    def tune_then_stop(trainer):
-        figures, best = tune(trainer)
-        print("TUNED " + json.dumps({"trials": figures["trials"], "ranking": figures["ranking"]}), flush=True)
-        raise SystemExit(0)
-
-    search.tune = tune_then_stop
-    from tftrain import run
-    sys.exit(run.main(sys.argv[1:]))
-''')
-
-
 @pytest.mark.parametrize("which", ["regression", "two-outputs"])
 def test_tune_on_two_replicas_with_a_validation_set_that_does_not_split_evenly(tmp_path, which):
     if which == "regression":
@@ -71,15 +51,15 @@ def test_tune_on_two_replicas_with_a_validation_set_that_does_not_split_evenly(t
     else:
         (tmp_path / "two_outputs.py").write_text(TWO_OUTPUTS)
         target = str(tmp_path / "two_outputs.py") + ":task"
-    (tmp_path / "tune_only.py").write_text(TUNE_ONLY)
-    # 250 examples, the last 10% (25) held out for validation.
+    # 250 examples, the last 10% (25) held out for validation; test sets of 4,000 (regression) and 40.
     args = [target, "--train-examples", "250", "--validation-split", "0.1", "--tune", "2", "--strategy", "mirrored",
             "--cpu-replicas", "2", "--epochs", "1", "--seed", "0", "--verbose", "2", "--run-dir", tmp_path / "run"]
-    code = f"import runpy, sys; sys.argv = {['tune_only.py', *map(str, args)]!r}; runpy.run_path('tune_only.py')"
-    r = run_python(code, cwd=tmp_path, timeout=300)
+    r = run_python(f"import sys; from tftrain import run; sys.exit(run.main({list(map(str, args))!r}))", cwd=tmp_path,
+                   timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "AddN" not in r.stdout + r.stderr
-    tuned = json.loads(r.stdout.split("TUNED ", 1)[1].splitlines()[0])
-    assert tuned["trials"] == 2
-    assert len(tuned["ranking"]) == 2  # both trials scored (a failed trial has no score)
-    assert all(t["hyperparameters"]["batch_size"] in (32, 64, 128) for t in tuned["ranking"])
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    tuning = metrics["tuning"]
+    assert tuning["trials"] == 2 and metrics["global_batch_size"] == tuning["best"]["batch_size"] in (32, 64, 128)
+    # the best trial trained with the same 25 validation examples in its first (uneven) batch, and was evaluated
+    assert len(metrics["history"]["val_loss"]) == 1 and metrics["test_loss"] > 0

@@ -502,7 +502,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
     def train(self, model, callbacks):
         """The loop's fit over `epochs`; returns `(History, seconds)`."""
         gb = self.batch.global_batch_size
-        validation = self.task.validation_data(gb) if self.loop.validates else None
+        validation = self._evenly_first(self.task.validation_data(gb) if self.loop.validates else None)
         micro_steps = self.steps_per_epoch * self.accumulation_steps if self.steps_per_epoch else None
         verbose, progress = keras_progress(self.config.train.verbose)
         started = time.perf_counter()
@@ -555,10 +555,20 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
 
     def evaluate(self, model) -> Optional[dict]:
         """The loop's evaluation on the task's test data; None when the task has none."""
-        dataset = self.task.test_data(self.batch.global_batch_size)
+        dataset = self._evenly_first(self.task.test_data(self.batch.global_batch_size))
         if dataset is None:
             return None
         return self.loop.evaluate(model, dataset, self.compile_args.get("metrics"))
+
+    def _evenly_first(self, dataset):
+        """`dataset` whose first batch splits evenly over this process's replicas (`evenly_first`): Keras reads
+        the first batch's shapes by a reduce across replicas, which fails on parts of different sizes (a
+        validation or test set smaller than one batch, of a size the replicas do not divide)."""
+        if dataset is None or self.cluster is not None or self.runtime.num_replicas == 1:
+            return dataset
+        from tftrain.tuning.keras_tuner import evenly_first
+
+        return evenly_first(dataset, self.batch.global_batch_size, self.runtime.num_replicas)
 
     def save(self, model) -> None:
         """Saves the trained model as `model.keras` in this task's directory (loadable by plain Keras:

@@ -255,14 +255,14 @@ class TrainingHyperModel(kt.HyperModel):
         validation = kwargs.get("validation_data", self.validation_data)
         if callable(validation):
             validation = validation(batch)
-        kwargs["validation_data"] = _evenly_first(validation, batch, model.distribute_strategy.num_replicas_in_sync)
+        kwargs["validation_data"] = evenly_first(validation, batch, model.distribute_strategy.num_replicas_in_sync)
         data = self.make_dataset(batch)
         if isinstance(data, tf.data.Dataset):
             kwargs.setdefault("shuffle", False)  # a dataset shuffles itself
         return model.fit(data, *args, **kwargs)
 
 
-def _evenly_first(validation, batch_size: int, num_replicas: int):
+def evenly_first(validation, batch_size: int, num_replicas: int):
     """`fit`'s `validation_data` with a first batch that splits evenly over the replicas: a dataset
     through `even_first_batch`; arrays (`(x, y)` or `(x, y, sample_weight)`), which Keras would batch
     itself, first as a dataset of `batch_size` batches; anything else (None, a distributed dataset)

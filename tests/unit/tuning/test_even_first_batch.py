@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tftrain.errors import TuningError
-from tftrain.tuning.keras_tuner import _evenly_first, even_first_batch
+from tftrain.tuning.keras_tuner import evenly_first, even_first_batch
 
 
 def _sizes_and_values(dataset):
@@ -44,13 +44,13 @@ def test_a_dataset_that_splits_evenly_is_returned_as_it_is():
     uneven = tf.data.Dataset.range(25).batch(32)
     assert even_first_batch(uneven, 1) is uneven
     even_first = tf.data.Dataset.range(70).batch(32)  # 32, 32, 6: the batch dimension is not static
-    assert _evenly_first(even_first, 32, 2) is even_first  # read once: its first batch splits evenly
-    assert _evenly_first(uneven, 32, 1) is uneven and _evenly_first(None, 32, 2) is None
+    assert evenly_first(even_first, 32, 2) is even_first  # read once: its first batch splits evenly
+    assert evenly_first(uneven, 32, 1) is uneven and evenly_first(None, 32, 2) is None
     with pytest.raises(TuningError, match="num_replicas"):
         even_first_batch(uneven, 0)
 
 
 def test_validation_arrays_become_batches_with_an_even_first_batch():
     x, y = np.arange(25, dtype="float32")[:, None], np.arange(25)
-    sizes = [int(xb.shape[0]) for xb, _ in _evenly_first((x, y), 32, 2)]
+    sizes = [int(xb.shape[0]) for xb, _ in evenly_first((x, y), 32, 2)]
     assert sizes == [24, 1]
