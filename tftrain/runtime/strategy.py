@@ -94,6 +94,13 @@ class KerasMultiWorkerMirroredStrategy(_KerasReduce, tf.distribute.MultiWorkerMi
     """
 
 
+_MIRRORED: dict = {}
+"""`make_strategy("mirrored")`'s strategy per device list, made once a process: two MirroredStrategy objects
+on the same devices number their collective all-reduces alike, so the second model's gradients meet the
+first's in one collective instance ("Shape mismatch in the collective instance 100"), and every later
+step of the process fails; one strategy serves any number of models."""
+
+
 class KerasMirroredStrategy(_KerasReduce, tf.distribute.MirroredStrategy):
     """`MirroredStrategy` (one process, several replicas) whose `reduce` takes the first batch Keras 3's
     `fit` reduces before building the model when it holds strings (a table's categorical column):
@@ -210,8 +217,11 @@ def make_strategy(
         return tf.distribute.get_strategy()
     if name == "one_device":
         return tf.distribute.OneDeviceStrategy(devices.devices[0])
-    if name == "mirrored":
-        return KerasMirroredStrategy(list(devices.devices))
+    if name == "mirrored":  # one a process per device list: see _MIRRORED
+        key = tuple(devices.devices)
+        if key not in _MIRRORED:
+            _MIRRORED[key] = KerasMirroredStrategy(list(key))
+        return _MIRRORED[key]
     check_cluster(name, cluster)
     if name == "parameter_server":
         if cluster.task_type != "chief":
