@@ -240,11 +240,11 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         step's status (`done` / `failed: ...`) goes into `metrics.json`'s `after_steps`."""
         if not self.config.train.export or not self.is_chief:
             return None
-        from tftrain.train import after_steps, export
+        from tftrain.train import after_steps
 
         try:
             self.extras["export"] = after_steps.export(
-                self._float32_twin(model), export.parse(self.config.train.export), self.out_dir.path,
+                self._float32_twin(model), self._export_formats(), self.out_dir.path,
                 self._export_features(), self.console.line)
             status = "done"
         except Exception as e:  # noqa: BLE001 (recorded and raised once the record is written)
@@ -264,7 +264,8 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
     def redo_after_steps(self) -> None:
         """A rerun of a run that trained and wrote `metrics.json` but did not finish its after-steps
         (`RunDir.after_steps_pending`): the model is built as the task builds it, its trained weights
-        loaded from `model.keras`, and only the pending steps run; nothing is trained. `metrics.json`
+        loaded from `model.keras` (built under the run's dtype policy, exported in float32), and only the pending
+        steps run; nothing is trained. `metrics.json`
         gets their results.
 
         Raises:
@@ -281,8 +282,10 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         try:
             with rundir_lib.locked(path):
                 self.out_dir = self.run_dir
-                model = self._build_in_float32()
+                self._set_policy(metrics.get("precision") or "float32")  # built as the run built it, then float32
+                model = self._plain_outputs(self._built(self.task.build_model()))
                 model.load_weights(str(path / rundir_lib.MODEL_FILE))
+                model = self._float32_twin(model)
                 failure = None
                 try:
                     results = after_steps.export(model, self._export_formats(), path,

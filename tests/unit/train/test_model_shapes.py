@@ -96,21 +96,22 @@ def test_an_export_that_fails_after_training_keeps_the_run_and_the_same_command_
         patched.setattr(export, "export_all", fails_in_the_run_directory)
         with pytest.raises(AfterStepFailed, match=r"export failed after training \(RuntimeError: disk said no\); "
                                                   r"the trained model and metrics.json are kept"):
-            _fit(task, tmp_path, epochs=2, export="saved_model")
+            _fit(task, tmp_path, epochs=2, export="saved_model", precision="mixed_bfloat16")
     run_dir = tmp_path / "run"
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["after_steps"] == {"export": "failed: RuntimeError: disk said no"}
     assert metrics["epochs_trained"] == 2 and (run_dir / "model.keras").is_file()
     assert not (run_dir / "backup").exists()  # the run is finished: nothing to resume
     history = (run_dir / "history.csv").read_text()
-    assert _fit(task, tmp_path, epochs=2, export="saved_model") is None  # only the export: nothing trained
+    # only the export, from model.keras built under the run's policy: nothing trained
+    assert _fit(task, tmp_path, epochs=2, export="saved_model", precision="mixed_bfloat16") is None
     assert (run_dir / "history.csv").read_text() == history
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["after_steps"] == {"export": "done"} and metrics["export"]["saved_model"]["outputs"] == [
         "label", "value"]
     assert (run_dir / "export" / "saved_model" / "saved_model.pb").is_file()
     with pytest.raises(ConfigError, match="holds a finished run"):  # done: the same command is refused again
-        _fit(task, tmp_path, epochs=2, export="saved_model")
+        _fit(task, tmp_path, epochs=2, export="saved_model", precision="mixed_bfloat16")
 
 
 def _numpy_function_task():
