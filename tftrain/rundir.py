@@ -290,10 +290,19 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
         raise _finished_error(p)
     try:
         previous = yaml.safe_load((p / CONFIG_FILE).read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError:
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
         previous = None
     if not isinstance(previous, dict):
-        raise RunDirError(f"Run directory {str(p)!r} holds an unreadable {CONFIG_FILE}. Pass a new --run-dir.")
+        kept = [name for name in (BACKUP_DIR, MODEL_FILE) if (p / name).exists()]
+        raise RunDirError(
+            f"Run directory {str(p)!r} holds a damaged {CONFIG_FILE} ({p / CONFIG_FILE}), the settings its run "
+            + (f"started with; its {' and '.join(kept)} may be intact. Write {CONFIG_FILE} back (the same command with "
+               "--sanity-check prints its settings as YAML) and rerun to resume, or pass a new --run-dir." if kept else "started with. Pass a new --run-dir."))
+    if not finished and (p / MODEL_FILE).exists() and not (p / BACKUP_DIR).exists():
+        raise RunDirError(
+            f"Run directory {str(p)!r} holds a trained {MODEL_FILE} but no {METRICS_FILE} and no checkpoint to resume "
+            f"from ({METRICS_FILE} was removed, or the run was killed as it finished): training again would "
+            "overwrite the model. Move the model elsewhere, or pass a new --run-dir.")
     diffs = _differences(_strip(previous), _strip(config))
     if diffs and finished:
         raise _finished_error(p)

@@ -41,6 +41,25 @@ def test_other_runs_checkpoint_is_refused_and_kept(tmp_path):
     assert (tmp_path / "run" / "config.yaml").read_text() == before
 
 
+@pytest.mark.parametrize("damage", [b"\xff\xfe\x00garbage", b"runtime: [unclosed"])
+def test_a_damaged_config_beside_a_checkpoint_names_the_file_and_how_to_resume(tmp_path, damage):
+    started(tmp_path / "run")
+    (tmp_path / "run" / "backup").mkdir()
+    (tmp_path / "run" / "config.yaml").write_bytes(damage)
+    with pytest.raises(RunDirError, match=r"holds a damaged config\.yaml .*its backup may be intact\. Write "
+                                          r"config\.yaml back .* and rerun to resume"):
+        rundir.check_run_dir(tmp_path / "run", CFG.to_dict())
+    assert (tmp_path / "run" / "config.yaml").read_bytes() == damage  # nothing a user could restore is touched
+
+
+def test_a_trained_model_without_metrics_or_checkpoint_is_not_trained_over(tmp_path):
+    started(tmp_path / "run")
+    (tmp_path / "run" / "model.keras").write_bytes(b"trained")
+    with pytest.raises(RunDirError, match=r"holds a trained model\.keras but no metrics\.json and no checkpoint"):
+        rundir.check_run_dir(tmp_path / "run", CFG.to_dict())
+    assert (tmp_path / "run" / "model.keras").read_bytes() == b"trained"
+
+
 def test_finished_run_is_refused(tmp_path):
     started(tmp_path / "run")
     (tmp_path / "run" / "metrics.json").write_text("{}")
