@@ -115,7 +115,8 @@ def default_run_dir(recipe: str, root: str = "runs", now: Optional[datetime.date
     return candidate
 
 
-def newest_unfinished(task: str, config: dict, root: str = "runs", restart_of: Optional[str] = None) -> Optional[Path]:
+def newest_unfinished(task: str, config: dict, root: str = "runs", restart_of: Optional[str] = None,
+                      in_use_ok: bool = False) -> Optional[Path]:
     """The newest run directory `root/<task>-*` that this run may resume: unfinished (no `metrics.json`)
     or finished by an earlier attempt of job `restart_of`, of the same configuration, not in use by
     another process (`--resume`).
@@ -125,6 +126,8 @@ def newest_unfinished(task: str, config: dict, root: str = "runs", restart_of: O
         config: this run's configuration as nested dicts (`RecipeConfig.to_dict()`).
         root: the folder of default run directories. Defaults to `"runs"`.
         restart_of: see `check_run_dir`. Defaults to None.
+        in_use_ok: take a directory another process holds (a worker of a multi-process job, whose chief
+            holds the directory it resumes). Defaults to False.
 
     Returns:
         The directory, or None when there is none.
@@ -133,7 +136,8 @@ def newest_unfinished(task: str, config: dict, root: str = "runs", restart_of: O
     for path in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
         try:
             check_run_dir(path, config, restart_of)
-            check_not_in_use(path)
+            if not in_use_ok:
+                check_not_in_use(path)
         except RunDirError:
             continue
         return path

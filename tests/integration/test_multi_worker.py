@@ -296,3 +296,35 @@ def test_parameter_server_job_stops_on_sigterm_and_resumes_mid_epoch_after_a_kil
     assert optimizer_steps(run_dir) == 3 * metrics["steps_per_epoch"] == 3 * 32
     assert metrics["test_accuracy"] > 0.85
     assert _alive(_started_pids(result.stderr).values()) == []
+
+
+@pytest.mark.timeout(400)
+def test_the_printed_advice_resumes_a_multi_worker_job_started_without_run_dir(tmp_path):
+    # The launcher gives each job its own run id, so the rerun's default directory is new: --resume must find the
+    # interrupted run (every task the same one) instead of training a new run from step 0.
+    cmd = _launcher(["--workers", "2"], [*MWMS, *FLAGS], 200)
+    env = _env(tmp_path / "tmp")
+    launcher = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, sent = [], False
+    try:
+        for line in launcher.stdout:
+            lines.append(line)
+            if not sent and line.startswith("[worker:0] Epoch 2/3"):
+                time.sleep(0.5)  # into epoch 2: epoch 1's checkpoint is written
+                launcher.send_signal(signal.SIGTERM)
+                sent = True
+        launcher.wait(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    output = "".join(lines)
+    assert sent and launcher.returncode == 128 + signal.SIGTERM, output[-3000:]
+    advice = re.search(r"To resume, rerun the same command with --resume", output)
+    assert advice, output[-3000:]
+    (first,) = list((tmp_path / "runs").iterdir())
+    assert not (first / "metrics.json").exists()
+    again = subprocess.run(cmd + ["--resume"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert list((tmp_path / "runs").iterdir()) == [first]  # no new run directory
+    assert "[worker:0] resuming: " in again.stdout and (first / "metrics.json").is_file()

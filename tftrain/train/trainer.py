@@ -364,14 +364,20 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
             rundir_lib.check_not_in_use(self.run_dir.path)
 
     def _resumed(self) -> Optional[Path]:
-        """`--resume`: the newest unfinished run directory of this task and configuration (`runs/<task>-*`).
+        """`--resume`: the newest unfinished run directory of this task and configuration (`runs/<task>-*`). In a
+        cluster, the job's own default directory where it exists (a scheduler's restart of the job), else the
+        same search on every task: a rerun of a job (`tftrain.launch` gives each its own run id) resumes the
+        run the interrupted one left; the tasks other than the chief take it although the chief holds it.
 
         Raises:
             RunDirError: when there is none.
         """
-        if not self.config.resume or self.cluster is not None:  # a cluster's default directory is already fixed
+        if not self.config.resume:
             return None
-        found = rundir_lib.newest_unfinished(self.task.name, self.config.to_dict(), restart_of=rundir_lib.restarted_job())
+        if self.cluster is not None and (self._default_run_dir() / rundir_lib.CONFIG_FILE).is_file():
+            return None  # the same job again: its directory is fixed
+        found = rundir_lib.newest_unfinished(self.task.name, self.config.to_dict(), restart_of=rundir_lib.restarted_job(),
+                                             in_use_ok=not self.is_chief)
         if found is None:
             raise rundir_lib.RunDirError(
                 f"--resume found no unfinished run of task {self.task.name!r} with these settings under runs/. "
