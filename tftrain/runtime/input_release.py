@@ -13,8 +13,9 @@ a native stack of `RootDataset::Iterator::~Iterator` waiting in
 The wait releases the GIL, so the same destructor run on another thread costs the main thread
 nothing (measured: no gap over 1 ms on the main thread while a background thread waited 2.5 s).
 `released_off_thread` keeps the iterator alive past `fit` (a callback takes its references from
-`fit`'s frame at `on_train_end`) and frees it on a daemon thread; at interpreter exit the last such
-thread is joined for at most `EXIT_WAIT_S`, so TensorFlow is never torn down under a destructor.
+`fit`'s frame at `on_train_end`) and frees it on a daemon thread; at interpreter exit every such
+thread still running is joined, however long it takes, so TensorFlow is never torn down under a
+destructor (a process that exits while one runs aborts: "terminate called ...", exit 134).
 When Keras's `fit` names its locals otherwise, nothing is taken and `fit` frees its iterator as
 before.
 """
@@ -31,9 +32,6 @@ FIT_LOCALS = ("iterator", "epoch_iterator")
 """The locals of Keras's `TensorFlowTrainer.fit` (keras/src/backend/tensorflow/trainer.py) that hold
 its tf.data iterator: the epoch iterator and the one it yields."""
 
-EXIT_WAIT_S = 5.0
-"""Seconds the interpreter's exit waits for a background release still running (its wait is at most
-about 2.5 s)."""
 
 _pending: List[threading.Thread] = []
 
@@ -88,4 +86,4 @@ def released_off_thread() -> Iterator["keras.callbacks.Callback"]:
 @atexit.register
 def _join_pending():
     for thread in list(_pending):
-        thread.join(EXIT_WAIT_S)
+        thread.join()  # no limit: the destructor's wait ends with the autotuning thread's sleep (at most ~2.5 s)
