@@ -240,6 +240,7 @@ class ModelStages:
             self._use_float32_instead(f"the model does not {what} under {self.runtime.precision.policy}", e.error)
             plan = self._sanity_plan()
             result = sanity.run(plan, say=self.console.warn)
+        self.loop.check_model(plan.compile_args, result.overridden_steps)
         if result.float32_needed:  # --precision auto chose the mixed policy: float32 keeps the labels whole
             from tftrain.runtime.precision import PrecisionChoice
 

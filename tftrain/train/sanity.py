@@ -87,6 +87,7 @@ class SanityResult:
             (None: not checked, or the step updated no weight).
         float32_needed: why the outputs must be float32 (labels that would round), else None.
         seconds: the pass's wall time.
+        overridden_steps: the Keras step methods the model's class replaces (`"train_step"`, ...).
     """
 
     train_keys: Tuple[str, ...]
@@ -95,6 +96,7 @@ class SanityResult:
     step_scales_loss: Optional[bool]
     float32_needed: Optional[str]
     seconds: float
+    overridden_steps: Tuple[str, ...] = ()
 
     def line(self) -> str:
         """One line for the console: what was checked and how long it took."""
@@ -208,9 +210,9 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
         raise ConfigError(f"{float32_needed}. Give the model's last layer dtype='float32' (or cast its outputs to "
                           "float32), or pass --precision float32.")
     scales = None
-    overridden = "train_step" in _overridden(model)
+    overridden = _overridden(model)
     del model
-    if plan.loss_scaling and overridden:
+    if plan.loss_scaling and "train_step" in overridden:
         from tftrain.runtime.precision import step_scales_loss
 
         scales = step_scales_loss(*_compiled(plan), train)
@@ -219,7 +221,7 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
         _try_exports(plan, x)
         checked.append("export " + ", ".join(plan.export_formats))
     return SanityResult(train_keys, validation_keys, tuple(checked), scales, float32_needed,
-                        time.perf_counter() - started)
+                        time.perf_counter() - started, overridden)
 
 
 def _one_batch(dataset, size: int):

@@ -42,8 +42,13 @@ def test_what_each_loop_does_besides_fit():
     assert (ps.checks_input, ps.validates, ps.needs_steps_per_epoch) == (False, False, True)
     worker, chief = types.SimpleNamespace(task_type="worker"), types.SimpleNamespace(task_type="chief")
     assert ps.serves(worker) and not ps.serves(chief) and not fit.serves(worker)
-    with pytest.raises(ConfigError, match="one loss for the whole model, not a dict per output"):
-        ps.compile(None, {"loss": {"a": "mse"}}, None)
+    for loss in ({"a": "mse"}, ["mse", "mae"]):  # a dict or a list per output
+        with pytest.raises(ConfigError, match="one loss for the whole model, not one per output"):
+            ps.compile(None, {"loss": loss}, None)
+    with pytest.raises(ConfigError, match="runs its own training step, so this model's train_step would not run"):
+        ps.check_model({"loss": "mse"}, ("train_step",))
+    ps.check_model({"loss": "mse"}, ("test_step",))
+    fit.check_model({"loss": {"a": "mse"}}, ("train_step",))  # Model.fit trains any of them
 
 
 def test_fit_loop_accepts_every_flag_alone():

@@ -63,6 +63,15 @@ class FitLoop:
         """The steps per execution this loop runs: here the requested ones (its data ends each epoch)."""
         return requested
 
+    def check_model(self, compile_args: dict, overridden_steps: tuple) -> None:
+        """Refuses, before the run directory (the sanity pass), a model this loop cannot train: here none
+        (`Model.fit` trains any model Keras compiles).
+
+        Args:
+            compile_args: the task's `Model.compile` arguments.
+            overridden_steps: the Keras step methods the model's class replaces (`"train_step"`, ...).
+        """
+
     def check(self, cfg: config_lib.RecipeConfig) -> None:
         """Refuses flags this loop cannot honour, before any work.
 

@@ -99,12 +99,25 @@ class ParameterServerLoop(FitLoop):
 
         return telling_servers(cluster)
 
+    def check_model(self, compile_args: dict, overridden_steps: tuple) -> None:
+        """Refuses a loss per output (the loop's step computes one loss for the whole model) and a model with
+        its own `train_step` (the loop runs its own step, so the model's would be silently skipped).
+
+        Raises:
+            ConfigError: naming what, and the strategy to use instead.
+        """
+        loss = compile_args.get("loss")
+        if isinstance(loss, (Mapping, list, tuple)) or compile_args.get("loss_weights") is not None:
+            raise ConfigError("The parameter-server loop takes one loss for the whole model, not one per output. "
+                              "Train a multi-output model with another strategy (e.g. multi_worker_mirrored).")
+        if "train_step" in overridden_steps:
+            raise ConfigError("The parameter-server loop runs its own training step, so this model's train_step "
+                              "would not run. Train it with another strategy (e.g. multi_worker_mirrored).")
+
     def compile(self, model, compile_args: dict, runtime) -> None:
         """Compiles optimizer and loss only, in the strategy's scope: the loop updates metrics
         itself, and the coordinator schedules its own `tf.function`s."""
-        if isinstance(compile_args.get("loss"), Mapping):
-            raise ConfigError("The parameter-server loop takes one loss for the whole model, not a dict per output. "
-                              "Train a multi-output model with another strategy.")
+        self.check_model(compile_args, ())
         with runtime.strategy.scope():
             model.compile(optimizer=compile_args.get("optimizer"), loss=compile_args.get("loss"))
 

@@ -294,7 +294,7 @@ def evaluate(model: keras.Model, dataset: tf.data.Dataset, metrics: Sequence[ker
 
     Args:
         model: the compiled model (its loss is reported as `"loss"`).
-        dataset: batches of `(x, y)`, not distributed.
+        dataset: batches of `(x, y)` or `(x, y, sample_weight)`, not distributed.
         metrics: fresh Keras metrics created outside `strategy.scope()` (their
             variables then live on the chief). Defaults to none.
 
@@ -313,12 +313,13 @@ def evaluate(model: keras.Model, dataset: tf.data.Dataset, metrics: Sequence[ker
     metrics = list(metrics)
 
     @tf.function
-    def eval_step(x, y):
+    def eval_step(batch):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
         y_pred = model(x, training=False)
-        loss_tracker.update_state(_loss(model, y, y_pred), sample_weight=tf.shape(y)[0])
+        loss_tracker.update_state(_loss(model, y, y_pred, sample_weight), sample_weight=tf.shape(y)[0])
         for metric in metrics:
-            metric.update_state(y, y_pred)
+            metric.update_state(y, y_pred, sample_weight=sample_weight)
 
-    for x, y in dataset:
-        eval_step(x, y)
+    for batch in dataset:
+        eval_step(batch)
     return {m.name: float(m.result()) for m in (loss_tracker, *metrics)}
