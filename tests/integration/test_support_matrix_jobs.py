@@ -1,0 +1,56 @@
+"""The support matrix's multi-process columns: every model shape (tests/matrix/shapes.py) as a real
+MultiWorkerMirrored job (2 workers) and a real ParameterServer job (chief, worker, ps) on 127.0.0.1
+through `python -m tftrain.launch`, each trained to its test figure or refused before training with one
+line (exit 2); the results must be those in tests/matrix/results.json (`TFTRAIN_WRITE_MATRIX=1`
+writes them there)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, SUBPROCESS_ENV
+from tests.matrix import table
+from tests.matrix.shapes import SHAPE_ENV, SHAPES
+
+pytestmark = pytest.mark.integration
+
+PY = sys.executable
+FLAGS = ["--epochs", "2", "--batch-size", "32", "--verbose", "0", "--seed", "0", "--precision", "float32",
+         "--execution", "graph"]
+JOBS = {
+    "multi_worker_mirrored, 2 workers": (["--workers", "2"], ["--strategy", "multi_worker_mirrored",
+                                                              "--communication", "ring"]),
+    "parameter_server, 1 worker + 1 ps": (["--chief", "--workers", "1", "--ps", "1"],
+                                          ["--strategy", "parameter_server"]),
+}
+
+
+def _job(row: str, launch_args, run_args, run_dir) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
+    env = {**env, **SUBPROCESS_ENV, "TF_CPP_MIN_LOG_LEVEL": "3", SHAPE_ENV: row}
+    cmd = [PY, "-m", "tftrain.launch", *launch_args, "--timeout", "150", "--grace", "3", "--",
+           PY, "-m", "tftrain.run", "tests/matrix/shapes.py:task", *run_args, *FLAGS, "--run-dir", str(run_dir)]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=200)
+    output = done.stdout + done.stderr
+    if done.returncode == 0 and (run_dir / "metrics.json").is_file():
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+        losses = [v for k, v in metrics.items() if k.startswith("test_") and isinstance(v, float)]
+        return "ok" if losses and all(math.isfinite(v) for v in losses) else f"failed: test figures {losses}"
+    errors = [line.split("error: ", 1)[1] for line in output.splitlines() if "tftrain.run: error: " in line]
+    if done.returncode == 2 and errors and not (run_dir / "metrics.json").exists():
+        return f"refused: {errors[0]}"
+    return f"failed: exit {done.returncode}: {' | '.join(output.strip().splitlines()[-4:])[:400]}"
+
+
+@pytest.mark.timeout(3000)
+@pytest.mark.parametrize("column", list(JOBS))
+def test_every_shape_as_a_multi_process_job(column, tmp_path):
+    launch_args, run_args = JOBS[column]
+    found = {row: {column: _job(row, launch_args, run_args, tmp_path / f"row{i}")} for i, row in enumerate(SHAPES)}
+    failed = [f"{row}: {cells[column]}" for row, cells in found.items() if table.kind(cells[column]) == "failed"]
+    assert not failed, "\n".join(failed)
+    assert not table.check_or_write(found)
