@@ -6,7 +6,8 @@ before any training, timing or run directory. `--sanity-check` runs only this pa
                 without `set_shape`); `class_weight` against the labels (one output only)
     model       a model of the task's, built and compiled as the run's (outside the strategy, so that
                 no replica or worker takes part), one training and one validation step on a batch of
-                the run's own data: the epoch logs' keys
+                the run's own data, run eagerly (tracing one step costs more than running it): the
+                epoch logs' keys
     monitor     `--monitor` among those keys, with a known direction (`--monitor-mode`)
     precision   labels that the outputs' dtype would round (bfloat16 holds integers exactly up to 256,
                 float16 up to 2048: keras-team/keras#15014); under `mixed_float16`, whether a `train_step`
@@ -15,7 +16,7 @@ before any training, timing or run directory. `--sanity-check` runs only this pa
     export      each `--export` format written to a temporary folder, loaded back and compared
 
 The pass builds a model of its own and drops it: the run's build, timing and training are not
-changed by it (its cost, a build and two traced steps, plus each export, is `SanityResult.seconds`).
+changed by it (its cost, a build and two eager steps, plus each export, is `SanityResult.seconds`).
 Lightning's sanity steps (`num_sanity_val_steps`) run validation before training in the same spirit.
 """
 
@@ -182,7 +183,7 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
         model = plan.build()
     except Exception as error:  # noqa: BLE001 (the run's own build stage raises it, with its traceback file)
         raise BuildFailed(error) from error
-    model.compile(**plan.compile_args)
+    model.compile(**plan.compile_args, run_eagerly=True)  # one step: tracing it would cost more than it runs
     if plan.init_from is not None:  # into the float32 model: a policy still to be timed may wrap the outputs
         from tftrain.train import init_weights
 
@@ -369,7 +370,7 @@ def _compiled(plan: SanityPlan):
     """A fresh model of the task's with `plan.compile_args`, and a function that compiles it with another
     optimizer (for `step_scales_loss`)."""
     model = plan.build()
-    return model, lambda optimizer: model.compile(**{**plan.compile_args, "optimizer": optimizer})
+    return model, lambda optimizer: model.compile(**{**plan.compile_args, "optimizer": optimizer}, run_eagerly=True)
 
 
 def _try_exports(plan: SanityPlan, x) -> None:
