@@ -241,6 +241,7 @@ class ModelStages:
             plan = self._sanity_plan()
             result = sanity.run(plan, say=self.console.warn)
         self.loop.check_model(plan.compile_args, result.overridden_steps)
+        self._forget_sanity_models()
         if result.float32_needed:  # --precision auto chose the mixed policy: float32 keeps the labels whole
             from tftrain.runtime.precision import PrecisionChoice
 
@@ -251,6 +252,16 @@ class ModelStages:
         self.extras["sanity"] = {"checked": list(result.checked), "seconds": round(result.seconds, 3)}
         self.console.line(result.line())
         return result
+
+    def _forget_sanity_models(self) -> None:
+        """Keras's session cleared after the pass (`keras.backend.clear_session`), its dtype policy set again:
+        Keras numbers unnamed layers with one counter a process, so the run's model is named as it would be
+        without the pass (a per-output `--monitor val_dense_1_mae` of an earlier run names the same output)."""
+        import keras
+
+        policy = self.runtime.precision.policy
+        keras.backend.clear_session()
+        self._set_policy(policy)
 
     def _sanity_plan(self):
         """The `SanityPlan` of this run: the model built as `build_model` builds it (outside the strategy),

@@ -225,3 +225,29 @@ def test_python_m_tftrain_export_exports_a_finished_run_of_a_mixed_policy_model(
     assert "holds no finished run" in capsys.readouterr().err
     assert export.main([str(run_dir), "--formats", "pdf"]) == 2
     assert "unknown format 'pdf'" in capsys.readouterr().err
+
+
+def _unnamed_outputs():
+    import keras
+
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    return keras.Model(inputs, [keras.layers.Dense(2, activation="softmax")(hidden), keras.layers.Dense(1)(hidden)])
+
+
+@pytest.mark.slow
+def test_the_run_s_model_is_named_as_plain_keras_names_it_so_a_per_output_monitor_of_unnamed_layers_works(tmp_path):
+    import keras
+
+    keras.backend.clear_session()
+    plain = _unnamed_outputs()  # what plain Keras, in a fresh process, calls the outputs' metrics
+    plain.compile(loss=["sparse_categorical_crossentropy", "mse"], metrics=[["accuracy"], ["mae"]])
+    keys = set(plain.fit(X, [CLASSES, VALUES], validation_split=0.25, epochs=1, verbose=0).history)
+    monitor = next(k for k in keys if k.startswith("val_dense") and k.endswith("_mae"))
+    keras.backend.clear_session()
+    task = _task(dict(build_model=_unnamed_outputs, x=X, y=(CLASSES, VALUES), loss=["sparse_categorical_crossentropy",
+                                                                                    "mse"],
+                      metrics=[["accuracy"], ["mae"]]))
+    record = _fit(task, tmp_path, epochs=2, validation_split=0.25, keep_best=1, monitor=monitor, precision="float32")
+    assert set(record.history) == keys  # the sanity pass's model did not shift the names
+    assert len(record.extras["keep_best"]["kept"]) == 1 and record.extras["keep_best"]["monitor"] == monitor
