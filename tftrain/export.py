@@ -57,8 +57,9 @@ def signature_features(model, batch: int = 4):
     import tensorflow as tf
 
     if not getattr(model, "inputs", None):
-        raise ConfigError(f"{type(model).__name__} has no input signature (a subclassed model): rerun its training "
-                          "command with --export FORMATS, which exports from its task without training again.")
+        raise ConfigError(f"{type(model).__name__} has no input signature (a subclassed model). Export it from "
+                          "Python: build it, call it on a batch, model.load_weights('RUN_DIR/model.keras'), then "
+                          "model.export(PATH, format=...).")
     rng = np.random.default_rng(0)
 
     def example(tensor):
@@ -116,8 +117,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as e:  # noqa: BLE001 (a model.keras that does not load: one line)
         from tftrain.train.sanity import cause_line
 
-        print(f"{PROG}: error: {run_dir / rundir_lib.MODEL_FILE} does not load ({cause_line(e)}). Rerun its "
-              "training command with --export FORMATS instead, which builds the model from its task.", file=sys.stderr)
+        print(f"{PROG}: error: {run_dir / rundir_lib.MODEL_FILE} does not load ({cause_line(e)}). Export it from "
+              "Python: build the task's model, model.load_weights(...) from that file, then model.export(...).",
+              file=sys.stderr)
         return 2
     try:
         with rundir_lib.locked(run_dir):

@@ -300,8 +300,9 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
         kept = [name for name in (BACKUP_DIR, MODEL_FILE) if (p / name).exists()]
         raise RunDirError(
             f"Run directory {str(p)!r} holds a damaged {CONFIG_FILE} ({p / CONFIG_FILE}), the settings its run "
-            + (f"started with; its {' and '.join(kept)} may be intact. Write {CONFIG_FILE} back (the same command with "
-               "--sanity-check prints its settings as YAML) and rerun to resume, or pass a new --run-dir." if kept else "started with. Pass a new --run-dir."))
+            + (f"started with; its {' and '.join(kept)} may be intact. Write {CONFIG_FILE} back as it was (a copy, or "
+               "the YAML the same command prints at start without --run-dir) and rerun to resume, or pass a new "
+               "--run-dir." if kept else "started with. Pass a new --run-dir."))
     if not finished and (p / MODEL_FILE).exists() and not (p / BACKUP_DIR).exists():
         raise RunDirError(
             f"Run directory {str(p)!r} holds a trained {MODEL_FILE} but no {METRICS_FILE} and no checkpoint to resume "

@@ -14,8 +14,8 @@ The wait releases the GIL, so the same destructor run on another thread costs th
 nothing (measured: no gap over 1 ms on the main thread while a background thread waited 2.5 s).
 `released_off_thread` keeps the iterator alive past `fit` (a callback takes its references from
 `fit`'s frame at `on_train_end`) and frees it on a daemon thread; at interpreter exit every such
-thread still running is joined, however long it takes, so TensorFlow is never torn down under a
-destructor (a process that exits while one runs aborts: "terminate called ...", exit 134).
+thread still running is joined (for up to `EXIT_WAIT_S` each), so TensorFlow is not torn down under
+a destructor (a process that exits while one runs aborts: "terminate called ...", exit 134).
 When Keras's `fit` names its locals otherwise, nothing is taken and `fit` frees its iterator as
 before.
 """
@@ -32,6 +32,11 @@ FIT_LOCALS = ("iterator", "epoch_iterator")
 """The locals of Keras's `TensorFlowTrainer.fit` (keras/src/backend/tensorflow/trainer.py) that hold
 its tf.data iterator: the epoch iterator and the one it yields."""
 
+
+EXIT_WAIT_S = 60.0
+"""Seconds the interpreter's exit waits for each release still running: its destructor waits for the
+autotuning thread's sleep (at most about 2.5 s), longer only on a loaded machine; a process that exits
+while one runs aborts ("terminate called ...", exit 134)."""
 
 _pending: List[threading.Thread] = []
 
@@ -86,4 +91,7 @@ def released_off_thread() -> Iterator["keras.callbacks.Callback"]:
 @atexit.register
 def _join_pending():
     for thread in list(_pending):
-        thread.join()  # no limit: the destructor's wait ends with the autotuning thread's sleep (at most ~2.5 s)
+        thread.join(EXIT_WAIT_S)
+        if thread.is_alive():  # a destructor that never returns (a pipeline blocked in the user's own code)
+            print(f"tftrain: an input pipeline was still being freed after {EXIT_WAIT_S:.0f} s at exit",
+                  file=sys.stderr, flush=True)

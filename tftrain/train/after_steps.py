@@ -63,5 +63,6 @@ def failed_message(step: str, run_dir, error_status: str, formats: Optional[str]
     """The one line of an after-step that failed: what failed, that the run is kept, and how to redo only it."""
     redo = f"python -m tftrain.export {run_dir} --formats {formats}" if step == "export" and formats else None
     return (f"{step} failed after training ({error_status.removeprefix('failed: ')}); the trained model and "
-            f"metrics.json are kept in {run_dir}. Rerun the same command to do only the {step} again"
+            f"metrics.json are kept in {run_dir}. Rerun the same command with --run-dir {run_dir} to do only the "
+            f"{step} again"
             + (f", or run {redo}" if redo else ""))

@@ -151,7 +151,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         self.check()
         if self.serves():
             return self.serve()
-        if self.run_dir.after_steps_pending:  # trained and written before: only its after-steps
+        if self.run_dir.after_steps_pending and not self.config.sanity_check:  # trained before: its after-steps
             return self.redo_after_steps()
         if self.run_dir.finished_before:
             self.end_finished_job()
@@ -194,8 +194,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         self.sanity_pass()  # before the run directory: what cannot work is refused with nothing written
         if self.config.sanity_check:
             self.task.release()
-            self.console.line(f"sanity check passed; nothing trained, no run directory written ({self.run_dir.path} "
-                              "is where this command without --sanity-check trains)")
+            self.console.line("sanity check passed; nothing trained, no run directory written")
             return None
         try:
             with rundir_lib.task_run_dir(self.run_dir, config_lib.to_yaml(self.config), self.is_chief,
@@ -273,10 +272,19 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         """
         from tftrain.train import after_steps
 
+        if not self.is_chief:  # the chief exports; a parameter-server job's servers wait for it (loop.job)
+            return None
         path = self.run_dir.path
         metrics = json.loads((path / rundir_lib.METRICS_FILE).read_text(encoding="utf-8"))
         self.bind_task()
         self.setup_runtime()
+        with self.loop.job(self.cluster):
+            self._redo_export(path, metrics)
+
+    def _redo_export(self, path, metrics: dict) -> None:
+        """`redo_after_steps`'s export, under the run directory's lock."""
+        from tftrain.train import after_steps
+
         self.console.line(f"run directory: {path}: trained before (metrics.json); doing only its pending "
                           f"after-step(s): {', '.join(self.run_dir.after_steps_pending)}")
         try:
