@@ -72,10 +72,10 @@ def _env() -> dict:
 
 def _saved_step(run_dir: Path):
     """The optimizer step of the newest checkpoint on disk, or None."""
-    try:
-        return json.loads((run_dir / "backup" / "training_metadata.json").read_text())["optimizer_iterations"]
-    except (OSError, ValueError, KeyError):
-        return None
+    from tftrain.checkpoint_files import read_position
+
+    position = read_position(run_dir / "backup")
+    return None if position is None else position.optimizer_iterations
 
 
 def _pids(output: str, proc) -> list:

@@ -143,10 +143,9 @@ def interrupt_after_first_checkpoint(module, args, run_dir, cwd, timeout=180):
     held_run = str(REPO / "tests" / "held_run.py")
     proc = subprocess.Popen([sys.executable, held_run, module, *map(str, args)], cwd=cwd, text=True,
                             env={**env, **SUBPROCESS_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    meta = Path(run_dir) / "backup" / "training_metadata.json"
     try:
         deadline = time.monotonic() + timeout
-        while not meta.exists() and proc.poll() is None and time.monotonic() < deadline:
+        while checkpoint_metadata(run_dir) is None and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert proc.poll() is None, "run finished before it could be interrupted"
         proc.send_signal(signal.SIGINT)  # Ctrl-C
@@ -155,7 +154,25 @@ def interrupt_after_first_checkpoint(module, args, run_dir, cwd, timeout=180):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return proc.returncode, err, json.loads(meta.read_text())["epoch"]
+    return proc.returncode, err, checkpoint_metadata(run_dir)["epoch"]
+
+
+def checkpoint_metadata(run_dir):
+    """The newest checkpoint's position in `run_dir/backup` as a dict (`epoch`, `steps_in_epoch`,
+    `optimizer_iterations`), or None when there is none."""
+    import dataclasses
+
+    from tftrain.checkpoint_files import read_position
+
+    position = read_position(Path(run_dir) / "backup")
+    return None if position is None else dataclasses.asdict(position)
+
+
+def checkpoint_weights(run_dir) -> Path:
+    """The newest committed checkpoint's weights file in `run_dir/backup`."""
+    from tftrain.checkpoint_files import checkpoints
+
+    return checkpoints(Path(run_dir) / "backup")[0].weights
 
 
 def read_metrics(run_dir) -> dict:

@@ -356,18 +356,17 @@ def _finished_error(p: Path) -> RunDirError:
 
 
 def completed_epochs(backup_dir) -> int:
-    """Epochs recorded by a Keras `BackupAndRestore` checkpoint in `backup_dir` (0 if none)."""
+    """Epochs recorded by the newest checkpoint in `backup_dir` (`StepBackup`'s or Keras's `BackupAndRestore`'s; 0 if none)."""
     return _backup_metadata(backup_dir, "epoch")
 
 
 def _backup_metadata(backup_dir, key: str) -> int:
-    """An integer of the checkpoint's metadata (`epoch`; `steps_in_epoch`, written by
-    `tftrain.callbacks.StepBackup`); 0 when absent or unreadable."""
-    meta = Path(backup_dir) / "training_metadata.json"
-    try:
-        return int(json.loads(meta.read_text(encoding="utf-8")).get(key, 0))
-    except (OSError, ValueError, TypeError, AttributeError):
-        return 0
+    """An integer of the newest checkpoint's position (`epoch`; `steps_in_epoch`, written by
+    `tftrain.callbacks.StepBackup`); 0 when there is none."""
+    from tftrain.checkpoint_files import read_position
+
+    position = read_position(backup_dir)
+    return 0 if position is None else int(getattr(position, key, 0) or 0)
 
 
 def _holder(path: Path) -> str:

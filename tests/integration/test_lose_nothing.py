@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, SUBPROCESS_ENV
+from tests.conftest import REPO, SUBPROCESS_ENV, checkpoint_metadata, checkpoint_weights
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,7 @@ def test_a_kill_after_training_resumes_without_training_again(tmp_path):
     killed = _run(run_dir, kill=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert not (run_dir / "metrics.json").exists()
-    meta = json.loads((run_dir / "backup" / "training_metadata.json").read_text())
+    meta = checkpoint_metadata(run_dir)
     assert meta["epoch"] == 3  # the finished training's checkpoint outlived fit
     (run_dir / "failure.log").write_text("a failed attempt's traceback\n")
     done = _run(run_dir, kill=False)
@@ -93,10 +93,9 @@ def test_a_preemption_signal_saves_the_current_step_and_the_rerun_resumes_there(
     env.pop("TF_CONFIG", None)
     cmd = [sys.executable, "-c", _SLOW_RUN, str(run_dir)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    meta = run_dir / "backup" / "training_metadata.json"
     try:
         deadline = time.monotonic() + 240
-        while not meta.exists() and proc.poll() is None and time.monotonic() < deadline:
+        while checkpoint_metadata(run_dir) is None and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)  # the first epoch's checkpoint: training runs
         assert proc.poll() is None, proc.communicate()[1][-2000:]
         time.sleep(0.25)  # into the second epoch's 32 steps of 20 ms
@@ -107,7 +106,7 @@ def test_a_preemption_signal_saves_the_current_step_and_the_rerun_resumes_there(
             proc.kill()
             proc.wait()
     assert proc.returncode == 128 + signum, err[-2000:]
-    saved = json.loads(meta.read_text())
+    saved = checkpoint_metadata(run_dir)
     assert saved["epoch"] == 1 and 0 < saved["steps_in_epoch"] < 32, saved  # the step it stopped at, mid-epoch
     assert f"stopped by {signal.Signals(signum).name}: checkpoint saved at epoch 2, batch {saved['steps_in_epoch']}" \
         in err and "To resume, rerun the same command with --resume (or --run-dir" in err
@@ -187,9 +186,9 @@ def test_a_full_disk_fails_in_one_line_and_keeps_the_previous_checkpoint(small_d
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith("full: run failed: CheckpointSpaceError: No space for the checkpoint in ") and \
         "MB are free. The previous checkpoint is intact" in line, line
-    assert json.loads((run_dir / "backup" / "training_metadata.json").read_text())["epoch"] == 1
+    assert checkpoint_metadata(run_dir)["epoch"] == 1
     model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(256), keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse")
     model.optimizer.build(model.trainable_variables)
-    model.load_weights(run_dir / "backup" / "latest.weights.h5")  # whole
+    model.load_weights(checkpoint_weights(run_dir))  # whole
     assert int(model.optimizer.iterations) == 8  # the first epoch's 8 steps

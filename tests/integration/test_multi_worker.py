@@ -23,7 +23,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import REPO, SUBPROCESS_ENV, optimizer_steps, read_metrics
+from tests.conftest import REPO, SUBPROCESS_ENV, checkpoint_metadata, optimizer_steps, read_metrics
 from tftrain.callbacks.backup import BackupPosition, read_position
 
 pytestmark = pytest.mark.integration
@@ -180,7 +180,7 @@ def test_killed_worker_of_a_chief_and_worker_job_resumes_from_the_last_checkpoin
     assert "worker:0 was killed by SIGKILL (exit code 137); stopping chief:0" in output
     assert _alive(pids.values()) == []
     assert not (run_dir / "metrics.json").exists()
-    done = json.loads((run_dir / "backup" / "training_metadata.json").read_text())["epoch"]
+    done = checkpoint_metadata(run_dir)["epoch"]
     assert 1 <= done < 3
 
     result = _run(cmd, env, 300)  # the same command resumes, and finishes

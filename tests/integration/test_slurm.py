@@ -33,7 +33,7 @@ from pathlib import Path
 import portpicker
 import pytest
 
-from tests.conftest import REPO, optimizer_steps, read_metrics
+from tests.conftest import REPO, checkpoint_metadata, optimizer_steps, read_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -188,10 +188,10 @@ def jobs(slurm, tmp_path_factory):
         submitted[name] = (result.stdout.strip().split(";")[0], folder)
     deadline = time.monotonic() + JOB_TIMEOUT_S
     info, requeued, released = {}, False, False
-    epoch_saved = submitted["multi_worker"][1] / "runs" / "mnist-slurm" / "backup" / "training_metadata.json"
+    epoch_saved = submitted["multi_worker"][1] / "runs" / "mnist-slurm"
     try:
         while len(info) < len(submitted) and time.monotonic() < deadline:
-            if not requeued and epoch_saved.exists():  # in epoch 2: as a preemption would, mid-epoch
+            if not requeued and checkpoint_metadata(epoch_saved) is not None:  # in epoch 2: as a preemption would, mid-epoch
                 time.sleep(0.5)
                 done = subprocess.run(["scontrol", "requeue", submitted["multi_worker"][0]], env=env,
                                       capture_output=True, text=True, timeout=30)

@@ -8,9 +8,9 @@ from pathlib import Path
 from tests.conftest import REPO
 
 LAYERS = (
-    ("errors", "host", "metering"),  # facts and math without TensorFlow
+    ("errors", "host", "metering", "_compat"),  # facts and math without TensorFlow; _compat: the private uses
     ("config",),
-    ("runtime", "data", "rundir", "flops"),
+    ("runtime", "data", "rundir", "flops", "checkpoint_files"),
     ("callbacks",),
     ("tuning", "reports"),
     ("train", "ps_training"),  # ps_training: a re-export of tftrain.train.loops.ps_training

@@ -1,37 +1,25 @@
-"""StepBackup: Keras's `BackupAndRestore`, also every N optimizer steps, resuming mid-epoch.
+"""StepBackup: checkpoints at each epoch end and every N optimizer steps; a rerun resumes at the step.
 
-Keras 3's `BackupAndRestore(save_freq=N)` (keras/src/callbacks/backup_and_restore.py,
-read in Keras 3.15) saves every N batches and restores the epoch (a resumed run no longer
-trains every epoch again, keras-team/keras#19179), but not the step within it: it runs
-the interrupted epoch again from its first batch, on weights that already hold the steps
-done before the save, so those steps are done twice. A save at an epoch's last batch is
-labelled with that epoch (a resume runs the finished epoch again); under
-`steps_per_execution` > 1 its count drops one step at each epoch start (saves come
-further apart than N); and a resumed run labels its checkpoints epoch 0 until its first
-epoch ends (`_current_epoch` starts at 0). `StepBackup` keeps Keras's restore (weights, optimizer
-state and epoch; the previous checkpoint when the latest cannot be read) and file
-layout, and:
+Keras 3's `BackupAndRestore(save_freq=N)` saves every N batches and restores the epoch, but not the
+step within it: it runs the interrupted epoch again from its first batch, on weights that already
+hold the steps done before the save (keras-team/keras#19179). `StepBackup` restores weights,
+optimizer state, the epoch and the step within it, and:
 
-* saves at each epoch end and, given `every_steps`, every that many optimizer steps,
-  counted from the batch indices Keras passes (one hook covers one execution of
-  `steps_per_execution` steps);
-* writes the weights, then metadata naming the epoch, the steps of the epoch done and
-  `optimizer.iterations`, each through a temporary file and a rename (the previous pair is
-  kept as Keras's `*.bkp` by hard links, not copies: a 39 MB checkpoint's copy took 10-40
-  ms of every save); a checkpoint whose
-  metadata does not match its weights (a kill between the two renames) gives way to the
-  previous one;
-* ends the resumed epoch at the execution that completes its steps (it sets
-  `model.stop_training` and clears it again in `on_epoch_end`), so an interrupted run
-  takes as many optimizer steps in all as an uninterrupted one. The resumed epoch reads
-  its data from the start of a pass: the steps are not redone, but which batches they
-  see is not replayed.
+* saves at each epoch end and, given `every_steps`, every that many optimizer steps, counted from
+  the batch indices Keras passes (one hook covers one execution of `steps_per_execution` steps);
+* keeps numbered checkpoints (`tftrain.checkpoint_files`): Keras's weights file, flushed
+  to disk and renamed, then its metadata, which commits it; the previous checkpoint stays until the
+  new one is committed, so a kill or crash at any moment leaves a complete one;
+* restores the newest checkpoint that loads and whose optimizer step matches its metadata, else the
+  one before it, with one line saying which was skipped and how many steps that costs;
+* ends the resumed epoch at the execution that completes its steps (it sets `model.stop_training`
+  and clears it again in `on_epoch_end`), so an interrupted run takes as many optimizer steps in
+  all as an uninterrupted one. The resumed epoch reads its data from the start of a pass: the steps
+  are not redone, but which batches they see is not replayed.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import shutil
 import sys
@@ -41,78 +29,16 @@ from typing import Callable, Optional
 import keras
 import numpy as np
 
+from tftrain import checkpoint_files
 from tftrain.callbacks._steps import optimizer_steps
+from tftrain.checkpoint_files import BackupPosition, read_position  # noqa: F401 (their public home here)
 from tftrain.errors import check_int
-from tftrain.rundir import write_text_atomic
 
 SPACE_MARGIN = 1 << 20
 """Bytes of room a save needs beyond the checkpoint's own size (HDF5 structure, metadata)."""
 
-METADATA_FILE = "training_metadata.json"
-"""The checkpoint's metadata file in the backup directory (Keras's name)."""
 
-
-@dataclasses.dataclass(frozen=True)
-class BackupPosition:
-    """Where a checkpoint stands in the run.
-
-    Attributes:
-        epoch: epochs completed.
-        steps_in_epoch: batches (optimizer steps) of the next epoch done (0 at an
-            epoch end).
-        optimizer_iterations: `optimizer.iterations` when it was saved; None in a
-            checkpoint written by Keras's own `BackupAndRestore`.
-    """
-
-    epoch: int
-    steps_in_epoch: int = 0
-    optimizer_iterations: Optional[int] = None
-
-
-def read_position(path) -> Optional[BackupPosition]:
-    """The position a checkpoint's metadata records.
-
-    Args:
-        path: a backup directory, or its metadata file.
-
-    Returns:
-        A `BackupPosition`, or None when the file is missing or unreadable.
-    """
-    path = Path(path)
-    if path.is_dir():
-        path = path / METADATA_FILE
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-        return BackupPosition(int(meta["epoch"]), int(meta.get("steps_in_epoch", 0)), meta.get("optimizer_iterations"))
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-
-
-def _keep_as(src: str, dst: str) -> None:
-    """Makes `dst` hold `src`'s current content, replacing it atomically: a hard link (no bytes copied:
-    `src` is then replaced by a new file, never written in place), else a copy where links are refused."""
-    tmp = dst + ".link"
-    try:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
-        os.link(src, tmp)
-    except OSError:  # a file system without hard links
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
-
-
-def _reuse_as(src: str, dst: str) -> None:
-    """Links `dst` to `src`'s file before `src` is replaced, so that the file lives on at `dst` to be
-    rewritten in place; nothing where links are refused or `src` is missing (`dst` is then written anew)."""
-    try:
-        if os.path.lexists(dst):
-            os.remove(dst)
-        os.link(src, dst)
-    except OSError:
-        pass
-
-
-class StepBackup(keras.callbacks.BackupAndRestore):
+class StepBackup(keras.callbacks.Callback):
     """Backs up the training state at each epoch end and every `every_steps` optimizer steps;
     a rerun resumes at the step it was saved at.
 
@@ -129,18 +55,17 @@ class StepBackup(keras.callbacks.BackupAndRestore):
     leaves it.
 
     Args:
-        backup_dir: the backup directory (its own: Keras deletes it when training ends).
+        backup_dir: the backup directory (its own: it is deleted when training ends, with
+            `delete_checkpoint`).
         every_steps: batches (optimizer steps; micro-batches under gradient
             accumulation) between checkpoints within an epoch, >= 1; None saves at
             epoch ends only. Defaults to None.
         steps_per_epoch: batches per epoch, used when Keras cannot tell
             (`params["steps"]` is None: data of unknown cardinality). Defaults to None.
-        double_checkpoint: keep the previous checkpoint as `*.bkp`. Defaults to True.
-        delete_checkpoint: delete `backup_dir` when training ends, as Keras does.
-            False keeps it until the caller has written what the training was
-            for (the Trainer removes it once `metrics.json` and the model are on
-            disk, so a kill in between resumes without training again).
-            Defaults to True.
+        delete_checkpoint: delete `backup_dir` when training ends, as Keras's
+            `BackupAndRestore` does. False keeps it until the caller has written what the
+            training was for (the Trainer removes it once `metrics.json` and the model are
+            on disk, so a kill in between resumes without training again). Defaults to True.
         stop_requested: `() -> signal number or None`, read after each execution
             and at each epoch end (`PreemptionWatch.requested`); when it returns
             a signal, the state at that step is saved and `Preempted` is raised.
@@ -150,66 +75,78 @@ class StepBackup(keras.callbacks.BackupAndRestore):
 
     Raises:
         ValueError: when `every_steps` is not a positive integer.
+        tftrain.errors.RunDirError: at `on_train_begin`, when checkpoints exist and none can be read.
 
     Example:
         >>> model.fit(dataset, epochs=10, callbacks=[NanGuard(), StepBackup("run/backup", every_steps=100)])
     """
 
     def __init__(self, backup_dir, every_steps: Optional[int] = None, steps_per_epoch: Optional[int] = None,
-                 double_checkpoint: bool = True, delete_checkpoint: bool = True,
-                 stop_requested: Optional[Callable[[], Optional[int]]] = None,
+                 delete_checkpoint: bool = True, stop_requested: Optional[Callable[[], Optional[int]]] = None,
                  say: Optional[Callable[[str], None]] = None):
         check_int(every_steps, "every_steps", none_ok=True)
-        super().__init__(str(backup_dir), save_freq="epoch", double_checkpoint=double_checkpoint,
-                         delete_checkpoint=delete_checkpoint)
+        super().__init__()
+        self.backup_dir = str(backup_dir)
         self.every_steps, self.steps_per_epoch = every_steps, steps_per_epoch
+        self.delete_checkpoint = delete_checkpoint
         self.stop_requested = stop_requested
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
         self.restored: Optional[BackupPosition] = None
         self._resume: Optional[BackupPosition] = None
+        self._current_epoch = 0
         self._steps = self._since_save = 0
         self._last_batch = -1
         self._ended_early = False
-        self._weights = None  # the model's WeightsFile, made at the first save
-        self._wrote_latest = False  # the newest weights file is this process's (a template for the next)
+        self._number = 0  # the next checkpoint's number
+        self._size: Optional[int] = None  # bytes of the newest weights file this process wrote
 
     def on_train_begin(self, logs=None):
-        """Restores weights, optimizer state and epoch (Keras), then the step within the epoch; a newest
-        checkpoint that cannot be read, or whose metadata lags its weights, gives way to the previous
-        one, with one line (`say`) naming what was skipped and where the run resumes."""
-        try:
-            self._load_model()
-        except (OSError, ValueError) as error:  # a truncated or corrupt newest checkpoint
-            if not os.path.exists(self._prev_weights_path):
-                raise
-            damaged = self._training_metadata_path if isinstance(error, json.JSONDecodeError) else self._weights_path
-            skipped = f"{damaged} cannot be read ({(str(error).splitlines() or [''])[0][:200]})"
-            self._restore_previous(skipped, load=False)
-            self._load_model()
-        position = read_position(self._training_metadata_path)
-        if position is not None and position.optimizer_iterations not in (None, optimizer_steps(self.model)):
-            position = self._restore_previous(f"{self._training_metadata_path} does not match its weights") \
-                or position
+        """Restores the newest checkpoint that loads and matches its metadata (weights, optimizer state,
+        epoch, step within the epoch); a newer one that does not gives way with one line (`say`)."""
+        position = self.restore()
         self.restored = position
         self._resume = position if position is not None and position.steps_in_epoch > 0 else None
-        self._since_save, self._wrote_latest = 0, False
+        self._since_save, self._size = 0, None
+        self._number = checkpoint_files.next_number(self.backup_dir)
 
-    def _restore_previous(self, skipped: str, load: bool = True) -> Optional[BackupPosition]:
-        """Puts the previous checkpoint in the newest one's place (and loads it, with `load`) when it is
-        whole; says which checkpoint was `skipped` and where the run resumes."""
-        previous = read_position(self._prev_training_metadata_path)
-        if previous is None or not os.path.exists(self._prev_weights_path):
-            return None
-        shutil.copyfile(self._prev_weights_path, self._weights_path)  # as Keras's fallback does: load the copy
-        shutil.copyfile(self._prev_training_metadata_path, self._training_metadata_path)
-        if load:
-            self.model.load_weights(self._weights_path)
-            self.model._initial_epoch = previous.epoch  # as BackupAndRestore._load_model sets it
-        at = f"the end of epoch {previous.epoch}" if not previous.steps_in_epoch else \
-            f"epoch {previous.epoch + 1}, batch {previous.steps_in_epoch}"
-        steps = f" (optimizer step {previous.optimizer_iterations})" if previous.optimizer_iterations is not None else ""
-        self.say(f"resuming: skipped the newest checkpoint ({skipped}); resuming from the previous one at {at}{steps}")
-        return previous
+    def restore(self) -> Optional[BackupPosition]:
+        """Loads the newest usable checkpoint into the model and sets the first epoch of `fit`; returns its
+        position, or None when there is no checkpoint.
+
+        Raises:
+            tftrain.errors.RunDirError: when checkpoints exist and none can be read.
+        """
+        from tftrain import _compat
+
+        skipped = []  # (checkpoint, why)
+        for checkpoint in checkpoint_files.checkpoints(self.backup_dir):
+            why = self._load(checkpoint)
+            if why is not None:
+                skipped.append((checkpoint, why))
+                continue
+            if skipped:
+                self.say(_fallback_line(skipped, checkpoint))
+            _compat.set_initial_epoch(self.model, checkpoint.position.epoch)
+            return checkpoint.position
+        if skipped:
+            from tftrain.errors import RunDirError
+
+            checkpoint, why = skipped[0]
+            raise RunDirError(f"no checkpoint in {self.backup_dir} can be read ({checkpoint.name}: {why}): "
+                              f"delete {self.backup_dir} to train from the start")
+        return None
+
+    def _load(self, checkpoint) -> Optional[str]:
+        """Loads `checkpoint`; returns why it cannot be used, or None once it is loaded."""
+        if checkpoint.position is None:
+            return "its metadata cannot be read"
+        try:
+            self.model.load_weights(checkpoint.weights)
+        except Exception as error:  # noqa: BLE001 (a missing, truncated or corrupt file: h5py and Keras raise many kinds)
+            return f"{checkpoint.weights.name} cannot be read: {(str(error).splitlines() or [''])[0][:160]}"
+        if checkpoint.position.optimizer_iterations not in (None, optimizer_steps(self.model)):
+            return f"{checkpoint.weights.name} does not match its metadata"
+        return None
 
     def steps_done_in(self, epoch: int) -> int:
         """Batches of `epoch` (0-based) done before this process: the restored checkpoint's
@@ -219,7 +156,7 @@ class StepBackup(keras.callbacks.BackupAndRestore):
         return self._resume.steps_in_epoch if resumed else 0
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._current_epoch = epoch  # Keras leaves it at 0 in a resumed run until an epoch ends
+        self._current_epoch = epoch
         self._steps = self.steps_done_in(epoch)
         self._last_batch = -1
 
@@ -243,6 +180,10 @@ class StepBackup(keras.callbacks.BackupAndRestore):
         self._save(epoch + 1, 0)
         self._stop_if_requested(epoch + 1, 0)
 
+    def on_train_end(self, logs=None):
+        if self.delete_checkpoint:
+            shutil.rmtree(self.backup_dir, ignore_errors=True)
+
     def _stop_if_requested(self, epoch: int, steps_in_epoch: int) -> None:
         """Saves this step's state (unless just saved) and raises `Preempted` when a stop was requested."""
         signum = self.stop_requested() if self.stop_requested else None
@@ -254,18 +195,16 @@ class StepBackup(keras.callbacks.BackupAndRestore):
 
         from tftrain.errors import Preempted
 
-        at = f"the end of epoch {epoch}" if not steps_in_epoch else f"epoch {epoch + 1}, batch {steps_in_epoch}"
-        raise Preempted(f"stopped by {signal.Signals(signum).name}: checkpoint saved at {at} "
-                        f"(optimizer step {optimizer_steps(self.model)})", signum)
+        at = BackupPosition(epoch, steps_in_epoch, optimizer_steps(self.model)).where()
+        raise Preempted(f"stopped by {signal.Signals(signum).name}: checkpoint saved at {at}", signum)
 
     def _needed_bytes(self) -> int:
         """Bytes the next save writes: the newest checkpoint's size, else the variables' bytes (weights and
         optimizer state), plus `SPACE_MARGIN` for HDF5's own structure and the metadata."""
-        try:
-            return os.path.getsize(self._weights_path) + SPACE_MARGIN
-        except OSError:
-            variables = [*self.model.weights, *getattr(self.model.optimizer, "variables", [])]
-            return sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in variables) + SPACE_MARGIN
+        if self._size is not None:
+            return self._size + SPACE_MARGIN
+        variables = [*self.model.weights, *getattr(self.model.optimizer, "variables", [])]
+        return sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in variables) + SPACE_MARGIN
 
     def _check_space(self) -> None:
         """Raises `CheckpointSpaceError` before writing when the disk cannot hold the new checkpoint (HDF5 can
@@ -276,32 +215,28 @@ class StepBackup(keras.callbacks.BackupAndRestore):
         if free < need:
             raise CheckpointSpaceError(
                 f"No space for the checkpoint in {self.backup_dir}: it needs about {need / 1e6:,.1f} MB and "
-                f"{free / 1e6:,.1f} MB are free. The previous checkpoint is intact: free space (or use a --run-dir "
-                "on another disk) and rerun the same command to resume.")
+                f"{free / 1e6:,.1f} MB are free. The previous checkpoint is intact: free space on that disk and "
+                "rerun the same command to resume.")
 
     def _save(self, epoch: int, steps_in_epoch: int) -> None:
-        """Keeps the previous pair, then writes the weights and the metadata naming them, each whole."""
+        """Writes checkpoint `_number` (Keras's weights file, then the metadata that commits it); the previous
+        one stays until then."""
         os.makedirs(self.backup_dir, exist_ok=True)
         self._check_space()
-        tmp = self._weights_path[: -len(".weights.h5")] + ".tmp.weights.h5"
-        latest = self._weights_path if self._wrote_latest and os.path.exists(self._weights_path) else None
-        if latest and self.double_checkpoint:
-            _reuse_as(self._prev_weights_path, tmp)  # the oldest weights file, rewritten in place (WeightsFile)
-        if self.double_checkpoint:
-            for src, dst in ((self._weights_path, self._prev_weights_path),
-                             (self._training_metadata_path, self._prev_training_metadata_path)):
-                if os.path.exists(src):
-                    _keep_as(src, dst)
-        self._weights_file().save(tmp, template=latest)
-        meta = {"epoch": epoch, "steps_in_epoch": steps_in_epoch, "optimizer_iterations": optimizer_steps(self.model)}
-        os.replace(tmp, self._weights_path)
-        write_text_atomic(self._training_metadata_path, json.dumps(meta))
-        self._since_save, self._wrote_latest = 0, True
+        tmp = Path(self.backup_dir) / f"ckpt-{self._number}.tmp.weights.h5"
+        self.model.save_weights(tmp)
+        self._size = os.path.getsize(tmp)
+        position = BackupPosition(epoch, steps_in_epoch, optimizer_steps(self.model))
+        checkpoint_files.commit(self.backup_dir, self._number, tmp, position)
+        self._number += 1
+        self._since_save = 0
 
-    def _weights_file(self):
-        """The model's `WeightsFile`: Keras's format, Keras's own walk only for the first save of a run."""
-        from tftrain.callbacks.weights_file import WeightsFile
 
-        if self._weights is None or self._weights.model is not self.model:
-            self._weights, self._wrote_latest = WeightsFile(self.model), False
-        return self._weights
+def _fallback_line(skipped, used) -> str:
+    """`resuming: skipped ckpt-5.json (...); resuming from ckpt-4.json at ...: N optimizer steps earlier`."""
+    what = "; ".join(f"{c.name}: {why}" for c, why in skipped)
+    newest = max((c.position.optimizer_iterations for c, _ in skipped
+                  if c.position is not None and c.position.optimizer_iterations is not None), default=None)
+    ours = used.position.optimizer_iterations
+    cost = f": {newest - ours} optimizer steps earlier than the newest" if None not in (newest, ours) else ""
+    return f"resuming: skipped the newest checkpoint ({what}); resuming from {used.name} at {used.position.where()}{cost}"

@@ -75,7 +75,7 @@ class CallbackStages:
         batches = self.steps_per_epoch * self.accumulation_steps if self.steps_per_epoch else None
         stop = agreed.requested if agreed is not None else (self.preemption.requested if self.preemption else None)
         backup = StepBackup(self.out_dir.backup_dir, every_steps=self.backup_every(), steps_per_epoch=batches,
-                            double_checkpoint=True, delete_checkpoint=False, stop_requested=stop,
+                            delete_checkpoint=False, stop_requested=stop,
                             say=self.console.line)
         if backup.every_steps:
             self.console.line(f"backup:    every {backup.every_steps // self.accumulation_steps} optimizer steps "

@@ -4,10 +4,15 @@
 callback placed after the backup, once the optimizer has taken a chosen number of steps.
 """
 
-import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
+
+from tftrain.checkpoint_files import read_position
 
 
 def _fit(backup_dir, spe, endless, kill_after=None, epochs=3, every=4):
@@ -44,10 +49,10 @@ def test_resumed_runs_take_the_uninterrupted_number_of_steps(tmp_path, spe, endl
         backup = tmp_path / f"killed-{kill_after}"
         with pytest.raises(KeyboardInterrupt):
             _fit(backup, spe, endless, kill_after)
-        saved = json.loads((backup / "training_metadata.json").read_text())
+        saved = read_position(backup)
         total, restored = _fit(backup, spe, endless)
         assert total == whole, (kill_after, saved)
-        assert restored.optimizer_iterations == saved["optimizer_iterations"]
+        assert restored.optimizer_iterations == saved.optimizer_iterations
 
 
 @pytest.mark.slow
@@ -56,7 +61,7 @@ def test_finite_epochs_not_a_multiple_of_steps_per_execution_take_at_most_spe_mi
     # epoch (from step 8) reads a whole new pass and its execution runs 4.
     with pytest.raises(KeyboardInterrupt):
         _fit(tmp_path, 4, False, kill_after=5)
-    assert json.loads((tmp_path / "training_metadata.json").read_text())["steps_in_epoch"] == 8
+    assert read_position(tmp_path).steps_in_epoch == 8
     total, _ = _fit(tmp_path, 4, False)
     assert total == 30 + 2
 
@@ -91,53 +96,121 @@ def test_early_stopping_state_round_trips_through_its_directory(tmp_path):
         np.testing.assert_array_equal(loaded, saved)
 
 
-def test_the_previous_checkpoint_is_kept_whole_beside_the_latest(tmp_path, monkeypatch):
-    import os
-    import shutil
-
+def _fresh_model():
     import keras
 
-    copied = []
-    copy = shutil.copyfile
-    monkeypatch.setattr(shutil, "copyfile", lambda src, dst: copied.append(dst) or copy(src, dst))
-    with pytest.raises(KeyboardInterrupt):
-        _fit(tmp_path, 1, False, kill_after=13)  # saves at steps 4, 8, 10 (epoch end), 14 > 13: killed after 13
-    # Keras writes the first, the second is a copy of it, the third rewrites the first's file in place.
-    assert [os.path.basename(p) for p in copied] == ["latest.tmp.weights.h5"]
-    latest = json.loads((tmp_path / "training_metadata.json").read_text())
-    previous = json.loads((tmp_path / "training_metadata.json.bkp").read_text())
-    assert (latest["optimizer_iterations"], previous["optimizer_iterations"]) == (10, 8)
-    weights, kept = tmp_path / "latest.weights.h5", tmp_path / "latest.weights.h5.bkp"
-    assert weights.stat().st_ino != kept.stat().st_ino  # the new save replaced the file the previous one links
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(keras.optimizers.SGD(0.01), "mse")
-    copy = tmp_path / "previous.weights.h5"  # Keras reads weights by their file name's ending
-    copy.write_bytes(kept.read_bytes())
-    model.load_weights(copy)  # a whole checkpoint, not a half-written one
-    assert int(model.optimizer.iterations) == 8
-    model.load_weights(weights)
-    assert int(model.optimizer.iterations) == 10
+    return model
 
 
-@pytest.mark.parametrize("damage", ["truncated weights", "truncated metadata"])
-@pytest.mark.slow
-def test_a_damaged_newest_checkpoint_is_named_and_the_previous_one_resumes_at_its_own_position(tmp_path, damage):
+def test_the_previous_checkpoint_is_kept_whole_beside_the_latest(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        _fit(tmp_path, 1, False, kill_after=13)  # saves at steps 4, 8, 10 (epoch end); killed after 13
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-1.json", "ckpt-1.weights.h5", "ckpt-2.json", "ckpt-2.weights.h5"]
+    assert (tmp_path / "ckpt-1.weights.h5").stat().st_ino != (tmp_path / "ckpt-2.weights.h5").stat().st_ino
+    for number, step in ((1, 8), (2, 10)):
+        model = _fresh_model()
+        model.load_weights(tmp_path / f"ckpt-{number}.weights.h5")  # each whole, in Keras's format
+        assert int(model.optimizer.iterations) == step == read_position(tmp_path / f"ckpt-{number}.json").optimizer_iterations
+
+
+def _resume(tmp_path, **kwargs):
     import keras
     import tensorflow as tf
 
     from tftrain.callbacks import StepBackup
 
-    with pytest.raises(KeyboardInterrupt):
-        _fit(tmp_path, 1, False, kill_after=13)  # newest: the end of epoch 1 (step 10); previous: step 8
-    victim = tmp_path / ("latest.weights.h5" if damage == "truncated weights" else "training_metadata.json")
-    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
     said = []
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    model.compile(keras.optimizers.SGD(0.01), "mse")
-    backup = StepBackup(tmp_path, every_steps=4, say=said.append)
+    model = _fresh_model()
+    backup = StepBackup(tmp_path, every_steps=4, say=said.append, **kwargs)
     x = np.zeros((80, 4), "float32")
     model.fit(tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8), epochs=3, verbose=0, callbacks=[backup])
+    return backup, model, said
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "truncated metadata", "weights of another step"])
+@pytest.mark.slow
+def test_a_damaged_newest_checkpoint_is_named_and_the_previous_one_resumes_at_its_own_position(tmp_path, damage):
+    with pytest.raises(KeyboardInterrupt):
+        _fit(tmp_path, 1, False, kill_after=13)  # newest: the end of epoch 1 (step 10); previous: step 8
+    victim = tmp_path / ("ckpt-2.json" if damage == "truncated metadata" else "ckpt-2.weights.h5")
+    if damage == "weights of another step":
+        victim.write_bytes((tmp_path / "ckpt-1.weights.h5").read_bytes())
+    else:
+        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    backup, model, said = _resume(tmp_path)
     assert len(said) == 1 and "skipped the newest checkpoint" in said[0] and victim.name in said[0], said
-    assert said[0].endswith("resuming from the previous one at epoch 1, batch 8 (optimizer step 8)"), said
+    assert "resuming from ckpt-1.json at epoch 1, batch 8 (optimizer step 8)" in said[0], said
+    assert said[0].endswith("2 optimizer steps earlier than the newest") == (damage != "truncated metadata"), said
     assert backup.restored.optimizer_iterations == 8 and int(model.optimizer.iterations) == 30  # nothing lost twice
+
+
+@pytest.mark.slow
+def test_a_save_cut_short_leaves_the_committed_checkpoints_and_its_leftovers_are_removed(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        _fit(tmp_path, 1, False, kill_after=13)
+    (tmp_path / "ckpt-3.tmp.weights.h5").write_bytes(b"half a file")  # killed while writing
+    (tmp_path / "ckpt-4.weights.h5").write_bytes(b"renamed, never committed")  # killed before its metadata
+    backup, model, said = _resume(tmp_path, delete_checkpoint=False)
+    assert said == [] and backup.restored.optimizer_iterations == 10 and int(model.optimizer.iterations) == 30
+    names = sorted(os.listdir(tmp_path))
+    assert len(names) == 4 and all(n.endswith((".json", ".weights.h5")) and "tmp" not in n for n in names), names
+    assert read_position(tmp_path).optimizer_iterations == 30
+
+
+def test_no_readable_checkpoint_is_one_line_naming_the_directory(tmp_path):
+    from tftrain.errors import RunDirError
+
+    (tmp_path / "ckpt-0.json").write_text("{not json")
+    with pytest.raises(RunDirError, match=r"no checkpoint in .* can be read \(ckpt-0.json: its metadata cannot be "
+                                          r"read\): delete .* to train from the start"):
+        _resume(tmp_path)
+
+
+_KILLED_SAVE = textwrap.dedent("""
+    import os, signal, sys
+    import numpy as np, keras, tensorflow as tf
+    from tftrain.callbacks import StepBackup
+    from tftrain import checkpoint_files
+    backup_dir, moment, nth = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    calls = []
+    def kill_at(name, real):
+        def wrapped(*a, **k):
+            calls.append(name)
+            if name == moment and calls.count(name) == nth:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(*a, **k)
+        return wrapped
+    checkpoint_files.fsync_file = kill_at("weights written", checkpoint_files.fsync_file)
+    checkpoint_files.write_durably = kill_at("weights renamed", checkpoint_files.write_durably)
+    checkpoint_files.prune = kill_at("metadata written", checkpoint_files.prune)
+    keras.utils.set_random_seed(0)
+    x = np.random.default_rng(0).standard_normal((80, 4)).astype("float32")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    backup = StepBackup(backup_dir, every_steps=4)
+    model.fit(tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8), epochs=3, verbose=0, callbacks=[backup],
+              shuffle=False)
+    print("restored", None if backup.restored is None else backup.restored.optimizer_iterations,
+          "steps", int(model.optimizer.iterations))
+""")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("moment", ["weights written", "weights renamed", "metadata written"])
+def test_a_kill_inside_a_save_resumes_within_one_interval(tmp_path, moment):
+    """SIGKILL at each step of the third save (steps 4, 8, then the end of epoch 1 at step 10): the rerun
+    resumes at step 8 or 10 and ends at the uninterrupted run's 30 steps."""
+    script = tmp_path / "killed_save.py"
+    script.write_text(_KILLED_SAVE)
+    backup = tmp_path / "backup"
+    run = lambda *args: subprocess.run([sys.executable, str(script), str(backup), *args], capture_output=True,
+                                       text=True, timeout=240)
+    killed = run(moment, "3")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    rerun = run("none", "0")
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    restored, steps = rerun.stdout.split()[1], rerun.stdout.split()[3]
+    assert steps == "30" and restored == ("10" if moment == "metadata written" else "8"), rerun.stdout

@@ -76,7 +76,9 @@ def _step_counter():
 
 
 def _metadata(run_dir):
-    return json.loads((run_dir / "backup" / "training_metadata.json").read_text())
+    from tests.conftest import checkpoint_metadata
+
+    return checkpoint_metadata(run_dir)
 
 
 @pytest.mark.parametrize("spe, every, saves_every, killed_after", [(1, 5, 5, 25), (4, 10, 8, 28)],
@@ -115,10 +117,12 @@ def test_a_run_killed_mid_epoch_loses_at_most_n_steps_and_resumes_at_its_step(tm
 def test_a_checkpoint_whose_metadata_lags_its_weights_gives_way_to_the_previous_one(tmp_path):
     with pytest.raises(tftrain.Interrupted):
         _run(tmp_path, callbacks=[_killer(25)], backup_every_steps=5)
-    backup = tmp_path / "run" / "backup"
-    previous = json.loads((backup / "training_metadata.json.bkp").read_text())
-    # A kill between the weights' rename and the metadata's: new weights, the previous metadata.
-    (backup / "training_metadata.json").write_text(json.dumps({**previous, "optimizer_iterations": 999}))
+    from tftrain.checkpoint_files import checkpoints
+
+    newest, before = checkpoints(tmp_path / "run" / "backup")[:2]
+    previous = json.loads(before.metadata.read_text())
+    # Metadata that names another step than its weights hold: the newest gives way to the one before.
+    newest.metadata.write_text(json.dumps({**previous, "optimizer_iterations": 999}))
     counter = _step_counter()
     _run(tmp_path, callbacks=[counter], backup_every_steps=5)
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
@@ -182,7 +186,9 @@ def test_a_nan_loss_stops_the_run_naming_where_and_keeps_the_last_finite_checkpo
     else:  # each step loss scaling skipped (the NaN one among them) halved the scale from 2**15
         assert step < 8 and float(scale) == 2.0 ** 15 / 2 ** (8 - step)
     assert _metadata(run_dir)["steps_in_epoch"] == 6
-    weights = _h5_arrays(run_dir / "backup" / "latest.weights.h5")
+    from tests.conftest import checkpoint_weights
+
+    weights = _h5_arrays(checkpoint_weights(run_dir))
     assert weights and all(np.isfinite(np.asarray(a, "float64")).all() for a in weights)
     assert not (run_dir / "metrics.json").exists()
 
@@ -208,7 +214,7 @@ def test_a_diverging_run_exits_1_with_one_line_and_keeps_its_checkpoint(tmp_path
                       r"step \d+; dtype policy float32\); the last good checkpoint \(epoch 1, batch (\d+)\)", err[0])
     assert found and int(found[3]) == int(found[2]) - 1, err[0]  # saved after every step until the bad one
     assert str(run_dir / "failure.log") in err[0] and "loss became" in (run_dir / "failure.log").read_text()
-    assert (run_dir / "backup" / "latest.weights.h5").is_file() and not (run_dir / "metrics.json").exists()
+    assert any((run_dir / "backup").glob("ckpt-*.weights.h5")) and not (run_dir / "metrics.json").exists()
 
 
 def _weights_log():

@@ -48,6 +48,7 @@ from typing import Callable, Optional, Sequence
 import keras
 import tensorflow as tf
 
+from tftrain import _compat
 from tftrain.errors import check_int
 
 
@@ -219,8 +220,7 @@ def fit(
     )
     model.stop_training = False
     callback_list.on_train_begin()
-    # BackupAndRestore reports the epoch it restored this way; Model.fit reads it the same way.
-    initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
+    initial_epoch = _compat.initial_epoch(model, initial_epoch)  # a restoring callback's epoch, as Model.fit reads it
     logs = {}
     run = functools.partial(_run_steps, coordinator, worker_fn, iterator, steps_per_execution)
     for epoch in range(initial_epoch, epochs):

@@ -1,0 +1,180 @@
+"""The backup directory's checkpoints: numbered pairs, each committed by its metadata file.
+
+A checkpoint N is `ckpt-N.weights.h5` (written by Keras's `Model.save_weights`) and `ckpt-N.json` (its
+position in the run). A save writes the weights under a temporary name, flushes them to disk (`fsync`),
+renames them, then writes the metadata the same way: a checkpoint exists once its metadata does, and
+its weights were complete on disk before that. Older checkpoints are deleted only after the new one is
+committed, and the newest `KEEP` stay, so at every moment at least one complete checkpoint is on disk
+under its own name, whatever the moment of a kill or a machine crash. This is the scheme of
+`tf.train.CheckpointManager` (numbered checkpoints, `max_to_keep`), with Keras's weights file.
+
+A directory written by Keras's own `BackupAndRestore` (`latest.weights.h5`, `training_metadata.json`)
+is read as a checkpoint older than any numbered one, so such a run resumes too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+from typing import List, Optional
+
+KEEP = 2
+"""Checkpoints kept: the newest and the one before it (the fallback when the newest cannot be read)."""
+
+_NAME = re.compile(r"^ckpt-(\d+)\.json$")
+_KERAS_PAIRS = (("latest.weights.h5", "training_metadata.json"),)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackupPosition:
+    """Where a checkpoint stands in the run.
+
+    Attributes:
+        epoch: epochs completed.
+        steps_in_epoch: batches (optimizer steps) of the next epoch done (0 at an epoch end).
+        optimizer_iterations: `optimizer.iterations` when it was saved; None in a checkpoint written by
+            Keras's own `BackupAndRestore`.
+    """
+
+    epoch: int
+    steps_in_epoch: int = 0
+    optimizer_iterations: Optional[int] = None
+
+    def where(self) -> str:
+        """`the end of epoch 2` or `epoch 3, batch 16`, with the optimizer step when known."""
+        at = f"the end of epoch {self.epoch}" if not self.steps_in_epoch else \
+            f"epoch {self.epoch + 1}, batch {self.steps_in_epoch}"
+        return at + (f" (optimizer step {self.optimizer_iterations})" if self.optimizer_iterations is not None else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """One committed checkpoint: its number (-1: Keras's own pair), weights file and position
+    (None when its metadata cannot be read)."""
+
+    number: int
+    weights: Path
+    metadata: Path
+    position: Optional[BackupPosition]
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+
+def _position(meta: Path) -> Optional[BackupPosition]:
+    try:
+        data = json.loads(meta.read_text(encoding="utf-8"))
+        return BackupPosition(int(data["epoch"]), int(data.get("steps_in_epoch", 0)),
+                              data.get("optimizer_iterations"))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def checkpoints(backup_dir) -> List[Checkpoint]:
+    """The committed checkpoints in `backup_dir`, newest first (empty when there is none)."""
+    folder = Path(backup_dir)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        match = _NAME.match(name)
+        if match:
+            number = int(match.group(1))
+            meta = folder / name
+            found.append(Checkpoint(number, folder / f"ckpt-{number}.weights.h5", meta, _position(meta)))
+    for number, (weights, meta) in zip((-1,), _KERAS_PAIRS):
+        if (folder / meta).exists():
+            found.append(Checkpoint(number, folder / weights, folder / meta, _position(folder / meta)))
+    return sorted(found, key=lambda c: c.number, reverse=True)
+
+
+def read_position(path) -> Optional[BackupPosition]:
+    """The position of the newest checkpoint whose metadata reads.
+
+    Args:
+        path: a backup directory, or one checkpoint's metadata file.
+
+    Returns:
+        A `BackupPosition`, or None when there is no readable checkpoint.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return _position(path)
+    return next((c.position for c in checkpoints(path) if c.position is not None), None)
+
+
+def fsync_dir(folder) -> None:
+    """Flushes `folder`'s entries (a rename in it) to disk; nothing where directories cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path) -> None:
+    """Flushes `path`'s content to disk."""
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def write_durably(path: Path, text: str) -> None:
+    """Writes `text` to `path` whole: a temporary file, `fsync`, a rename, the directory's `fsync`."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def next_number(backup_dir) -> int:
+    """The number the next checkpoint takes: one more than the newest numbered one (0 when none)."""
+    return max((c.number for c in checkpoints(backup_dir)), default=-1) + 1
+
+
+def commit(backup_dir, number: int, weights_tmp: Path, position: BackupPosition) -> Checkpoint:
+    """Makes checkpoint `number` from a weights file written at `weights_tmp`: flushes and renames it, writes
+    its metadata durably (the commit), then deletes what no longer counts (`prune`)."""
+    folder = Path(backup_dir)
+    weights, meta = folder / f"ckpt-{number}.weights.h5", folder / f"ckpt-{number}.json"
+    fsync_file(weights_tmp)
+    os.replace(weights_tmp, weights)
+    fsync_dir(folder)
+    write_durably(meta, json.dumps(dataclasses.asdict(position)))
+    prune(folder, keep_from=number)
+    return Checkpoint(number, weights, meta, position)
+
+
+def prune(backup_dir, keep_from: int) -> None:
+    """Deletes checkpoints older than the `KEEP` newest (counted down from `keep_from`), Keras's own pair
+    once `KEEP` numbered ones exist, temporary files, and weights whose metadata was never written."""
+    folder = Path(backup_dir)
+    kept = {c.number for c in checkpoints(folder) if c.number >= 0 and c.number <= keep_from}
+    kept = set(sorted(kept, reverse=True)[:KEEP])
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        match = re.match(r"^ckpt-(\d+)\.(json|weights\.h5)$", name)
+        stale = (match is not None and int(match.group(1)) not in kept and int(match.group(1)) <= keep_from) \
+            or name.endswith(".tmp") or name.endswith(".tmp.weights.h5") \
+            or (len(kept) >= KEEP and name in {n for pair in _KERAS_PAIRS for n in pair})
+        if stale:
+            try:
+                os.remove(folder / name)
+            except OSError:
+                pass
