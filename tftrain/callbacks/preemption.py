@@ -1,16 +1,22 @@
-"""Preemption notices: SIGTERM and SIGUSR1 become a request to checkpoint and stop.
+"""Stop signals: SIGTERM, SIGUSR1 and SIGHUP become a request to checkpoint and stop.
 
 Schedulers stop a job with SIGTERM (SLURM at `scancel`, preemption or the time limit;
-Kubernetes when it evicts a pod), and SLURM's `--signal=USR1@SECONDS` sends SIGUSR1
-that many seconds before the time limit. Python's default for SIGTERM ends the
-process wherever it is, losing the steps since the last checkpoint. `PreemptionWatch`
-replaces the handlers while training runs so that a signal only records the request;
-`StepBackup` reads it after each execution (and at each epoch end), saves the
-training state at that step and raises `tftrain.errors.Preempted`.
+Kubernetes when it evicts a pod), SLURM's `--signal=USR1@SECONDS` sends SIGUSR1 that many
+seconds before the time limit, and a closed terminal or SSH session sends SIGHUP. Python's
+default ends the process wherever it is. `PreemptionWatch` replaces the handlers while a run is
+open:
 
-Signal handlers can only be set from the main thread; elsewhere the watch does
-nothing and the process's own handlers stay. A second signal while the first is
-being handled ends the process as the previous handler would.
+* while training runs (`polling()`), a signal only records the request; `StepBackup` reads it
+  after each execution (and at each epoch end), saves the training state at that step and raises
+  `tftrain.errors.Preempted`;
+* while a file the run needs is being written (`holding()`: the model, `metrics.json`), the
+  request waits until the write is done, then `Preempted` is raised;
+* anywhere else (start-up, evaluation, export) the handler raises `Preempted` at once, naming
+  the phase (`phase`).
+
+Further signals while the first is handled only wait for it: a save under way is never cut short.
+Signal handlers can only be set from the main thread; elsewhere the watch does nothing and the
+process's own handlers stay.
 
 Source: https://slurm.schedmd.com/sbatch.html#OPT_signal ;
 https://kubernetes.io/docs/concepts/containers/container-lifecycle-hooks/#hook-handler-execution
@@ -18,48 +24,87 @@ https://kubernetes.io/docs/concepts/containers/container-lifecycle-hooks/#hook-h
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from typing import Optional
 
 import keras
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 """The signals taken as a request to checkpoint and stop."""
 
 
 class PreemptionWatch:
-    """A context manager that, while open, turns `SIGNALS` into a request read by `requested()`.
+    """A context manager that, while open, turns `SIGNALS` into a request to stop (see the module).
+
+    Attributes:
+        phase: what the run is doing, named by `Preempted`'s message when a signal stops it outside
+            training and writes (e.g. `"evaluation"`). Defaults to `"start-up"`.
 
     Example:
         >>> watch = PreemptionWatch()
         >>> backup = StepBackup("run/backup", stop_requested=watch.requested)
-        >>> with watch:
+        >>> with watch, watch.polling():
         ...     model.fit(data, epochs=10, callbacks=[backup])  # raises Preempted after saving
     """
 
     def __init__(self):
         self._signum: Optional[int] = None
+        self._raised = False
+        self._polled = self._held = 0
         self._previous: dict = {}
+        self.phase = "start-up"
 
     def requested(self) -> Optional[int]:
         """The signal number received while open, or None."""
         return self._signum
 
     def _handle(self, signum, frame):
-        if self._signum is not None:  # a second notice: do what the previous handler would
-            previous = self._previous.get(signum, signal.SIG_DFL)
-            if callable(previous):
-                previous(signum, frame)
-                return
-            signal.signal(signum, signal.SIG_DFL)
-            signal.raise_signal(signum)
+        if self._signum is None:
+            self._signum = signum
+        if not (self._polled or self._held):
+            self._raise()
+
+    def _raise(self) -> None:
+        if self._raised or self._signum is None:
             return
-        self._signum = signum
+        from tftrain.errors import Preempted
+
+        self._raised = True
+        raise Preempted(f"stopped by {signal.Signals(self._signum).name} during {self.phase}", self._signum)
+
+    @contextlib.contextmanager
+    def polling(self):
+        """While open, a signal is only recorded: the training loop reads `requested()` and stops."""
+        self._polled += 1
+        try:
+            yield self
+        finally:
+            self._polled -= 1
+
+    @contextlib.contextmanager
+    def holding(self, stop_after: bool = True):
+        """While open, a signal waits. With `stop_after` (the default), at the end of the outermost one a
+        recorded signal raises `Preempted`; without it the caller reads `requested()` and decides."""
+        self._held += 1
+        try:
+            yield self
+        finally:
+            self._held -= 1
+        if stop_after and not (self._held or self._polled):
+            self._raise()
+
+    def install(self) -> None:
+        """(Re)installs the handlers: TensorFlow's coordination service takes SIGTERM at the C level when a
+        multi-worker strategy starts; installing again gives it back to Python."""
+        if threading.current_thread() is threading.main_thread():
+            for s in SIGNALS:
+                previous = signal.signal(s, self._handle)
+                self._previous.setdefault(s, previous)
 
     def __enter__(self) -> "PreemptionWatch":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
+        self.install()
         return self
 
     def __exit__(self, *exc) -> None:

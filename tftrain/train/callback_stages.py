@@ -59,7 +59,8 @@ class CallbackStages:
         the latter the `AgreedStop` that makes every worker stop at the same step; None otherwise."""
         from tftrain.callbacks.preemption import AgreedStop, PreemptionWatch
 
-        self.preemption = PreemptionWatch()
+        if self.preemption is None:  # the Trainer opens one for the run; a caller of this stage alone gets its own
+            self.preemption = PreemptionWatch()
         if self.cluster is None or not self.loop.per_step_hooks:  # one process, or the coordinator alone
             return None
         self.agreed_stop = AgreedStop(self.preemption, self.runtime.strategy.cluster_resolver,

@@ -138,8 +138,9 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         Raises:
             ConfigError: (and subclasses) on bad input found before or while setting up.
             Interrupted: on Ctrl-C once the run directory exists (the same command resumes).
-            Preempted: on SIGTERM or SIGUSR1 during training in a single process, once the
-                checkpoint of the current step is saved (the same command resumes there).
+            Preempted: on SIGTERM, SIGUSR1 or SIGHUP: during training once the checkpoint of the
+                current step is saved (the same command resumes there); during a write of the run
+                once it is done; elsewhere at once, naming the phase.
             TrainingDiverged: when the training loss becomes NaN or infinite (the message names
                 where, and the checkpoint kept in the run directory).
             JobFailed: on a parameter-server worker or ps task whose chief failed or vanished.
@@ -147,33 +148,43 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
                 run finished by an earlier attempt of the same job, with the same settings: nothing
                 is trained (the command line exits 0).
         """
+        from tftrain.callbacks.preemption import PreemptionWatch
+
         started = time.perf_counter() if started is None else started
         self.check()
         if self.serves():
             return self.serve()
-        if self.run_dir.after_steps_pending and not self.config.sanity_check:  # trained before: its after-steps
-            return self.redo_after_steps()
-        if self.run_dir.finished_before:
-            self.end_finished_job()
-        self.bind_task()  # before TensorFlow starts: a task's bad data folder is reported at once
-        self.setup_runtime()
-        with self.loop.job(self.cluster):  # a parameter-server chief tells the servers how the run ended
-            return self.run_stages(started)
+        with PreemptionWatch() as self.preemption:  # SIGTERM, SIGUSR1, SIGHUP: one line and 128 + the signal
+            if self.run_dir.after_steps_pending and not self.config.sanity_check:  # trained before: its after-steps
+                self.preemption.phase = "the pending export"
+                return self.redo_after_steps()
+            if self.run_dir.finished_before:
+                self.end_finished_job()
+            self.bind_task()  # before TensorFlow starts: a task's bad data folder is reported at once
+            self.setup_runtime()
+            self.preemption.install()  # a multi-worker strategy's coordination service took SIGTERM
+            with self.loop.job(self.cluster):  # a parameter-server chief tells the servers how the run ended
+                return self.run_stages(started)
 
     def end_finished_job(self) -> None:
-        """A scheduler's restart of a run that an earlier attempt finished: ends the run directory as
-        that attempt would have (`finish_run_dir`: a kill after `metrics.json` left the backup), tells a
+        """A scheduler's restart of a run that an earlier attempt finished, or a rerun of a run killed between
+        its `metrics.json` and the removal of its backup: ends the run directory as that attempt would have
+        (`finish_run_dir`: removes the backup the kill left), tells a
         parameter-server job's servers that the job finished (they exit 0), then raises. (A `report.md`
         or MLflow run that the kill left unwritten stays so.)
 
         Raises:
             AlreadyFinished: always, naming the run directory.
         """
+        leftover = self.run_dir.backup_dir.exists() and rundir_lib.restarted_job() is None
         self.finish_run_dir()
         if self.cluster is not None and "ps" in self.cluster.cluster:
             self.setup_runtime()  # the chief connects to the servers to tell them
             with self.loop.job(self.cluster):
                 pass
+        if leftover:
+            raise AlreadyFinished(f"the run in {str(self.run_dir.path)!r} finished before (metrics.json is written); "
+                                  "removed the checkpoint its end left behind; nothing to train", str(self.run_dir.path))
         raise AlreadyFinished(f"the run in {str(self.run_dir.path)!r} finished before this restart (metrics.json "
                               "is written); nothing to train", str(self.run_dir.path))
 
@@ -211,20 +222,28 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
                 self.note_custom_steps(model)
                 self.choose_execution(model)
                 history, fit_time = self.train(model, self.make_callbacks())
+                self.preemption.phase = "evaluation (training's checkpoint is kept)"
                 test = self.evaluate(model)
-                self.save(model)
-                if self.config.train.export and self.is_chief:
-                    self.extras[rundir_lib.AFTER_STEPS_KEY] = {"export": "pending"}
-                record = self.make_record(history, test, started, fit_time)
-                self.write_record(record)  # metrics.json beside model.keras: the trained run is safe from here
-                self.finish_run_dir()
+                with self.preemption.holding(stop_after=False):  # a signal waits for these writes
+                    self.preemption.phase = "saving the run (training's checkpoint is kept)"
+                    self.save(model)
+                    if self.config.train.export and self.is_chief:
+                        self.extras[rundir_lib.AFTER_STEPS_KEY] = {"export": "pending"}
+                    record = self.make_record(history, test, started, fit_time)
+                    self.write_record(record)  # metrics.json beside model.keras: the trained run is safe from here
+                    self.finish_run_dir()
+                self._stop_before_after_steps()
+                self.preemption.phase = "the export (the trained run is written; the export is pending)"
                 failure = self.run_after_steps(model)
+                self.preemption.phase = "the report (the run is written)"
                 record = self.make_record(history, test, started, fit_time)
         except KeyboardInterrupt:  # the checkpoint (and finished tuner trials) resume the same command
             self._end_mlflow("KILLED")
             raise Interrupted(str(self.run_dir.path)) from None
         except BaseException as e:  # a preempted run resumes like an interrupted one
             self._end_mlflow("KILLED" if isinstance(e, Preempted) else "FAILED")
+            if isinstance(e, Preempted) and not e.run_dir and self.out_dir is not None:
+                e.run_dir = str(self.run_dir.path)
             raise
         finally:
             self.task.release()
@@ -232,6 +251,20 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         if failure:
             raise AfterStepFailed(failure)
         return record
+
+    def _stop_before_after_steps(self) -> None:
+        """A stop signal that came while the run was written: with an export to do, stops here (the same
+        command does it); else the run is complete, said in one line, and ends as a success."""
+        signum = self.preemption.requested()
+        if signum is None:
+            return
+        import signal
+
+        name = signal.Signals(signum).name
+        if self.config.train.export and self.is_chief:
+            raise Preempted(f"stopped by {name} after the run was written (metrics.json); its export is "
+                            "pending", signum, str(self.run_dir.path))
+        self.console.line(f"{name} received while the run was written: the run is complete")
 
     def run_after_steps(self, model) -> Optional[str]:
         """`--export` (the chief), once `metrics.json` is written: each format under `export/`, each artifact
@@ -246,6 +279,8 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
                 self._float32_twin(model), self._export_formats(), self.out_dir.path,
                 self._export_features(), self.console.line)
             status = "done"
+        except Preempted:  # a stop signal: the export stays pending
+            raise
         except Exception as e:  # noqa: BLE001 (recorded and raised once the record is written)
             status = after_steps.failure_status(e)
         self.extras[rundir_lib.AFTER_STEPS_KEY] = {"export": status}
@@ -524,7 +559,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         verbose, progress = keras_progress(self.config.train.verbose)
         started = time.perf_counter()
         try:
-            with self.preemption or contextlib.nullcontext():
+            with self.preemption.polling() if self.preemption else contextlib.nullcontext():
                 history = self.loop.fit(
                     model, self._train_data, epochs=self.config.train.epochs, steps_per_epoch=micro_steps,
                     callbacks=[*callbacks, *progress], verbose=verbose, validation_data=validation,

@@ -1,16 +1,41 @@
-"""PreemptionWatch: SIGTERM and SIGUSR1 become a request while open; the previous handlers come back."""
+"""PreemptionWatch: SIGTERM, SIGUSR1 and SIGHUP become a request while open; the previous handlers come back."""
 
 import os
 import signal
 
+import pytest
+
 from tftrain.callbacks import PreemptionWatch
+from tftrain.callbacks.preemption import SIGNALS
+from tftrain.errors import Preempted
 
 
-def test_either_signal_is_a_request_while_open_and_the_handlers_come_back():
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    for signum in (signal.SIGTERM, signal.SIGUSR1):
-        with PreemptionWatch() as watch:
+def test_each_signal_is_a_request_while_training_polls_and_the_handlers_come_back():
+    before = {s: signal.getsignal(s) for s in SIGNALS}
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
+        with PreemptionWatch() as watch, watch.polling():
             assert watch.requested() is None
             os.kill(os.getpid(), signum)  # handled at once, in this (the main) thread
             assert watch.requested() == signum
         assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_outside_training_a_signal_stops_at_once_naming_the_phase():
+    with PreemptionWatch() as watch:
+        watch.phase = "evaluation"
+        with pytest.raises(Preempted, match="^stopped by SIGHUP during evaluation$") as stopped:
+            os.kill(os.getpid(), signal.SIGHUP)
+        assert stopped.value.signum == signal.SIGHUP
+
+
+def test_a_write_under_way_finishes_before_the_stop_and_a_second_signal_waits_for_it():
+    written = []
+    with PreemptionWatch() as watch:
+        watch.phase = "saving the model"
+        with pytest.raises(Preempted, match="stopped by SIGTERM during saving the model"):
+            with watch.holding():
+                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signal.SIGTERM)  # a second notice: still waits
+                written.append("model.keras")
+        assert written == ["model.keras"]
+        os.kill(os.getpid(), signal.SIGTERM)  # after the stop was raised: nothing more is raised

@@ -1,0 +1,118 @@
+"""Stop signals at every moment of a run (real processes, real signals): start-up, training (SIGHUP),
+evaluation, the writes of the run (two signals), the export. Each ends in one line and 128 + the
+signal, or completes; the same command then resumes or finishes without training again."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, SUBPROCESS_ENV, checkpoint_metadata
+
+pytestmark = pytest.mark.integration
+
+_SCRIPT = """
+import os, signal, sys
+import keras, numpy as np
+import tftrain
+from tftrain.train import after_steps
+from tftrain.train.trainer import Trainer
+
+moment = os.environ.get("MOMENT", "")
+
+def kill(times=1, signum=signal.SIGTERM):
+    for _ in range(times):
+        os.kill(os.getpid(), signum)
+
+def before(owner, name, times=1):
+    real = getattr(owner, name)
+    def wrapped(*args, **kwargs):
+        kill(times)
+        return real(*args, **kwargs)
+    setattr(owner, name, wrapped)
+
+if moment == "start-up":
+    before(Trainer, "plan_batch")
+elif moment == "evaluation":
+    before(Trainer, "evaluate")
+elif moment == "saving, twice":
+    before(Trainer, "save", times=2)
+elif moment == "export":
+    before(after_steps, "export")
+
+class HangUp(keras.callbacks.Callback):  # a closed terminal in epoch 2
+    def on_train_batch_end(self, batch, logs=None):
+        if moment == "training, SIGHUP" and int(self.model.optimizer.iterations) == 12:
+            kill(signum=signal.SIGHUP)
+
+def build():
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+
+rng = np.random.default_rng(0)
+x = rng.standard_normal((256, 4)).astype("float32")
+y = x @ np.array([[1.0], [-2.0], [0.5], [0.0]], "float32")
+task = tftrain.ArrayTask(build, x, y, x[:64], y[:64], loss="mse", optimizer="sgd", learning_rate=0.05, name="s")
+make_callbacks = Trainer.make_callbacks
+Trainer.make_callbacks = lambda self: make_callbacks(self) + [HangUp()]
+from tftrain.run import main
+sys.exit(main(["--epochs", "3", "--batch-size", "32", "--execution", "graph", "--verbose", "0", "--seed", "0",
+               "--backup-every-steps", "4", "--run-dir", sys.argv[1], *sys.argv[2:]], task=task, prog="sig"))
+"""
+
+
+def _run(run_dir, moment, *args):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update(SUBPROCESS_ENV, MOMENT=moment)
+    return subprocess.run([sys.executable, "-c", _SCRIPT, str(run_dir), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _last_line(result) -> str:
+    return result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("moment, signum, line, trained_on_rerun", [
+    ("start-up", signal.SIGTERM, "sig: stopped by SIGTERM during start-up. To resume, rerun the same command", 3),
+    ("training, SIGHUP", signal.SIGHUP, "sig: stopped by SIGHUP: checkpoint saved at epoch 2, batch 5 "
+                                        "(optimizer step 13). To resume, rerun the same command", 2),
+    ("evaluation", signal.SIGTERM, "sig: stopped by SIGTERM during evaluation (training's checkpoint is kept). "
+                                   "To resume, rerun the same command", 0),
+])
+def test_a_signal_ends_in_one_line_and_the_same_command_resumes(tmp_path, moment, signum, line, trained_on_rerun):
+    run_dir = tmp_path / "run"
+    stopped = _run(run_dir, moment)
+    assert stopped.returncode == 128 + signum, stopped.stderr[-3000:]
+    assert _last_line(stopped).startswith(line), _last_line(stopped)
+    if moment == "training, SIGHUP":
+        assert checkpoint_metadata(run_dir)["optimizer_iterations"] == 13  # the step the signal came in: nothing lost
+    done = _run(run_dir, "")
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["epochs_trained"] == trained_on_rerun and metrics["optimizer_steps"] == 24
+
+
+def test_signals_while_the_run_is_written_wait_for_it_and_the_run_completes(tmp_path):
+    run_dir = tmp_path / "run"
+    done = _run(run_dir, "saving, twice", "--verbose", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "SIGTERM received while the run was written: the run is complete" in done.stdout
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["optimizer_steps"] == 24 and not (run_dir / "backup").exists()
+    import keras
+
+    assert int(keras.saving.load_model(run_dir / "model.keras").optimizer.iterations) == 24  # whole
+
+
+def test_a_signal_during_the_export_leaves_it_pending_and_the_same_command_does_it(tmp_path):
+    run_dir = tmp_path / "run"
+    stopped = _run(run_dir, "export", "--export", "saved_model")
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert _last_line(stopped).startswith("sig: stopped by SIGTERM during the export (the trained run is written; "
+                                          "the export is pending)"), _last_line(stopped)
+    assert json.loads((run_dir / "metrics.json").read_text())["after_steps"] == {"export": "pending"}
+    done = _run(run_dir, "", "--export", "saved_model")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["after_steps"] == {"export": "done"}
