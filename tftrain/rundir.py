@@ -290,8 +290,8 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
         )
     finished = (p / METRICS_FILE).exists()
     pending = pending_after_steps(p) if finished else ()
-    if finished and not pending and not _finished_by(p, restart_of):
-        raise _finished_error(p)
+    if finished and not pending and not _finished_by(p, restart_of) and not (p / BACKUP_DIR).is_dir():
+        raise _finished_error(p)  # (a backup beside metrics.json: a kill as the run ended, which a rerun completes)
     try:
         previous = yaml.safe_load((p / CONFIG_FILE).read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError, OSError):
@@ -432,6 +432,27 @@ def create_run_dir(run_dir: RunDir, config_yaml: str) -> None:
         write_text_atomic(target, config_yaml)
 
 
+def _check_unchanged(run_dir: RunDir, config_yaml: str) -> None:
+    """Under the lock: what `check_run_dir` found still holds. Another process may have finished the run,
+    or started another one, between that check and this lock (a second command on the same directory).
+
+    Raises:
+        RunDirError: when `metrics.json` appeared since, or a `config.yaml` of other settings.
+    """
+    p = run_dir.path
+    if not run_dir.finished_before and (p / METRICS_FILE).exists():
+        raise _finished_error(p)
+    try:
+        written = yaml.safe_load((p / CONFIG_FILE).read_text(encoding="utf-8"))
+    except OSError:
+        return
+    except (yaml.YAMLError, UnicodeDecodeError):
+        written = None
+    if not isinstance(written, dict) or _differences(_strip(written), _strip(yaml.safe_load(config_yaml) or {})):
+        raise RunDirError(f"Run directory {str(p)!r} was taken by another run while this one started (its "
+                          f"{CONFIG_FILE} differs). Pass a new --run-dir.")
+
+
 def worker_scratch_dir(run_dir, task: str) -> Path:
     """The temporary directory a non-chief `task` (e.g. `worker:1`) of the run in `run_dir` writes to.
 
@@ -475,6 +496,7 @@ def task_run_dir(run_dir: RunDir, config_yaml: str, is_chief: bool = True, task:
     if is_chief:
         run_dir.path.mkdir(parents=True, exist_ok=True)
         with locked(run_dir.path):
+            _check_unchanged(run_dir, config_yaml)
             create_run_dir(run_dir, config_yaml)
             yield run_dir
         return

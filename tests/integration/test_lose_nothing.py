@@ -26,18 +26,28 @@ class KillAfterTraining(keras.callbacks.Callback):
 def build():
     return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
 
+if os.environ.get("KILL_AFTER_METRICS"):  # metrics.json written, the backup not yet removed
+    write_record = tftrain.Trainer.write_record
+    def killed_after(self, record):
+        write_record(self, record)
+        os.kill(os.getpid(), signal.SIGKILL)
+    tftrain.Trainer.write_record = killed_after
+
 rng = np.random.default_rng(0)
 x = rng.standard_normal((256, 4)).astype("float32")
 y = x @ np.array([[1.0], [-2.0], [0.5], [0.0]], "float32")
 task = tftrain.ArrayTask(build, x, y, x[:64], y[:64], loss="mse", optimizer="sgd", learning_rate=0.05, name="k")
-tftrain.Trainer(task, epochs=3, batch_size=32, execution="graph", verbose=0, seed=0, run_dir=sys.argv[1],
-                callbacks=[KillAfterTraining()]).fit()
+try:
+    tftrain.Trainer(task, epochs=3, batch_size=32, execution="graph", verbose=0, seed=0, run_dir=sys.argv[1],
+                    callbacks=[KillAfterTraining()]).fit()
+except tftrain.AlreadyFinished as e:
+    print(e)
 """
 
 
-def _run(run_dir, kill: bool):
+def _run(run_dir, kill: bool, after_metrics: bool = False):
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env.update(SUBPROCESS_ENV, KILL_AFTER_TRAINING="1" if kill else "")
+    env.update(SUBPROCESS_ENV, KILL_AFTER_TRAINING="1" if kill else "", KILL_AFTER_METRICS="1" if after_metrics else "")
     return subprocess.run([sys.executable, "-c", _SCRIPT, str(run_dir)], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
 
@@ -56,6 +66,20 @@ def test_a_kill_after_training_resumes_without_training_again(tmp_path):
     assert metrics["resumed_from_epoch"] == 3 and metrics["epochs_trained"] == 0  # nothing trained twice
     assert metrics["test"]["loss"] < 1.0 and (run_dir / "model.keras").is_file()
     assert not (run_dir / "backup").exists() and not (run_dir / "failure.log").exists()
+
+
+def test_a_kill_right_after_metrics_json_is_completed_by_the_same_command(tmp_path):
+    run_dir = tmp_path / "run"
+    killed = _run(run_dir, kill=False, after_metrics=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert (run_dir / "metrics.json").is_file() and (run_dir / "backup").is_dir()
+    metrics = (run_dir / "metrics.json").read_text()
+    done = _run(run_dir, kill=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "finished before (metrics.json is written); removed the checkpoint its end left behind" in done.stdout
+    assert not (run_dir / "backup").exists() and (run_dir / "metrics.json").read_text() == metrics  # untouched
+    again = _run(run_dir, kill=False)  # now an ordinary finished run: refused, untouched
+    assert again.returncode == 1 and "holds a finished run" in again.stderr, again.stderr[-2000:]
 
 
 _SLOW_RUN = """

@@ -152,3 +152,24 @@ def test_resume_finds_a_run_that_an_earlier_attempt_of_the_restarted_job_finishe
     assert rundir.newest_unfinished("mnist", CFG.to_dict(), root) is None
     assert rundir.newest_unfinished("mnist", CFG.to_dict(), root, restart_of="slurm6") is None
     assert rundir.newest_unfinished("mnist", CFG.to_dict(), root, restart_of="slurm5") == run
+
+
+def test_a_run_finished_or_taken_between_the_check_and_the_lock_is_refused_untouched(tmp_path):
+    """A second command on the same directory: the state is read again once the lock is held."""
+    path = tmp_path / "run"
+    checked = rundir.check_run_dir(path, CFG.to_dict())  # new, before TensorFlow starts
+    path.mkdir()
+    (path / "config.yaml").write_text(config_lib.to_yaml(CFG))  # meanwhile the first command finished the run
+    (path / "metrics.json").write_text("{}")
+    with pytest.raises(RunDirError, match="holds a finished run"):
+        with rundir.task_run_dir(checked, config_lib.to_yaml(CFG)):
+            pass
+    (path / "metrics.json").unlink()
+    other = RecipeConfig(run_dir="x", train=TrainConfig(epochs=3))
+    with pytest.raises(RunDirError, match="was taken by another run while this one started"):
+        with rundir.task_run_dir(checked, config_lib.to_yaml(other)):
+            pass
+    assert sorted(p.name for p in path.iterdir() if p.name != rundir.LOCK_FILE) == ["config.yaml"]
+    verbose = RecipeConfig(run_dir="x", train=TrainConfig(verbose=2))  # same run: takes it and resumes
+    with rundir.task_run_dir(checked, config_lib.to_yaml(verbose)) as out:
+        assert out.path == path
