@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import typing
 from typing import Collection, Optional, Sequence
 
@@ -33,7 +34,23 @@ class OneLineParser(argparse.ArgumentParser):
         self._error = error
 
     def error(self, message):  # noqa: D102 (argparse API)
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            typed = [flag.split("=", 1)[0] for flag in message[len(prefix):].split() if flag.startswith("--")]
+            hints = [f"{flag}: did you mean {' or '.join(close)}?" for flag in typed
+                     for close in [self.closest_flags(flag)] if close]
+            if hints:
+                message = f"{message} ({'; '.join(hints)})"
         raise self._error(f"{message}. Run {self.prog} --help for usage.")
+
+    def closest_flags(self, typed: str, n: int = 2) -> list:
+        """The flags nearest to a `typed` unknown one (`--learning-rat`, or initials such as `--lr`), at most
+        `n`, closest first; empty when none is near."""
+        name = typed.split("=", 1)[0]
+        flags = [f for f in self._option_string_actions if f.startswith("--")]
+        initials = [f for f in flags if "".join(w[:1] for w in f[2:].split("-")) == name[2:] and len(name) > 3]
+        close = difflib.get_close_matches(name, flags, n=n, cutoff=0.75)
+        return list(dict.fromkeys(initials + close))[:n]
 
 
 def flag_name(field_name: str) -> str:

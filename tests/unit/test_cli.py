@@ -107,3 +107,18 @@ def test_user_guide_flag_table_lists_every_flag():
     assert {"model", "width"} <= set(names)
     for name in names:
         assert f"| `{cli.flag_name(name)}" in guide, name
+
+
+@pytest.mark.parametrize("typed, suggested", [("--learning-rat", "--learning-rate"), ("--lr", "--learning-rate"),
+                                              ("--stratgy", "--strategy"), ("--epoch=3", "--epochs")])
+def test_a_misspelled_flag_gets_the_closest_one_in_one_line(typed, suggested):
+    with pytest.raises(ConfigError) as refused:
+        cli.parse_config([typed, *([] if "=" in typed else ["1"])], RecipeConfig(), "prog")
+    line = str(refused.value)
+    assert "\n" not in line and f"{typed.split('=')[0]}: did you mean {suggested}" in line, line
+
+
+def test_a_flag_near_none_gets_no_suggestion():
+    with pytest.raises(ConfigError) as refused:
+        cli.parse_config(["--zzzzzz", "1"], RecipeConfig(), "prog")
+    assert "did you mean" not in str(refused.value)
