@@ -142,7 +142,7 @@ class StepBackup(keras.callbacks.Callback):
             return "its metadata cannot be read"
         try:
             self.model.load_weights(checkpoint.weights)
-        except Exception as error:  # noqa: BLE001 (a missing, truncated or corrupt file: h5py and Keras raise many kinds)
+        except Exception as error:  # noqa: BLE001 (a missing, truncated or corrupt file: h5py, Keras raise many)
             return f"{checkpoint.weights.name} cannot be read: {(str(error).splitlines() or [''])[0][:160]}"
         if checkpoint.position.optimizer_iterations not in (None, optimizer_steps(self.model)):
             return f"{checkpoint.weights.name} does not match its metadata"
@@ -239,4 +239,5 @@ def _fallback_line(skipped, used) -> str:
                   if c.position is not None and c.position.optimizer_iterations is not None), default=None)
     ours = used.position.optimizer_iterations
     cost = f": {newest - ours} optimizer steps earlier than the newest" if None not in (newest, ours) else ""
-    return f"resuming: skipped the newest checkpoint ({what}); resuming from {used.name} at {used.position.where()}{cost}"
+    return (f"resuming: skipped the newest checkpoint ({what}); resuming from {used.name} at "
+            f"{used.position.where()}{cost}")

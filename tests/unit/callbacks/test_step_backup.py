@@ -112,7 +112,8 @@ def test_the_previous_checkpoint_is_kept_whole_beside_the_latest(tmp_path):
     for number, step in ((1, 8), (2, 10)):
         model = _fresh_model()
         model.load_weights(tmp_path / f"ckpt-{number}.weights.h5")  # each whole, in Keras's format
-        assert int(model.optimizer.iterations) == step == read_position(tmp_path / f"ckpt-{number}.json").optimizer_iterations
+        position = read_position(tmp_path / f"ckpt-{number}.json")
+        assert int(model.optimizer.iterations) == step == position.optimizer_iterations
 
 
 def _resume(tmp_path, **kwargs):
