@@ -142,8 +142,27 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
         print(f"\n{prog}: interrupted before training started.", file=sys.stderr)
         return 130
     except Exception as e:  # a run that failed after starting: one line, the traceback in the run directory
-        print(f"{prog}: run failed: {one_line(e)}{_failure_log(trainer, e)}", file=sys.stderr)
+        print(f"{prog}: run failed: {_disk_full(e, trainer) or one_line(e)}{_failure_log(trainer, e)}",
+              file=sys.stderr)
         return 1
+
+
+def _disk_full(error: BaseException, trainer) -> str:
+    """For an error caused by a full disk (ENOSPC, also inside HDF5 or TensorFlow errors that name it): one
+    line naming the file or run directory and the fix; else ""."""
+    import errno
+
+    chain, seen = [], error
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    full = [e for e in chain if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e)]
+    if not full:
+        return ""
+    where = next((getattr(e, "filename", None) for e in full if getattr(e, "filename", None)), None) or \
+        getattr(getattr(trainer, "run_dir", None), "path", None)
+    return (f"{type(error).__name__}: no space left on the disk holding {where}; the last checkpoint in the run "
+            "directory is kept: free space on that disk, then rerun the same command to resume")
 
 
 def _resume_hint(run_dir: str) -> str:

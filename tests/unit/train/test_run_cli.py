@@ -242,3 +242,20 @@ def test_callbacks_from_the_command_line(task_file, tmp_path, capsys):
         [line] = capsys.readouterr().err.strip().splitlines()
         assert line.startswith("python -m tftrain.run: error: --callbacks: ") and message in line, line
     assert not (tmp_path / "bad").exists()  # refused before the run directory
+
+
+def test_a_full_disk_anywhere_is_one_line_naming_the_file_and_the_fix():
+    import errno
+
+    from tftrain import run
+
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", "runs/r/model.keras")
+        except OSError as cause:
+            raise RuntimeError("Unable to synchronously create file (file write failed)") from cause
+    except RuntimeError as error:
+        line = run._disk_full(error, None)
+    assert line == ("RuntimeError: no space left on the disk holding runs/r/model.keras; the last checkpoint in the "
+                    "run directory is kept: free space on that disk, then rerun the same command to resume")
+    assert run._disk_full(ValueError("bad value"), None) == ""
