@@ -140,6 +140,9 @@ class StepBackup(keras.callbacks.Callback):
         """Loads `checkpoint`; returns why it cannot be used, or None once it is loaded."""
         if checkpoint.position is None:
             return "its metadata cannot be read"
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not None and not optimizer.built:  # its state must exist to be loaded (as Keras's own does)
+            optimizer.build(self.model.trainable_variables)
         try:
             self.model.load_weights(checkpoint.weights)
         except Exception as error:  # noqa: BLE001 (a missing, truncated or corrupt file: h5py, Keras raise many)

@@ -215,3 +215,17 @@ def test_a_kill_inside_a_save_resumes_within_one_interval(tmp_path, moment):
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     restored, steps = rerun.stdout.split()[1], rerun.stdout.split()[3]
     assert steps == "30" and restored == ("10" if moment == "metadata written" else "8"), rerun.stdout
+
+
+def test_a_checkpoint_restores_into_a_model_whose_optimizer_is_not_built_yet(tmp_path):
+    """As when `fit` calls `on_train_begin` before its first step built the optimizer (the MNIST recipe)."""
+    from tftrain.callbacks import StepBackup
+
+    with pytest.raises(KeyboardInterrupt):
+        _fit(tmp_path, 1, False, kill_after=13)
+    model = _fresh_model()
+    assert not model.optimizer.built
+    backup = StepBackup(tmp_path)
+    backup.set_model(model)
+    backup.on_train_begin()
+    assert backup.restored.optimizer_iterations == 10 == int(model.optimizer.iterations)
