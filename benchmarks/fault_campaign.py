@@ -19,10 +19,17 @@ most `MAX_RERUNS` times). A trial passes when:
   before the first step or after the last, there is nothing to save);
 * the test accuracy is within 1 point of an unfaulted run of the same kind.
 
-`python -m benchmarks.fault_campaign` runs 24 trials (kind x signal x 4, random moments,
-seed 0); `--quick` runs one single-process SIGKILL trial (0-0.5 s after the first checkpoint), which
-tests/integration/test_fault_campaign.py runs (tests/integration/test_lose_nothing.py and
-test_multi_worker.py test SIGTERM and the multi-process jobs one by one).
+Then the moments a random delay rarely hits, on a single process (`MOMENT_TRIALS`): SIGKILL inside a
+save (once a checkpoint's temporary weights file appears), after training (once `model.keras`
+appears) and right after `metrics.json`; two SIGTERMs 0.1 s apart; SIGHUP (a closed terminal). These
+also pass only when the faulted process exited with its documented code (128 + the signal after a
+stop signal, or 0 when the run was complete) and the rerun left no checkpoint behind.
+
+`python -m benchmarks.fault_campaign` runs 24 random trials (kind x signal x 4, seed 0) and each moment
+trial twice; `--quick` runs one single-process SIGKILL trial (0-0.5 s after the first checkpoint) and
+each moment trial once, which tests/integration/test_fault_campaign.py runs
+(tests/integration/test_lose_nothing.py, test_signals.py and test_multi_worker.py test SIGTERM and the
+multi-process jobs one by one).
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ from benchmarks import common
 NAME = "fault_campaign"
 KINDS = ("single", "multi_worker", "parameter_server")
 SIGNALS = ("SIGKILL", "SIGTERM")
+MOMENT_TRIALS = (("SIGKILL", "inside a save"), ("SIGKILL", "after model.keras"), ("SIGKILL", "after metrics.json"),
+                 ("SIGTERM x2", "in training"), ("SIGHUP", "in training"))
+"""(signal, moment) of the single-process trials at chosen moments; "SIGTERM x2": two, 0.1 s apart."""
 STEPS_PER_EPOCH, EPOCHS, BACKUP_EVERY = 128, 2, 8
 MAX_RERUNS = 2
 JOB_TIMEOUT_S = 300
@@ -82,8 +92,31 @@ def _pids(output: str, proc) -> list:
     return [proc.pid] + [int(pid) for _, pid in STARTED.findall(output)]
 
 
-def _faulted_run(kind: str, run_dir: Path, signame: str, rng: random.Random, max_delay_s: float) -> dict:
-    """Starts the job, sends `signame` to a random task once a checkpoint exists; what happened."""
+def _due(moment: str, run_dir: Path, rng: random.Random, max_delay_s: float) -> bool:
+    """Whether `moment` has come (for "random" and "in training": a checkpoint exists; then waits a random
+    0-`max_delay_s` s)."""
+    if moment == "inside a save":
+        return any((run_dir / "backup").glob("ckpt-*.tmp.weights.h5"))
+    if moment in ("after model.keras", "after metrics.json"):
+        return (run_dir / moment.split()[-1]).exists()
+    if _saved_step(run_dir) is None:
+        return False
+    time.sleep(rng.uniform(0, max_delay_s))
+    return True
+
+
+def _send(pid: int, signame: str) -> None:
+    if signame == "SIGTERM x2":
+        os.kill(pid, signal.SIGTERM)
+        time.sleep(0.1)
+        os.kill(pid, signal.SIGTERM)
+    else:
+        os.kill(pid, getattr(signal, signame))
+
+
+def _faulted_run(kind: str, run_dir: Path, signame: str, rng: random.Random, max_delay_s: float,
+                 moment: str = "random") -> dict:
+    """Starts the job, sends `signame` to a random task at `moment`; what happened."""
     proc = subprocess.Popen(_command(kind, run_dir), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     lines, tasks = [], {}
@@ -91,17 +124,16 @@ def _faulted_run(kind: str, run_dir: Path, signame: str, rng: random.Random, max
     reader.start()
     deadline, fault = time.monotonic() + JOB_TIMEOUT_S, None
     while proc.poll() is None and time.monotonic() < deadline:
-        if fault is None and _saved_step(run_dir) is not None:
-            time.sleep(rng.uniform(0, max_delay_s))
+        if fault is None and _due(moment, run_dir, rng, max_delay_s):
             tasks = {name: int(pid) for name, pid in STARTED.findall("".join(lines))}
             victim = rng.choice(sorted(tasks)) if tasks else "process"
             seen = _saved_step(run_dir)  # the newest checkpoint just before the signal
             try:
-                os.kill(tasks.get(victim, proc.pid), getattr(signal, signame))
+                _send(tasks.get(victim, proc.pid), signame)
                 fault = {"victim": victim, "checkpoint_seen": seen, "at_s": round(time.monotonic(), 1)}
             except ProcessLookupError:  # it finished meanwhile
                 fault = {"victim": victim, "checkpoint_seen": seen, "missed": True}
-        time.sleep(0.05)
+        time.sleep(0.05 if moment in ("random", "in training") else 0.002)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -151,19 +183,29 @@ def _lost_at_most_the_interval(kind, signame, reruns, resumed, seen, said) -> bo
         return True
     if resumed is None:
         return False
-    if signame == "SIGTERM" and said is not None:
+    if signame != "SIGKILL" and said is not None:
         return resumed == said
     return seen is None or resumed >= seen  # SIGKILL, or SIGTERM outside training (nothing left to save)
 
 
+def _exit_code_told(signame: str, code: int, finished: bool) -> bool:
+    """A single process's exit: killed by SIGKILL; after a stop signal 128 + the signal, or 0 when the run
+    was complete when it came."""
+    if signame == "SIGKILL":
+        return code == -signal.SIGKILL
+    signum = signal.SIGTERM if signame == "SIGTERM x2" else getattr(signal, signame)
+    return code == 128 + signum or (code == 0 and finished)
+
+
 def trial(kind: str, signame: str, rng: random.Random, reference: float, root: Path,
-          max_delay_s: float = 2.0) -> dict:
+          max_delay_s: float = 2.0, moment: str = "random") -> dict:
     """One faulted job and its reruns, judged as the module docstring says."""
     run_dir = Path(tempfile.mkdtemp(dir=root)) / "run"
     started = time.monotonic()
-    faulted = _faulted_run(kind, run_dir, signame, rng, max_delay_s)
+    faulted = _faulted_run(kind, run_dir, signame, rng, max_delay_s, moment)
+    finished_when_faulted = _accuracy(run_dir) is not None
     reruns = []
-    while _accuracy(run_dir) is None and len(reruns) < MAX_RERUNS:
+    while (_accuracy(run_dir) is None or (run_dir / "backup").exists()) and len(reruns) < MAX_RERUNS:
         reruns.append(_rerun(kind, run_dir))
     resumed = next((r["resumed_at"] for r in reruns if r["resumed_at"] is not None), None)
     seen, said = faulted["fault"].get("checkpoint_seen"), faulted["said_saved"]
@@ -176,7 +218,10 @@ def trial(kind: str, signame: str, rng: random.Random, reference: float, root: P
         "lost_at_most_the_interval": _lost_at_most_the_interval(kind, signame, reruns, resumed, seen, said),
         "accuracy_within_1_point": accuracy is not None and abs(accuracy - reference) <= 0.01,
     }
-    return {"kind": kind, "signal": signame, "victim": faulted["fault"].get("victim"),
+    if moment != "random":
+        checks["exit_code_told"] = _exit_code_told(signame, faulted["exit_code"], finished_when_faulted)
+        checks["no_checkpoint_left"] = not (run_dir / "backup").exists()
+    return {"kind": kind, "signal": signame, "moment": moment, "victim": faulted["fault"].get("victim"),
             "missed": bool(faulted["fault"].get("missed")), "exit_code": faulted["exit_code"],
             "checkpoint_seen": seen, "said_saved": said, "resumed_at": resumed, "reruns": len(reruns),
             "optimizer_steps": steps, "test_accuracy": accuracy, "reference_accuracy": reference,
@@ -192,19 +237,20 @@ def _reference(kind: str, root: Path) -> float:
 
 def run(args, device) -> common.Result:
     rng = random.Random(args.seed)
-    plan = [("single", "SIGKILL")] if args.quick else \
-        [(k, s) for k in KINDS for s in SIGNALS for _ in range(args.trials // (len(KINDS) * len(SIGNALS)))]
+    plan = [("single", "SIGKILL", "random")] if args.quick else \
+        [(k, s, "random") for k in KINDS for s in SIGNALS for _ in range(args.trials // (len(KINDS) * len(SIGNALS)))]
+    plan += [("single", s, m) for s, m in MOMENT_TRIALS for _ in range(1 if args.quick else 2)]
     with tempfile.TemporaryDirectory(prefix="fault-campaign-") as tmp:
         root = Path(tmp)
-        references = {kind: _reference(kind, root) for kind in sorted({k for k, _ in plan})}
+        references = {kind: _reference(kind, root) for kind in sorted({k for k, _, _ in plan})}
         delay = 0.5 if args.quick else 2.0  # --quick: surely before the end of training
         records = []
-        for kind, signame in plan:
-            records.append(trial(kind, signame, rng, references[kind], root, delay))
+        for kind, signame, moment in plan:
+            records.append(trial(kind, signame, rng, references[kind], root, delay, moment))
             print(json.dumps({k: v for k, v in records[-1].items() if k != "tail"}), flush=True)
-    headers = ["kind", "signal", "task", "exit code", "checkpoint seen", "saved (said)", "resumed at", "reruns",
+    headers = ["kind", "signal", "moment", "task", "exit code", "checkpoint seen", "saved (said)", "resumed at", "reruns",
                "optimizer steps", "test accuracy (unfaulted)", "passed"]
-    rows = [[r["kind"], r["signal"], (r["victim"] or "none") + (" (missed: the job ended first)" if r["missed"] else ""),
+    rows = [[r["kind"], r["signal"], r["moment"], (r["victim"] or "none") + (" (missed: the job ended first)" if r["missed"] else ""),
              r["exit_code"],
              common.fmt(r["checkpoint_seen"], "d"), common.fmt(r["said_saved"], "d"), common.fmt(r["resumed_at"], "d"),
              r["reruns"], common.fmt(r["optimizer_steps"], "d"),
@@ -217,8 +263,9 @@ def run(args, device) -> common.Result:
         headers=headers, rows=rows, data={"records": records, "references": references},
         summary={"trials": len(records), "passed": passed},
         notes=[f"MNIST MLP, {EPOCHS} epochs of {STEPS_PER_EPOCH} steps of 128, --backup-every-steps {BACKUP_EVERY}; "
-               "one signal per trial to a random task at a random moment (0-2 s) after the first checkpoint; "
-               f"reruns of the same command (at most {MAX_RERUNS}) until the job finished.",
+               "random moments: one signal per trial to a random task 0-2 s after the first checkpoint; chosen "
+               "moments (single process): as the module says; "
+               f"reruns of the same command (at most {MAX_RERUNS}) until the job finished and left no checkpoint.",
                f"Optimizer steps: the finished model's step counter (every step once: {EPOCHS * STEPS_PER_EPOCH}); the parameter-server "
                "job is exempt (its other worker trains on while one is lost)."],
         plot=None)
