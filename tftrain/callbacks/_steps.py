@@ -46,7 +46,9 @@ def train_steps(model) -> int:
         if getattr(optimizer, "micro_steps", None) is not None:
             return int(optimizer.micro_steps.numpy())
         if getattr(optimizer, "gradient_accumulation_steps", None):
-            return int(optimizer._iterations.numpy())  # Keras's own accumulation: `iterations` is floor-divided
+            from tftrain import _compat
+
+            return _compat.micro_batches_seen(optimizer)  # Keras's own accumulation: `iterations` is floor-divided
         optimizer = getattr(optimizer, "inner_optimizer", None)
     return optimizer_steps(model)
 

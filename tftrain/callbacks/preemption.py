@@ -162,9 +162,9 @@ class AgreedStop(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self.handler is not None and not self._agreed:
-            from tensorflow.python.util import deprecation  # the handler's own call of its deprecated counter
+            from tftrain import _compat
 
-            with deprecation.silence():
+            with _compat.silenced_deprecations():  # the handler's own call of its deprecated counter
                 self.handler.save_checkpoint_if_preempted()
 
     def on_train_end(self, logs=None):
@@ -176,8 +176,6 @@ class AgreedStop(keras.callbacks.Callback):
         handler, self.handler = self.handler, None
         if handler is None:
             return
-        for stop in ("_stop_poll_termination_signal_thread", "_stop_cluster_wise_termination_watcher_thread"):
-            try:
-                getattr(handler, stop)()
-            except Exception:  # noqa: BLE001 (a TensorFlow without that method, or a peer already gone)
-                pass
+        from tftrain import _compat
+
+        _compat.stop_preemption_handler(handler)

@@ -51,12 +51,9 @@ def runtime_started() -> bool:
         True when the eager context has initialised (an op ran, a variable or
         tensor was created, or the devices were listed).
     """
-    # TensorFlow has no public query for this: tf.config's setters raise RuntimeError only
-    # when asked to change a value, and listing logical devices would start the runtime.
-    # The one private read in tftrain, kept here, where the runtime's global state lives.
-    from tensorflow.python.eager import context
+    from tftrain import _compat  # no public query: tf.config's setters raise only when asked to change a value
 
-    return bool(getattr(context.context(), "_initialized", False))
+    return _compat.runtime_started()
 
 
 def split_cpu(num_devices: int) -> list:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import functools
 
+from tftrain import _compat
+
 
 @functools.total_ordering
 class StepCount:
@@ -93,7 +95,7 @@ class EpochEnds:
         self.model, self.steps_per_epoch, self.epoch_steps = model, int(steps_per_epoch), 0
         self.steps_per_execution = int(model.steps_per_execution)
         self.count = StepCount(self.steps_per_execution)
-        self.function = model._make_function(model.train_step)
+        self.function = _compat.make_function(model, model.train_step)
 
     @staticmethod
     def applies(model, batches: int) -> bool:
@@ -102,7 +104,7 @@ class EpochEnds:
         one built already, such as a remembered XLA choice's compiled one, is kept)."""
         spe = int(getattr(model, "steps_per_execution", 1) or 1)
         return (spe > 1 and batches > 0 and batches % spe != 0 and model.train_function is None
-                and not model.run_eagerly and getattr(model, "_make_function", None) is not None)
+                and not model.run_eagerly and _compat.make_function_available(model))
 
     def install(self) -> "EpochEnds":
         """Makes this the model's `train_function`; returns self."""

@@ -38,6 +38,7 @@ from typing import Callable, Optional
 
 import filelock
 
+from tftrain import _compat
 from tftrain.host import cpu_model, usable_cores
 
 CACHE_ENV = "TFTRAIN_CACHE_DIR"
@@ -75,7 +76,7 @@ def _model_description(model) -> Optional[str]:
     description.pop("compile_config", None)
     optimizer = getattr(model, "optimizer", None)
     names = {model.name, getattr(optimizer, "name", None),
-             *(layer.name for layer in model._flatten_layers(include_self=False))}
+             *(layer.name for layer in _compat.flatten_layers(model))}
     canonical: dict = {}
 
     def rename(value):

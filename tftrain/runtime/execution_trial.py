@@ -30,6 +30,7 @@ import math
 import time
 from typing import Callable, Optional, Sequence
 
+from tftrain import _compat
 from tftrain.runtime.execution import ExecutionChoice, best_label, choice_reason, failure_line, label_of
 from tftrain.runtime.epoch_ends import StepCount, epoch_start_callback, steps_this_call
 from tftrain.runtime.execution_probe import traced_graph
@@ -251,7 +252,7 @@ class ExecutionTrial:
         return self._keras_function(candidate)
 
     def _make_function_available(self) -> bool:
-        return getattr(self.model, "_make_function", None) is not None
+        return _compat.make_function_available(self.model)
 
     def _keras_function(self, candidate: _Candidate):
         """Keras's train function for `candidate`'s mode and count (traced at its first call)."""
@@ -262,12 +263,11 @@ class ExecutionTrial:
             if candidate.mode == "xla" and not model.jit_compile:  # Keras refused: a layer does not support XLA
                 raise ValueError("the model does not support jit_compile")
             model.steps_per_execution = candidate.spe
-            make = getattr(model, "_make_function", None)  # Keras 3's TensorFlow trainer
-            if make is None:
+            if not _compat.make_function_available(model):
                 model.make_train_function(force=True)
                 return model.train_function
             model.jit_compile = False  # the XLA step is the shared inner function
-            return make(self._step_function(candidate.mode))
+            return _compat.make_function(model, self._step_function(candidate.mode))
         finally:
             model.jit_compile, model.train_function = jit, self
             model.steps_per_execution = self.fit_steps_per_execution

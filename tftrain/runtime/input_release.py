@@ -54,13 +54,9 @@ def _fit_iterator_taker():
             self.taken: list = []
 
         def on_train_end(self, logs=None):
-            frame = sys._getframe(1)
-            while frame is not None and not (frame.f_code.co_name == "fit" and FIT_LOCALS[1] in frame.f_locals):
-                frame = frame.f_back
-            if frame is not None:
-                found = frame.f_locals
-                self.taken = [found[name] for name in FIT_LOCALS if name in found]
-            del frame
+            from tftrain import _compat
+
+            self.taken = _compat.fit_locals(FIT_LOCALS)
 
     return TakeFitIterator()
 

@@ -51,7 +51,9 @@ def convolution_layers(model) -> list:
     import keras
 
     classes = tuple(getattr(keras.layers, name) for name in CONVOLUTION_LAYERS if hasattr(keras.layers, name))
-    layers = model._flatten_layers(include_self=False) if hasattr(model, "_flatten_layers") else model.layers
+    from tftrain import _compat
+
+    layers = _compat.flatten_layers(model)
     return sorted({type(layer).__name__ for layer in layers if isinstance(layer, classes)})
 
 

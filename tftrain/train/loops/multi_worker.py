@@ -70,7 +70,7 @@ def class_weighted(class_weight):
     """
     if class_weight is None:
         return lambda dataset: dataset
-    from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
+    from tftrain import _compat
 
-    weigh = make_class_weight_map_fn(class_weight)
+    weigh = _compat.class_weight_map_fn(class_weight)
     return lambda dataset: dataset.map(weigh)

@@ -40,9 +40,7 @@ Source: https://www.tensorflow.org/tutorials/distribute/parameter_server_trainin
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 from typing import Callable, Optional, Sequence
 
 import keras
@@ -65,44 +63,9 @@ def _check_model(model: keras.Model) -> None:
                          "steps asynchronously). Compile with an optimizer that updates every step.")
 
 
-_PATCH_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
 def atomic_assign_add():
-    """While open, Keras variables (TensorFlow backend) add and subtract with one atomic TensorFlow op.
-
-    Keras 3's `Variable.assign_add(v)` is `assign(self + v)`: a read, then a write, so two
-    workers adding to one ps variable at once lose one of the additions. Inside this context
-    `assign_add` / `assign_sub` call the wrapped `tf.Variable`'s own, which run as one
-    `AssignAddVariableOp` / `AssignSubVariableOp` on the task that holds the variable. Trace
-    the functions that run on workers inside it; what they traced keeps the atomic ops.
-
-    Yields:
-        None. Restores Keras's methods on exit (also on error).
-    """
-    from keras.src.backend.tensorflow.core import Variable
-
-    def add(self, value):
-        return self._value.assign_add(tf.cast(value, self._value.dtype)) if _is_tf(self) else keras_add(self, value)
-
-    def sub(self, value):
-        return self._value.assign_sub(tf.cast(value, self._value.dtype)) if _is_tf(self) else keras_sub(self, value)
-
-    with _PATCH_LOCK:
-        keras_add, keras_sub = Variable.assign_add, Variable.assign_sub
-        Variable.assign_add, Variable.assign_sub = add, sub
-        try:
-            yield
-        finally:
-            Variable.assign_add, Variable.assign_sub = keras_add, keras_sub
-
-
-def _is_tf(variable) -> bool:
-    """Whether a Keras variable wraps a `tf.Variable` (whose `assign_add` is atomic), outside a stateless scope."""
-    from keras.src.backend.common.stateless_scope import in_stateless_scope
-
-    return isinstance(getattr(variable, "_value", None), tf.Variable) and not in_stateless_scope()
+    """While open, Keras variables add and subtract with one atomic TensorFlow op (`_compat.atomic_assign_add`)."""
+    return _compat.atomic_assign_add()
 
 
 def _loss(model: keras.Model, y, y_pred, sample_weight=None):
