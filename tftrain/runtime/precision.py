@@ -258,7 +258,7 @@ def step_scales_loss(model, compile_with: Callable, data, scales: tuple = (1.0, 
         for variable, value in zip(model.trainable_variables, start):
             variable.assign(value)
         compile_with(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=scale))
-        model.fit(data, epochs=1, verbose=0)
+        model.fit(data, epochs=1, verbose=0, shuffle=False)
         moved.append(sum(float(np.sum(np.abs(v.numpy().astype("float64") - s)))
                          for v, s in zip(model.trainable_variables, start)))
     if not moved[0] or not np.isfinite(moved[0]):

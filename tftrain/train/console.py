@@ -15,7 +15,8 @@ class Console:
     """Prints the trainer's lines at a verbosity.
 
     Args:
-        verbose: 0 prints only errors; 1 or 2 print everything. Defaults to 1.
+        verbose: 0 prints only errors and the result line (`result`); 1 prints the plan and the
+            decisions; 2 also the full configuration (`detail`). Defaults to 1.
         out: stream for ordinary lines. Defaults to `sys.stdout`.
         err: stream for warnings and errors. Defaults to `sys.stderr`.
     """
@@ -37,6 +38,15 @@ class Console:
         """Each of `texts` as a line, unless silent."""
         for text in texts:
             self.line(text)
+
+    def detail(self, text: str = "") -> None:
+        """A line printed only at verbosity 2 (the full configuration)."""
+        if self.verbose >= 2:
+            self._write(self.out or sys.stdout, text)
+
+    def result(self, text: str) -> None:
+        """The run's result line on stdout, at every verbosity."""
+        self._write(self.out or sys.stdout, text)
 
     def section(self, title: str) -> None:
         """A section heading: `== title ==`."""

@@ -14,9 +14,13 @@ from tftrain.train.record import RunRecord
 def print_plan(trainer) -> None:
     """Prints the effective configuration, the runtime, the data, the batch and notes."""
     console, rt, cfg = trainer.console, trainer.runtime, trainer.config
-    console.section(f"{trainer.task.name}: effective configuration")
-    console.line(config_lib.to_yaml(_with_starting_rate(cfg, trainer.task)).rstrip())
-    console.section("runtime")
+    if not trainer.is_chief and console.verbose < 2:  # the chief prints the plan of a multi-worker job
+        return
+    if console.verbose >= 2:
+        console.section(f"{trainer.task.name}: effective configuration")
+        console.detail(config_lib.to_yaml(_with_starting_rate(cfg, trainer.task)).rstrip())
+    console.section(f"{trainer.task.name}: plan (the full configuration: --verbose 2, or config.yaml in the run "
+                    "directory)")
     console.lines(rt.describe())
     console.lines(trainer.task.describe_data())
     pipelines = training_workers(trainer.cluster) if cfg.runtime.strategy in config_lib.MULTI_PROCESS_STRATEGIES else 1
@@ -43,7 +47,8 @@ def _with_starting_rate(cfg, task):
     if cfg.train.learning_rate is not None:
         return cfg
     try:
-        return cfg.override({"learning_rate": task.starting_learning_rate()})
+        rate = task.starting_learning_rate()
+        return cfg.override({"learning_rate": float(f"{rate:.7g}") if isinstance(rate, float) else rate})
     except Exception:  # noqa: BLE001 (an optimizer function that needs a rate: the line stays null)
         return cfg
 
@@ -219,7 +224,7 @@ def report(trainer, record: RunRecord) -> None:
     console = trainer.console
     unit = trainer.task.example_unit
     console.section("result")
-    console.line(_result_line(record, unit))
+    console.result(_result_line(record, unit))
     throughput = record.extras.get("throughput")
     if throughput and throughput.get("step_time_median_s") is not None:
         console.line(f"throughput: {throughput['examples_per_sec']:,.0f} {unit}/sec after warm-up; step time "

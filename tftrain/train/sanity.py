@@ -193,7 +193,7 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
     # logs' keys are fit's own (validation's with their val_ prefix).
     what = "training and validation step" if validation is not None else "training step"
     history = _step(what, lambda: model.fit(train, validation_data=validation, epochs=1, verbose=0,
-                                             class_weight=plan.class_weight))
+                                             class_weight=plan.class_weight, shuffle=False))  # a Dataset: no warning
     keys = tuple(history.history)
     train_keys = tuple(k for k in keys if not k.startswith("val_"))
     validation_keys = tuple(k for k in keys if k.startswith("val_"))

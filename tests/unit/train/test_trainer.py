@@ -571,14 +571,14 @@ def test_class_weight_is_refused_before_the_run_by_a_loop_that_cannot_weigh_clas
 def test_the_printed_configuration_shows_the_task_learning_rate_that_trains(tmp_path, capsys):
     from tftrain.train.reporting import print_plan
 
-    trainer = tftrain.Trainer(_task(), verbose=1, run_dir=str(tmp_path / "r"))
+    trainer = tftrain.Trainer(_task(), verbose=2, run_dir=str(tmp_path / "r"))
     trainer.check(), trainer.setup_runtime(), trainer.bind_task(), trainer.plan_fixed_batch()
     print_plan(trainer)
     assert "learning_rate: 0.05" in capsys.readouterr().out  # the task's; config.yaml keeps null (--learning-rate)
     assert trainer.config.train.learning_rate is None
     rng = np.random.default_rng(0)
     x, y = rng.random((64, 4), "float32"), rng.random((64, 1), "float32")
-    unset = tftrain.Trainer(tftrain.ArrayTask(_model, x, y, loss="mse", optimizer="rmsprop"), verbose=1,
+    unset = tftrain.Trainer(tftrain.ArrayTask(_model, x, y, loss="mse", optimizer="rmsprop"), verbose=2,
                             run_dir=str(tmp_path / "u"))
     unset.check(), unset.setup_runtime(), unset.bind_task(), unset.plan_fixed_batch()
     print_plan(unset)
@@ -623,3 +623,18 @@ def test_explicit_xla_on_a_model_keras_compiles_without_xla_trains_in_graph_and_
                              run_dir=str(tmp_path / "run")).fit()
     assert record.execution == "graph"  # what ran: Keras turned jit_compile off ("Proceeding with jit_compile=False")
     assert "--execution xla: Keras compiles this model without XLA" in capsys.readouterr().err
+
+
+def test_the_default_plan_is_a_few_lines_without_the_configuration_and_verbose_0_prints_the_result(tmp_path,
+                                                                                                    capsys):
+    from tftrain.train.reporting import print_plan
+
+    trainer = tftrain.Trainer(_task(), verbose=1, run_dir=str(tmp_path / "r"))
+    trainer.check(), trainer.setup_runtime(), trainer.bind_task(), trainer.plan_fixed_batch()
+    print_plan(trainer)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) <= 9 and not any(line.startswith(("train:", "runtime:", "  ")) for line in lines), lines
+    assert "--verbose 2, or config.yaml in the run directory" in lines[0]
+    quiet = tftrain.Trainer(_task(), verbose=0, epochs=1, run_dir=str(tmp_path / "q")).fit()
+    [line] = capsys.readouterr().out.strip().splitlines()
+    assert line.startswith("test ") and quiet is not None, line
