@@ -332,7 +332,8 @@ class ExecutionTrial:
         if self.challenger.spe != self.base and winner != self.challenger.label:
             self.count_lost = True
         self.verdicts.append(overall or duel_verdict(self.incumbent.label, self.challenger.label, 1 / ratio,
-                                                     winner == self.challenger.label))
+                                                     winner == self.challenger.label,
+                                                     (step_time(inc), step_time(chal))))
         if winner == self.challenger.label:
             self.incumbent = self.challenger
         self.challenger = None
@@ -412,7 +413,7 @@ class ExecutionTrial:
         timings = {label: timing(c.samples, self.examples_per_step, c.spe, c.warmup_s) for label, c in self.timed.items()
                    if not c.failed and kept_calls(c.samples)}
         if self.chosen.label in timings:
-            reason = ("; ".join(self.verdicts) + " (each duel's calls timed side by side)"
+            reason = ("; ".join(self.verdicts)
                       + (f"; skipped {'; '.join(self.skipped)}" if self.skipped else "")
                       if self.verdicts else choice_reason(timings, self.chosen.label, self.skipped))
             reason += "".join(f"; {line}" for line in self.not_timed)

@@ -78,17 +78,24 @@ def timing(samples: list, examples_per_step: int, spe: int, warmup_s: Optional[f
                       execution_times_s=tuple(s for s, _ in kept))
 
 
-def duel_verdict(incumbent: str, challenger: str, speedup: float, challenger_won: bool) -> str:
+def duel_verdict(incumbent: str, challenger: str, speedup: float, challenger_won: bool,
+                 step_times_s: Optional[tuple] = None) -> str:
     """A duel's outcome, from the figures it was judged on (the calls timed side by side in it, not
-    every call of the run), e.g. `xla 1.40x faster than graph`, `graph kept: xla only 3% faster, within
-    the 5% timing noise`. `speedup` is the incumbent's step time over the challenger's (above 1: the
-    challenger was faster)."""
+    every call of the run, whose figures the choice line also prints), e.g. `xla 1.40x faster than graph
+    side by side (7.10 vs 9.94 ms/step)`, `graph kept: xla only 3% faster side by side, within the 5%
+    timing noise`. `speedup` is the incumbent's step time over the challenger's (above 1: the challenger
+    was faster); `step_times_s` the incumbent's and the challenger's seconds per step in the duel."""
+    if step_times_s is not None:
+        inc, chal = (t * 1e3 for t in step_times_s)
+        figures = f" ({incumbent} {inc:.2f}, {challenger} {chal:.2f} ms/step)"
+    else:
+        figures = ""
     if challenger_won:
-        return f"{challenger} {speedup:.2f}x faster than {incumbent}"
+        return f"{challenger} {speedup:.2f}x faster than {incumbent} side by side{figures}"
     if speedup > 1:
-        return (f"{incumbent} kept: {challenger} only {speedup - 1:.0%} faster, within the "
+        return (f"{incumbent} kept: {challenger} only {speedup - 1:.0%} faster side by side{figures}, within the "
                 f"{KEEP_FIRST_WITHIN:.0%} timing noise")
-    return f"{incumbent} {1 / speedup:.2f}x faster than {challenger}"
+    return f"{incumbent} {1 / speedup:.2f}x faster than {challenger} side by side{figures}"
 
 
 def weigh_remembered_xla(choice: ExecutionChoice, planned_steps: Optional[int]) -> ExecutionChoice:

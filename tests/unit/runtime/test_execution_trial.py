@@ -230,8 +230,8 @@ def test_the_reason_quotes_the_duel_that_decided_not_every_call_of_the_run():
     trial._judge()
     trial._settle(complete=True)
     assert trial.choice.steps_per_execution == 8
-    assert trial.choice.reason.startswith("graph kept: graph, 32 steps/execution only 3% faster, within the 5% "
-                                          "timing noise (each duel's calls timed side by side)")
+    assert trial.choice.reason.startswith("graph kept: graph, 32 steps/execution only 3% faster side by side (graph "
+                                          "10.00, graph, 32 steps/execution 9.70 ms/step), within the 5% timing noise")
 
 
 def test_a_challenger_faster_side_by_side_but_slower_over_all_its_calls_is_not_taken():
