@@ -94,7 +94,9 @@ def _load_checkpoint(model, path: str) -> None:
     import tensorflow as tf
 
     try:
-        tf.train.Checkpoint(model=model).read(path).assert_existing_objects_matched()
+        status = tf.train.Checkpoint(model=model).read(path)
+        status.assert_existing_objects_matched()  # every weight of this model is in it
+        status.expect_partial()  # what it holds beyond the model (its save counter) is not wanted: no warnings
     except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as error:
         first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
         raise ConfigError(f"--init-from {path}: the checkpoint does not fit this model ({first[:300]}). Pass "

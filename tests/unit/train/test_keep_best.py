@@ -119,3 +119,19 @@ def test_monitor_mode_sets_the_direction_the_run_ranks_in(tmp_path):
     maes = record.history["val_mae"]
     assert record.extras["keep_best"]["mode"] == "max"
     assert [k["epoch"] for k in record.extras["keep_best"]["kept"]] == [maes.index(max(maes)) + 1]
+
+
+@pytest.mark.slow
+def test_init_from_a_kept_checkpoint_leaves_no_tensorflow_warning(tmp_path):
+    from tests.conftest import REPO, run_python
+
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from pathlib import Path\n"
+            "from tests.unit.train.test_keep_best import _fit\n"
+            f"tmp = Path({str(tmp_path)!r})\n"
+            "_fit(tmp, 'first', keep_best=1, epochs=2)\n"
+            "_fit(tmp, 'again', epochs=1, init_from=str(tmp / 'first'))\n"
+            "import gc; gc.collect()\n")
+    done = run_python(code, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for warning in ("unrestored values", "could not be found in the restored object", "save_counter"):
+        assert warning not in done.stderr, done.stderr[-3000:]
