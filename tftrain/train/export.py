@@ -17,6 +17,7 @@ Source: https://keras.io/api/models/model_saving_apis/model_export/
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from pathlib import Path
 from typing import Callable, Dict, Sequence, Tuple
 
@@ -81,7 +82,9 @@ def export_all(model, formats: Sequence[str], directory: Path, features) -> Dict
     for name in formats:
         keras_format, filename, _ = FORMATS[name]
         path = directory / filename
-        model.export(str(path), format=keras_format, verbose=False)
+        with warnings.catch_warnings():  # Keras's ONNX path asks NumPy for `np.object` (a FutureWarning, Keras 3.15)
+            warnings.filterwarnings("ignore", message=".*np.object.*", category=FutureWarning)
+            model.export(str(path), format=keras_format, verbose=False)
         got = _match_outputs(name, _RUNNERS[name](path)(feeds), expected)
         worst = max(float(np.max(np.abs(got[k] - expected[k]), initial=0.0)) for k in expected)
         out[name] = {"path": str(path), "max_abs_difference": worst, "outputs": list(expected)}
