@@ -95,8 +95,8 @@ def _pids(output: str, proc) -> list:
 def _due(moment: str, run_dir: Path, rng: random.Random, max_delay_s: float) -> bool:
     """Whether `moment` has come (for "random" and "in training": a checkpoint exists; then waits a random
     0-`max_delay_s` s)."""
-    if moment == "inside a save":
-        return any((run_dir / "backup").glob("ckpt-*.tmp.weights.h5"))
+    if moment == "inside a save":  # a save with a committed checkpoint before it
+        return _saved_step(run_dir) is not None and any((run_dir / "backup").glob("ckpt-*.tmp.weights.h5"))
     if moment in ("after model.keras", "after metrics.json"):
         return (run_dir / moment.split()[-1]).exists()
     if _saved_step(run_dir) is None:
@@ -175,14 +175,15 @@ def _optimizer_steps(run_dir: Path):
     return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
 
 
-def _lost_at_most_the_interval(kind, signame, reruns, resumed, seen, said) -> bool:
+def _lost_at_most_the_interval(kind, signame, reruns, resumed, seen, said, finished: bool = False) -> bool:
     """No rerun needed (the job outlived the fault), or the rerun resumed at the step a SIGTERM saved
     (by the chief of a parameter-server job: its worker and ps tasks ignore it), or, after SIGKILL, at or after the
-    newest checkpoint on disk just before the kill (checkpoints are `BACKUP_EVERY` steps apart)."""
-    if not reruns:
+    newest checkpoint on disk just before the kill (checkpoints are `BACKUP_EVERY` steps apart). A run that
+    was `finished` (`metrics.json` written) when the fault came has nothing left to lose."""
+    if not reruns or finished:
         return True
     if resumed is None:
-        return False
+        return seen is None  # no checkpoint yet: the rerun starts from step 0, as it must
     if signame != "SIGKILL" and said is not None:
         return resumed == said
     return seen is None or resumed >= seen  # SIGKILL, or SIGTERM outside training (nothing left to save)
@@ -215,7 +216,8 @@ def trial(kind: str, signame: str, rng: random.Random, reference: float, root: P
         "finished": accuracy is not None,
         "no_process_left": not _alive(faulted["pids"]),
         "every_step_once": kind == "parameter_server" or steps == EPOCHS * STEPS_PER_EPOCH,
-        "lost_at_most_the_interval": _lost_at_most_the_interval(kind, signame, reruns, resumed, seen, said),
+        "lost_at_most_the_interval": _lost_at_most_the_interval(kind, signame, reruns, resumed, seen, said,
+                                                                finished_when_faulted),
         "accuracy_within_1_point": accuracy is not None and abs(accuracy - reference) <= 0.01,
     }
     if moment != "random":

@@ -14,7 +14,9 @@ open:
 * anywhere else (start-up, evaluation, export) the handler raises `Preempted` at once, naming
   the phase (`phase`).
 
-Further signals while the first is handled only wait for it: a save under way is never cut short.
+Further signals while the first is handled only wait for it: a save under way is never cut short, and
+once a signal was received the watch leaves the signals ignored when it closes (the process is ending
+with 128 + that signal; a second notice must not kill it on its way out).
 Signal handlers can only be set from the main thread; elsewhere the watch does nothing and the
 process's own handlers stay.
 
@@ -108,8 +110,9 @@ class PreemptionWatch:
         return self
 
     def __exit__(self, *exc) -> None:
+        stopping = self._signum is not None  # the process is ending on that signal: later ones must not kill it
         for s, handler in self._previous.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+            signal.signal(s, signal.SIG_IGN if stopping else handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
 
 

@@ -10,14 +10,22 @@ from tftrain.callbacks.preemption import SIGNALS
 from tftrain.errors import Preempted
 
 
-def test_each_signal_is_a_request_while_training_polls_and_the_handlers_come_back():
+def test_each_signal_is_a_request_while_training_polls_and_later_ones_are_ignored_on_the_way_out():
     before = {s: signal.getsignal(s) for s in SIGNALS}
-    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
-        with PreemptionWatch() as watch, watch.polling():
-            assert watch.requested() is None
-            os.kill(os.getpid(), signum)  # handled at once, in this (the main) thread
-            assert watch.requested() == signum
-        assert {s: signal.getsignal(s) for s in before} == before
+    with PreemptionWatch():
+        pass
+    assert {s: signal.getsignal(s) for s in before} == before  # no signal: the handlers come back
+    try:
+        for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
+            with PreemptionWatch() as watch, watch.polling():
+                assert watch.requested() is None
+                os.kill(os.getpid(), signum)  # handled at once, in this (the main) thread
+                assert watch.requested() == signum
+            assert all(signal.getsignal(s) == signal.SIG_IGN for s in SIGNALS)  # the process is ending on it
+            os.kill(os.getpid(), signal.SIGTERM)  # a second notice does not kill it
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def test_outside_training_a_signal_stops_at_once_naming_the_phase():
