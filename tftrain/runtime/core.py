@@ -93,8 +93,8 @@ class Runtime:
         if self.config.precision != "auto" or self.precision.policy == "float32":
             return self.precision.describe()
         if self.devices.kind == "cpu":
-            return (f"auto: {self.precision.describe()} is this CPU's candidate; the build times it against "
-                    "float32 or keeps float32 (the line 'precision: auto -> ...' says which)")
+            return ("auto: float32 or mixed_bfloat16, whichever trains faster on this CPU (the line "
+                    "'precision: auto -> ...' says which)")
         return f"{self.precision.describe()} by auto's rule (float32 if the model does not build under it)"
 
     def describe(self) -> list:
@@ -108,8 +108,7 @@ class Runtime:
             f"precision: {self._describe_precision()}",
             f"execution: {self.config.execution}, steps_per_execution={self.steps_per_execution}"
             + ("" if self.steps_per_execution == self.requested_steps_per_execution else
-               f" ({self.config.steps_per_execution} requested; Keras 3 runs one step per call across replicas, "
-               "keras-team/keras#19246)")
+               f" ({self.config.steps_per_execution} requested; Keras 3 runs one step per call across replicas)")
             + (" (auto)" if self.config.steps_per_execution == "auto" and self.num_replicas == 1 else ""),
         ]
         if self.malloc is not None:

@@ -67,13 +67,13 @@ class MallocSettings:
         """One line for the run's header.
 
         Returns:
-            E.g. "glibc malloc keeps freed buffers (mmap threshold 32 MiB, trim
-            threshold 64 MiB)", or "malloc thresholds unchanged (<reason>)".
+            E.g. "freed buffers kept for reuse (glibc malloc thresholds 32 MiB / 64 MiB)", or "malloc
+            thresholds unchanged (<reason>)".
         """
         if not self.applied:
             return f"malloc thresholds unchanged ({self.reason})"
-        return (f"glibc malloc keeps freed buffers (mmap threshold {self.mmap_threshold_bytes / 2**20:.0f} MiB, "
-                f"trim threshold {self.trim_threshold_bytes / 2**20:.0f} MiB)")
+        return (f"freed buffers kept for reuse (glibc malloc thresholds {self.mmap_threshold_bytes / 2**20:.0f} MiB / "
+                f"{self.trim_threshold_bytes / 2**20:.0f} MiB)")
 
 
 def _user_malloc_setting() -> str:
@@ -160,7 +160,7 @@ def restore_malloc_thresholds(
     Example:
         >>> strategy = tf.distribute.MirroredStrategy()
         >>> print(restore_malloc_thresholds().describe())
-        glibc malloc keeps freed buffers (mmap threshold 32 MiB, trim threshold 64 MiB)
+        freed buffers kept for reuse (glibc malloc thresholds 32 MiB / 64 MiB)
     """
     for name, value in (("mmap_threshold_bytes", mmap_threshold_bytes),
                         ("trim_threshold_bytes", trim_threshold_bytes)):

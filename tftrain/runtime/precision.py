@@ -425,9 +425,9 @@ def choose_precision(float32_model, build_bfloat16, dataset, steps: int = 16, ba
     if not bfloat16_repays(times["float32"], probe_s, planned_steps):
         repays_from = bfloat16_repays_from(times["float32"], probe_s)
         return PrecisionChoice("float32", times, (
-            f"mixed_bfloat16 not timed: even {BF16_MAX_SPEEDUP:g}x faster it would save less over a run of "
-            f"{planned_steps} steps than timing it costs (about {probe_s:.1f} s; a run of {repays_from} steps or "
-            "more times it)"), complete=False, time_twin_from_steps=repays_from)
+            f"mixed_bfloat16 not timed: this run of {planned_steps} steps is too short to repay timing it (about "
+            f"{probe_s:.1f} s); a run of {repays_from} steps or more times it"), complete=False,
+            time_twin_from_steps=repays_from)
     try:
         times["mixed_bfloat16"] = time_graph_step(build_bfloat16(), dataset, steps, batch_size)
     except Exception as error:  # noqa: BLE001 (a step that mixes dtypes: float32, as plain Keras, trains it)

@@ -59,7 +59,7 @@ def test_bad_thresholds_are_refused(kwargs):
 
 
 def test_describe_names_the_thresholds_or_the_reason():
-    assert "mmap threshold 32 MiB, trim threshold 64 MiB" in memory.MallocSettings(
+    assert "glibc malloc thresholds 32 MiB / 64 MiB" in memory.MallocSettings(
         True, memory.MMAP_THRESHOLD_BYTES, memory.TRIM_THRESHOLD_BYTES).describe()
     assert "no glibc on darwin" in memory.MallocSettings(False, reason="no glibc on darwin").describe()
 
@@ -103,4 +103,4 @@ def test_setup_restores_the_thresholds_only_for_generator_input_strategies(strat
     r = run_python(SETUP.replace("STRATEGY", repr(strategy)))
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split("RESULT", 1)[1].split()[0] == expected
-    assert ("memory:    glibc malloc keeps freed buffers" in r.stdout) == (expected == "True")
+    assert ("memory:    freed buffers kept for reuse" in r.stdout) == (expected == "True")
