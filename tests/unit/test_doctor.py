@@ -14,7 +14,8 @@ import subprocess
 import pytest
 
 from tests.conftest import REPO, run_module, run_python
-from tftrain.doctor import advice, machine
+from tftrain import host as machine
+from tftrain.doctor import advice
 from tftrain.doctor.__main__ import main
 from tftrain.doctor.allreduce import fit_ring
 from tftrain.doctor.gpus import why_no_gpu

@@ -13,7 +13,7 @@ LAYERS = (
     ("runtime", "data", "rundir", "flops", "checkpoint_files"),
     ("callbacks",),
     ("tuning", "reports"),
-    ("train", "ps_training"),  # ps_training: a re-export of tftrain.train.loops.ps_training
+    ("train",),
     ("run", "cli", "export"),
     ("recipes",),
     ("doctor", "launch"),

@@ -80,7 +80,7 @@ def why_no_gpu(build: Mapping, env: Mapping[str, str], hardware: Mapping, platfo
     Args:
         build: `build_info()`.
         env: the environment (for `CUDA_VISIBLE_DEVICES`).
-        hardware: `machine.nvidia_hardware()`.
+        hardware: `tftrain.host.nvidia_hardware()`.
         platform: `sys.platform`. Defaults to this one.
 
     Returns:

@@ -27,7 +27,7 @@ def _labels(ds):
 
 
 def test_a_builder_gets_the_hparams_only_when_it_needs_or_can_take_them():
-    from tftrain.train.task import _call_builder
+    from tftrain.train.tasks.base import _call_builder
 
     assert _call_builder(lambda width=32: width, None) == 32  # no task hparams: its own default
     assert _call_builder(lambda hp=None: hp, "hp") == "hp"
