@@ -35,6 +35,17 @@ def micro_batches_seen(optimizer) -> int:
     return int(optimizer._iterations.numpy())
 
 
+def register_tensor_conversion(cls, to_tensor) -> None:
+    """Lets TensorFlow take instances of `cls` where it wants a tensor, process-wide
+    (`tf.register_tensor_conversion_function`, TensorFlow 2.21): Keras's step function reads
+    `steps_per_execution` as a tensor, and the execution trial gives it a `StepCount` it can change
+    between calls without retracing. `to_tensor(value, dtype)` returns the tensor."""
+    import tensorflow as tf
+
+    tf.register_tensor_conversion_function(
+        cls, lambda value, dtype=None, name=None, as_ref=False: to_tensor(value, dtype))
+
+
 def flatten_layers(model) -> list:
     """Every layer inside `model`, nested ones too (Keras's `Model._flatten_layers`, Keras 3.15); `model.layers`
     where it is missing."""

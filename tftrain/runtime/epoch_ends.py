@@ -42,8 +42,8 @@ class StepCount:
         import tensorflow as tf
 
         if not StepCount._registered:
-            tf.register_tensor_conversion_function(
-                StepCount, lambda value, dtype=None, name=None, as_ref=False: tf.cast(value.variable.read_value(), dtype or tf.int32))
+            _compat.register_tensor_conversion(
+                StepCount, lambda value, dtype=None: tf.cast(value.variable.read_value(), dtype or tf.int32))
             StepCount._registered = True
         self.largest = int(largest)
         with tf.init_scope():
