@@ -21,11 +21,14 @@ import re
 from pathlib import Path
 from typing import List, Optional
 
+from tftrain.files import fsync_dir, write_text_atomic
+
 KEEP = 2
 """Checkpoints kept: the newest and the one before it (the fallback when the newest cannot be read)."""
 
-_NAME = re.compile(r"^ckpt-(\d+)\.json$")
-_KERAS_PAIRS = (("latest.weights.h5", "training_metadata.json"),)
+_NAME = re.compile(r"^ckpt-(\d+)\.(json|weights\.h5)$")
+KERAS_WEIGHTS, KERAS_METADATA = "latest.weights.h5", "training_metadata.json"
+"""The files of Keras's own `BackupAndRestore` (read as checkpoint -1)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,17 +84,17 @@ def checkpoints(backup_dir) -> List[Checkpoint]:
         names = os.listdir(folder)
     except OSError:
         return []
-    found = []
-    for name in names:
-        match = _NAME.match(name)
-        if match:
-            number = int(match.group(1))
-            meta = folder / name
-            found.append(Checkpoint(number, folder / f"ckpt-{number}.weights.h5", meta, _position(meta)))
-    for number, (weights, meta) in zip((-1,), _KERAS_PAIRS):
-        if (folder / meta).exists():
-            found.append(Checkpoint(number, folder / weights, folder / meta, _position(folder / meta)))
+    found = [Checkpoint(number, folder / f"ckpt-{number}.weights.h5", folder / f"ckpt-{number}.json",
+                        _position(folder / f"ckpt-{number}.json")) for number in _committed(names)]
+    if KERAS_METADATA in names:
+        meta = folder / KERAS_METADATA
+        found.append(Checkpoint(-1, folder / KERAS_WEIGHTS, meta, _position(meta)))
     return sorted(found, key=lambda c: c.number, reverse=True)
+
+
+def _committed(names) -> List[int]:
+    """The numbers of the committed checkpoints among a folder's file `names` (those with a metadata file)."""
+    return [int(m.group(1)) for m in map(_NAME.match, names) if m and m.group(2) == "json"]
 
 
 def read_position(path) -> Optional[BackupPosition]:
@@ -109,35 +112,10 @@ def read_position(path) -> Optional[BackupPosition]:
     return next((c.position for c in checkpoints(path) if c.position is not None), None)
 
 
-def fsync_dir(folder) -> None:
-    """Flushes `folder`'s entries (a rename in it) to disk; nothing where directories cannot be opened."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def fsync_file(path) -> None:
     """Flushes `path`'s content to disk."""
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
-
-
-def write_durably(path: Path, text: str) -> None:
-    """Writes `text` to `path` whole: a temporary file, `fsync`, a rename, the directory's `fsync`."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def next_number(backup_dir) -> int:
@@ -153,7 +131,7 @@ def commit(backup_dir, number: int, weights_tmp: Path, position: BackupPosition)
     fsync_file(weights_tmp)
     os.replace(weights_tmp, weights)
     fsync_dir(folder)
-    write_durably(meta, json.dumps(dataclasses.asdict(position)))
+    write_text_atomic(meta, json.dumps(dataclasses.asdict(position)), durable=True)
     prune(folder, keep_from=number)
     return Checkpoint(number, weights, meta, position)
 
@@ -162,17 +140,16 @@ def prune(backup_dir, keep_from: int) -> None:
     """Deletes checkpoints older than the `KEEP` newest (counted down from `keep_from`), Keras's own pair
     once `KEEP` numbered ones exist, temporary files, and weights whose metadata was never written."""
     folder = Path(backup_dir)
-    kept = {c.number for c in checkpoints(folder) if c.number >= 0 and c.number <= keep_from}
-    kept = set(sorted(kept, reverse=True)[:KEEP])
     try:
         names = os.listdir(folder)
     except OSError:
         return
+    kept = set(sorted((n for n in _committed(names) if n <= keep_from), reverse=True)[:KEEP])
     for name in names:
-        match = re.match(r"^ckpt-(\d+)\.(json|weights\.h5)$", name)
+        match = _NAME.match(name)
         stale = (match is not None and int(match.group(1)) not in kept and int(match.group(1)) <= keep_from) \
-            or name.endswith(".tmp") or name.endswith(".tmp.weights.h5") \
-            or (len(kept) >= KEEP and name in {n for pair in _KERAS_PAIRS for n in pair})
+            or name.endswith(".tmp.weights.h5") or (name.startswith(".") and ".tmp-" in name) \
+            or (len(kept) >= KEEP and name in (KERAS_WEIGHTS, KERAS_METADATA))
         if stale:
             try:
                 os.remove(folder / name)

@@ -40,6 +40,7 @@ from typing import Iterator, Mapping, Optional
 import yaml
 
 from tftrain.errors import RunDirError
+from tftrain.files import write_text_atomic  # rundir's writes (and its callers')
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.json"
@@ -545,11 +546,3 @@ def read_history(path) -> dict:
     history = {name: [value(rows[e].get(name)) for e in sorted(rows)] for name in names}
     # Keras's CSVLogger adds val_ columns holding "NA" to a run without validation data: not metrics.
     return {name: values for name, values in history.items() if not all(math.isnan(v) for v in values)}
-
-
-def write_text_atomic(path, text: str) -> None:
-    """Writes `text` to `path` through a temporary file and a rename (no half-written files)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

@@ -185,7 +185,7 @@ _KILLED_SAVE = textwrap.dedent("""
             return real(*a, **k)
         return wrapped
     checkpoint_files.fsync_file = kill_at("weights written", checkpoint_files.fsync_file)
-    checkpoint_files.write_durably = kill_at("weights renamed", checkpoint_files.write_durably)
+    checkpoint_files.write_text_atomic = kill_at("weights renamed", checkpoint_files.write_text_atomic)
     checkpoint_files.prune = kill_at("metadata written", checkpoint_files.prune)
     keras.utils.set_random_seed(0)
     x = np.random.default_rng(0).standard_normal((80, 4)).astype("float32")
