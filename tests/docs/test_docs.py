@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 README = REPO / "README.md"
 DOCS = [README, *sorted((REPO / "docs").glob("*.md"))]
 
-README_MAX_LINES = 260
+README_MAX_LINES = 200
 
 SMOKE = ["--train-examples", "512", "--epochs", "1", "--verbose", "2", "--seed", "0"]
 """Flags appended to every documented command: a run of a few seconds."""
