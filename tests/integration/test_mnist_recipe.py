@@ -4,6 +4,8 @@ Five smoke runs on real MNIST cover every strategy, precision and execution mode
 between them; the bad-input tests check the one-line error and exit code 2.
 """
 
+import re
+
 import pytest
 
 from tests.conftest import (
@@ -119,6 +121,28 @@ def test_default_run_writes_every_artifact_and_learns(tmp_path, fresh_execution_
                     env={"SLURM_JOB_ID": "4711", "SLURM_RESTART_COUNT": "1"})
     assert r3.returncode == 0 and "finished before this restart" in r3.stdout, r3.stderr
     assert read_metrics(run_dir) == m
+
+
+PROGRESS = re.compile(r"^(Epoch \d+/\d+|\s*\d+/\d+ )")
+
+
+def test_default_output_is_a_short_plan_then_the_progress_bar_then_the_result(tmp_path, fresh_execution_memory):
+    """At the default verbosity a first and a second run print at most 12 lines before Keras's progress
+    bar (the plan, each automatic choice, the run directory) and 6 after it; the second run's lines say
+    its choices are remembered from an earlier run, not timed now."""
+    for attempt, remembered in ((1, False), (2, True)):
+        run_dir = tmp_path / f"run-{attempt}"
+        r = run_module(MODULE, ["--train-examples", "8192", "--epochs", "3", "--seed", "0", "--run-dir", run_dir],
+                       cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        lines = r.stdout.strip().splitlines()
+        first = next(i for i, line in enumerate(lines) if PROGRESS.match(line))
+        decisions = [line for line in lines if line.startswith(("execution: auto ->", "precision: auto ->"))]
+        after = [line for line in lines[first:] if not PROGRESS.match(line) and line not in decisions]
+        assert first <= 12 and "plan" in lines[0] and not any("learning_rate" in line for line in lines), lines
+        assert after[0] == "== result ==" and len(after) <= 6 and after[1].startswith("test accuracy"), after
+        # A first run's choices are timed (the execution trial's line comes during the first epoch).
+        assert len(decisions) == 2 and all(("[remembered" in line) == remembered for line in decisions), decisions
 
 
 def _error_line(r):

@@ -193,14 +193,16 @@ class ExecutionChoice:
         )
         counts_timed = any("steps/execution" in label for label in self.timings)
         chosen = f"{self.execution}, {self.steps_per_execution} steps/execution" if counts_timed else self.execution
+        if self.remembered:  # the figures are the earlier run's, not this one's
+            said = f"that run timed {figures}: {self.reason}" if figures else self.reason
+            return (f"{chosen} [remembered: timed by a run at {self.remembered}; --no-remember-execution times it "
+                    f"again]; {said}")
         line = f"{chosen} ({figures}): {self.reason}" if figures else f"{chosen}: {self.reason}"
         if self.trial:
             steps = self.trial["steps"]
             line += (f" [timed on the run's first {steps} training step{'s' if steps != 1 else ''}, which trained "
                      "the model; "
                      f"choosing cost {self.trial['cost_s']:.1f} s]")
-        if self.remembered:
-            line += f" [remembered: timed by a run at {self.remembered}; --no-remember-execution times it again]"
         return line
 
     def to_dict(self) -> dict:

@@ -110,7 +110,9 @@ class AutomaticSettings:
         if memory is not None and key and not remembered and (choice.complete or choice.time_twin_from_steps):
             memory.put_entry(key, choice.to_dict())
         self.extras["precision_auto"] = choice.to_dict()
-        self.console.line(f"precision: auto -> {choice.describe()}" + (" [remembered]" if remembered else ""))
+        self.console.line(f"precision: auto -> {choice.policy} [remembered; --no-remember-execution times it again]; "
+                          f"an earlier run timed {choice.describe()}" if remembered
+                          else f"precision: auto -> {choice.describe()}")
         return choice
 
     def _remembered_twin(self, memory, key):
