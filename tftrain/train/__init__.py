@@ -1,6 +1,5 @@
-"""The training layer: `Task` (what the user supplies), its adapters, the `Trainer`,
-its loops and its run record. It sits above runtime / data / callbacks / tuning and
-below the recipes and the command line (`tftrain.run`)."""
+"""The training layer: `Task`, its adapters, the `Trainer`, its loops and run record; above
+runtime / data / callbacks / tuning, below the recipes and `tftrain.run`."""
 
 from tftrain.train.loops import FitLoop, MultiWorkerLoop, ParameterServerLoop, loop_for
 from tftrain.train.record import RunRecord

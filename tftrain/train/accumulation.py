@@ -1,32 +1,9 @@
 """Gradient accumulation: one optimizer step per N micro-batches, under any `tf.distribute` strategy.
 
-A run with `--gradient-accumulation-steps N` reads micro-batches of the global
-batch size B and updates the weights once every N of them, with the mean of
-their N gradients: the update of one batch of N x B (the effective global
-batch), in the memory of a batch of B.
-
-Keras 3 optimizers take `gradient_accumulation_steps` themselves, and in Keras
-3.15 that path matches large-batch training on one replica (keras-team/keras
-#19990, fixed by #19998: weight decay and clipping act on the real update only,
-Adam's step count is the number of updates). Under a `tf.distribute` strategy of
-two or more replicas it still fails: `BaseOptimizer._backend_apply_gradients`
-puts the update inside an `ops.cond` taken in the replica context, and the
-update's all-reduce calls `merge_call` inside that branch ("`merge_call` called
-while defining a new graph or a tf.function"; keras-team/keras#20582, the Keras 3
-form of #17429). `GradientAccumulationOptimizer` wraps the optimizer instead and
-takes the branch in the cross-replica context, as Keras's own
-`LossScaleOptimizer` does: each replica adds its local gradients to its copy of
-an accumulator (no communication), and on every N-th micro-batch the replicas
-run the wrapped optimizer's `apply` on the mean of their N gradients, which
-all-reduces once and updates. So gradients cross the network once per optimizer
-step, not once per micro-batch. Where nothing calls `merge_call` (no strategy, or
-XLA on GPUs, where strategies all-reduce with collectives) the same steps run in
-the replica context.
-
-The wrapped optimizer only sees the real updates: its `iterations` (and so a
-learning-rate schedule, Adam's bias correction, weight decay and clipping) count
-optimizer steps. The wrapper's `micro_steps` counts micro-batches, which is what
-`tftrain.callbacks` count (examples/sec covers every example).
+Keras's own `gradient_accumulation_steps` fails under two or more replicas: its update branch
+runs in the replica context, where the all-reduce's `merge_call` is not allowed
+(keras-team/keras#20582). This wrapper takes the branch in the cross-replica context, as
+`LossScaleOptimizer` does, so gradients are all-reduced once per optimizer step.
 """
 
 from __future__ import annotations
@@ -43,36 +20,22 @@ from tftrain.errors import ConfigError, check_int
 class GradientAccumulationOptimizer(keras.optimizers.Optimizer):
     """Updates the weights once every `accumulation_steps` calls, with the mean gradient.
 
-    Each `apply(grads)` is one micro-batch. The gradients of N micro-batches are
-    summed per replica (in accumulators of the variables' shapes and dtypes); the
-    N-th call passes their mean to `inner_optimizer.apply`, which all-reduces
-    across replicas and updates. With a loss that averages over the batch (the
-    Keras default), N micro-batches of B examples then give the update of one
-    batch of N x B: for SGD and Adam up to float rounding, as
-    `tests/unit/train/test_accumulation.py` checks on one replica and on two.
-    Under `mixed_float16` Keras wraps this optimizer in a `LossScaleOptimizer`,
-    which unscales each micro-batch's gradients first and drops a micro-batch
-    whose gradients are not finite (it then does not count toward the N).
-
-    The accumulators are per replica (each replica's copy holds its own sum);
-    a checkpoint saves the first replica's copy, so save at whole optimizer steps
-    (the `Trainer` makes every epoch a whole number of them).
+    Each `apply(grads)` is one micro-batch; with a loss that averages over the batch (the Keras
+    default), N micro-batches of B examples give the update of one batch of N x B. The inner
+    optimizer's `iterations` (its schedule, weight decay, clipping) count optimizer steps;
+    `micro_steps` counts micro-batches. Checkpoints keep the first replica's accumulators, so
+    save at whole optimizer steps.
 
     Args:
-        inner_optimizer: the Keras optimizer that makes each update (its
-            learning rate, schedule, weight decay, clipping and EMA apply per
-            optimizer step).
+        inner_optimizer: the Keras optimizer that makes each update.
         accumulation_steps: micro-batches per optimizer step, an int >= 1.
         name: the optimizer's name. Defaults to None (Keras names it).
 
     Raises:
-        ConfigError: when `accumulation_steps` is not an int >= 1, or the inner
-            optimizer accumulates gradients itself.
+        ConfigError: when `accumulation_steps` is not an int >= 1, or the inner optimizer accumulates itself.
 
     Example:
         >>> optimizer = GradientAccumulationOptimizer(keras.optimizers.Adam(1e-3), accumulation_steps=4)
-        >>> model.compile(optimizer=optimizer, loss="mse")
-        >>> model.fit(x, y, batch_size=32)  # 4 x 32 = 128 examples per update
     """
 
     def __init__(self, inner_optimizer, accumulation_steps: int, name=None):
@@ -85,7 +48,7 @@ class GradientAccumulationOptimizer(keras.optimizers.Optimizer):
         self.accumulation_steps = int(accumulation_steps)
 
     def build(self, var_list):
-        """Creates the micro-step counter, one accumulator per variable, and builds the inner optimizer."""
+        """Creates the micro-step counter and accumulators; builds the inner optimizer."""
         self.micro_steps = self.add_variable(shape=(), dtype="int", initializer="zeros",
                                              aggregation="only_first_replica", name="micro_steps")
         self._accumulators = [self.add_variable_from_reference(v, name="gradient_accumulator") for v in var_list]
@@ -94,7 +57,6 @@ class GradientAccumulationOptimizer(keras.optimizers.Optimizer):
 
     @property
     def variables(self):
-        """This optimizer's variables, then the inner optimizer's."""
         return self._variables + self.inner_optimizer.variables
 
     @property
@@ -112,7 +74,6 @@ class GradientAccumulationOptimizer(keras.optimizers.Optimizer):
         self.inner_optimizer.learning_rate = value
 
     def scale_loss(self, loss):
-        """The inner optimizer's loss scaling (its `loss_scale_factor`, if set)."""
         return self.inner_optimizer.scale_loss(loss)
 
     def finalize_variable_values(self, var_list):
@@ -128,8 +89,7 @@ class GradientAccumulationOptimizer(keras.optimizers.Optimizer):
         variables = list(self._trainable_variables if trainable_variables is None else trainable_variables)
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         accumulators = [self._accumulators[self._get_variable_index(v)] for v in variables]
-        # Keras's own test (used by its optimizers and LossScaleOptimizer): True without a strategy, and
-        # under XLA on GPUs, where a strategy all-reduces with collectives and never calls merge_call.
+        # Keras's own test: True without a strategy, and under XLA on GPUs (collectives, no merge_call).
         if tf.__internal__.distribute.strategy_supports_no_merge_call():
             self._replica_step(grads, accumulators, variables)
         else:
@@ -177,13 +137,11 @@ class GradientAccumulationOptimizer(keras.optimizers.Optimizer):
         self.inner_optimizer.apply(mean, variables)
 
     def get_config(self):
-        """The inner optimizer's config, nested, and `accumulation_steps`."""
         return {"name": self.name, "accumulation_steps": self.accumulation_steps,
                 "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer)}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        """Rebuilds the wrapper and its inner optimizer from `get_config()`."""
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("inner_optimizer"), custom_objects=custom_objects)
         return cls(inner, **config)
@@ -199,20 +157,10 @@ def check_accumulation_steps(steps) -> None:
 
 
 def accumulate_gradients(optimizer, steps: int):
-    """`optimizer` made to update once every `steps` micro-batches (itself when `steps` is 1).
+    """`optimizer` (or its name) made to update once every `steps` micro-batches (itself when 1).
 
-    Args:
-        optimizer: a Keras optimizer, or its name (`"adam"`), as `compile` takes
-            it. A `LossScaleOptimizer` stays outermost, so that each
-            micro-batch's gradients are unscaled before they are added up.
-        steps: micro-batches per optimizer step, an int >= 1.
-
-    Returns:
-        A `GradientAccumulationOptimizer` around `optimizer` (inside its loss
-        scaling), or `optimizer` unchanged when `steps` is 1.
-
-    Raises:
-        ConfigError: on `steps` < 1, or an optimizer that accumulates itself.
+    A `LossScaleOptimizer` stays outermost, so each micro-batch's gradients are unscaled first.
+    Raises `ConfigError` on `steps` < 1, or an optimizer that accumulates itself.
     """
     check_accumulation_steps(steps)
     if steps == 1:
@@ -229,10 +177,8 @@ def accumulate_gradients(optimizer, steps: int):
 def saved_with_inner_optimizer(model):
     """Within the block, `model`'s optimizer is the one the accumulation wraps.
 
-    So `model.save` writes a `model.keras` that plain Keras loads (no tftrain
-    import needed), with the real optimizer's state; the accumulators, which
-    are zero after each optimizer step, are left out. A `LossScaleOptimizer`
-    (mixed_float16) around the wrapper is kept, around the inner optimizer.
+    So `model.save` writes a `model.keras` that plain Keras loads, without the accumulators
+    (zero after each optimizer step). A `LossScaleOptimizer` around the wrapper is kept.
     """
     holder = model
     optimizer = getattr(model, "optimizer", None)

@@ -1,10 +1,7 @@
 """After-steps: what a run does once its model and `metrics.json` are on disk (`--export`).
 
-A trained run is never lost to an after-step: `metrics.json` is written as soon as training and
-evaluation end, with each asked after-step `"pending"` under `after_steps`; each step then records
-`"done"` or `"failed: <why>"`. A rerun of the same command finds the pending steps
-(`tftrain.rundir.pending_after_steps`) and does only those, from `model.keras`, without training;
-`python -m tftrain.export RUN_DIR --formats ...` exports any finished run.
+Each is recorded in `metrics.json` as `"pending"`, then `"done"` or `"failed: <why>"`, so a trained
+run is never lost to one; a rerun of the same command does only the pending ones, without training.
 """
 
 from __future__ import annotations
@@ -21,13 +18,11 @@ EXPORT_DIR = "export"
 
 
 class AfterStepFailed(TftrainError, RuntimeError):
-    """An after-step that failed once the run was trained and saved: a run that failed (exit code 1); its
-    model and `metrics.json` are kept, and the message says how to do only the step again."""
+    """An after-step that failed once the run was saved (exit code 1); the message says how to redo it."""
 
 
 def export(model, formats: Sequence[str], run_dir: Path, features, say: Callable[[str], None]) -> Dict[str, dict]:
-    """Writes `model` in each format under `run_dir/export/` and checks each artifact on `features`
-    (`tftrain.train.export.export_all`); says one line a format.
+    """Writes `model` in each format under `run_dir/export/`, checks each on `features`; one line a format.
 
     Returns:
         `{format: {"path", "max_abs_difference", "outputs"}}`.
@@ -49,7 +44,7 @@ def failure_status(error: BaseException) -> str:
 
 
 def update_metrics(run_dir, **sections) -> dict:
-    """Lays `sections` over the top level of `run_dir/metrics.json` (written atomically); returns the whole."""
+    """Lays `sections` over `run_dir/metrics.json` (written atomically); returns the whole."""
     from tftrain import reports
 
     path = Path(run_dir) / rundir_lib.METRICS_FILE
@@ -60,7 +55,7 @@ def update_metrics(run_dir, **sections) -> dict:
 
 
 def failed_message(step: str, run_dir, error_status: str, formats: Optional[str] = None) -> str:
-    """The one line of an after-step that failed: what failed, that the run is kept, and how to redo only it."""
+    """The one line of a failed after-step: what failed, that the run is kept, how to redo only it."""
     redo = f"python -m tftrain.export {run_dir} --formats {formats}" if step == "export" and formats else None
     return (f"{step} failed after training ({error_status.removeprefix('failed: ')}); the trained model and "
             f"metrics.json are kept in {run_dir}. Rerun the same command with --run-dir {run_dir} to do only the "

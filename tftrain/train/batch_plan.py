@@ -1,6 +1,5 @@
-"""The batch plan: global and per-replica batch size, micro-batches and steps per epoch, from explicit
-inputs (`plan_batch`, a pure function returning a frozen `BatchPlan`); and the `Trainer`'s stages that
-make it: a fixed size, `--tune`'s, or `--batch-size auto`'s search (`BatchStages`, a mixin of `Trainer`)."""
+"""The batch plan: global and per-replica batch size, micro-batches and steps per epoch
+(`plan_batch`, a pure function), and the `Trainer`'s stages that make it (`BatchStages`)."""
 
 from __future__ import annotations
 
@@ -25,10 +24,9 @@ class BatchPlan:
 
     Attributes:
         batch: the global and per-replica batch size (`BatchSize`), examples per micro-batch.
-        accumulation_steps: micro-batches per optimizer step (`--gradient-accumulation-steps`), >= 1.
-        steps_per_epoch: full optimizer steps per epoch (the last partial batch is dropped); None when
-            the number of examples is unknown.
-        note: one line when the batch shrank to fewer examples than it asked for, else None.
+        accumulation_steps: micro-batches per optimizer step, >= 1.
+        steps_per_epoch: full optimizer steps per epoch; None when the number of examples is unknown.
+        note: one line when the batch shrank to fit few examples, else None.
     """
 
     batch: BatchSize
@@ -44,26 +42,11 @@ class BatchPlan:
 
 def plan_batch(batch_size: Optional[int], per_replica_batch_size: Optional[int], num_replicas: int,
                num_examples: Optional[int], accumulation_steps: int = 1) -> BatchPlan:
-    """The batch plan for a given global (or per-replica) batch size.
+    """The batch plan for a global batch size, else a per-replica one (else 128 a replica).
 
-    With fewer examples than one effective global batch, the global batch shrinks to the largest
-    multiple of the replicas that the examples fill per micro-batch (one step an epoch, as Keras's
-    `fit` takes all of them), and `note` says so.
-
-    Args:
-        batch_size: the global batch size, or None (then `per_replica_batch_size`, else 128 a replica).
-        per_replica_batch_size: examples per replica per micro-batch, or None.
-        num_replicas: replicas in sync, >= 1.
-        num_examples: training examples, or None when unknown.
-        accumulation_steps: micro-batches per optimizer step, >= 1. Defaults to 1.
-
-    Returns:
-        A `BatchPlan`.
-
-    Raises:
-        ConfigError: both sizes given, a size that is not a positive int, a global batch that does
-            not divide across the replicas (`resolve_batch_size`), or fewer examples than replicas x
-            micro-batches (not one full step).
+    With fewer examples than one effective global batch, the global batch shrinks to one step of
+    all of them (a multiple of the replicas), and `note` says so. Raises `ConfigError` on both sizes
+    given, a bad size, a global batch the replicas do not divide, or fewer examples than one step.
     """
     from tftrain.data.pipeline import resolve_batch_size
 
@@ -101,16 +84,10 @@ def _fit_to_few_examples(plan: BatchPlan, n: int) -> BatchPlan:
 
 
 class BatchStages:
-    """`Trainer`'s stages that plan the batch (it provides `config`, `task`, `runtime`, `console`,
-    `out_dir`, `run_dir`, `extras`, `print_batch`); they set `batch` and `steps_per_epoch`."""
+    """`Trainer`'s stages that plan the batch; they set `batch` and `steps_per_epoch`."""
 
     def plan_fixed_batch(self, batch_size=None) -> None:
-        """Global / per-replica batch size and steps per epoch (`plan_batch`), unless a search picks
-        them later (`--batch-size auto`, `--tune`, with `batch_size` None).
-
-        Raises:
-            ConfigError: what `plan_batch` raises; a `--profile` window past the run's last step.
-        """
+        """Plans a fixed batch, unless a search picks it later (`--batch-size auto`, `--tune`)."""
         data = self.config.data
         if batch_size is None and (data.batch_size == config_lib.AUTO_BATCH or self.config.train.tune):
             return
@@ -161,8 +138,7 @@ class BatchStages:
             self.print_batch()
 
     def _resumed_search(self):
-        """`(search figures, batch size)` an interrupted run of this config chose, or None:
-        a resumed run keeps its batch size (and so its steps per epoch and schedule)."""
+        """`(search figures, batch size)` an interrupted run chose, or None: a resumed run keeps its batch."""
         path = self.out_dir / BATCH_PLAN_FILE
         if not self.run_dir.resumed or not path.is_file():
             return None

@@ -1,6 +1,4 @@
-"""The `Trainer`'s callbacks stage: NanGuard, the epoch log, the backup (and its interval), TensorBoard,
-the per-step monitors and the user's callbacks; a mixin of `Trainer` (it provides `config`, `task`,
-`runtime`, `batch`, `loop`, `console`, `out_dir`, `run_dir`, `callbacks`, ...)."""
+"""The `Trainer`'s callbacks stage and backup interval; a mixin of `Trainer`."""
 
 from __future__ import annotations
 
@@ -17,16 +15,12 @@ class CallbackStages:
     """`Trainer`'s stages that make the callbacks of `fit` and plan the backup interval."""
 
     def make_callbacks(self) -> list:
-        """NanGuard, CSVLogger (`history.csv`), StepBackup (BackupAndRestore at epoch ends and every
-        `--backup-every-steps`), TensorBoard, ChanceWatch (validation accuracy at chance), ThroughputMonitor,
-        ProfilerWindow and NvtxSteps (where the loop has per-step hooks), EarlyStopping (with
-        `--early-stopping`), KeepBest (with `--keep-best`), then the user's callbacks (the `callbacks`
-        argument, then `--callbacks`).
+        """NanGuard, CSVLogger, StepBackup, TensorBoard, ChanceWatch, the per-step monitors,
+        EarlyStopping, KeepBest, MLflow, then the user's callbacks.
 
         The order matters: the guard raises before a checkpoint can save a diverged state; the epoch
-        log comes before the backup, so a kill between the two repeats a logged epoch (`read_history`
-        keeps its last row) rather than losing one; the backup clears its own early end of a resumed
-        epoch before EarlyStopping may stop.
+        log comes before the backup, so a kill between the two repeats a logged epoch rather than
+        losing one; the backup clears its own early end of a resumed epoch before EarlyStopping may stop.
         """
         import keras
 
@@ -54,9 +48,8 @@ class CallbackStages:
         return self.callbacks + self._made_user_callbacks
 
     def _agreed_stop(self):
-        """The `PreemptionWatch` of a single process, a parameter-server chief (the coordinator: SIGTERM /
-        SIGUSR1 checkpoint the step it has reached, at its next join) or a MultiWorkerMirrored task, and for
-        the latter the `AgreedStop` that makes every worker stop at the same step; None otherwise."""
+        """Opens the `PreemptionWatch` if none; returns the `AgreedStop` of a MultiWorkerMirrored
+        task (every worker stops at the same step), else None."""
         from tftrain.callbacks.preemption import AgreedStop, PreemptionWatch
 
         if self.preemption is None:  # the Trainer opens one for the run; a caller of this stage alone gets its own
@@ -68,9 +61,8 @@ class CallbackStages:
         return self.agreed_stop
 
     def _make_backup(self, agreed=None):
-        """The `StepBackup`: it keeps the previous checkpoint (a task may die mid-save) and outlives `fit`
-        until the run is written (`finish_run_dir`); it saves and stops when the `PreemptionWatch`
-        (a single process) or `agreed` (an `AgreedStop`, in a MultiWorkerMirrored job) says so."""
+        """The `StepBackup`: keeps the previous checkpoint (a task may die mid-save), outlives `fit`
+        until the run is written, and saves and stops when the preemption watch or `agreed` says so."""
         from tftrain.callbacks import StepBackup
 
         batches = self.steps_per_epoch * self.accumulation_steps if self.steps_per_epoch else None
@@ -96,10 +88,8 @@ class CallbackStages:
         return [self.early_stopping]
 
     def _keep_best(self) -> list:
-        """`--keep-best N`: `KeepBest` in `checkpoints/`, ranking by `--monitor` (default `val_loss` where
-        `fit` validates, else `loss`) in the direction `--monitor-mode` gives; after the backup, so a kill
-        between the two repeats the epoch. A worker that is not the chief saves the same epochs (saving
-        may take collective ops) to its temporary directory, ranking from the chief's `keep_best.json`."""
+        """`--keep-best N`: `KeepBest` in `checkpoints/`, after the backup. A worker that is not the
+        chief saves the same epochs (saving may take collective ops) to its temporary directory."""
         keep = self.config.train.keep_best
         if not keep:
             return []
@@ -119,8 +109,7 @@ class CallbackStages:
         from tftrain.callbacks import ProfilerWindow, ThroughputMonitor
 
         gb = self.batch.global_batch_size
-        # The input check times this process's pipeline alone; a worker of a multi-worker job reads
-        # only its shard, so it is skipped there.
+        # The input check times this process's pipeline alone: skipped where a worker reads only its shard.
         input_data = self.task.probe_data(gb, INPUT_CHECK_BATCHES) if self.loop.checks_input else None
         self.monitor = ThroughputMonitor(gb, log_dir=self.out_dir.log_dir, input_data=input_data)
         nvtx = self._nvtx_callbacks()
@@ -141,8 +130,7 @@ class CallbackStages:
         return [NvtxSteps()]
 
     def _check_backup_every(self) -> None:
-        """`--backup-every-steps N`: the task must know its steps per epoch (to end a resumed epoch
-        in time), and N must hold one execution (a checkpoint is written between executions)."""
+        """Raises `ConfigError` when `--backup-every-steps` cannot work (no steps per epoch, < one execution)."""
         n = self.config.train.backup_every_steps
         if n is None:
             return
@@ -156,9 +144,8 @@ class CallbackStages:
                               f"of {unit}.")
 
     def backup_every(self) -> Optional[int]:
-        """Batches between mid-epoch checkpoints (micro-batches under gradient accumulation): `--backup-every-steps`
-        rounded down to whole executions and whole optimizer steps, so a kill loses at most that many
-        steps; None without the flag."""
+        """Batches between mid-epoch checkpoints: `--backup-every-steps` in micro-batches, rounded
+        down to whole executions and optimizer steps; None without the flag."""
         n = self.config.train.backup_every_steps
         if n is None:
             return None

@@ -1,9 +1,5 @@
-"""All of the trainer's printing, in one place.
-
-`verbose=0` prints nothing but errors (to stderr); 1 and 2 print the run's plan,
-choices and results. Every line is flushed, so a launcher that prefixes each
-task's output (`python -m tftrain.launch`) shows it in order.
-"""
+"""All of the trainer's printing, in one place; every line is flushed, so a launcher that
+prefixes each task's output shows it in order."""
 
 from __future__ import annotations
 
@@ -15,8 +11,8 @@ class Console:
     """Prints the trainer's lines at a verbosity.
 
     Args:
-        verbose: 0 prints only errors and the result line (`result`); 1 prints the plan and the
-            decisions; 2 also the full configuration (`detail`). Defaults to 1.
+        verbose: 0 prints only errors and the result line; 1 the plan and decisions; 2 also the
+            full configuration (`detail`). Defaults to 1.
         out: stream for ordinary lines. Defaults to `sys.stdout`.
         err: stream for warnings and errors. Defaults to `sys.stderr`.
     """
@@ -63,20 +59,8 @@ class Console:
 
 
 def keras_progress(verbose: int, stream: Optional[TextIO] = None) -> tuple:
-    """The `verbose` to give `Model.fit`, and the progress-bar callback to add.
-
-    `--verbose 1` on a terminal gets one bar per epoch whose count stops at the
-    epoch's steps (keras-team/keras#20861); written to a file or a pipe (the
-    launcher, SLURM, a CI log), where a bar's control characters are noise, it
-    becomes one line per epoch (Keras's `verbose=2`).
-
-    Args:
-        verbose: the run's `--verbose` (0, 1 or 2).
-        stream: the output stream. Defaults to `sys.stdout`.
-
-    Returns:
-        `(verbose_for_fit, [callbacks])`.
-    """
+    """`(verbose for Model.fit, [callbacks])`: under `--verbose 1` a step-capped bar on a terminal,
+    one line per epoch to a file or pipe (where a bar's control characters are noise)."""
     stream = stream or sys.stdout
     if verbose != 1:
         return verbose, []
@@ -86,12 +70,8 @@ def keras_progress(verbose: int, stream: Optional[TextIO] = None) -> tuple:
 
 
 def _step_clamped_progbar():
-    """Keras's progress bar with the step count capped at the epoch's steps.
-
-    Keras 3 reports each execution's last nominal step index, so under
-    `steps_per_execution` an epoch's bar can end at "120/117" or "8/4"
-    (keras-team/keras#20861). Built on demand: this module loads before Keras.
-    """
+    """Keras's progress bar capped at the epoch's steps (keras-team/keras#20861: "120/117" under
+    `steps_per_execution`). Built on demand: this module loads before Keras."""
     import keras
 
     class StepClampedProgbar(keras.callbacks.ProgbarLogger):

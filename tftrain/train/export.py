@@ -1,15 +1,8 @@
-"""`--export saved_model,onnx,litert`: the trained model for serving, each artifact loaded back and
-checked against the model.
+"""`--export saved_model,onnx,litert`: the trained model for serving, each artifact checked.
 
-Each format is written with Keras's own `model.export` into `export/` of the run directory
-(`saved_model/`, `model.onnx`, `model.tflite`), then loaded by the runtime that serves it
-(TensorFlow's `tf.saved_model.load`, ONNX Runtime, the LiteRT interpreter) and run, through its
-serving signature, on a batch of test data: every input and output matched by its serving name
-(a model may take and give lists or dicts). The largest absolute difference from the trained
-model's own outputs, over every output, is printed and recorded in `metrics.json` (`export`). A model trained under a mixed policy is exported in
-float32 (the task's model rebuilt under float32 with the trained weights: ONNX export needs it,
-keras-team/keras#20710). A format whose converter or runtime is not installed is refused before
-training, naming the pip extra.
+Each format is written with Keras's `model.export`, loaded by the runtime that serves it and
+run on a batch of test data; the largest difference from the model goes into `metrics.json`.
+A mixed-precision model is exported in float32 (ONNX export needs it, keras-team/keras#20710).
 
 Source: https://keras.io/api/models/model_saving_apis/model_export/
 """
@@ -35,11 +28,7 @@ EXTRAS = {"onnx": "onnx", "litert": "litert"}
 
 
 def parse(text: str) -> Tuple[str, ...]:
-    """The formats `--export` names (comma-separated), each known and its converter installed.
-
-    Raises:
-        ConfigError: on an unknown format or one whose modules are missing (naming the pip extra).
-    """
+    """The formats `--export` names (comma-separated); `ConfigError` on an unknown or uninstalled one."""
     formats = tuple(dict.fromkeys(f.strip() for f in text.split(",") if f.strip()))
     for name in formats:
         if name not in FORMATS:
@@ -55,17 +44,8 @@ def parse(text: str) -> Tuple[str, ...]:
 
 
 def export_all(model, formats: Sequence[str], directory: Path, features) -> Dict[str, dict]:
-    """Writes `model` in each format under `directory` and checks each artifact on `features`.
-
-    Every input and output is matched by its serving name (`serving_names`), so models with
-    several inputs or outputs (lists or dicts) are checked on every output.
-
-    Args:
-        model: a built float32 Keras model (the trained weights).
-        formats: from `FORMATS`.
-        directory: the `export/` folder (created).
-        features: one batch of the model's inputs as NumPy arrays, in the structure the model
-            takes (an array, a tuple / list, or a dict), run through the model and each artifact.
+    """Writes `model` (built, float32) in each format under `directory` and checks each artifact
+    on `features` (one batch of inputs as NumPy arrays, in the structure the model takes).
 
     Returns:
         `{format: {"path": str, "max_abs_difference": float, "outputs": [name, ...]}}`.
@@ -96,8 +76,7 @@ class ExportCheckFailed(RuntimeError):
 
 
 def output_arrays(outputs) -> Dict[str, "object"]:
-    """The model's outputs as `{serving name: float32 array}`, named as Keras's `model.export`
-    names them in the serving signature: a dict's keys, else `output_0`, `output_1`, ... in order."""
+    """The model's outputs as `{serving name: float32 array}`: a dict's keys, else `output_0`, ... in order."""
     import numpy as np
     import tensorflow as tf
 
@@ -107,9 +86,8 @@ def output_arrays(outputs) -> Dict[str, "object"]:
 
 
 def input_feeds(model, features) -> Dict[str, "object"]:
-    """`features` as `{serving input name: array}`: a dict by its keys, a tuple or list by the names of
-    the model's inputs in order, one array by the model's one input name (`"inputs"` for a model
-    without symbolic inputs, e.g. subclassed)."""
+    """`features` as `{serving input name: array}`: by dict key, else by the model's input names in order
+    (`"inputs"` for a model without symbolic inputs)."""
     import numpy as np
 
     if isinstance(features, dict):
@@ -122,12 +100,7 @@ def input_feeds(model, features) -> Dict[str, "object"]:
 
 
 def _match_outputs(fmt: str, got: Dict[str, "object"], expected: Dict[str, "object"]) -> Dict[str, "object"]:
-    """The artifact's outputs `got` keyed like `expected`: by name where every name matches, else by
-    position (ONNX names the outputs of a list-output model after graph nodes, `Identity:0`, in order).
-
-    Raises:
-        ExportCheckFailed: on a different count, or a shape that differs.
-    """
+    """`got` keyed like `expected` (by name, else by position); `ExportCheckFailed` on another count or shape."""
     import numpy as np
 
     if set(got) != set(expected):
@@ -146,8 +119,7 @@ def _match_outputs(fmt: str, got: Dict[str, "object"], expected: Dict[str, "obje
 
 
 def check_batch(dataset, max_examples: int = 8):
-    """The features of `dataset`'s first batch (at most `max_examples` examples) as NumPy arrays in
-    the structure the model takes (an array, a tuple, or a dict): the input the artifacts are checked on."""
+    """The features of `dataset`'s first batch (at most `max_examples`) as NumPy arrays."""
     import tensorflow as tf
 
     element = next(iter(dataset.take(1)))
@@ -201,12 +173,7 @@ def _litert(path: Path) -> Callable:
 
 
 def _by_names(feeds: Dict[str, "object"], names: Sequence[str]) -> Dict[str, "object"]:
-    """`feeds` keyed by the artifact's input `names`: by name where they all match, else (one input, or
-    names the converter changed) by position.
-
-    Raises:
-        ExportCheckFailed: when the artifact takes another number of inputs.
-    """
+    """`feeds` keyed by the artifact's input `names` (by name, else position); `ExportCheckFailed` on another count."""
     if set(feeds) == set(names):
         return feeds
     if len(feeds) != len(names):

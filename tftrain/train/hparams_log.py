@@ -1,12 +1,7 @@
-"""A run's settings and final figures in TensorBoard's HParams dashboard.
-
-Each run's chief writes one HParams session into its `logs/` folder (next to Keras's `train/` and
-`validation/` scalars, which the dashboard offers as metrics too): the flat configuration, the
-task's hyperparameters and what `auto` resolved to, then the final figures as scalars. So
-`tensorboard --logdir runs/` compares every run under `runs/` in the HParams tab.
+"""A run's settings and final figures in TensorBoard's HParams dashboard, so that
+`tensorboard --logdir runs/` compares every run under `runs/` (one session per run, in its `logs/`).
 
 Source: https://www.tensorflow.org/tensorboard/hyperparameter_tuning_with_hparams
-(`tensorboard.plugins.hparams.api`).
 """
 
 from __future__ import annotations
@@ -30,17 +25,8 @@ def _flat(prefix: str, value, out: dict) -> None:
 
 
 def hparam_values(config, record) -> dict:
-    """The run's settings as the dashboard's hyperparameters.
-
-    Args:
-        config: the run's `RecipeConfig`.
-        record: its `RunRecord`.
-
-    Returns:
-        `{name: bool | int | float | str}`: every configuration field as `section.field`
-        (`train.learning_rate`, `runtime.precision`; the task's hyperparameters as `task.<name>`),
-        and `run.<name>` for what the run settled on (`RESOLVED`). Fields that are None are left out.
-    """
+    """The dashboard's hyperparameters: `{section.field: value}` of the config (`task.<name>` for the
+    task's), and `run.<name>` for `RESOLVED`; None fields left out."""
     values: dict = {}
     _flat("", dataclasses.asdict(config), values)
     _flat("task", record.hparams or {}, values)
@@ -51,8 +37,7 @@ def hparam_values(config, record) -> dict:
 
 
 def final_figures(record) -> dict:
-    """The run's final figures as the dashboard's metrics: `test_<metric>` (the test set),
-    `examples_per_sec`, `wall_time_s` (seconds) and `epochs_trained`; missing ones are left out."""
+    """`test_<metric>`, `examples_per_sec`, `wall_time_s` and `epochs_trained`; missing ones left out."""
     figures = {f"test_{name}": value for name, value in (record.test or {}).items()}
     figures.update(examples_per_sec=record.examples_per_sec, wall_time_s=record.wall_time_s,
                    epochs_trained=record.resumed_from_epoch + record.epochs_trained)
@@ -60,15 +45,8 @@ def final_figures(record) -> dict:
 
 
 def write_session(log_dir: Path, session: str, values: dict, figures: dict, step: Optional[int] = None) -> None:
-    """Writes one HParams session into `log_dir`: `values` as its hyperparameters, `figures` as scalars.
-
-    Args:
-        log_dir: the session's TensorBoard folder (created if missing).
-        session: its name in the dashboard (the trial id).
-        values: `{name: bool | int | float | str}`.
-        figures: `{tag: float}`.
-        step: the scalars' step. Defaults to None (0).
-    """
+    """Writes one HParams session into `log_dir` (created): `values` as its hyperparameters,
+    `figures` as scalars at `step` (defaults to 0), named `session` in the dashboard."""
     import tensorflow as tf
     from tensorboard.plugins.hparams import api as hp
 

@@ -1,10 +1,7 @@
 """`--init-from PATH`: start training from saved weights, for fine-tuning.
 
-PATH is a `.keras` file (`keras.models.load_model`), a TensorFlow checkpoint (the path before
-`.index`, as `--keep-best` writes them: `tf.train.Checkpoint(model=model).read`), or a run
-directory: its best kept checkpoint (`checkpoints/keep_best.json`), else its `model.keras`. The
-weights must fit the task's model: the first weight whose shape differs is named in one line
-(`ConfigError`, exit 2), before any training.
+PATH is a `.keras` file, a TensorFlow checkpoint (the path before `.index`), or a run
+directory (its best kept checkpoint, else its `model.keras`).
 
 Source: https://www.tensorflow.org/guide/checkpoint, https://keras.io/api/models/model_saving_apis/
 """
@@ -21,11 +18,7 @@ CHECKPOINTS_DIR = "checkpoints"
 
 
 def resolve(path: str) -> Tuple[str, str]:
-    """`(kind, path)` of the weights `--init-from` names: kind `"keras"` or `"checkpoint"`.
-
-    Raises:
-        ConfigError: when PATH is none of a `.keras` file, a checkpoint or a run directory with one.
-    """
+    """`(kind, path)` of the weights `--init-from` names (`"keras"` or `"checkpoint"`); `ConfigError` if none."""
     p = Path(path).expanduser()
     if p.is_dir():
         state = p / CHECKPOINTS_DIR / "keep_best.json"
@@ -48,11 +41,7 @@ def resolve(path: str) -> Tuple[str, str]:
 
 
 def load(model, kind: str, path: str) -> None:
-    """Sets `model`'s weights from the `.keras` file or checkpoint at `path` (`resolve`).
-
-    Raises:
-        ConfigError: naming the first weight whose shape differs, or what the checkpoint lacks.
-    """
+    """Sets `model`'s weights from `resolve`'s `(kind, path)`; `ConfigError` names the first that does not fit."""
     if kind == "keras":
         _load_keras(model, path)
     else:
@@ -80,8 +69,7 @@ def _load_keras(model, path: str) -> None:
 
 
 def _load_weights_only(model, path: str) -> None:
-    """`model.load_weights(path)` from a `.keras` file whose model cannot be rebuilt here (Keras matches the
-    weights by the model's structure, without its classes)."""
+    """`model.load_weights(path)`, for a `.keras` file whose model cannot be rebuilt here."""
     try:
         model.load_weights(path)
     except (ValueError, TypeError, KeyError) as error:

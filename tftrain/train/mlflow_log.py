@@ -1,16 +1,8 @@
-"""`--mlflow TRACKING_URI`: the run in MLflow, where a team's other runs are (an optional extra).
+"""`--mlflow TRACKING_URI`: the run in MLflow (an optional extra, `pip install "tftrain[mlflow]"`).
 
-The chief opens one MLflow run when training starts (experiment: the task's name; run name:
-the run directory's), logs every epoch's metrics as they come (`step` = the epoch, from 0),
-and, once `metrics.json` is written, the settings (the same flat names as TensorBoard's
-HParams tab, `tftrain.train.hparams_log`), the final figures and the run directory's files
-(`model.keras`, `metrics.json`, `report.md`, `config.yaml`, `history.csv`). A resumed run
-continues the same MLflow run (its id is kept in the run directory as `mlflow_run_id`).
-Workers, parameter servers and evaluators log nothing.
-
-It uses MLflow's `MlflowClient` (explicit run ids, no global active run), so a notebook's
-own `mlflow.start_run()` is left alone. Install with `pip install "tftrain[mlflow]"`.
-Source: https://mlflow.org/docs/latest/python_api/mlflow.client.html
+The chief logs each epoch's metrics, then the settings, final figures and run directory files;
+a resumed run continues the same MLflow run. `MlflowClient` with explicit run ids leaves a
+notebook's own `mlflow.start_run()` alone. Source: https://mlflow.org/docs/latest/python_api/mlflow.client.html
 """
 
 from __future__ import annotations
@@ -35,11 +27,7 @@ DEFAULT = "default"
 
 
 def check(uri: str) -> None:
-    """Refuses `--mlflow` before training when MLflow is not installed.
-
-    Raises:
-        ConfigError: naming the pip extra.
-    """
+    """Raises `ConfigError` (naming the pip extra) when MLflow is not installed."""
     try:
         import mlflow  # noqa: F401
     except ImportError:
@@ -55,12 +43,10 @@ def _client(uri: str):
 class MlflowLog(keras.callbacks.Callback):
     """A Keras callback that logs a run to MLflow (chief only); `finish` logs what the run wrote.
 
-    Logging is best effort: a tracking error (server down, upload refused) is one warning (`warn`)
-    and stops the logging, never the training or the writing of the run directory.
+    Best effort: a tracking error is one warning and stops the logging, never the training.
 
     Args:
-        uri: the tracking URI (`http://127.0.0.1:5000`, `sqlite:///mlflow.db`, ...),
-            or `"default"`.
+        uri: the tracking URI (`http://127.0.0.1:5000`, `sqlite:///mlflow.db`, ...), or `"default"`.
         run_dir: the run directory (its name names the MLflow run).
         experiment: the MLflow experiment's name (created when missing).
         warn: prints one warning line. Defaults to printing on stderr.
@@ -123,9 +109,8 @@ class MlflowLog(keras.callbacks.Callback):
             self._safely(f"log epoch {epoch}'s metrics", lambda: self.client.log_batch(self.run_id, metrics=metrics))
 
     def finish(self, params: dict, figures: dict, step: int = 0, status: str = "FINISHED") -> None:
-        """Logs the settings (`{name: value}`, each as text of at most 6,000 characters), the final
-        figures (`{name: float}`, at `step`: the epochs trained, as in the HParams tab) and the run
-        directory's `ARTIFACTS`, then ends the MLflow run with `status`."""
+        """Logs the settings (as text, at most 6,000 characters each), the final figures at `step`
+        and `ARTIFACTS`, then ends the MLflow run with `status`."""
         if self.start() is not None:
             self._safely("log the run's settings, figures and files", lambda: self._finish(params, figures, step))
         self.end(status)

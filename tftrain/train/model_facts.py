@@ -1,7 +1,4 @@
-"""What the automatic settings read off a run's model, batches and callbacks before choosing: a batch
-dimension whose size varies (XLA recompiles), convolution layers (XLA on a CPU runs them without oneDNN),
-and the user's own per-batch callback hooks (steps per execution makes them fire once per execution).
-"""
+"""What the automatic settings read off a run's model, batches and callbacks before choosing."""
 
 from __future__ import annotations
 
@@ -9,14 +6,9 @@ from typing import Optional
 
 
 def varying_shape(element_spec) -> Optional[str]:
-    """Which input or label of a batch has a dimension past the batch one whose size varies (None in
-    its `element_spec`: sequences padded per batch), e.g. `"dimension 1 of input 0 (shape (None, None))"`;
-    None when every such dimension is fixed. XLA compiles a program for each input shape it meets, so
-    over such batches it compiles again and again (an Embedding + GRU over `padded_batch` sequences of
-    5-59 tokens: 39 ms/step under XLA against 20 under graph, and 3.9 s to compile the first shape).
-
-    Source: https://www.tensorflow.org/xla#known_issues ("XLA ... recompile for every new input shape").
-    """
+    """Which input or label has a non-batch dimension of varying size (e.g. `"dimension 1 of input 0
+    (shape (None, None))"`), else None: XLA compiles again for every new input shape.
+    Source: https://www.tensorflow.org/xla#known_issues"""
     import tensorflow as tf
 
     parts = element_spec if isinstance(element_spec, tuple) else (element_spec,)
@@ -39,14 +31,10 @@ CONVOLUTION_LAYERS = ("Conv1D", "Conv2D", "Conv3D", "Conv1DTranspose", "Conv2DTr
 
 
 def convolution_layers(model) -> list:
-    """`["ClassName", ...]`, sorted, of the convolution layers (`CONVOLUTION_LAYERS`, nested layers included)
-    in `model`; `[]` when it has none.
+    """Sorted class names of the convolution layers (`CONVOLUTION_LAYERS`, nested too) in `model`.
 
-    On a CPU, XLA in this TensorFlow runs convolutions without the oneDNN kernels graph mode uses
-    (oneDNN convolutions only in XLA:CPU's classic runtime: https://github.com/openxla/xla/issues/18586):
-    in `benchmarks/results/zoo-oracle-run.json` the zoo's three convolutional models trained 5-10x (cnn,
-    separable) and up to 2.5x (resnet) slower under XLA than under graph, at every steps per execution,
-    and one conv + max-pool training step took 85 ms under XLA against 6 under graph.
+    On a CPU, XLA runs convolutions without graph mode's oneDNN kernels, so they train slower
+    (https://github.com/openxla/xla/issues/18586; figures in benchmarks/results).
     """
     import keras
 
@@ -62,10 +50,8 @@ BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "
 
 
 def batch_hooks(callbacks) -> list:
-    """`["Class.method", ...]` for the callbacks' own per-batch hooks (`BATCH_HOOKS`): a method defined
-    outside Keras (a user's class, or a user's subclass of a Keras callback that overrides it), or one
-    given to an instance (`keras.callbacks.LambdaCallback(on_train_batch_end=...)`). Keras's own
-    callbacks count their batches themselves and are not listed."""
+    """`["Class.method", ...]` of the callbacks' own per-batch hooks (`BATCH_HOOKS`): defined
+    outside Keras or set on the instance. Under steps per execution they fire once per execution."""
     found = []
     for callback in callbacks:
         for hook in BATCH_HOOKS:

@@ -1,7 +1,5 @@
-"""The `Trainer`'s build stage: the task's model inside the strategy's scope, built from the data
-when Keras would build it on the first batch, its loss scaling checked, float32 outputs under a
-mixed policy, compiled with the task's arguments; a mixin of `Trainer` (it provides `task`,
-`runtime`, `batch`, `loop`, `console`, `extras`, `accumulation_steps`, ...)."""
+"""The `Trainer`'s build stage and sanity pass: the task's model built in the strategy's scope,
+checked, given float32 outputs under a mixed policy and compiled; a mixin of `Trainer`."""
 
 from __future__ import annotations
 
@@ -12,15 +10,10 @@ class ModelStages:
     """`Trainer`'s stages that build and compile the model."""
 
     def build_model(self, compile_model: bool = True, fall_back: bool = True):
-        """`task.build_model()` inside the strategy's scope: built from the training data when it has
-        no weights yet (`_built`), rebuilt under float32 when `--precision auto` chose mixed_float16 for
-        a `train_step` that does not scale its loss (`_check_step_scaling`), with float32 outputs under
-        a mixed policy; compiled by the loop with `task.compile_args(steps_per_epoch)`, whose optimizer
-        accumulates gradients under `--gradient-accumulation-steps` (`tftrain.train.accumulation`).
-        Under `--seed` every build starts from that seed: a model built again (the mixed_bfloat16 twin
-        that `--precision auto` times and may train) has the same initial weights as the first. A model that
-        does not build under the mixed policy `--precision auto` chose is built under float32
-        (`_built_or_float32`) unless `fall_back` is False (the error is raised)."""
+        """`task.build_model()` in the strategy's scope, built, compiled by the loop with the task's
+        arguments (accumulating gradients under `--gradient-accumulation-steps`), float32 outputs under a
+        mixed policy. Under `--seed` every build has the same initial weights. A model that does not
+        build under the policy `--precision auto` chose is built in float32, unless `fall_back` is False."""
         with self.runtime.strategy.scope():  # the optimizer too: its variables belong to the strategy
             model = self._check_step_scaling(self._built_or_float32(fall_back))
             self._say_own_compile_is_replaced(model)
@@ -34,11 +27,8 @@ class ModelStages:
         return model
 
     def _built_or_float32(self, fall_back: bool = True):
-        """The task's model, seeded and built (`_built`). Under `--precision auto`, a model that does not
-        build under the mixed policy the rule chose (a layer of the user's that mixes its inputs' dtype
-        with a float32 tensor, `x * tf.constant(2.0)`: plain Keras, in float32, builds it; a dtype clash,
-        `is_dtype_mismatch`) is built again under float32, with one line naming the error; any other
-        error is the model's own and is raised."""
+        """The task's model, seeded and built; after a dtype clash under the mixed policy that
+        `--precision auto` chose, built again in float32 (one line); any other error is raised."""
         try:
             return self._built(self._seeded_build())
         except Exception as error:  # noqa: BLE001 (re-raised unless the auto-chosen policy caused it)
@@ -48,8 +38,7 @@ class ModelStages:
         return self._built(self._seeded_build())
 
     def _use_float32_instead(self, why: str, error: BaseException) -> None:
-        """Sets float32 after a mixed policy that `--precision auto` chose failed (`why`, `error`): one
-        line, and `precision_auto` in `metrics.json`."""
+        """Sets float32 after `--precision auto`'s mixed policy failed: one line, and `precision_auto`."""
         from tftrain.runtime.execution import failure_line
 
         policy, dtype = self.runtime.precision.policy, self.runtime.precision.compute_dtype
@@ -59,8 +48,7 @@ class ModelStages:
         self.console.line(f"precision: auto -> float32: {reason}")
 
     def _auto_policy_clash(self, error: BaseException) -> bool:
-        """Whether `error` is a dtype clash (`is_dtype_mismatch`) under a mixed policy that `--precision
-        auto` took: the model builds or steps under float32, plain Keras's policy."""
+        """Whether `error` is a dtype clash under a mixed policy that `--precision auto` took."""
         from tftrain.runtime.precision import is_dtype_mismatch
 
         dtype = self.runtime.precision.compute_dtype
@@ -73,9 +61,8 @@ class ModelStages:
         self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision(policy))
 
     def _built(self, model):
-        """`model`, built from the training data when it has no weights yet (a Sequential without
-        an `Input`, a subclassed model), as `Model.fit` would on its first batch: the float32-output
-        cast and the backup need its outputs and weights before `fit` runs (keras-team/keras#20712)."""
+        """`model`, built from the training data when it has no weights yet, as `Model.fit` would on its
+        first batch: the float32-output cast and the backup need its weights before `fit` (keras-team/keras#20712)."""
         if model.built:
             return model
         import keras
@@ -90,10 +77,8 @@ class ModelStages:
         return model
 
     def _check_step_scaling(self, model):
-        """Under `mixed_float16`, a `train_step` of the model's own that does not scale its loss gets
-        its gradients divided by the loss scale and does not learn (keras-team/keras#20894); the sanity
-        pass ran the step under two loss scales to find out (`step_scales_loss`). `--precision auto` then
-        takes `float32` (or `mixed_bfloat16` on Ampere and newer) and rebuilds the model; an explicit
+        """Under `mixed_float16`, a model's own `train_step` that does not scale its loss does not learn
+        (keras-team/keras#20894): `--precision auto` then takes another policy and rebuilds; an explicit
         `mixed_float16` is kept, with a warning that says the fix."""
         from tftrain.runtime.precision import unscaled_step_precision
 
@@ -115,9 +100,7 @@ class ModelStages:
         return self._built(self._seeded_build())
 
     def _say_own_compile_is_replaced(self, model) -> None:
-        """One warning (once a run) when `build_model` returned a compiled model: tftrain compiles every
-        model with the task's optimizer, loss and metrics (the loop's compile, for every strategy, precision
-        and the twin it may build), so the model's own compile is not used and the user must hear it."""
+        """Warns once when `build_model` returned a compiled model: tftrain compiles it again."""
         if getattr(model, "optimizer", None) is None or getattr(self, "_said_own_compile", False) \
                 or getattr(model, "_tftrain_compiled", False):  # the same instance again, compiled by tftrain
             return
@@ -131,7 +114,7 @@ class ModelStages:
             "ArrayTask(..., optimizer=keras.optimizers.SGD(0.001), metrics=[...])) and return the model uncompiled.")
 
     def _seeded_build(self):
-        """`task.build_model()`, after seeding Keras again under `--seed` (every build the same weights)."""
+        """`task.build_model()`, after seeding Keras again under `--seed`."""
         if self.config.seed is not None:
             import keras
 
@@ -148,8 +131,7 @@ class ModelStages:
         return {**compile_args, "optimizer": accumulate_gradients(optimizer, self.accumulation_steps)}
 
     def _float32_outputs(self, model):
-        """Under a mixed policy: float32 outputs for a plain functional / Sequential model
-        (`ensure_float32_outputs`); a subclass (its own `train_step`, ...) is kept as it is,
+        """Under a mixed policy: float32 outputs for a functional / Sequential model; a subclass is kept,
         with a warning when an output is not float32."""
         import keras
 
@@ -164,10 +146,8 @@ class ModelStages:
         return model
 
     def note_custom_steps(self, model) -> None:
-        """Says, in the output and in `metrics.json` (`custom_step`), that the loss of a model with
-        its own `train_step` / `test_step` is that step's own figure: across replicas, a step that
-        tracks `self.compute_loss(...)` as Keras's guide does reports the loss divided by the
-        replicas, since `compute_loss` scales it for the all-reduce of the gradients."""
+        """Says (output and `custom_step` in `metrics.json`) that a model's own `train_step` / `test_step`
+        reports its own loss: across replicas, one that tracks `compute_loss` reports it / replicas."""
         from tftrain.runtime.precision import overridden_steps
 
         steps = overridden_steps(model)
@@ -182,8 +162,7 @@ class ModelStages:
         self.console.line(f"loss:      {note}")
 
     def init_weights(self, model) -> None:
-        """`--init-from PATH`: the model starts from those weights (`tftrain.train.init_weights`); a resumed
-        run's checkpoint then replaces them as usual."""
+        """`--init-from PATH`: the model starts from those weights; a resumed run's checkpoint replaces them."""
         path = self.config.train.init_from
         if path is None:
             return
@@ -203,8 +182,7 @@ class ModelStages:
         return twin
 
     def _build_in_float32(self):
-        """The task's model built (`_built`) under the float32 policy, outside the strategy; the global policy
-        is put back."""
+        """The task's model built under float32, outside the strategy; the global policy is put back."""
         import keras
 
         policy = keras.mixed_precision.global_policy()
@@ -216,12 +194,11 @@ class ModelStages:
 
     # -- the sanity pass ---------------------------------------------------------
     def sanity_pass(self):
-        """Every feature the run asked for, tried on the task's real model and data before training
-        (`tftrain.train.sanity`); returns the `SanityResult`, also kept as `self.sanity` (None when the model
-        does not build: the build stage then fails the run as before, its traceback in `failure.log`). Under `--precision
-        auto`, a mixed policy that the model cannot step in, or whose outputs would round the labels,
-        gives way to float32 here (one line), before anything is timed or trained; where that policy is
-        still to be timed against float32, the pass runs the float32 model (the timing tries the other).
+        """Tries every asked feature on the real model and data before training (`tftrain.train.sanity`).
+
+        Returns the `SanityResult`, also kept as `self.sanity` (None when the model does not build: the
+        build stage then fails the run). Under `--precision auto`, a mixed policy the model cannot step
+        in, or whose outputs would round the labels, gives way to float32 here.
 
         Raises:
             ConfigError: (`SanityError`) what cannot work, in one line with the fix.
@@ -254,9 +231,8 @@ class ModelStages:
         return result
 
     def _forget_sanity_models(self) -> None:
-        """Keras's session cleared after the pass (`keras.backend.clear_session`), its dtype policy set again:
-        Keras numbers unnamed layers with one counter a process, so the run's model is named as it would be
-        without the pass (a per-output `--monitor val_dense_1_mae` of an earlier run names the same output)."""
+        """Clears Keras's session after the pass (and sets the policy again), so the run's layers get the
+        names they would have without it (a `--monitor` names an output by its layer)."""
         import keras
 
         policy = self.runtime.precision.policy
@@ -264,8 +240,7 @@ class ModelStages:
         self._set_policy(policy)
 
     def _sanity_plan(self):
-        """The `SanityPlan` of this run: the model built as `build_model` builds it (outside the strategy),
-        the first batch of the run's size per replica, and the flags to try."""
+        """The `SanityPlan` of this run: the model built as `build_model` builds it, outside the strategy."""
         from tftrain.train import sanity
 
         cfg, rt = self.config, self.runtime
@@ -294,8 +269,7 @@ class ModelStages:
             candidate_dtype=rt.precision.compute_dtype)
 
     def _plain_outputs(self, model):
-        """`model` with float32 outputs under a mixed policy where `build_model` gives them (a plain functional
-        or Sequential model), said nothing about."""
+        """`model` with float32 outputs under a mixed policy, for a functional or Sequential model; silent."""
         import keras
 
         from tftrain import runtime

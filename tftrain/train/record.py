@@ -8,43 +8,22 @@ from typing import Any, Dict, List, Optional
 
 @dataclasses.dataclass
 class RunRecord:
-    """What one run did and measured.
+    """What one run did and measured (`metrics.json`).
 
     Attributes:
-        task: the task's name.
-        run_dir: the run directory (str).
-        test: test-set results `{"loss": ..., <metric>: ...}`, or None when the
-            task has no test data. `metrics.json` also holds each as
-            `test_<name>` (e.g. `test_loss`, `test_accuracy`).
-        history: `History.history` of this process's epochs (`loss`, metrics,
-            `val_*`), lists of floats per epoch.
-        epochs: epochs asked for. epochs_trained: epochs trained in this process.
-        resumed_from_epoch: epochs done before, restored from the checkpoint.
-        train_examples: training examples per epoch (None if unknown).
-        test_examples: test examples evaluated (None if unknown).
+        test: test-set results `{"loss": ..., <metric>: ...}` (`test_<name>` in `metrics.json`),
+            or None without test data.
+        history: `History.history` per epoch (`loss`, metrics, `val_*`).
+        epochs_trained: epochs trained in this process; resumed_from_epoch: epochs restored.
         steps_per_epoch: optimizer steps per epoch (None if unknown).
-        global_batch_size, per_replica_batch_size: examples per batch (per
-            micro-batch under gradient accumulation), all replicas together /
-            each replica.
-        gradient_accumulation_steps: micro-batches per optimizer step (1: none).
-        effective_global_batch_size: examples per optimizer step:
-            `global_batch_size` x `gradient_accumulation_steps`.
-        wall_time_s: seconds from program start to the end of the run.
-        fit_time_s: seconds inside the training loop.
-        examples_per_sec: training examples per second over `fit_time_s`,
-            every example of every micro-batch counted (None when the steps
-            are unknown).
-        execution: the mode trained in (`"graph"`, `"xla"`, `"eager"`);
-            execution_requested: what was asked (`"auto"`, ...);
-            execution_choice: `--execution auto`'s timings, or None.
-        runtime: strategy, replicas, workers, devices, precision, threads,
-            malloc and communication, as a dict.
-        hparams: the task's hyperparameters (a dict), or None.
-        extras: optional sections: `throughput`, `profile`, `tuning`,
-            `batch_size_search`, `validation_examples`, `optimizer_steps`,
-            `backup` (`--backup-every-steps`), `early_stopping`, `custom_step` (a model
-            with its own `train_step` / `test_step`: whose figure `loss` is), ...
-        seed, argv, versions, learning_rate, lr_schedule: as run.
+        global_batch_size, per_replica_batch_size: examples per (micro-)batch.
+        effective_global_batch_size: examples per optimizer step.
+        wall_time_s, fit_time_s: seconds from program start, and inside the training loop.
+        examples_per_sec: over `fit_time_s`, every micro-batch counted (None if unknown).
+        execution: the mode trained in (`"graph"`, `"xla"`, `"eager"`); execution_choice:
+            `--execution auto`'s timings, or None.
+        runtime: strategy, replicas, devices, precision, threads, ... (`RUNTIME_KEYS`).
+        extras: optional sections (`EXTRA_KEYS`).
     """
 
     task: str
@@ -77,9 +56,8 @@ class RunRecord:
     effective_global_batch_size: Optional[int] = None
 
     def to_dict(self) -> dict:
-        """The flat dict written to `metrics.json`: every field, `runtime`, `hparams` and
-        `extras` merged in at the top, `test_<name>` per test result, and `recipe` (the
-        task's name, the key MNIST runs have always written)."""
+        """The flat dict of `metrics.json`: `runtime`, `hparams` and `extras` merged in at the top,
+        `test_<name>` per test result, and `recipe` (the task's name, an older key)."""
         out = dataclasses.asdict(self)
         for key in ("runtime", "extras"):
             out.update(out.pop(key))

@@ -42,8 +42,7 @@ def print_plan(trainer) -> None:
 
 
 def _with_starting_rate(cfg, task):
-    """`cfg` showing the learning rate that trains (the task's, else the optimizer's default) where it
-    leaves the rate to them; config.yaml keeps null, so that `--learning-rate` overrides on a rerun."""
+    """`cfg` showing the learning rate that trains where it leaves it to the task (config.yaml keeps null)."""
     if cfg.train.learning_rate is not None:
         return cfg
     try:
@@ -54,8 +53,7 @@ def _with_starting_rate(cfg, task):
 
 
 def print_batch(trainer) -> None:
-    """The batch line: global = per-replica x replicas; effective global = global x accumulation
-    steps (under `--gradient-accumulation-steps`); optimizer steps per epoch."""
+    """The batch line: global = per-replica x replicas (x accumulation steps); steps per epoch."""
     b, n, acc = trainer.batch, trainer.task.num_train_examples, trainer.accumulation_steps
     spe = trainer.steps_per_epoch
     steps = (f"{spe} steps/epoch on {n} examples" if n is not None and acc == 1
@@ -130,8 +128,7 @@ def _extras(trainer) -> dict:
 
 
 def _checkpoint_extras(trainer, optimizer) -> dict:
-    """`optimizer_steps` (the optimizer's step count at the end, resumed steps included), and the
-    `backup` and `early_stopping` sections when those flags were given (epochs counted from 1)."""
+    """`optimizer_steps`, and the `backup` and `early_stopping` sections (epochs counted from 1)."""
     out = {"optimizer_steps": int(optimizer.iterations.numpy()) if optimizer is not None else None}
     backup, stop = trainer.backup, trainer.early_stopping
     if backup is not None and backup.every_steps:
@@ -149,8 +146,7 @@ def _checkpoint_extras(trainer, optimizer) -> dict:
 
 
 def _steps_per_execution_that_ran(history, choice=None) -> dict:
-    """`{"steps_per_execution": N}`: the count `--steps-per-execution auto` chose, else the trained
-    model's when a loop lowered it (see `MultiWorkerLoop.fit`), else {}."""
+    """`{"steps_per_execution": N}` that auto chose or a loop lowered to, else {}."""
     model = getattr(history, "model", None)
     ran = choice.steps_per_execution if choice is not None and choice.steps_per_execution else \
         getattr(model, "steps_per_execution", None)

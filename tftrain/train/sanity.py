@@ -1,24 +1,9 @@
-"""The sanity pass: every feature a run asked for, tried on the real model and data in seconds,
-before the first real step; what cannot work is refused with one line (`ConfigError`, exit 2)
-before any training, timing or run directory. `--sanity-check` runs only this pass.
-
-    data        each pipeline's `element_spec`: a feature or label of unknown rank (`tf.numpy_function`
-                without `set_shape`); `class_weight` against the labels (one output only)
-    model       a model of the task's, built and compiled as the run's (outside the strategy, so that
-                no replica or worker takes part), one training and one validation step on a batch of
-                the run's own data, run eagerly (tracing one step costs more than running it): the
-                epoch logs' keys
-    monitor     `--monitor` among those keys, with a known direction (`--monitor-mode`)
-    precision   labels that the outputs' dtype would round (bfloat16 holds integers exactly up to 256,
-                float16 up to 2048: keras-team/keras#15014); under `mixed_float16`, whether a `train_step`
-                of the model's own scales its loss, judged by running it (`step_scales_loss`)
-    weights     `--init-from`'s weights loaded into the model (built in float32)
-    export      each `--export` format written to a temporary folder, loaded back and compared
-
-The pass builds a model of its own and drops it: the run's build, timing and training are not
-changed by it (its cost, a build and two eager steps, plus each export, is `SanityResult.seconds`).
-Lightning's sanity steps (`num_sanity_val_steps`) run validation before training in the same spirit.
-"""
+"""The sanity pass: every feature a run asked for, tried on the real model and data before the
+first real step, so what cannot work is refused in one line (`ConfigError`, exit 2) before any
+training, timing or run directory. `--sanity-check` runs only this pass. It checks the data's
+shapes, `class_weight`, one eager training and validation step, `--monitor`, labels the outputs'
+dtype would round, a `train_step`'s loss scaling, `--init-from` and each `--export` format.
+As Lightning's sanity steps (`num_sanity_val_steps`)."""
 
 from __future__ import annotations
 
@@ -41,21 +26,14 @@ class SanityPlan:
     Attributes:
         build: returns the task's model, built (uncompiled), under the current dtype policy.
         build_float32: returns the task's model built under float32 (the one export writes).
-        compile_args: the task's `Model.compile` arguments.
-        train_data: the training `tf.data.Dataset` (batched).
-        validation_data: the validation dataset, or None (the run validates nothing).
         batch_size: examples of the first batch the steps run on (the per-replica batch size).
-        compute_dtype: the dtype policy's compute dtype (`"float32"`, `"bfloat16"`, `"float16"`).
         auto_precision: whether `--precision auto` chose the policy (a rounding output then takes float32).
         loss_scaling: whether the policy scales the loss (`mixed_float16`).
-        class_weight: the task's `class_weight`, or None.
         monitor: `(metric, mode)` that `--keep-best` ranks by, or None.
-        init_from: `(kind, source)` of `--init-from` (`tftrain.train.init_weights.resolve`), or None.
+        init_from: `(kind, source)` from `init_weights.resolve`, or None.
         export_formats: the `--export` formats to try (the chief's; empty on other workers).
-        candidate_build: where `--precision auto` has still to time a mixed policy (the model above is
-            then built in float32): builds the model under that policy, whose outputs are checked for
-            labels they would round, for a model whose outputs are not cast to float32 (subclassed).
-            Defaults to None.
+        candidate_build: where `--precision auto` has still to time a mixed policy, builds the model
+            under it, to check a subclassed model's outputs for rounding labels. Defaults to None.
         candidate_dtype: the compute dtype of `candidate_build`'s policy. Defaults to `"float32"`.
     """
 
@@ -81,13 +59,11 @@ class SanityResult:
     """What the pass found.
 
     Attributes:
-        train_keys: the training epoch logs' keys (`loss`, the metrics, per output).
-        validation_keys: the validation logs' keys (`val_...`); () without validation data.
+        train_keys, validation_keys: the epoch logs' keys (`val_...`; () without validation data).
         checked: what was checked, in words, in order.
         step_scales_loss: under loss scaling, whether the model's own `train_step` scales its loss
             (None: not checked, or the step updated no weight).
         float32_needed: why the outputs must be float32 (labels that would round), else None.
-        seconds: the pass's wall time.
         overridden_steps: the Keras step methods the model's class replaces (`"train_step"`, ...).
     """
 
@@ -106,16 +82,7 @@ class SanityResult:
 
 # -- data, before any model ------------------------------------------------------
 def check_element_spec(dataset, what: str) -> None:
-    """Refuses a dataset whose features or labels have an unknown rank: Keras cannot build or
-    run a model on them (its error, "Exception encountered when calling ...", hides the cause).
-
-    Args:
-        dataset: a batched `tf.data.Dataset`, or None (nothing to check).
-        what: the data's name in the message (`"training data"`).
-
-    Raises:
-        ConfigError: naming the element and the fix (`set_shape` / `tf.ensure_shape`).
-    """
+    """Raises `ConfigError` (with the fix) when a dataset's features or labels have an unknown rank."""
     if dataset is None:
         return
     import tensorflow as tf
@@ -147,12 +114,7 @@ def _leaves(structure, path: str = ""):
 
 
 def check_class_weight(dataset, class_weight) -> None:
-    """Refuses `class_weight` for labels of several outputs (a dict or tuple): Keras weighs the
-    classes of one output only.
-
-    Raises:
-        ConfigError: naming the fix (sample weights per output).
-    """
+    """Raises `ConfigError` on `class_weight` with labels of several outputs (Keras weighs one)."""
     if class_weight is None or dataset is None:
         return
     spec = dataset.element_spec
@@ -166,15 +128,7 @@ def check_class_weight(dataset, class_weight) -> None:
 
 # -- the model ---------------------------------------------------------------------
 def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
-    """Runs the pass (module docstring) and returns what it found.
-
-    Args:
-        plan: the `SanityPlan`.
-        say: prints one line (a warning the pass has). Defaults to `print`.
-
-    Raises:
-        ConfigError: on what cannot work, one line naming it and the fix.
-    """
+    """Runs the pass on `plan`, `say` printing warnings; raises `ConfigError` on what cannot work."""
     started = time.perf_counter()
     checked = ["data shapes"]
     train = _one_batch(plan.train_data, plan.batch_size)
@@ -189,8 +143,7 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
 
         init_weights.load(_step("float32 build for --init-from", plan.build_float32), *plan.init_from)
         checked.append("--init-from")
-    # Model.fit itself on one batch: the data reach train_step / test_step as fit passes them, and the
-    # logs' keys are fit's own (validation's with their val_ prefix).
+    # Model.fit itself on one batch: the steps get the data as fit passes them; the logs' keys are fit's.
     what = "training and validation step" if validation is not None else "training step"
     history = _step(what, lambda: model.fit(train, validation_data=validation, epochs=1, verbose=0,
                                              class_weight=plan.class_weight, shuffle=False))  # a Dataset: no warning
@@ -246,11 +199,7 @@ def _unpacked(dataset):
 
 
 def _step(what: str, fn: Callable):
-    """`fn()`; an error becomes one line naming the step and Keras's own cause (`cause_line`).
-
-    Raises:
-        ConfigError: `the sanity check's <what> failed: <cause>`.
-    """
+    """`fn()`; an error becomes a `SanityError` naming the step and Keras's own cause (`cause_line`)."""
     try:
         return fn()
     except ConfigError:
@@ -277,9 +226,8 @@ class SanityError(ConfigError):
 
 
 def cause_line(error: BaseException) -> str:
-    """`Type: line` of `error` at most 300 characters, where the line is its cause: under Keras's
-    "Exception encountered when calling X.call()." header, the first line after it (Keras puts the
-    cause there, then "Arguments received by ..."); terminal colour codes removed."""
+    """`Type: line` of `error` (at most 300 characters), the line being its cause: the first after
+    Keras's "Exception encountered when calling" header; colour codes removed."""
     import re
 
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
@@ -292,17 +240,8 @@ def cause_line(error: BaseException) -> str:
 def label_rounding(labels, outputs, compute_dtype: str) -> Optional[str]:
     """Why the labels would round when Keras casts them to the outputs' dtype, else None.
 
-    Keras casts `y_true` to the output's dtype before the loss and the metrics
-    (keras-team/keras#15014): an output in bfloat16 moves integer labels above 256 onto their
-    neighbours (float16: above 2048), so sparse class indices past that train and score as other classes.
-
-    Args:
-        labels: one batch's labels (a tensor, or a list / dict per output).
-        outputs: the model's outputs on that batch, in the same structure.
-        compute_dtype: the policy's compute dtype (only `EXACT_INTEGERS`'s dtypes can round).
-
-    Returns:
-        A message naming the output, its dtype and the largest label or class index, or None.
+    Keras casts `y_true` to the output's dtype (keras-team/keras#15014): bfloat16 holds integers
+    exactly only up to 256 (float16: 2048), so larger labels or class indices become other values.
     """
     import numpy as np
     import tensorflow as tf
@@ -352,8 +291,7 @@ def _plain(model) -> bool:
 
 
 def _candidate_rounding(plan: SanityPlan, x, y) -> Optional[str]:
-    """`label_rounding` of the model built under the mixed policy still to be timed; None when it does not
-    build or run there (the timing stage finds that out and keeps float32)."""
+    """`label_rounding` under the mixed policy still to be timed; None when that model fails there."""
     try:
         return label_rounding(y, plan.candidate_build()(x, training=False), plan.candidate_dtype)
     except Exception:  # noqa: BLE001 (see above)
@@ -367,19 +305,13 @@ def _overridden(model) -> tuple:
 
 
 def _compiled(plan: SanityPlan):
-    """A fresh model of the task's with `plan.compile_args`, and a function that compiles it with another
-    optimizer (for `step_scales_loss`)."""
+    """A fresh model and a function that compiles it with another optimizer (`step_scales_loss`)."""
     model = plan.build()
     return model, lambda optimizer: model.compile(**{**plan.compile_args, "optimizer": optimizer}, run_eagerly=True)
 
 
 def _try_exports(plan: SanityPlan, x) -> None:
-    """Each `--export` format written from a float32 model of the task's to a temporary folder, loaded back
-    and run on a few examples (`tftrain.train.export.export_all`).
-
-    Raises:
-        ConfigError: naming the format that cannot be written or served, with the cause.
-    """
+    """Writes and serves each `--export` format from a float32 model; `ConfigError` names one that fails."""
     import tensorflow as tf
 
     from tftrain.train import export

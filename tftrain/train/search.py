@@ -1,7 +1,5 @@
-"""The trainer's searches: keras-tuner trials (`--tune`) and the batch-size search
-(`--batch-size auto`). Both run in one process, before training; the tuner scores
-trials on the task's validation data, never on its test data.
-"""
+"""The trainer's searches before training: keras-tuner trials (`--tune`, scored on validation
+data, never the test set) and the batch-size search (`--batch-size auto`)."""
 
 from __future__ import annotations
 
@@ -32,19 +30,15 @@ def _objective(compile_args: dict) -> str:
 
 
 def tune(trainer) -> Tuple[dict, dict]:
-    """Runs `--tune N` keras-tuner trials over learning rate, batch size and `task.tune_space()`.
-
-    Trials train on the task's training data and are scored on its validation
-    data, both batched at the trial's global batch size (under several replicas
-    the first validation batch split evenly, `even_first_batch`). keras-tuner
-    keeps its trials under `<run_dir>/tuning`, so a resumed run reuses finished
-    trials.
+    """Runs `--tune N` keras-tuner trials over learning rate, batch size and `task.tune_space()`;
+    trials are kept under `<run_dir>/tuning`, so a resumed run reuses finished ones.
 
     Returns:
         `(figures for metrics.json, best values as flat config overrides)`.
 
     Raises:
-        ConfigError: when the task has no validation data or too few examples.
+        ConfigError: when the task has too few examples.
+        TuningFailed: when no trial finished.
     """
     from tftrain import runtime
     from tftrain.tuning.keras_tuner import TrainingHyperModel, make_tuner
@@ -106,8 +100,7 @@ def _tuning_figures(trainer, tuner, directory) -> Tuple[dict, dict]:
 
 
 def _log_trials(directory, objective: str, trials) -> None:
-    """Each scored trial as its own HParams session (`tuning/hparams/trial-<id>`): its values as
-    `tune.<name>`, its validation score as the metric `objective`."""
+    """Each scored trial as its own HParams session (`tuning/hparams/trial-<id>`)."""
     from tftrain.train import hparams_log
 
     for t in trials:
@@ -117,13 +110,8 @@ def _log_trials(directory, objective: str, trials) -> None:
 
 
 def search_batch_size(trainer) -> Tuple[dict, int]:
-    """`--batch-size auto`: the global batch size with the best examples/sec
-    (`tftrain.tuning.find_batch_size`), up to a tenth of the training examples (divided by
-    `--gradient-accumulation-steps`, so an epoch keeps 10 optimizer steps).
-
-    Returns:
-        `(the search's figures for metrics.json, the batch size found)`.
-    """
+    """`--batch-size auto`: the global batch size with the best examples/sec, at most one that
+    leaves `AUTO_BATCH_MIN_STEPS` optimizer steps an epoch; returns `(figures, batch size)`."""
     from tftrain.tuning.batch_size import find_batch_size
 
     task, replicas = trainer.task, trainer.runtime.num_replicas

@@ -1,27 +1,10 @@
 """`Trainer(task, config).fit()`: the run as a list of labelled stages.
 
-    check        the loop refuses what it cannot do; cluster; run directory (no TF yet)
-    set-up       runtime.setup: threads -> devices -> precision -> strategy
-    run dir      refuse or resume; the chief writes, other workers write to scratch
-    batch plan   fixed | tuned (keras-tuner, on validation data) | auto (batch-size search)
-    build        task.build_model() inside strategy.scope(); compile with the task's
-                 optimizer / loss / metrics and the runtime's compile options; --init-from's
-                 weights (model_stages.py)
-    precision    auto on a CPU with native bfloat16: time it against float32 (automatic.py)
-    execution    auto: time graph vs XLA (and steps per execution) on the run's first
-                 training steps inside fit, keep the faster, or reuse the choice an earlier
-                 run timed for the same model and machine (automatic.py)
-    callbacks    NanGuard, CSVLogger, StepBackup (BackupAndRestore), TensorBoard,
-                 ThroughputMonitor, ProfilerWindow, EarlyStopping, the user's
-                 (callback_stages.py)
-    train        the loop's fit (Model.fit, or the parameter-server coordinator loop)
-    evaluate, save, record, report, then the backup is removed
-
-Each stage is a short method; a subclass may replace any of them. What a training
-loop can do lives in `tftrain.train.loops`, not in branches here; the stages that
-choose settings by measurement, build the model and make the callbacks live in mixins
-(`tftrain.train.automatic`, `model_stages`, `callback_stages`). Only the
-command line (`tftrain.run`) turns errors into exit codes.
+check (before TensorFlow starts), set-up (threads, devices, precision, strategy), sanity pass,
+run directory, batch plan, build, precision and execution (`automatic`), callbacks, train,
+evaluate, save, record, report. Each stage is a short method a subclass may replace; what a
+loop can do lives in `tftrain.train.loops`, and the stages live in mixins (`automatic`,
+`batch_plan`, `model_stages`, `callback_stages`). Only `tftrain.run` turns errors into exit codes.
 """
 
 from __future__ import annotations
@@ -77,19 +60,16 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         task: the `tftrain.Task` (or an adapter: `ArrayTask`, `DatasetTask`, ...).
         config: a `RecipeConfig`, or the path of a recipe file (YAML) laid over
             `task.default_config()`. Defaults to `task.default_config()`.
-        callbacks: the user's Keras callbacks, added after tftrain's own.
-            Defaults to ().
-        command: the command line recorded in `metrics.json`. Defaults to None
-            (this Python process's `sys.argv`).
-        **overrides: config fields by flat name (`epochs=3`, `strategy="mirrored"`,
-            the task's hyperparameters by their names), laid over `config`.
+        callbacks: Keras callbacks, added after tftrain's own. Defaults to ().
+        command: the command line recorded in `metrics.json`. Defaults to `sys.argv`.
+        **overrides: config fields by flat name (`epochs=3`, the task's hyperparameters by
+            name), laid over `config`.
 
     Raises:
         ConfigError: when `task` is not a Task or an override is unknown or bad.
 
     Example:
         >>> record = tftrain.Trainer(task, epochs=3, strategy="mirrored", cpu_replicas=2).fit()
-        >>> record.test["loss"], record.run_dir
     """
 
     def __init__(self, task: Task, config: Optional[config_lib.RecipeConfig] = None, *, callbacks: Sequence = (),
@@ -128,25 +108,18 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
 
     # -- the run ---------------------------------------------------------------
     def fit(self, *, started: Optional[float] = None) -> Optional[RunRecord]:
-        """Runs every stage; returns the `RunRecord` (None for a parameter-server worker or ps task,
-        which serves until the chief is done).
+        """Runs every stage; returns the `RunRecord` (None on a parameter-server worker or ps task).
 
         Args:
-            started: `time.perf_counter()` at program start, for the wall time.
-                Defaults to now.
+            started: `time.perf_counter()` at program start, for the wall time. Defaults to now.
 
         Raises:
             ConfigError: (and subclasses) on bad input found before or while setting up.
             Interrupted: on Ctrl-C once the run directory exists (the same command resumes).
-            Preempted: on SIGTERM, SIGUSR1 or SIGHUP: during training once the checkpoint of the
-                current step is saved (the same command resumes there); during a write of the run
-                once it is done; elsewhere at once, naming the phase.
-            TrainingDiverged: when the training loss becomes NaN or infinite (the message names
-                where, and the checkpoint kept in the run directory).
+            Preempted: on SIGTERM, SIGUSR1 or SIGHUP; during training once the step's checkpoint is saved.
+            TrainingDiverged: when the training loss becomes NaN or infinite.
             JobFailed: on a parameter-server worker or ps task whose chief failed or vanished.
-            AlreadyFinished: when a scheduler's restart (`tftrain.rundir.restarted_job`) finds this
-                run finished by an earlier attempt of the same job, with the same settings: nothing
-                is trained (the command line exits 0).
+            AlreadyFinished: when a scheduler's restart finds the run finished (nothing trained; exit 0).
         """
         from tftrain.callbacks.preemption import PreemptionWatch
 
@@ -167,15 +140,8 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
                 return self.run_stages(started)
 
     def end_finished_job(self) -> None:
-        """A scheduler's restart of a run that an earlier attempt finished, or a rerun of a run killed between
-        its `metrics.json` and the removal of its backup: ends the run directory as that attempt would have
-        (`finish_run_dir`: removes the backup the kill left), tells a
-        parameter-server job's servers that the job finished (they exit 0), then raises. (A `report.md`
-        or MLflow run that the kill left unwritten stays so.)
-
-        Raises:
-            AlreadyFinished: always, naming the run directory.
-        """
+        """Ends a run an earlier attempt finished: removes a leftover backup, tells a parameter-server
+        job's servers, then raises `AlreadyFinished`."""
         leftover = self.run_dir.backup_dir.exists() and rundir_lib.restarted_job() is None
         self.finish_run_dir()
         if self.cluster is not None and "ps" in self.cluster.cluster:
@@ -189,15 +155,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
                               "is written); nothing to train", str(self.run_dir.path))
 
     def run_stages(self, started: float) -> RunRecord:
-        """The stages after set-up: batch plan, build, train, evaluate, save, report.
-
-        Args:
-            started: `time.perf_counter()` at program start, for the wall time.
-
-        Raises:
-            Interrupted: on Ctrl-C once the run directory exists.
-            TrainingDiverged: when the training loss becomes NaN or infinite.
-        """
+        """The stages after set-up: batch plan, build, train, evaluate, save, report."""
         self.check_task()
         self.plan_fixed_batch()
         self.print_plan()
@@ -253,8 +211,8 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         return record
 
     def _stop_before_after_steps(self) -> None:
-        """A stop signal that came while the run was written: with an export to do, stops here (the same
-        command does it); else the run is complete, said in one line, and ends as a success."""
+        """A stop signal that came while the run was written: raises `Preempted` when an export is
+        still to do, else says the run is complete."""
         signum = self.preemption.requested()
         if signum is None:
             return
@@ -267,9 +225,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         self.console.line(f"{name} received while the run was written: the run is complete")
 
     def run_after_steps(self, model) -> Optional[str]:
-        """`--export` (the chief), once `metrics.json` is written: each format under `export/`, each artifact
-        loaded back and checked (`tftrain.train.after_steps`). Returns the failure's one line, else None; the
-        step's status (`done` / `failed: ...`) goes into `metrics.json`'s `after_steps`."""
+        """`--export` (chief only) once `metrics.json` is written; returns the failure's line, else None."""
         if not self.config.train.export or not self.is_chief:
             return None
         from tftrain.train import after_steps
@@ -296,15 +252,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         return export.check_batch(self.task.probe_data(gb, 1) if data is None else data)
 
     def redo_after_steps(self) -> None:
-        """A rerun of a run that trained and wrote `metrics.json` but did not finish its after-steps
-        (`RunDir.after_steps_pending`): the model is built as the task builds it, its trained weights
-        loaded from `model.keras` (built under the run's dtype policy, exported in float32), and only the pending
-        steps run; nothing is trained. `metrics.json`
-        gets their results.
-
-        Raises:
-            AfterStepFailed: when a step fails again (the run stays as it was).
-        """
+        """Does only a trained run's pending after-steps, from `model.keras`; raises `AfterStepFailed`."""
         from tftrain.train import after_steps
 
         if not self.is_chief:  # the chief exports; a parameter-server job's servers wait for it (loop.job)
@@ -356,8 +304,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
             self.mlflow.end(status)
 
     def finish_run_dir(self) -> None:
-        """Once `metrics.json` and the model are on disk (chief only): removes the backup, which a kill
-        before this point resumes from without training again, and a failed attempt's `failure.log`."""
+        """Removes the backup and a failed attempt's `failure.log` (chief only), once the run is on disk."""
         if not self.is_chief:
             return
         import shutil
@@ -407,14 +354,8 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
             rundir_lib.check_not_in_use(self.run_dir.path)
 
     def _resumed(self) -> Optional[Path]:
-        """`--resume`: the newest unfinished run directory of this task and configuration (`runs/<task>-*`). In a
-        cluster, the job's own default directory where it exists (a scheduler's restart of the job), else the
-        same search on every task: a rerun of a job (`tftrain.launch` gives each its own run id) resumes the
-        run the interrupted one left; the tasks other than the chief take it although the chief holds it.
-
-        Raises:
-            RunDirError: when there is none.
-        """
+        """`--resume`: the newest unfinished run directory of this task and config (`runs/<task>-*`); in
+        a cluster the job's own one where it exists. `RunDirError` when there is none."""
         if not self.config.resume:
             return None
         if self.cluster is not None and (self._default_run_dir() / rundir_lib.CONFIG_FILE).is_file():
@@ -433,12 +374,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
                 "hparams": type(hparams).__qualname__ if hparams is not None else None}
 
     def _check_same_task(self, run_dir: Path) -> None:
-        """Refuses a run directory that holds another task's run, before comparing settings: a task's
-        run is only ever resumed by the same task, so "rerun with its settings" would go in a circle.
-
-        Raises:
-            RunDirError: naming both tasks and the fix.
-        """
+        """Raises `RunDirError` when `run_dir` holds another task's run."""
         from tftrain.errors import RunDirError
 
         path = run_dir / TASK_FILE
@@ -470,14 +406,8 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         return self.loop.serves(self.cluster)
 
     def serve(self) -> None:
-        """Starts this task's `tf.distribute.Server` on the asked devices and serves until the chief
-        says how the job ended (`tftrain.runtime.serve`).
-
-        Raises:
-            JobFailed: when the chief reported a failure, never appeared or went away.
-            Preempted: when the chief reported that SIGTERM or SIGUSR1 stopped the job after its
-                checkpoint (this task ignores those signals while it serves, so that the chief can get there).
-        """
+        """Serves this task's `tf.distribute.Server` until the chief says how the job ended: raises
+        `JobFailed` on the chief's failure or absence, `Preempted` on its reported stop."""
         from tftrain.runtime import configure_devices, serve
 
         previous = {}
@@ -499,8 +429,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         return None
 
     def setup_runtime(self) -> None:
-        """Threads, devices, precision, strategy (`tftrain.runtime.setup`); seeds when asked; TensorFlow's
-        op determinism under `--deterministic`."""
+        """Threads, devices, precision, strategy (`tftrain.runtime.setup`), seed and `--deterministic`."""
         import keras
 
         from tftrain import runtime
@@ -514,19 +443,11 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
             tf.config.experimental.enable_op_determinism()
 
     def bind_task(self) -> None:
-        """Binds the task to the run's config (its hyperparameters, data options, seed).
-
-        Runs before `setup_runtime`: `Task.bind` must not start TensorFlow (build no
-        dataset, run no op), which would fix thread counts and devices too early.
-        """
+        """Binds the task to the run's config; before `setup_runtime`, as `Task.bind` must not start TensorFlow."""
         self.task = self.task.bind(self.config)
 
     def check_task(self) -> None:
-        """What the bound task must offer for the asked flags (validation data for `--tune`).
-
-        Raises:
-            ConfigError: naming the flag and the fix.
-        """
+        """Raises `ConfigError` on flags the bound task cannot serve (e.g. `--tune` without validation data)."""
         from tftrain.train import sanity
 
         validation = self.task.validation_data(32)  # raises now on a split the task refuses
@@ -594,8 +515,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         return f"{kept}. Lower --learning-rate (or check the data), then train into a new --run-dir."
 
     def _train_data(self, input_context=None):
-        """The task's training batches; under accumulation a finite epoch is cut to whole optimizer
-        steps, so that no micro-batch's gradients carry over into the next epoch's first step."""
+        """The task's training batches; under accumulation a finite epoch is cut to whole optimizer steps."""
         dataset = self.task.train_data(self.batch.global_batch_size, input_context)
         if self.accumulation_steps == 1 or not self.steps_per_epoch or input_context is not None:
             return dataset  # a multi-worker loop repeats it and runs steps_per_epoch micro-batches
@@ -613,9 +533,8 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         return self.loop.evaluate(model, dataset, self.compile_args.get("metrics"))
 
     def _evenly_first(self, dataset):
-        """`dataset` whose first batch splits evenly over this process's replicas (`evenly_first`): Keras reads
-        the first batch's shapes by a reduce across replicas, which fails on parts of different sizes (a
-        validation or test set smaller than one batch, of a size the replicas do not divide)."""
+        """`dataset` whose first batch splits evenly over the replicas: Keras reads its shapes by a
+        cross-replica reduce, which fails on parts of different sizes."""
         if dataset is None or self.cluster is not None or self.runtime.num_replicas == 1:
             return dataset
         from tftrain.tuning.keras_tuner import evenly_first
@@ -623,8 +542,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         return evenly_first(dataset, self.batch.global_batch_size, self.runtime.num_replicas)
 
     def save(self, model) -> None:
-        """Saves the trained model as `model.keras` in this task's directory (loadable by plain Keras:
-        under gradient accumulation with the optimizer it wraps)."""
+        """Saves `model.keras` with the optimizer that accumulation wraps, so plain Keras loads it."""
         from tftrain.train.accumulation import saved_with_inner_optimizer
 
         with saved_with_inner_optimizer(model):

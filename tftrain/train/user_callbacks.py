@@ -1,11 +1,8 @@
 """`--callbacks WHERE:NAME[,...]`: the user's own Keras callbacks, named on the command line.
 
-WHERE is a `.py` file or an importable module, as for a task (`tftrain.run.load_task`);
-NAME is a `keras.callbacks.Callback` instance, a callback class (built with no
-arguments), or a function of no arguments returning a callback or a list of them.
-The names are resolved when the run is checked (a bad one is one line, exit 2, before
-TensorFlow starts); classes and functions are called when the callbacks are made, in
-every process of the job, after tftrain's own callbacks.
+WHERE is a `.py` file or an importable module; NAME a `keras.callbacks.Callback`, a callback
+class (built with no arguments) or a function of no arguments returning one or a list. Names
+are resolved before TensorFlow starts; the callbacks are made in every process, after tftrain's.
 """
 
 from __future__ import annotations
@@ -17,15 +14,8 @@ from tftrain.errors import ConfigError
 
 
 def resolve(specs: str) -> List[Callable[[], list]]:
-    """Imports each `WHERE:NAME` of the comma-separated `specs`.
-
-    Returns:
-        One maker per spec: `() -> list of keras callbacks`.
-
-    Raises:
-        ConfigError: on a malformed spec, a file or module that does not import (its error in
-            one line), a missing NAME, or a NAME that is no callback, class or function.
-    """
+    """Imports each `WHERE:NAME` of the comma-separated `specs`; returns one maker per spec.
+    Raises `ConfigError` on a bad spec, import error, missing NAME or NAME that is no callback."""
     return [_maker(spec.strip()) for spec in specs.split(",") if spec.strip()]
 
 
@@ -60,11 +50,7 @@ def _maker(spec: str) -> Callable[[], list]:
 
 
 def _made(spec: str, factory) -> list:
-    """`factory()` as a list of callbacks.
-
-    Raises:
-        ConfigError: when it needs arguments or returns something else than callbacks.
-    """
+    """`factory()` as a list of callbacks; `ConfigError` when it needs arguments or gives no callbacks."""
     import keras
 
     required = [p for p in inspect.signature(factory).parameters.values()

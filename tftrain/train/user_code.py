@@ -26,8 +26,7 @@ def import_file(path: Path):
 
 
 def import_where(where: str):
-    """The module `where` names: a `.py` file (or a path) through `import_file`, else an importable
-    module name (`importlib.import_module`). Raises what importing raises."""
+    """The module `where` names: a `.py` file or path (`import_file`), else an importable module."""
     if where.endswith(".py") or os.sep in where:
         return import_file(Path(where))
     return importlib.import_module(where)
