@@ -1,19 +1,10 @@
 """Runtime set-up: threads -> devices -> precision -> strategy -> malloc, in that order.
 
-Each step is usable on its own from any Keras script (`set_threads`,
-`configure_devices`, `set_precision`, `make_strategy`, `compile_options`);
-`setup` runs them in the only order TensorFlow accepts, because thread counts and
-logical devices must be fixed before its runtime initialises. Multi-process
-strategies also read the cluster first (`resolve_cluster`: TF_CONFIG or SLURM),
-and nothing before the strategy starts the runtime, because
-`MultiWorkerMirroredStrategy` configures collective ops as it starts it. The
-worker and ps tasks of a parameter-server job do not call `setup`: they `serve`.
-
-`KerasMultiWorkerMirroredStrategy` stands in for
-`tf.distribute.MultiWorkerMirroredStrategy()` in any Keras 3 script whose
-`model.fit` fails under the plain strategy (keras-team/keras#20585), and
-`KerasMirroredStrategy` for `tf.distribute.MirroredStrategy()` where the data
-holds strings.
+Each step is usable on its own from any Keras script; `setup` runs them in the only
+order TensorFlow accepts: thread counts and logical devices must be fixed before its
+runtime starts, and multi-process strategies read the cluster (`resolve_cluster`)
+and start the runtime themselves. Parameter-server worker and ps tasks `serve`
+instead of calling `setup`.
 """
 
 import importlib
@@ -56,12 +47,10 @@ _EXPORTS = {
     "Runtime": "core",
     "setup": "core",
 }
-"""Name -> module of this package. Names load on first use, so reading the cluster
-(`tftrain.runtime.cluster`, no TensorFlow) does not start TensorFlow."""
+"""Name -> module. Names load on first use, so reading the cluster does not import TensorFlow."""
 
 __all__ = [
-    # What a user's own script needs; the other names of _EXPORTS stay importable from
-    # here for tftrain's own modules and tests.
+    # What a user's script needs; the rest of _EXPORTS stays importable for tftrain itself.
     "ExecutionChoice",
     "KerasMirroredStrategy",
     "KerasMultiWorkerMirroredStrategy",

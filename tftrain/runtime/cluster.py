@@ -1,28 +1,12 @@
 """Cluster descriptions: TF_CONFIG and SLURM -> a validated `ClusterInfo`.
 
-A multi-worker job describes its cluster in the `TF_CONFIG` environment variable
-(set by `python -m tftrain.launch`, Kubernetes' TFJob operator, or by hand), a JSON
-object such as::
-
-    {"cluster": {"worker": ["127.0.0.1:12345", "127.0.0.1:23456"]},
-     "task": {"type": "worker", "index": 0}}
-
-TensorFlow reads it when a multi-worker strategy is built and fails deep inside
-with an unhelpful message when it is wrong. `parse_tf_config` checks it first and
-names the mistake.
-
-Under SLURM (`srun`), the cluster comes from the job step's environment
-(`SLURM_PROCID`, `SLURM_STEP_NUM_TASKS`, `SLURM_STEP_NODELIST`,
-`SLURM_STEP_TASKS_PER_NODE`) through TensorFlow's own
-`tf.distribute.cluster_resolver.SlurmClusterResolver`. `parse_slurm_step` and
-`slurm_jobs` check that environment and lay out the task types without TensorFlow;
-`slurm_cluster` hands it to the resolver. `resolve_cluster` picks TF_CONFIG first,
-then SLURM.
-
-Everything here except `slurm_cluster` is pure Python and imports no TensorFlow.
+TensorFlow fails deep inside, with an unhelpful message, on a wrong TF_CONFIG;
+`parse_tf_config` checks it first and names the mistake. Under `srun` the cluster
+comes from the job step's environment through TensorFlow's `SlurmClusterResolver`.
+`resolve_cluster` tries TF_CONFIG first, then SLURM. Only `slurm_cluster` imports
+TensorFlow.
 
 Sources: https://www.tensorflow.org/guide/distributed_training#setting_up_the_tf_config_environment_variable,
-https://www.tensorflow.org/api_docs/python/tf/distribute/cluster_resolver/SlurmClusterResolver,
 https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES
 """
 
@@ -48,15 +32,7 @@ SLURM_PORT_BASE = 8888
 
 @dataclasses.dataclass(frozen=True)
 class ClusterInfo:
-    """A validated cluster description and this process's place in it.
-
-    Attributes:
-        cluster: task type -> list of `host:port` addresses.
-        task_type: this process's task type (`chief`, `worker`, `ps`, `evaluator`).
-        task_index: this process's index within its task type.
-        source: where the description came from: `"TF_CONFIG"` or `"SLURM"`.
-            Defaults to `"TF_CONFIG"`.
-    """
+    """A validated cluster (task type -> `host:port` tuple) and this process's place in it."""
 
     cluster: Mapping[str, tuple]
     task_type: str
@@ -75,8 +51,7 @@ class ClusterInfo:
 
     @property
     def is_chief(self) -> bool:
-        """True for the task that writes logs and checkpoints: the chief, or worker 0
-        when the cluster has no chief (TensorFlow's convention)."""
+        """True for the chief, or worker 0 when there is no chief (TensorFlow's convention)."""
         if self.task_type == "chief":
             return True
         return "chief" not in self.cluster and self.task_type == "worker" and self.task_index == 0
@@ -118,17 +93,10 @@ def _check_address(task_type: str, i: int, address, source: str = "TF_CONFIG") -
 
 
 def drop_blank_tf_config(env: Optional[dict] = None) -> bool:
-    """Removes a `TF_CONFIG` that is set but blank, so that it means what an unset one means.
+    """Removes a set-but-blank `TF_CONFIG` from `env` (defaults to `os.environ`).
 
-    A script that does `export TF_CONFIG=` leaves an empty string, which
-    TensorFlow's `TFConfigClusterResolver` (used by every `tf.distribute`
-    strategy, MirroredStrategy included) feeds to `json.loads` and fails on.
-
-    Args:
-        env: the environment to clean. Defaults to `os.environ`.
-
-    Returns:
-        True when a blank TF_CONFIG was removed.
+    Every `tf.distribute` strategy's `TFConfigClusterResolver` fails on `TF_CONFIG=`.
+    Returns True when one was removed.
     """
     env = os.environ if env is None else env
     if "TF_CONFIG" in env and not env["TF_CONFIG"].strip():
@@ -138,21 +106,13 @@ def drop_blank_tf_config(env: Optional[dict] = None) -> bool:
 
 
 def parse_tf_config(text: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> Optional[ClusterInfo]:
-    """Parses and validates a TF_CONFIG JSON string.
+    """Parses and validates TF_CONFIG; None when it is unset or blank (one process).
 
-    Args:
-        text: the JSON text; None reads `env["TF_CONFIG"]`. Defaults to None.
-        env: environment to read when `text` is None. Defaults to `os.environ`.
-
-    Returns:
-        A `ClusterInfo`, or None when TF_CONFIG is unset or empty (a single-process
-        job).
+    `text` defaults to None: read `env["TF_CONFIG"]` (`env` defaults to `os.environ`).
 
     Raises:
-        ClusterConfigError: when the text is not a JSON object, lacks `cluster` or
-            `task`, names an unknown task type, has a task index outside its list,
-            holds an address that is not `host:port` with a port in 1..65535, lists
-            one address twice, or has more than one chief.
+        ClusterConfigError: on invalid JSON, no `cluster` or `task`, or what
+            `validate_cluster` rejects.
     """
     if text is None:
         text = (os.environ if env is None else env).get("TF_CONFIG", "")
@@ -183,22 +143,13 @@ def parse_tf_config(text: Optional[str] = None, env: Optional[Mapping[str, str]]
 
 
 def validate_cluster(cluster: Mapping, task_type, task_index, source: str = "TF_CONFIG") -> ClusterInfo:
-    """Validates a cluster mapping and this task's place in it.
+    """Validates a cluster mapping (task type -> `host:port` list) and this task's place in it.
 
-    Args:
-        cluster: task type -> list of `host:port` strings.
-        task_type: this task's type.
-        task_index: this task's index within `task_type`.
-        source: `"TF_CONFIG"` or `"SLURM"`, named in messages. Defaults to
-            `"TF_CONFIG"`.
-
-    Returns:
-        A `ClusterInfo`.
+    `source` (`"TF_CONFIG"` or `"SLURM"`, defaults to `"TF_CONFIG"`) is named in messages.
 
     Raises:
-        ClusterConfigError: on an unknown task type, an empty or non-list
-            address list, an address that is not `host:port` with a port in
-            1..65535, an address listed twice, more than one chief, or a task
+        ClusterConfigError: on an unknown task type, an empty address list, a bad
+            `host:port`, a duplicate address, more than one chief, or a task
             type/index not in the cluster.
     """
     if not isinstance(cluster, Mapping) or not cluster:
@@ -248,12 +199,9 @@ def validate_cluster(cluster: Mapping, task_type, task_index, source: str = "TF_
 
 
 def check_cluster(strategy: str, cluster: Optional[ClusterInfo]) -> None:
-    """Checks that a cluster has the tasks a strategy needs.
+    """Checks that a cluster (None: one process) has the tasks a strategy needs.
 
-    Args:
-        strategy: `"multi_worker_mirrored"` or `"parameter_server"` (other names
-            are not checked).
-        cluster: the parsed cluster, or None for a single process.
+    Only `"multi_worker_mirrored"` and `"parameter_server"` are checked.
 
     Raises:
         ClusterConfigError: `multi_worker_mirrored` with ps tasks or on a task
@@ -293,12 +241,10 @@ class SlurmStep:
     """The part of a SLURM job step's environment that lays out a cluster.
 
     Attributes:
-        rank: this task's rank, `SLURM_PROCID` (0-based).
-        num_tasks: tasks in the step, `SLURM_STEP_NUM_TASKS`.
-        nodelist: the step's compressed node list, `SLURM_STEP_NODELIST`
-            (e.g. `node[01-04]`).
-        tasks_per_node: tasks on each node in node-list order, expanded from
-            `SLURM_STEP_TASKS_PER_NODE` (`2(x3),1` -> `(2, 2, 2, 1)`).
+        rank: `SLURM_PROCID` (0-based).
+        num_tasks: `SLURM_STEP_NUM_TASKS`.
+        nodelist: `SLURM_STEP_NODELIST`, compressed (e.g. `node[01-04]`).
+        tasks_per_node: `SLURM_STEP_TASKS_PER_NODE` expanded (`2(x3),1` -> `(2, 2, 2, 1)`).
     """
 
     rank: int
@@ -319,35 +265,19 @@ _TASKS_PER_NODE = re.compile(r"(\d+)(?:\(x(\d+)\))?$")
 
 
 def in_slurm_step(env: Optional[Mapping[str, str]] = None) -> bool:
-    """True inside an `srun` job step of more than one task (a SLURM cluster).
-
-    Args:
-        env: environment to read. Defaults to `os.environ`.
-    """
+    """True inside an `srun` job step of more than one task. `env` defaults to `os.environ`."""
     env = os.environ if env is None else env
     num = env.get("SLURM_STEP_NUM_TASKS", "")
     return "SLURM_PROCID" in env and num.isdigit() and int(num) > 1
 
 
 def parse_slurm_step(env: Optional[Mapping[str, str]] = None) -> SlurmStep:
-    """Reads and checks the SLURM job-step variables (pure; no TensorFlow).
-
-    Args:
-        env: environment to read. Defaults to `os.environ`.
-
-    Returns:
-        A `SlurmStep`.
+    """Reads and checks the SLURM job-step variables of `env` (defaults to `os.environ`).
 
     Raises:
         ClusterConfigError: when a variable of `SLURM_VARIABLES` is missing or
-            malformed, the rank is outside 0..num_tasks-1, or the tasks per node
-            do not add up to the number of tasks.
-
-    Example:
-        >>> parse_slurm_step({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "4",
-        ...                   "SLURM_STEP_NODELIST": "n[1-2]",
-        ...                   "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}).tasks_per_node
-        (2, 2)
+            malformed, the rank is out of range, or the tasks per node do not add
+            up to the number of tasks.
     """
     env = os.environ if env is None else env
     missing = [name for name in SLURM_VARIABLES if not env.get(name)]
@@ -385,20 +315,11 @@ def parse_slurm_step(env: Optional[Mapping[str, str]] = None) -> SlurmStep:
 
 
 def slurm_jobs(num_tasks: int, strategy: str, ps_tasks: int = 1) -> dict:
-    """Splits a SLURM step's tasks into TensorFlow task types.
+    """Splits a SLURM step's tasks into task type -> count (`SlurmClusterResolver`'s `jobs`).
 
-    `SlurmClusterResolver` hands out ranks to the task types in alphabetical
-    order, so with `parameter_server` rank 0 is the chief, the next `ps_tasks`
-    ranks are ps tasks and the rest are workers.
-
-    Args:
-        num_tasks: tasks in the step (>= 2).
-        strategy: `"multi_worker_mirrored"` (every task a worker; worker 0 acts
-            as chief) or `"parameter_server"`.
-        ps_tasks: ps tasks of a `parameter_server` job. Defaults to 1.
-
-    Returns:
-        Task type -> count, the `jobs` argument of `SlurmClusterResolver`.
+    `multi_worker_mirrored`: all workers. `parameter_server`: the resolver hands out
+    ranks alphabetically, so rank 0 is the chief, then `ps_tasks` (defaults to 1) ps
+    tasks, then workers.
 
     Raises:
         ClusterConfigError: when a `parameter_server` job leaves no worker.
@@ -416,13 +337,10 @@ def slurm_jobs(num_tasks: int, strategy: str, ps_tasks: int = 1) -> dict:
 
 
 def _slurm_gpu_arguments(env: Mapping[str, str], step: SlurmStep) -> dict:
-    """GPU arguments for `SlurmClusterResolver`.
+    """GPU arguments for `SlurmClusterResolver`, which needs at least one GPU slot per task.
 
-    The resolver lists one task per GPU slot and needs at least one slot per task:
-    on CPU nodes (no `nvidia-smi`) and when SLURM already bound GPUs to each task
-    (`CUDA_VISIBLE_DEVICES` set, e.g. by `--gpus-per-task`), tftrain gives it one
-    placeholder slot per task and keeps `CUDA_VISIBLE_DEVICES` as it is; otherwise
-    the resolver splits the node's GPUs between its tasks and sets it.
+    On CPU nodes, or when SLURM already set `CUDA_VISIBLE_DEVICES`, give it one
+    placeholder slot per task and leave the variable alone; otherwise let it split the GPUs.
     """
     if "CUDA_VISIBLE_DEVICES" in env or shutil.which("nvidia-smi") is None:
         return {"gpus_per_node": step.max_tasks_per_node, "gpus_per_task": 1, "auto_set_gpu": False}
@@ -430,19 +348,11 @@ def _slurm_gpu_arguments(env: Mapping[str, str], step: SlurmStep) -> dict:
 
 
 def slurm_cluster(strategy: str = "multi_worker_mirrored", ps_tasks: int = 1, port_base: int = SLURM_PORT_BASE) -> ClusterInfo:
-    """The cluster of this SLURM job step, from TensorFlow's `SlurmClusterResolver`.
+    """This SLURM job step's cluster (`source="SLURM"`), from `SlurmClusterResolver`.
 
-    The resolver reads `os.environ` (see `SLURM_VARIABLES`), expands the node list
-    and gives the tasks on each node consecutive ports from `port_base`.
-
-    Args:
-        strategy: decides the task types (see `slurm_jobs`). Defaults to
-            `"multi_worker_mirrored"`.
-        ps_tasks: ps tasks of a `parameter_server` job. Defaults to 1.
-        port_base: first port on each node. Defaults to 8888.
-
-    Returns:
-        A `ClusterInfo` with `source="SLURM"`.
+    The resolver reads `os.environ` and gives the tasks on each node consecutive
+    ports from `port_base` (defaults to 8888). `strategy` and `ps_tasks` decide the
+    task types (see `slurm_jobs`).
 
     Raises:
         ClusterConfigError: when the SLURM variables are missing or inconsistent,
@@ -464,23 +374,15 @@ def slurm_cluster(strategy: str = "multi_worker_mirrored", ps_tasks: int = 1, po
 
 
 def resolve_cluster(strategy: str, env: Optional[Mapping[str, str]] = None, ps_tasks: int = 1) -> Optional[ClusterInfo]:
-    """Finds this process's cluster: TF_CONFIG first, then a SLURM job step.
+    """This process's checked cluster (TF_CONFIG, else a SLURM step), or None for one process.
 
-    Args:
-        strategy: the run's strategy name; only `MULTI_PROCESS_STRATEGIES` look
-            for a cluster.
-        env: environment holding TF_CONFIG. Defaults to `os.environ`. A SLURM
-            job step is only looked for when `env` is None, in `os.environ`, where
-            `SlurmClusterResolver` reads it.
-        ps_tasks: ps tasks of a `parameter_server` job under SLURM. Defaults to 1.
-
-    Returns:
-        A checked `ClusterInfo`, or None for a single process (no TF_CONFIG and
-        no multi-task SLURM step) of `multi_worker_mirrored` or any other strategy.
+    Only `MULTI_PROCESS_STRATEGIES` look for a cluster. `env` defaults to `os.environ`,
+    and only then is SLURM looked for (`SlurmClusterResolver` reads `os.environ`).
+    `ps_tasks` (defaults to 1) is for a `parameter_server` job under SLURM.
 
     Raises:
         ClusterConfigError: when TF_CONFIG or the SLURM step is malformed, or the
-            cluster does not suit the strategy (see `check_cluster`).
+            cluster does not suit the strategy (`check_cluster`).
     """
     if strategy not in MULTI_PROCESS_STRATEGIES:
         return None

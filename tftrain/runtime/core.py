@@ -1,7 +1,4 @@
-"""`Runtime` and `setup`: threads -> devices -> precision -> strategy -> malloc, in that order.
-
-Imported lazily by `tftrain.runtime` (it starts TensorFlow); see that package's docstring.
-"""
+"""`Runtime` and `setup`: threads -> devices -> precision -> strategy -> malloc, in that order."""
 
 from __future__ import annotations
 
@@ -23,29 +20,13 @@ from tftrain.runtime.threads import ThreadSettings, set_threads
 
 
 GENERATOR_INPUT_STRATEGIES = ("mirrored", "one_device", "multi_worker_mirrored")
-"""Strategies whose `fit` input runs TensorFlow's `GeneratorDataset` (a multi-device
-iterator), which sets glibc's malloc trim threshold to 128 KiB: `setup` calls
-`restore_malloc_thresholds` for these (see `tftrain.runtime.memory`)."""
+"""Strategies whose `fit` input runs TensorFlow's `GeneratorDataset`, which lowers glibc's
+malloc thresholds; `setup` calls `restore_malloc_thresholds` for these."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Runtime:
-    """What `setup` configured.
-
-    Attributes:
-        config: the `RuntimeConfig` it was built from.
-        threads: `ThreadSettings` in effect.
-        devices: `DeviceInfo` of the devices in use.
-        precision: `PrecisionInfo` of the global dtype policy.
-        strategy: the `tf.distribute.Strategy`.
-        cluster: the cluster (from TF_CONFIG or SLURM), or None for a single
-            process.
-        malloc: `MallocSettings` of `restore_malloc_thresholds`, or None when
-            it was not called (strategies not in `GENERATOR_INPUT_STRATEGIES`,
-            or a `Runtime` built by hand).
-        nvtx: `NvtxSettings` of `--nvtx` (`tftrain.runtime.nvtx`), or None
-            when it was not asked for.
-    """
+    """What `setup` configured; `cluster`, `malloc` and `nvtx` are None where not used."""
 
     config: RuntimeConfig
     threads: ThreadSettings
@@ -69,27 +50,20 @@ class Runtime:
 
     @property
     def steps_per_execution(self) -> int:
-        """Optimizer steps per `tf.function` call actually used.
+        """Optimizer steps per `tf.function` call: the requested value with one replica, else 1.
 
-        The requested value with one replica; 1 with several, where Keras 3's
-        multi-step loop fails inside a replica context ("You must feed a value for
-        placeholder tensor", https://github.com/keras-team/keras/issues/19246).
+        Keras 3's multi-step loop fails inside a replica context:
+        https://github.com/keras-team/keras/issues/19246
         """
         return self.requested_steps_per_execution if self.num_replicas == 1 else 1
 
     def compile_options(self) -> dict:
-        """`compile()` keyword arguments for the configured execution mode.
-
-        `auto` compiles for graph mode; `choose_execution` then times graph and
-        XLA on the compiled model and keeps the faster.
-        """
+        """`compile()` keyword arguments; `auto` compiles for graph (`choose_execution` may switch to XLA)."""
         execution = "graph" if self.config.execution == "auto" else self.config.execution
         return compile_options(execution, self.steps_per_execution)
 
     def _describe_precision(self) -> str:
-        """The policy in force, and under `--precision auto` what the build stage does with it: on a CPU
-        the rule's mixed_bfloat16 is only a candidate (timed against float32, or float32 where it cannot
-        be timed); on a GPU the rule's policy trains unless the model does not build under it."""
+        """The policy in force and, under `--precision auto`, what the build stage will do with it."""
         if self.config.precision != "auto" or self.precision.policy == "float32":
             return self.precision.describe()
         if self.devices.kind == "cpu":
@@ -125,8 +99,7 @@ class Runtime:
 
 
 def _threads(config: RuntimeConfig) -> ThreadSettings:
-    """Sets the thread counts: the config's, else (`threads="auto"`) the doctor's remembered measurement
-    for this machine (`tftrain.runtime.thread_choice`), else TensorFlow's defaults."""
+    """Sets the config's thread counts, else the doctor's remembered choice, else TensorFlow's defaults."""
     intra, inter, source = config.intra_op_threads, config.inter_op_threads, ""
     if (intra, inter) == (0, 0) and config.threads == "auto" and config.remember_execution:
         from tftrain.runtime.thread_choice import remembered
@@ -143,13 +116,9 @@ def _threads(config: RuntimeConfig) -> ThreadSettings:
 def unfuse_float16_on_cpu() -> None:
     """Turns Grappler's remapper off, for float16 compute on a CPU.
 
-    The remapper fuses `MatMul` + `BiasAdd` (a Dense layer) into oneDNN's `_FusedMatMul`, whose
-    float16 kernel ran about 700x slower than the unfused ops on this project's Intel Xeon host
-    (AVX512-FP16, AMX): a 512 x 784 by 784 x 512 product plus bias, 1,580 ms fused against 2.5 ms with
-    the remapper off (float32 and bfloat16 unaffected); the MNIST recipe's test evaluation under
-    `--precision mixed_float16` took 143 s instead of about 1 s. The remapper only fuses ops (the
-    fused kernels may round differently). A later `setup` of another precision in the same process
-    turns it back on (`_restore_remapper`).
+    The remapper fuses `MatMul` + `BiasAdd` into oneDNN's `_FusedMatMul`, whose float16
+    CPU kernel is far slower than the unfused ops; turning it off changes no results
+    beyond rounding. A later `setup` of another precision turns it back on.
 
     Source: https://www.tensorflow.org/guide/graph_optimization (`remapping`).
     """
@@ -163,8 +132,7 @@ _REMAPPER_OFF = False
 
 
 def _restore_remapper() -> None:
-    """Turns the remapper back on where `unfuse_float16_on_cpu` turned it off (a user's own setting
-    is left as it is)."""
+    """Undoes `unfuse_float16_on_cpu`, leaving a user's own setting alone."""
     global _REMAPPER_OFF
     if _REMAPPER_OFF:
         tf.config.optimizer.set_experimental_options({"remapping": True})
@@ -174,28 +142,20 @@ def _restore_remapper() -> None:
 def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[ClusterInfo] = None) -> Runtime:
     """Configures threads, devices, precision, the strategy and the malloc thresholds, in that order.
 
-    Under `execution` "auto" or "xla" with `remember_execution`, XLA's persistent
-    compilation cache is turned on first (`tftrain.runtime.xla_cache`).
-
     Args:
         config: a validated `RuntimeConfig`.
-        env: environment holding TF_CONFIG. Defaults to `os.environ` (where a
-            SLURM job step is also looked for).
-        cluster: the cluster, when the caller already resolved it with
-            `resolve_cluster`; None resolves it here for the multi-process
-            strategies. Defaults to None.
+        env: environment holding TF_CONFIG. Defaults to `os.environ` (SLURM is
+            only looked for then).
+        cluster: an already resolved cluster. Defaults to None: resolve it here.
 
     Returns:
         A `Runtime`. Build and compile the model inside `runtime.strategy.scope()`.
 
     Raises:
-        ClusterConfigError: when TF_CONFIG or the SLURM step is malformed or does
-            not suit the strategy (checked before any strategy is built).
+        ClusterConfigError: when the cluster is malformed or does not suit the strategy.
         DeviceError: when the requested devices are unavailable.
-        ConfigError: on an invalid combination (`nccl` on CPU, `xla` with more
-            than one replica: GPUs or workers), or `nvtx` on a GPU without NVIDIA's `nvtx`
-            package. (`RuntimeConfig` itself refuses `cpu_replicas` > 1 with any
-            strategy but `mirrored`, or with `xla`.)
+        ConfigError: on `nccl` on CPU, `xla` with more than one replica, or `nvtx`
+            on a GPU without NVIDIA's `nvtx` package.
     """
     if env is None:
         drop_blank_tf_config()
@@ -208,8 +168,7 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[C
 
         xla_cache.enable()
     threads = _threads(config)
-    # Nothing so far starts TensorFlow's runtime, so MultiWorkerMirroredStrategy can still
-    # configure collective ops as it starts it.
+    # Nothing so far starts the runtime, so MultiWorkerMirroredStrategy can still configure collectives.
     devices = configure_devices(config.device, config.cpu_replicas)
     nvtx = settle_nvtx(nvtx_env_set, devices.kind) if config.nvtx else None
     precision = set_precision(config.precision, devices)
@@ -220,7 +179,6 @@ def setup(config: RuntimeConfig, env: Optional[dict] = None, cluster: Optional[C
     strategy = make_strategy(config.strategy, devices, cluster, config.communication)
     if config.execution == "xla" and strategy.num_replicas_in_sync > 1:
         raise ConfigError(xla_replicas_error(strategy.num_replicas_in_sync))  # GPU or worker replicas
-    # After the strategy, which must come before the runtime starts (restore_malloc_thresholds
-    # starts it); only for the strategies whose fit input sets TF's malloc patch.
+    # Last: restore_malloc_thresholds starts the runtime, which the strategy must precede.
     malloc = restore_malloc_thresholds() if config.strategy in GENERATOR_INPUT_STRATEGIES else None
     return Runtime(config, threads, devices, precision, strategy, cluster, malloc, nvtx)

@@ -1,8 +1,6 @@
 """Device choice: CPU or GPUs, GPU memory growth, and logical CPU devices.
 
-All of these change TensorFlow's runtime configuration and therefore only work
-before the runtime initialises (before the first op). Call `configure_devices`
-first thing, or let `tftrain.runtime.setup` do it in the right order.
+All of these only work before TensorFlow's runtime starts (before the first op).
 """
 
 from __future__ import annotations
@@ -17,15 +15,8 @@ from tftrain.errors import DeviceError, RuntimeStartedError, check_int
 
 @dataclasses.dataclass(frozen=True)
 class DeviceInfo:
-    """The devices a run will use.
-
-    Attributes:
-        kind: `"gpu"` or `"cpu"`.
-        devices: logical device names the strategy may place replicas on, e.g.
-            `("/device:GPU:0", "/device:GPU:1")` or `("/device:CPU:0",)`.
-        gpu_names: human-readable names of the visible GPUs (empty on CPU).
-        compute_capabilities: `(major, minor)` per visible GPU (empty on CPU).
-    """
+    """The devices a run will use: `kind` `"gpu"` or `"cpu"`, logical device names for replicas,
+    and per visible GPU its name and `(major, minor)` compute capability."""
 
     kind: str
     devices: tuple
@@ -43,13 +34,7 @@ class DeviceInfo:
 def runtime_started() -> bool:
     """Whether TensorFlow's runtime has started in this process, found without starting it.
 
-    Once it has, thread counts, logical CPU devices and visible devices are
-    fixed. A program can call this before and after running code it does not
-    own (a user's task file) to learn whether that code started it.
-
-    Returns:
-        True when the eager context has initialised (an op ran, a variable or
-        tensor was created, or the devices were listed).
+    Once it has, thread counts, logical CPU devices and visible devices are fixed.
     """
     from tftrain import _compat  # no public query: tf.config's setters raise only when asked to change a value
 
@@ -57,25 +42,17 @@ def runtime_started() -> bool:
 
 
 def split_cpu(num_devices: int) -> list:
-    """Splits the physical CPU into `num_devices` logical CPU devices.
+    """Splits the physical CPU into `num_devices` (>= 1) logical CPU devices.
 
-    Lets `MirroredStrategy` run several replicas on one CPU, for trying a
-    multi-replica set-up on a laptop and for tests. The devices share the same cores,
-    so this does not make training faster.
+    Lets `MirroredStrategy` run several replicas on one CPU, for trying multi-replica
+    code; the devices share the cores, so training is no faster.
 
-    Args:
-        num_devices: number of logical CPU devices, >= 1.
-
-    Returns:
-        The logical device names, e.g. `["/device:CPU:0", "/device:CPU:1"]`.
+    Returns the device names, e.g. `["/device:CPU:0", "/device:CPU:1"]`.
 
     Raises:
         ValueError: when `num_devices` < 1.
-        RuntimeStartedError: (a `DeviceError`) when TensorFlow has already
-            initialised with a different number of logical CPUs (split before
-            any op runs, or use a new process).
-
-    Source: https://www.tensorflow.org/guide/distributed_training (logical devices).
+        RuntimeStartedError: when TensorFlow already started with another number
+            of logical CPUs.
     """
     check_int(num_devices, "num_devices")
     (cpu,) = tf.config.list_physical_devices("CPU")[:1]
@@ -92,8 +69,7 @@ def split_cpu(num_devices: int) -> list:
                     f"already initialised with {len(logical)}. Split the CPU before any "
                     "TensorFlow op runs, or start a new process.", setting="cpu_replicas"
                 ) from None
-    # Names follow from the configuration; listing logical devices would start the
-    # TensorFlow runtime, which multi-worker strategies want to configure first.
+    # Listing logical devices would start the runtime, which multi-worker strategies configure first.
     return [f"/device:CPU:{i}" for i in range(num_devices)]
 
 
@@ -106,28 +82,15 @@ def _enable_memory_growth(gpus) -> None:
 
 
 def select_devices(device: str = "auto", cpu_replicas: int = 1) -> str:
-    """Applies the device choice without initialising TensorFlow's runtime.
+    """Applies the device choice without starting TensorFlow's runtime; returns `"gpu"` or `"cpu"`.
 
-    Hides the GPUs for `device="cpu"` and switches on GPU memory growth, using
-    physical-device calls only, so a strategy that must be built before the
-    runtime starts (`MultiWorkerMirroredStrategy` configures collective ops at
-    start-up) can still be built afterwards. `configure_devices` calls it and
-    adds the device names.
-
-    Args:
-        device: `"auto"`, `"gpu"` or `"cpu"` (see `configure_devices`).
-            Defaults to `"auto"`.
-        cpu_replicas: logical CPU devices wanted on a CPU run (only checked
-            here). Defaults to 1.
-
-    Returns:
-        `"gpu"` or `"cpu"`: the kind of device the run will use.
+    Hides the GPUs for `device="cpu"` and turns on GPU memory growth with physical-device
+    calls only, so `MultiWorkerMirroredStrategy` can still be built afterwards. Arguments
+    as `configure_devices` (`cpu_replicas` is only checked here).
 
     Raises:
-        DeviceError: when `device="gpu"` and no GPU is visible, or when
-            `cpu_replicas` > 1 on a GPU run.
-        RuntimeStartedError: (a `DeviceError`) when TensorFlow has already
-            initialised with GPUs visible and `device="cpu"`.
+        DeviceError: when `device="gpu"` and no GPU is visible, or `cpu_replicas` > 1 on GPUs.
+        RuntimeStartedError: when `device="cpu"` but TensorFlow already started with GPUs.
         ValueError: when `device` is not one of auto, cpu, gpu.
     """
     if device not in ("auto", "cpu", "gpu"):
@@ -162,22 +125,16 @@ def select_devices(device: str = "auto", cpu_replicas: int = 1) -> str:
 
 
 def configure_devices(device: str = "auto", cpu_replicas: int = 1) -> DeviceInfo:
-    """Chooses the devices to train on and configures them.
+    """Chooses the devices to train on and configures them (GPUs with memory growth).
 
     Args:
-        device: `"auto"` (all GPUs if any, else the CPU), `"gpu"` (GPUs, an error
-            when there are none) or `"cpu"` (hides the GPUs). Defaults to `"auto"`.
-        cpu_replicas: on a CPU run, split the CPU into this many logical devices
-            (see `split_cpu`). Defaults to 1.
-
-    Returns:
-        A `DeviceInfo`. On GPUs, memory growth is switched on, so TensorFlow does
-        not reserve all GPU memory at start.
+        device: `"auto"` (all GPUs if any, else the CPU), `"gpu"` or `"cpu"` (hides
+            the GPUs). Defaults to `"auto"`.
+        cpu_replicas: logical devices to split a CPU run into (`split_cpu`). Defaults to 1.
 
     Raises:
-        DeviceError: when `device="gpu"` and no GPU is visible, when
-            `cpu_replicas` > 1 on a GPU run, or when TensorFlow has already
-            initialised with other settings.
+        DeviceError: when `device="gpu"` and no GPU is visible, `cpu_replicas` > 1 on
+            GPUs, or TensorFlow already started with other settings.
         ValueError: when `device` is not one of auto, cpu, gpu.
     """
     if select_devices(device, cpu_replicas) == "gpu":

@@ -1,19 +1,9 @@
-"""NVTX ranges for NVIDIA Nsight Systems (`nsys profile -t cuda,nvtx,...`).
+"""NVTX ranges for NVIDIA Nsight Systems (`nsys profile -t cuda,nvtx,...`), on a GPU only.
 
-Two kinds of range, both only of use on a GPU under Nsight Systems:
-
-- TensorFlow's own op ranges. NVIDIA's TensorFlow builds (the NGC containers)
-  emit them when `TF_ENABLE_NVTX_RANGES=1` is set before TensorFlow runs its
-  first op. The pip TensorFlow 2.21 wheel has no such variable (the string is in
-  none of its libraries); its headers (`tsl/profiler/lib/nvtx_utils.h`) route op
-  annotations to an NVTX domain "TSL" when NVTX profiling is enabled.
-- Named training steps: `tftrain.callbacks.NvtxSteps` pushes one range per
-  execution in the domain `NVTX_DOMAIN`, with NVIDIA's `nvtx` package
-  (`pip install nvtx`, or the `nvtx` extra of tftrain).
-
-`enable_nvtx_ranges` sets the variable (the caller says so: `tftrain.runtime.setup`
-prints a line); `settle_nvtx` then looks at the devices in use and undoes it where
-there is no GPU. This module imports no TensorFlow.
+Two kinds: TensorFlow's op ranges, which NVIDIA's TensorFlow builds (NGC containers)
+emit when `TF_ENABLE_NVTX_RANGES=1` is set before the first op (the pip TensorFlow
+2.21 wheel ignores it), and `tftrain.callbacks.NvtxSteps`' one range per execution
+in `NVTX_DOMAIN`, through NVIDIA's `nvtx` package. No TensorFlow is imported here.
 """
 
 from __future__ import annotations
@@ -37,14 +27,7 @@ NVTX_INSTALL = "pip install nvtx"
 
 @dataclasses.dataclass(frozen=True)
 class NvtxSettings:
-    """What `--nvtx` did.
-
-    Attributes:
-        active: True on a GPU: the variable is set and steps get ranges.
-        env_set: whether tftrain set `TF_ENABLE_NVTX_RANGES` (False when it
-            was set before, or on no GPU, where it was undone).
-        reason: why it is inactive ("" when active).
-    """
+    """What `--nvtx` did: `active` on a GPU, `env_set` when tftrain set the variable, else `reason`."""
 
     active: bool
     env_set: bool = False
@@ -60,13 +43,9 @@ class NvtxSettings:
 
 
 def enable_nvtx_ranges(env: Optional[MutableMapping[str, str]] = None) -> bool:
-    """Sets `TF_ENABLE_NVTX_RANGES=1` unless it is already set; call before the runtime starts.
+    """Sets `TF_ENABLE_NVTX_RANGES=1` in `env` (defaults to `os.environ`) unless already set.
 
-    Args:
-        env: the environment to change. Defaults to `os.environ`.
-
-    Returns:
-        True when it set the variable, False when it was already set (left as is).
+    Call before the runtime starts. Returns True when it set the variable.
     """
     env = os.environ if env is None else env
     if NVTX_ENV in env:
@@ -76,21 +55,15 @@ def enable_nvtx_ranges(env: Optional[MutableMapping[str, str]] = None) -> bool:
 
 
 def settle_nvtx(env_set: bool, device_kind: str, env: Optional[MutableMapping[str, str]] = None) -> NvtxSettings:
-    """Keeps `--nvtx` on a GPU, undoes it elsewhere.
+    """Keeps `--nvtx` on a GPU; elsewhere removes the variable `enable_nvtx_ranges` set.
 
     Args:
         env_set: what `enable_nvtx_ranges` returned.
-        device_kind: `"gpu"` or `"cpu"`, the devices the run uses
-            (`DeviceInfo.kind`).
-        env: the environment `enable_nvtx_ranges` changed. Defaults to
-            `os.environ`.
-
-    Returns:
-        `NvtxSettings`; inactive without a GPU (the variable it set is removed again).
+        device_kind: `DeviceInfo.kind`.
+        env: the environment. Defaults to `os.environ`.
 
     Raises:
-        ConfigError: on a GPU when NVIDIA's `nvtx` package, which names the
-            steps, is not installed.
+        ConfigError: on a GPU when NVIDIA's `nvtx` package is not installed.
     """
     env = os.environ if env is None else env
     if device_kind != "gpu":

@@ -1,10 +1,7 @@
 """Mixed precision: choosing, setting and restoring Keras's global dtype policy.
 
-`mixed_float16` computes in float16 and keeps variables in float32; Keras's
-`Model.compile` wraps the optimizer in a `LossScaleOptimizer` (dynamic loss scaling)
-under that policy, so small float16 gradients do not underflow. `mixed_bfloat16`
-needs no loss scaling (bfloat16 has float32's exponent range). Either way the
-model's final outputs should be float32 for a numerically stable loss and softmax.
+Under `mixed_float16` Keras's `compile` wraps the optimizer in a `LossScaleOptimizer`;
+`mixed_bfloat16` needs no loss scaling. Either way the outputs should be float32.
 
 Sources: https://www.tensorflow.org/guide/mixed_precision and
 https://keras.io/api/mixed_precision/policy/
@@ -26,12 +23,9 @@ from tftrain.runtime.devices import DeviceInfo, min_compute_capability
 
 
 def cpu_has_native_bf16(cpuinfo_path: str = "/proc/cpuinfo") -> bool:
-    """True when the CPU described at `cpuinfo_path` has native bfloat16 arithmetic (AVX512-BF16 or
-    AMX-BF16: `tftrain.host.native_bf16`, the doctor's rule too).
+    """True when the CPU has native bfloat16 arithmetic (AVX512-BF16 or AMX-BF16).
 
-    Args:
-        cpuinfo_path: Linux CPU description to read. Defaults to `/proc/cpuinfo`;
-            when it cannot be read (another system) the answer is False.
+    `cpuinfo_path` defaults to `/proc/cpuinfo`; where it does not exist the answer is False.
     """
     if not os.path.isfile(cpuinfo_path):
         return False
@@ -42,18 +36,9 @@ def cpu_has_native_bf16(cpuinfo_path: str = "/proc/cpuinfo") -> bool:
 def resolve_precision(name: str, devices: DeviceInfo, native_bf16: Optional[bool] = None) -> str:
     """Turns a precision name (possibly `"auto"`) into a Keras dtype policy name.
 
-    `auto` picks `mixed_float16` when every GPU has compute capability >= 7.0
-    (Volta and newer have float16 Tensor Cores), `float32` on older GPUs,
-    `mixed_bfloat16` on a CPU with native bfloat16, else `float32`.
-
-    Args:
-        name: one of `PRECISIONS`.
-        devices: the run's `DeviceInfo`.
-        native_bf16: override for the CPU check (tests). Defaults to None
-            (read the CPU flags).
-
-    Returns:
-        `"float32"`, `"mixed_float16"` or `"mixed_bfloat16"`.
+    `auto` picks `mixed_float16` when every GPU has compute capability >= 7.0 (float16
+    Tensor Cores), `mixed_bfloat16` on a CPU with native bfloat16, else `float32`.
+    `native_bf16` overrides the CPU check. Defaults to None: read the CPU flags.
 
     Raises:
         ValueError: when `name` is not one of `PRECISIONS`.
@@ -77,15 +62,7 @@ def resolve_precision(name: str, devices: DeviceInfo, native_bf16: Optional[bool
 
 @dataclasses.dataclass(frozen=True)
 class PrecisionInfo:
-    """The dtype policy in force.
-
-    Attributes:
-        policy: Keras policy name, e.g. `"mixed_float16"`.
-        compute_dtype: dtype layers compute in, e.g. `"float16"`.
-        variable_dtype: dtype variables are stored in (`"float32"` for mixed).
-        loss_scaling: True when `Model.compile` will wrap the optimizer in a
-            `LossScaleOptimizer` (policy `mixed_float16`).
-    """
+    """The dtype policy in force; `loss_scaling` is True under `mixed_float16`."""
 
     policy: str
     compute_dtype: str
@@ -102,22 +79,15 @@ class PrecisionInfo:
 
 
 def set_precision(name: str, devices: Optional[DeviceInfo] = None) -> PrecisionInfo:
-    """Sets Keras's global dtype policy.
+    """Sets Keras's global dtype policy and returns the `PrecisionInfo` now in force.
 
-    Args:
-        name: one of `PRECISIONS`; `"auto"` needs `devices`.
-        devices: the run's `DeviceInfo`, used by `"auto"` and for the CPU
-            warning. Defaults to None.
-
-    Returns:
-        The `PrecisionInfo` now in force. Models built afterwards use it.
+    `name` is one of `PRECISIONS`; `"auto"` needs `devices` (defaults to None).
 
     Raises:
         ValueError: when `name` is unknown, or is `"auto"` without `devices`.
 
     Warns:
-        UserWarning: `mixed_float16` on a CPU-only run (CPUs have no fast float16
-            arithmetic, so it is slower than float32).
+        UserWarning: `mixed_float16` on a CPU-only run (slower than float32).
     """
     if name == "auto" and devices is None:
         raise ValueError("precision='auto' needs the run's DeviceInfo (devices=...).")
@@ -162,17 +132,9 @@ def precision_policy(name: str, devices: Optional[DeviceInfo] = None):
 def ensure_float32_outputs(model: keras.Model) -> keras.Model:
     """Makes a functional or Sequential model's outputs float32.
 
-    Under a mixed policy the last layer computes in float16/bfloat16; a softmax or
-    loss in that dtype loses precision. When any output is not float32 this returns a
-    new functional model that appends a float32 linear `Activation` to those outputs
-    (sharing all weights with `model`); otherwise it returns `model` unchanged.
-
-    Args:
-        model: a built Keras model with symbolic `outputs` (functional or Sequential
-            with an `Input`).
-
-    Returns:
-        A model whose outputs are all float32.
+    When any output is not float32, returns a new functional model (sharing `model`'s
+    weights) that appends a float32 linear `Activation` to those outputs; otherwise
+    returns `model`.
 
     Raises:
         ValueError: when the model has no symbolic outputs (an unbuilt subclassed
@@ -199,8 +161,8 @@ def ensure_float32_outputs(model: keras.Model) -> keras.Model:
         return o if str(o.dtype) == "float32" else \
             keras.layers.Activation("linear", dtype="float32", name=f"float32_output_{i}")(o)
 
-    # The outputs' structure (a dict keyed as the losses are, a list, one tensor) and the inputs' (a dict fed by
-    # name) are kept. A Sequential model in Keras 3.15 has `outputs` but no `output` until it is called.
+    # Keep the outputs' and inputs' structures (dicts keyed as losses and feeds are).
+    # A Sequential model in Keras 3.15 has `outputs` but no `output` until it is called.
     struct = getattr(model, "_outputs_struct", None)
     if not isinstance(struct, (list, tuple, dict)):
         struct = outputs[0] if len(outputs) == 1 else list(outputs)
@@ -213,39 +175,22 @@ def ensure_float32_outputs(model: keras.Model) -> keras.Model:
 
 
 def overridden_steps(model) -> tuple:
-    """Names of the Keras step methods `model`'s class replaces (`"train_step"`, `"test_step"`).
-
-    Args:
-        model: a Keras model.
-
-    Returns:
-        A tuple, empty for a functional, Sequential or subclassed model that keeps
-        Keras's own steps.
-    """
+    """Names of the Keras step methods `model`'s class replaces (`"train_step"`, `"test_step"`)."""
     return tuple(name for name in ("train_step", "test_step")
                  if getattr(type(model), name, None) is not getattr(keras.Model, name))
 
 
 def step_scales_loss(model, compile_with: Callable, data, scales: tuple = (1.0, 16.0)) -> Optional[bool]:
-    """Whether `model`'s training step applies loss scaling as `mixed_float16` needs, judged by running it.
+    """Whether `model`'s training step scales its loss as `mixed_float16` needs, judged by running it.
 
-    Keras's own `train_step` scales the loss (`optimizer.scale_loss`) before taking gradients,
-    and `LossScaleOptimizer.apply` divides them by the scale. A step of the user's own that does
-    not scale its loss gets its gradients divided by the scale (2**15 at first): the model silently
-    does not learn (keras-team/keras#20894). The step is run on `batch` once under each loss scale
-    of `scales`, from the same weights, with plain SGD inside the `LossScaleOptimizer`: a step that
-    scales its loss moves the weights alike under both; one that does not moves them `16` times
-    less under the larger scale.
-
-    Args:
-        model: a built Keras model (its weights change; use a model of its own).
-        compile_with: compiles `model` with the optimizer it is given (and the task's loss and metrics).
-        data: a `tf.data.Dataset` of one batch.
-        scales: the two loss scales. Defaults to (1.0, 16.0).
+    `LossScaleOptimizer` divides gradients by the scale, so a custom step that does not
+    scale its loss silently stops learning (keras-team/keras#20894). The step runs on
+    `data` (one batch) once under each of `scales` (defaults to (1.0, 16.0)) from the same
+    weights (they change); `compile_with(optimizer)` compiles `model`.
 
     Returns:
-        True when the weights moved alike (within 4x) under both scales, False when they moved
-        at least 4x less under the larger, None when the step moved no weight.
+        True when the weights moved alike (within 4x), False when they moved at least
+        4x less under the larger scale, None when no weight moved.
 
     Source: https://keras.io/guides/custom_train_step_in_tensorflow/ and
     https://keras.io/api/mixed_precision/loss_scale_optimizer/
@@ -267,16 +212,10 @@ def step_scales_loss(model, compile_with: Callable, data, scales: tuple = (1.0, 
 
 
 def unscaled_step_precision(devices: DeviceInfo) -> str:
-    """The policy `precision: auto` takes instead of `mixed_float16` for a model whose own
-    `train_step` does not scale its loss (`step_scales_loss`): `mixed_bfloat16` where every
-    GPU computes bfloat16 natively (compute capability >= 8.0, Ampere and newer), else
-    `float32`. Neither needs loss scaling.
+    """`auto`'s policy for a model whose `train_step` does not scale its loss.
 
-    Args:
-        devices: the run's `DeviceInfo`.
-
-    Returns:
-        `"mixed_bfloat16"` or `"float32"`.
+    `mixed_bfloat16` where every GPU has compute capability >= 8.0, else `float32`;
+    neither needs loss scaling.
 
     Source: https://www.tensorflow.org/guide/mixed_precision#supported_hardware
     """
@@ -285,18 +224,10 @@ def unscaled_step_precision(devices: DeviceInfo) -> str:
 
 
 def is_dtype_mismatch(error: BaseException, compute_dtype: str) -> bool:
-    """Whether `error` is a mixed policy's dtype clash: one line of its message names both the compute
-    dtype (`bfloat16`; `float16` or `half`) and `float32` (`float` in eager messages): TensorFlow's
-    "Input 'y' of 'Mul' Op has type float32 that does not match type bfloat16 of argument 'x'", "...
-    expected to be a bfloat16 tensor but is a float tensor", XLA's "f32[..], bf16[..]), but mixed precision is
-    disallowed". An out-of-memory error, whose message names the dtype too, is not one.
+    """Whether `error` is a mixed policy's dtype clash (not an out-of-memory error).
 
-    Args:
-        error: the exception raised.
-        compute_dtype: the policy's compute dtype, e.g. `"bfloat16"`.
-
-    Returns:
-        A bool.
+    True when one line of its message names both `compute_dtype` and float32, e.g.
+    "Input 'y' of 'Mul' Op has type float32 that does not match type bfloat16".
     """
     import re
 
@@ -304,32 +235,22 @@ def is_dtype_mismatch(error: BaseException, compute_dtype: str) -> bool:
 
     if isinstance(error, tf.errors.ResourceExhaustedError):
         return False
-    # XLA's HLO names them bf16, f16 and f32: "Seen floating point types of different precisions in %ReluGrad =
-    # f32[..] relu-grad(f32[..], bf16[..]), but mixed precision is disallowed" (keras-team/keras#20931).
+    # XLA's HLO says bf16, f16, f32: "... relu-grad(f32[..], bf16[..]), but mixed precision is disallowed".
     mixed = r"\b(bfloat16|bf16)\b" if compute_dtype == "bfloat16" else r"\b(float16|half|f16)\b"
     float32 = r"\b(float32|float|f32)\b"  # eager messages call float32 "float"
     return any(re.search(mixed, line) and re.search(float32, line) for line in str(error).splitlines())
 
 
 KEEP_FLOAT32_WITHIN = 0.05
-"""`choose_precision` keeps float32 (plain Keras's numerics) unless mixed_bfloat16 is more than this
-fraction faster: on a busy machine a few executions' medians differ by about that much."""
+"""`choose_precision` keeps float32 unless mixed_bfloat16 is more than this fraction faster (timing noise)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class PrecisionChoice:
-    """What `choose_precision` measured and chose.
+    """What `choose_precision` measured (`step_time_s`: policy -> median seconds per step) and chose.
 
-    Attributes:
-        policy: `"float32"` or `"mixed_bfloat16"`.
-        step_time_s: policy -> median seconds per optimizer step (graph mode).
-        reason: one sentence on why.
-        complete: False when the run was too short to time mixed_bfloat16. Defaults
-            to True.
-        time_twin_from_steps: with `complete` False, the planned training steps from
-            which a run repays timing the twin (`bfloat16_repays_from`): the choice is
-            remembered for shorter runs, and a run at least that long (or of unknown
-            length) times the twin. Defaults to None.
+    `complete` is False when the run was too short to time mixed_bfloat16; then
+    `time_twin_from_steps` says from how many planned steps it would be timed.
     """
 
     policy: str
@@ -349,24 +270,16 @@ class PrecisionChoice:
 
 
 BF16_MAX_SPEEDUP = 3.0
-"""The most mixed_bfloat16 is taken to speed a CPU's whole training step up over float32, for deciding
-whether a run is long enough to repay timing it. AMX tiles multiply bfloat16 matrices many times
-faster than float32, but a step's casts, elementwise ops, optimizer update and memory traffic bound
-the gain: the largest measured on this project's hosts was 1.38x (a 784-512-256-10 MLP at batch 256 on
-an AVX512-BF16/AMX Xeon), while convolutions lost (`benchmarks/results/precision.md`)."""
+"""The most mixed_bfloat16 is assumed to speed up a CPU training step over float32, for deciding
+whether a run repays timing it: casts, elementwise ops and memory traffic bound the matmul gain
+(figures in `benchmarks/results/precision.md`)."""
 
 
 def bfloat16_repays_from(float32_step_s: float, probe_s: float) -> int:
-    """The planned training steps from which timing mixed_bfloat16 can pay for itself:
-    `BF16_MAX_SPEEDUP` over that many float32 steps saves what the float32 timing cost (`probe_s`:
-    building, tracing and timing the twin costs about as much again).
+    """Planned training steps (>= 1) from which timing mixed_bfloat16 can pay for itself.
 
-    Args:
-        float32_step_s: seconds per training step under float32 (> 0).
-        probe_s: wall seconds the float32 timing took.
-
-    Returns:
-        Steps, >= 1.
+    That many float32 steps of `float32_step_s` seconds, sped up by `BF16_MAX_SPEEDUP`,
+    save the `probe_s` seconds the float32 timing took (timing the twin costs about as much).
     """
     import math
 
@@ -374,42 +287,27 @@ def bfloat16_repays_from(float32_step_s: float, probe_s: float) -> int:
 
 
 def bfloat16_repays(float32_step_s: float, probe_s: float, planned_steps: Optional[int]) -> bool:
-    """Whether a run of `planned_steps` training steps (None or 0: unknown, True) is long enough to
-    repay timing mixed_bfloat16 (`bfloat16_repays_from`)."""
+    """Whether a run of `planned_steps` (None or 0: unknown, True) repays timing mixed_bfloat16."""
     return not planned_steps or planned_steps >= bfloat16_repays_from(float32_step_s, probe_s)
 
 
 def choose_precision(float32_model, build_bfloat16, dataset, steps: int = 16, batch_size: Optional[int] = None,
                      planned_steps: Optional[int] = None) -> PrecisionChoice:
-    """Times the training step of a model under float32 and of its mixed_bfloat16 twin, on a CPU.
+    """Times a model's training step under float32 and its mixed_bfloat16 twin's, on a CPU.
 
-    Native bfloat16 (AVX512-BF16, AMX) speeds up matmuls, but casts, convolutions and
-    elementwise ops gain less or lose: measured on this 2-core EPYC with AVX512-BF16, a
-    depthwise-separable CNN trained at half the float32 speed under mixed_bfloat16, a
-    dense MLP faster. So the choice is timed on the run's own model and batches, graph
-    mode at the model's own `steps_per_execution` (`time_graph_step`: state restored).
-    float32, plain Keras's policy, is timed first; the twin is built and timed only when the
-    run is long enough to repay it (`bfloat16_repays`).
+    Native bfloat16 speeds up matmuls, but convolutions and elementwise ops can lose, so
+    the choice is timed on the run's own model and batches in graph mode. float32 is
+    timed first; the twin only when the run is long enough to repay it.
 
     Args:
-        float32_model: the compiled model, built under float32.
-        build_bfloat16: `() -> compiled model`, the same model built under
-            mixed_bfloat16 (the caller sets the global policy).
-        dataset: training batches (a few dozen; repeated as needed).
+        build_bfloat16: `() -> compiled model` under mixed_bfloat16 (the caller sets the policy).
         steps: optimizer steps timed per policy. Defaults to 16.
-        batch_size: examples per step (the global batch size); None reads it from
-            the dataset, whose batch dimension must then be static (a
-            `padded_batch` without `drop_remainder` has none). Defaults to None.
-        planned_steps: training steps of the whole run. Defaults to None
-            (mixed_bfloat16 always timed).
+        batch_size: the global batch size. Defaults to None: the dataset's static one.
+        planned_steps: training steps of the whole run. Defaults to None (always time the twin).
 
     Returns:
-        A `PrecisionChoice`: mixed_bfloat16 only when more than
-        `KEEP_FLOAT32_WITHIN` faster than float32; float32 when the run is too
-        short to time the twin (`step_time_s` holds float32's only; `complete`
-        False, `time_twin_from_steps` set), or when the
-        twin does not build or its step raises (a layer or step of the user's that
-        mixes bfloat16 with float32 tensors).
+        A `PrecisionChoice`: mixed_bfloat16 only when more than `KEEP_FLOAT32_WITHIN`
+        faster; float32 when the run is too short (`complete` False) or the twin fails.
 
     Raises:
         Exception: what the float32 model's step raised (the model's own error).

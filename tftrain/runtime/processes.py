@@ -1,6 +1,5 @@
-"""Process plumbing of the local launcher (`tftrain.launch`): exit codes as a shell names them, a
-child that dies with its parent, prefixed output from reader threads, and signals to process groups.
-No TensorFlow."""
+"""Process plumbing of the local launcher (`tftrain.launch`): exit codes, parent-death signals,
+prefixed output and process-group signals. No TensorFlow."""
 
 from __future__ import annotations
 

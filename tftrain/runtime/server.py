@@ -1,36 +1,12 @@
 """Worker and ps tasks of a parameter-server job: serve until the chief says how the job ended.
 
-In TensorFlow 2's parameter-server training only the coordinator (the chief) runs
-the training program; every worker and ps task runs a gRPC server that executes
-what the coordinator sends it. A `tf.distribute.Server` has no way to stop
-(`Server.join()` blocks forever, tensorflow/tensorflow#4713), so a cluster manager
-that waits for every task (SLURM's `srun`, a TFJob whose success policy waits for
-all pods) would have to kill the servers and would record the job as failed.
-
-tftrain ends them the way TensorFlow's maintainers suggest in that issue, with a
-shared queue, across machines and through TensorFlow's own runtime:
-
-* each worker and ps task creates a FIFO queue named `STATUS_QUEUE` on its own
-  device and waits on it through a session on its own server (`serve`);
-* when the chief's run ends it puts the job's status into every task's queue
-  (`tell_servers`, `telling_servers`): `JOB_FINISHED` (0), `JOB_FAILED` (1), `JOB_STOPPED`
-  (2: SIGTERM stopped the chief after it saved a checkpoint) or `JOB_STOPPED_SIGUSR1` (3: SIGUSR1 did);
-* each task then exits as the chief: 0 when the job finished, 1 (`JobFailed`) when it failed, 143
-  or 138 (`Preempted`, 128 + the signal's number) when a signal stopped it. A serving task
-  ignores SIGTERM and SIGUSR1 meanwhile: a scheduler signals every task at once, and a worker
-  that left would stall the chief's last steps before it can save (the launcher's `--grace`,
-  or the scheduler's, still ends it).
-
-A chief can also vanish without a word (killed, its machine lost), so each task
-also watches the chief's gRPC address (`ChiefWatch`): a chief that does not appear
-within `chief_wait_s`, or is unreachable for `chief_gone_s` once it had appeared,
-ends the task with `JobFailed`.
-
-TensorFlow's coordination-service key-value store (`context.set_config_key_value`)
-would be the other candidate, but in TF 2.21 it belongs to a process's eager
-context, which a plain `tf.distribute.Server` does not have, and
-`ParameterServerStrategy` only enables the service behind the experimental
-`TF_PSS_ENABLE_COORDINATION_SERVICE` variable.
+A `tf.distribute.Server` cannot stop (`join()` blocks forever), so a cluster manager
+that waits for every task would record the job as failed. Each worker and ps task
+therefore waits on a FIFO queue named `STATUS_QUEUE` on its own device (`serve`); the
+chief puts the job's status in every queue when its run ends (`telling_servers`), and
+each task exits as the chief did: 0, 1 (`JobFailed`) or 128 + signal (`Preempted`).
+Serving tasks ignore SIGTERM and SIGUSR1 so the chief can finish its checkpoint. A
+chief that vanishes is caught by watching its gRPC address (`ChiefWatch`).
 
 Sources: https://www.tensorflow.org/tutorials/distribute/parameter_server_training#clusters_in_the_real_world,
 https://github.com/tensorflow/tensorflow/issues/4713#issuecomment-254238853
@@ -62,24 +38,21 @@ JOB_FAILED = 1
 """Status the chief sends when its run failed or was interrupted; the servers exit 1."""
 
 JOB_STOPPED = 2
-"""Status the chief sends when SIGTERM stopped its run after it saved a checkpoint (`Preempted`); the servers
-exit 143, as the chief does."""
+"""Status the chief sends when SIGTERM stopped its run after a checkpoint; the servers exit 143."""
 
 JOB_STOPPED_SIGUSR1 = 3
-"""Status the chief sends when SIGUSR1 (SLURM's `--signal` notice before the time limit) stopped its run after
-it saved a checkpoint; the servers exit 138, as the chief does."""
+"""As `JOB_STOPPED`, for SIGUSR1 (SLURM's `--signal` notice); the servers exit 138."""
 
 _STOPPED_BY = {JOB_STOPPED: signal.SIGTERM, JOB_STOPPED_SIGUSR1: signal.SIGUSR1}
 
 
 def stopped_status(signum: int) -> int:
-    """The status that tells the servers `signum` (SIGTERM or SIGUSR1) stopped the job: `JOB_STOPPED` or
-    `JOB_STOPPED_SIGUSR1` (another signal is told as SIGTERM's)."""
+    """The stop status for `signum`; a signal other than SIGUSR1 is told as SIGTERM's."""
     return next((status for status, by in _STOPPED_BY.items() if by == signum), JOB_STOPPED)
 
 
 def stopped_signal(status: int) -> Optional[int]:
-    """The signal that stopped the job for a stop status (`stopped_status`'s inverse), else None."""
+    """`stopped_status`'s inverse; None for a status that is not a stop."""
     return _STOPPED_BY.get(status)
 
 CHIEF_WAIT_S = 600.0
@@ -95,17 +68,9 @@ _SERVER_TYPES = ("worker", "ps")
 
 
 def start_server(cluster: ClusterInfo, intra_op_threads: int = 0, inter_op_threads: int = 0) -> tf.distribute.Server:
-    """Starts this task's `tf.distribute.Server` on its cluster address.
+    """Starts this worker or ps task's `tf.distribute.Server` on its cluster address.
 
-    Args:
-        cluster: this task's `ClusterInfo`; its task type must be `worker` or `ps`.
-        intra_op_threads: threads per op for the functions the server runs; 0
-            keeps TensorFlow's default. Defaults to 0.
-        inter_op_threads: concurrent ops; 0 keeps TensorFlow's default.
-            Defaults to 0.
-
-    Returns:
-        The started server.
+    Thread counts of 0 (the defaults) keep TensorFlow's defaults.
 
     Raises:
         ClusterConfigError: when this task is not a worker or ps task.
@@ -132,20 +97,15 @@ def _device(task_type: str, task_index: int) -> str:
 
 
 def _status_queue() -> tf.Tensor:
-    """The handle of this device's status queue (one int32 scalar per message); graph or eager."""
+    """The handle of this device's status queue (one int32 scalar per message)."""
     return tf.raw_ops.FIFOQueueV2(component_types=[tf.int32], shapes=[[]], capacity=-1, shared_name=STATUS_QUEUE)
 
 
 class StatusQueue:
-    """This task's status queue, read through a `tf.compat.v1.Session` on its own server.
+    """This task's status queue, read through a session on its own server and device only.
 
-    The session is restricted to the task's own device (`device_filters`), so it
-    needs no other task. One background thread blocks on a dequeue (a poll with a
-    timeout would log a cancelled step each time); `close` ends it.
-
-    Args:
-        server: this task's started server (`start_server`).
-        cluster: this task's `ClusterInfo` (task type `worker` or `ps`).
+    A background thread blocks on one dequeue (a poll with a timeout would log a
+    cancelled step each time); `close` ends it.
     """
 
     def __init__(self, server: tf.distribute.Server, cluster: ClusterInfo):
@@ -175,7 +135,7 @@ class StatusQueue:
         """The status the chief sent, waiting up to `timeout_s` seconds; None when none came.
 
         Raises:
-            JobFailed: when waiting on the queue failed (the error is named).
+            JobFailed: when waiting on the queue failed.
         """
         self._thread.join(timeout_s)
         if self._error is not None:
@@ -191,12 +151,7 @@ class StatusQueue:
 
 
 def chief_reachable(address: str, timeout_s: float = 1.0) -> bool:
-    """Whether something accepts TCP connections at the chief's `host:port` (its gRPC server).
-
-    Args:
-        address: the chief's `host:port` from the cluster.
-        timeout_s: seconds to wait for the connection. Defaults to 1.0.
-    """
+    """Whether something accepts TCP connections at `address` within `timeout_s` (defaults to 1.0)."""
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
@@ -207,15 +162,10 @@ def chief_reachable(address: str, timeout_s: float = 1.0) -> bool:
 
 @dataclasses.dataclass
 class ChiefWatch:
-    """Decides when a worker or ps task stops waiting for a silent chief (pure; no TensorFlow).
+    """Decides when a worker or ps task stops waiting for a silent chief.
 
-    Attributes:
-        address: the chief's `host:port`, named in messages.
-        started: `time.monotonic()` when the task began waiting, in seconds.
-        wait_s: seconds the chief may take to appear. Defaults to `CHIEF_WAIT_S` (600).
-        gone_s: seconds the chief may stay unreachable once it had appeared.
-            Defaults to `CHIEF_GONE_S` (30).
-        last_seen: when the chief was last reachable; None before it appeared.
+    The chief may take `wait_s` seconds (defaults to 600) to appear after `started`
+    (`time.monotonic()`), and stay unreachable `gone_s` (defaults to 30) once seen.
     """
 
     address: str
@@ -241,17 +191,10 @@ class ChiefWatch:
 def wait_for_status(read: Callable[[float], Optional[int]], watch: ChiefWatch,
                     is_reachable: Callable[[str], bool] = chief_reachable, poll_s: float = POLL_S,
                     clock: Callable[[], float] = time.monotonic) -> int:
-    """Waits for the status the chief sends, watching the chief meanwhile.
+    """Returns the status the chief sends, watching the chief (`watch`) meanwhile.
 
-    Args:
-        read: `read(timeout_s) -> int | None`, e.g. `StatusQueue.get`.
-        watch: the `ChiefWatch` that decides when a silent chief is lost.
-        is_reachable: `is_reachable(address) -> bool`. Defaults to `chief_reachable`.
-        poll_s: seconds each `read` waits before the chief is looked at. Defaults to 1.0.
-        clock: monotonic clock in seconds. Defaults to `time.monotonic`.
-
-    Returns:
-        The status the chief sent (`JOB_FINISHED` or `JOB_FAILED`).
+    `read(timeout_s) -> int | None` is e.g. `StatusQueue.get`; each waits `poll_s`
+    (defaults to 1.0) seconds. `is_reachable` and `clock` are replaceable for tests.
 
     Raises:
         JobFailed: when the chief never appeared or went away without a status.
@@ -270,27 +213,17 @@ def wait_for_status(read: Callable[[float], Optional[int]], watch: ChiefWatch,
 
 def serve(cluster: ClusterInfo, intra_op_threads: int = 0, inter_op_threads: int = 0, log: Optional[object] = None,
           chief_wait_s: float = CHIEF_WAIT_S, chief_gone_s: float = CHIEF_GONE_S) -> int:
-    """Runs this worker/ps task's server until the chief says how the job ended.
+    """Runs this worker/ps task's server until the chief says how the job ended; returns 0.
 
     Args:
-        cluster: this task's `ClusterInfo` (task type `worker` or `ps`).
-        intra_op_threads: see `start_server`. Defaults to 0.
-        inter_op_threads: see `start_server`. Defaults to 0.
         log: stream for the status lines. Defaults to `sys.stdout`.
         chief_wait_s: seconds the chief may take to appear. Defaults to 600.
-        chief_gone_s: seconds a chief that appeared may stay unreachable
-            without having sent a status. Defaults to 30.
-
-    Returns:
-        0, once the chief reported that the job finished.
+        chief_gone_s: seconds a chief may stay unreachable once seen. Defaults to 30.
 
     Raises:
-        ClusterConfigError: when this task is not a worker or ps task, or the
-            cluster has no chief.
-        JobFailed: when the chief reported a failure, never appeared, or went away
-            without a status (a command-line run then exits 1).
-        Preempted: when the chief reported that a signal stopped the job after its
-            checkpoint (exit 143 for SIGTERM, 138 for SIGUSR1, as the chief).
+        ClusterConfigError: when this task is not a worker or ps task, or there is no chief.
+        JobFailed: when the chief reported a failure, never appeared, or vanished.
+        Preempted: when the chief reported that a signal stopped the job.
     """
     if "chief" not in cluster.cluster:
         raise ClusterConfigError(f"A parameter-server job needs a chief task; the {cluster.source} cluster has "
@@ -320,26 +253,17 @@ def serve(cluster: ClusterInfo, intra_op_threads: int = 0, inter_op_threads: int
 
 
 def _let_the_chief_exit_first(chief: str, limit_s: float, poll_s: float = POLL_S) -> None:
-    """Waits (at most `limit_s` seconds) until the failed chief's server stops answering, so the chief
-    prints its error line and sets the job's exit code before a worker's exit 1 ends the job (the
-    launcher and `srun --kill-on-bad-exit` end it at the first failing task)."""
+    """Waits (at most `limit_s`) until the chief's server stops answering, so the chief's exit code
+    and error line, not a worker's, end the job (launchers stop at the first failing task)."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline and chief_reachable(chief):
         time.sleep(poll_s)
 
 
 def tell_servers(cluster: ClusterInfo, status: int) -> List[str]:
-    """Sends the job's status to every worker and ps task (run on the chief, once connected).
+    """Sends `status` to every worker and ps task; returns the tasks (`worker:1`, ...) not reached.
 
-    Call it after everything that uses the servers (evaluation, saving): each
-    task exits once it has the status.
-
-    Args:
-        cluster: the job's `ClusterInfo` (the chief's view).
-        status: `JOB_FINISHED` (0), `JOB_FAILED` (1), `JOB_STOPPED` (2) or `JOB_STOPPED_SIGUSR1` (3).
-
-    Returns:
-        The tasks (`worker:1`, ...) that could not be told (e.g. already gone).
+    Run on the chief after everything that uses the servers: each task exits on receipt.
     """
     missed = []
     for task_type in _SERVER_TYPES:
@@ -354,14 +278,10 @@ def tell_servers(cluster: ClusterInfo, status: int) -> List[str]:
 
 @contextlib.contextmanager
 def telling_servers(cluster: Optional[ClusterInfo], log: Optional[object] = None) -> Iterator[None]:
-    """Context manager for the chief's run: tells the servers `JOB_FINISHED` when the block
-    ends normally, `JOB_STOPPED` when it raises `Preempted` (a signal, after the checkpoint) and
-    `JOB_FAILED` when it raises anything else (Ctrl-C included).
+    """Context manager for the chief's run: tells the servers how the block ended.
 
-    Args:
-        cluster: the job's `ClusterInfo`; None or a cluster without ps tasks
-            (not a parameter-server job) tells nobody.
-        log: stream for a line naming tasks that could not be told. Defaults to `sys.stderr`.
+    `JOB_FINISHED` normally, a stop status on `Preempted`, else `JOB_FAILED`. Without
+    ps tasks (or `cluster` None) it tells nobody. `log` defaults to `sys.stderr`.
     """
     if cluster is None or "ps" not in cluster.cluster:
         yield

@@ -23,13 +23,12 @@ _COMMUNICATION = {
 
 
 class _KerasReduce:
-    """A `reduce` for the Mirrored strategies that Keras 3's `fit` can use (see
-    `KerasMultiWorkerMirroredStrategy`): each element of a nested structure on its own, scalars
-    across replicas, narrow integers through int32, strings and booleans as this worker's first
-    value (whatever the reduce op: Keras only reduces them in the first batch, for their shapes)."""
+    """A `reduce` that Keras 3's `fit` can use: per element of a nested structure, scalars across
+    replicas, narrow integers via int32, strings and booleans as this worker's first value
+    (Keras reduces those only in the first batch, for their shapes)."""
 
     def reduce(self, reduce_op, value, axis):
-        """Reduces every element of the (possibly nested) `value`; see `tf.distribute.Strategy.reduce`."""
+        """Reduces every element of the (possibly nested) `value`."""
         parent = super()
 
         def reduce_one(v):
@@ -51,42 +50,15 @@ class _KerasReduce:
 class KerasMultiWorkerMirroredStrategy(_KerasReduce, tf.distribute.MultiWorkerMirroredStrategy):
     """`MultiWorkerMirroredStrategy` with a `reduce` that Keras 3's `fit` can use.
 
-    Keras 3's `Model.fit` / `evaluate` call `strategy.reduce` in two ways that
-    TensorFlow's collective reduce rejects once there are several workers
-    (https://github.com/keras-team/keras/issues/20585):
-
-    * on the first `(x, y)` batch, a tuple, before building the model: the
-      collective reduce takes one distributed value, not a structure of them
-      ("Attempt to convert a value (PerReplica...) to a Tensor");
-    * on each step's scalar logs with `axis=0`, which a scalar does not have
-      ("Invalid reduction dimension 0 for input with 0 dimensions").
-
-    This subclass reduces each element of a nested structure on its own, and
-    reduces scalars across replicas (`axis=None`, the only reading `axis=0` can
-    have for them). Integer types the collective reduce does not take (such as
-    uint8 images, which that first batch can hold) are reduced as int32 and cast
-    back; strings and booleans (a table's categorical column, a mask), which no
-    collective reduces, are this worker's own first value (Keras reads that batch
-    only for its structure, shapes and dtypes, to build the model). Everything
-    else is its parent's: the same constructor arguments, the same TF_CONFIG
-    reading, the same `scope()`.
-
-    Use it in your own script where you would build
-    `tf.distribute.MultiWorkerMirroredStrategy()`; that line, and
-    `import tftrain.runtime`, are the only change. `python -m tftrain.launch --workers N -- python your_script.py`
-    runs the script on N local workers, each with its own TF_CONFIG.
-    `make_strategy("multi_worker_mirrored", ...)` returns this class too.
-
-    Args:
-        cluster_resolver: a `tf.distribute.cluster_resolver.ClusterResolver`,
-            or None to read TF_CONFIG. Defaults to None.
-        communication_options: a
-            `tf.distribute.experimental.CommunicationOptions` (e.g. RING or
-            NCCL all-reduce), or None for `AUTO`. Defaults to None.
+    With several workers, TensorFlow's collective reduce rejects what Keras 3's `fit`
+    and `evaluate` pass it: the first `(x, y)` batch as a structure, and scalar logs
+    with `axis=0` (https://github.com/keras-team/keras/issues/20585). This subclass
+    reduces per element (see `_KerasReduce`); the constructor, TF_CONFIG reading and
+    `scope()` are its parent's. Use it wherever you would build
+    `tf.distribute.MultiWorkerMirroredStrategy()`.
 
     Example:
         >>> import tftrain.runtime
-        >>> # was: strategy = tf.distribute.MultiWorkerMirroredStrategy()
         >>> strategy = tftrain.runtime.KerasMultiWorkerMirroredStrategy()
         >>> with strategy.scope():
         ...     model = build_and_compile_model()
@@ -95,18 +67,16 @@ class KerasMultiWorkerMirroredStrategy(_KerasReduce, tf.distribute.MultiWorkerMi
 
 
 _MIRRORED: dict = {}
-"""`make_strategy("mirrored")`'s strategy per device list, made once a process: two MirroredStrategy objects
-on the same devices number their collective all-reduces alike, so the second model's gradients meet the
-first's in one collective instance ("Shape mismatch in the collective instance 100"), and every later
-step of the process fails; one strategy serves any number of models."""
+"""`make_strategy("mirrored")`'s one strategy per device list and process: two MirroredStrategy objects on
+the same devices number their collectives alike, so a second one's all-reduces clash with the first's
+("Shape mismatch in the collective instance")."""
 
 
 class KerasMirroredStrategy(_KerasReduce, tf.distribute.MirroredStrategy):
-    """`MirroredStrategy` (one process, several replicas) whose `reduce` takes the first batch Keras 3's
-    `fit` reduces before building the model when it holds strings (a table's categorical column):
-    `MirroredStrategy.reduce` adds the replicas' values (`AddN`), which takes no strings ("Value for
-    attr 'T' of string is not in the list of allowed values"), and plain Keras fails alike. The
-    constructor is `tf.distribute.MirroredStrategy`'s; `make_strategy("mirrored", ...)` returns it.
+    """`MirroredStrategy` whose `reduce` accepts a first batch holding strings.
+
+    `MirroredStrategy.reduce` adds the replicas' values (`AddN`), which takes no strings,
+    so Keras 3's `fit` fails on a table's categorical column. The constructor is the parent's.
     """
 
 
@@ -114,20 +84,13 @@ _NARROW_INTEGERS = (tf.uint8, tf.int8, tf.uint16, tf.int16)
 """Integer dtypes `_KerasReduce.reduce` widens to int32 first."""
 
 _UNREDUCIBLE = (tf.string, tf.bool)
-"""Dtypes no reduce adds: `_KerasReduce.reduce` returns the first local value (with any reduce op)."""
+"""Dtypes no reduce adds: `_KerasReduce.reduce` returns the first local value."""
 
 
 def cluster_resolver(cluster: ClusterInfo, devices: Optional[DeviceInfo] = None):
-    """A `tf.distribute.cluster_resolver.SimpleClusterResolver` for a validated cluster.
+    """A gRPC `SimpleClusterResolver` for a validated cluster.
 
-    Args:
-        cluster: the `ClusterInfo` (from TF_CONFIG or SLURM).
-        devices: the run's `DeviceInfo`; on a GPU run the resolver reports the
-            visible GPUs as this task's accelerators (`MultiWorkerMirroredStrategy`
-            places one replica on each). Defaults to None (no accelerators).
-
-    Returns:
-        The resolver, with gRPC as its RPC layer.
+    On a GPU run it reports the visible GPUs as this task's accelerators (one replica each).
     """
     gpus = len(tf.config.get_visible_devices("GPU")) if devices is not None and devices.kind == "gpu" else 0
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -140,12 +103,7 @@ def cluster_resolver(cluster: ClusterInfo, devices: Optional[DeviceInfo] = None)
 
 
 class _EagerOverheadFilter(logging.Filter):
-    """Drops TensorFlow's "Using <Strategy> eagerly has significant overhead" warning.
-
-    Keras builds optimizer and metric variables with one eager
-    `strategy.run`; the training steps themselves run in a `tf.function`, so the
-    warning (printed up to 5 times per process) says nothing about the run.
-    """
+    """Drops TensorFlow's "eagerly has significant overhead" warning: only Keras's variable set-up runs eagerly."""
 
     def filter(self, record: logging.LogRecord) -> bool:  # noqa: A003 (logging API)
         return "eagerly has significant overhead" not in record.getMessage()
@@ -163,43 +121,22 @@ def make_strategy(
     cluster: Optional[ClusterInfo] = None,
     communication: str = "auto",
 ) -> tf.distribute.Strategy:
-    """Builds a `tf.distribute.Strategy`.
+    """Builds a `tf.distribute.Strategy` by name.
 
     Args:
-        name: `"default"` (`tf.distribute.get_strategy()`, no distribution),
-            `"one_device"` (`OneDeviceStrategy` on the first device),
-            `"mirrored"` (`MirroredStrategy`: one replica per device of `devices`,
-            synchronous all-reduce), `"multi_worker_mirrored"` (alias
-            `"multi_worker"`; `MultiWorkerMirroredStrategy`: synchronous
-            all-reduce over every chief/worker task of `cluster`) or
-            `"parameter_server"` (alias `"ps"`; `ParameterServerStrategy`:
-            variables on the ps tasks, round-robin, updated asynchronously by the
-            workers; build it on the chief, which coordinates with
-            `tf.distribute.coordinator.ClusterCoordinator`).
-        devices: the run's `DeviceInfo` (from `configure_devices`, which does
-            not start TensorFlow's runtime: `MultiWorkerMirroredStrategy` must be
-            built before it starts).
-        cluster: the parsed cluster (`tftrain.runtime.cluster.resolve_cluster`);
-            used by the multi-process strategies. None means a single worker for
-            `multi_worker_mirrored` (TensorFlow then reads TF_CONFIG itself) and
-            is an error for `parameter_server`. Defaults to None.
-        communication: all-reduce implementation for `multi_worker_mirrored`:
-            `"auto"`, `"ring"` (gRPC ring all-reduce) or `"nccl"` (GPUs only).
-            Defaults to `"auto"`.
-
-    Returns:
-        The strategy. `strategy.num_replicas_in_sync` is the replica count (1
-        for `parameter_server`, whose workers do not step in sync).
+        name: `"default"` (`tf.distribute.get_strategy()`), `"one_device"`, `"mirrored"`
+            (one replica per device), `"multi_worker_mirrored"` (alias `"multi_worker"`)
+            or `"parameter_server"` (alias `"ps"`; built on the chief only).
+        cluster: the resolved cluster. Defaults to None: one worker for
+            `multi_worker_mirrored` (TensorFlow reads TF_CONFIG), an error for
+            `parameter_server`.
+        communication: `multi_worker_mirrored`'s all-reduce: `"auto"`, `"ring"` or
+            `"nccl"` (GPUs only). Defaults to `"auto"`.
 
     Raises:
-        ConfigError: on an unknown name or communication, or `nccl` without GPUs.
-        ClusterConfigError: when `cluster` does not suit the strategy (see
-            `tftrain.runtime.cluster.check_cluster`) or `parameter_server` runs
-            on a task other than the chief.
-
-    Example:
-        >>> strategy = make_strategy("multi_worker_mirrored", DeviceInfo("cpu", ()),
-        ...                          resolve_cluster("multi_worker_mirrored"), "ring")
+        ConfigError: on an unknown name or communication, `nccl` without GPUs, or
+            `parameter_server` on a task other than the chief.
+        ClusterConfigError: when `cluster` does not suit the strategy (`check_cluster`).
     """
     name = STRATEGY_ALIASES.get(name, name)
     if name not in STRATEGIES:

@@ -1,22 +1,11 @@
 """This machine's best CPU thread counts, measured in child processes and remembered.
 
-TensorFlow fixes its intra-op and inter-op thread pools when its runtime starts,
-so thread counts cannot be timed inside a training process the way
-`choose_execution` times graph against XLA. `measure_threads` starts one short
-child process per candidate (`python -m tftrain.runtime.thread_choice --intra N
---inter M`), each timing the training steps of two reference models (a dense MLP
-and a small CNN on MNIST-shaped random data, graph mode, steps_per_execution 8),
-and keeps the candidate with the best geometric mean of examples/sec, unless it is
-within `KEEP_DEFAULTS_WITHIN` of TensorFlow's defaults. `python -m tftrain.doctor`
-runs it and remembers the answer in the execution memory
-(`tftrain.runtime.execution_memory`) under this machine's key (CPU model, usable
-cores, TensorFlow version); `runtime.setup` then applies it to every run whose
-`threads` is `"auto"` and whose thread counts are not set. A run never measures
-threads itself: that would cost several seconds of child processes at its start.
-
-On 2-core hosts TensorFlow's defaults (inter-op = intra-op = cores) let two ops
-each ask for every core; one inter-op thread measured 10-40% faster on most models
-of `benchmarks/results/threads.md` and `benchmarks/results/zoo.md`.
+TensorFlow fixes its thread pools when its runtime starts, so each candidate is
+timed in its own child process (`python -m tftrain.runtime.thread_choice --intra N
+--inter M`) on two small reference models. `python -m tftrain.doctor` runs
+`measure_threads` and remembers the answer under this machine's key; `runtime.setup`
+applies it when `threads` is `"auto"`. A run never measures threads itself (too slow).
+Figures: `benchmarks/results/threads.md`.
 
 Source: https://www.tensorflow.org/api_docs/python/tf/config/threading
 """
@@ -47,21 +36,16 @@ BATCH_SIZE, BATCHES = 128, 32
 
 
 def candidates(cores: Optional[int] = None) -> list:
-    """(intra-op, inter-op) candidates: TensorFlow's defaults (0, 0), then (cores, 1) and (cores // 2, 1).
+    """Distinct (intra-op, inter-op) candidates: the defaults (0, 0), then (cores, 1) and (cores // 2, 1).
 
-    Args:
-        cores: usable cores; None reads them (`threads.cpu_count`). Defaults to None.
-
-    Returns:
-        A list of distinct `(intra_op, inter_op)` pairs, defaults first.
+    `cores` defaults to None: this process's usable cores.
     """
     cores = cores or cpu_count()
     return list(dict.fromkeys([(0, 0), (cores, 1), (max(1, cores // 2), 1)]))
 
 
 def machine_key() -> str:
-    """The memory key of this machine's thread measurement: a hash of the CPU model, the usable cores and
-    the TensorFlow version (importing TensorFlow does not start its runtime)."""
+    """The memory key of this machine's measurement: a hash of CPU model, usable cores and TensorFlow version."""
     import tensorflow as tf
 
     from tftrain.host import cpu_model
@@ -72,17 +56,13 @@ def machine_key() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ThreadChoice:
-    """The measured thread counts for this machine.
+    """The measured thread counts for this machine (0 = TensorFlow's default).
 
     Attributes:
-        intra_op: threads per op; 0 = TensorFlow's default.
-        inter_op: concurrent ops; 0 = TensorFlow's default.
-        speedup: geometric mean of examples/sec at this choice over TensorFlow's
-            defaults (1.0 when the defaults were kept).
-        rates: `"intra,inter"` -> `{reference model: examples/sec}` of every
-            candidate that ran.
+        speedup: geometric-mean examples/sec over the defaults (1.0 when they were kept).
+        rates: `"intra,inter"` -> `{reference model: examples/sec}`.
         failed: `"intra,inter"` -> one line, for candidates whose child failed.
-        measured_at: ISO time of the measurement ("" before it is remembered).
+        measured_at: ISO time ("" before it is remembered).
     """
 
     intra_op: int
@@ -105,14 +85,10 @@ def _geometric_mean(values) -> float:
 
 
 def pick(rates: dict) -> tuple:
-    """The fastest candidate, unless within `KEEP_DEFAULTS_WITHIN` of TensorFlow's defaults.
+    """`((intra, inter), speedup)` of the fastest candidate in `rates`, judged against `(0, 0)`.
 
-    Args:
-        rates: `(intra, inter)` -> `{reference model: examples/sec}`; must hold `(0, 0)`.
-
-    Returns:
-        `((intra, inter), speedup over the defaults)`. `((0, 0), 1.0)` when the
-        defaults did not run or nothing beat them by more than `KEEP_DEFAULTS_WITHIN`.
+    `((0, 0), 1.0)` when the defaults did not run or nothing beat them by more than
+    `KEEP_DEFAULTS_WITHIN`.
     """
     if (0, 0) not in rates:
         return (0, 0), 1.0
@@ -125,11 +101,7 @@ def pick(rates: dict) -> tuple:
 
 
 def _child(intra: int, inter: int, batches: int) -> dict:
-    """Runs one candidate's child process; returns `{reference model: examples/sec}`.
-
-    Raises:
-        RuntimeError: when the child fails or times out (one line).
-    """
+    """Runs one candidate's child; returns `{reference model: examples/sec}`; RuntimeError on failure."""
     cmd = [sys.executable, "-m", "tftrain.runtime.thread_choice", "--intra", str(intra), "--inter", str(inter),
            "--batches", str(batches)]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"}
@@ -147,19 +119,14 @@ def _child(intra: int, inter: int, batches: int) -> dict:
 def measure_threads(cores: Optional[int] = None, batches: int = BATCHES, most: Optional[int] = None) -> ThreadChoice:
     """Times every `candidates(cores)` setting in its own child process and picks one (`pick`).
 
-    Takes about 5-10 seconds per candidate (a TensorFlow start, two small
-    models traced and trained for two epochs of `batches` batches); candidates
-    run one after another, so nothing else should load the machine meanwhile.
+    Candidates run one after another, so nothing else should load the machine meanwhile.
 
     Args:
-        cores: usable cores; None reads them. Defaults to None.
         batches: batches per timed epoch, >= 8. Defaults to `BATCHES`.
-        most: time only the first this-many candidates (the defaults first);
-            None times them all. Defaults to None.
+        most: time only the first this-many candidates. Defaults to None: all.
 
     Returns:
-        A `ThreadChoice`. A candidate whose child fails is listed in `failed`;
-        when the defaults' child fails, the defaults are kept (speedup 1.0).
+        A `ThreadChoice`; failed children are listed in `failed`.
     """
     rates, failed = {}, {}
     for intra, inter in candidates(cores)[:most]:
@@ -198,9 +165,7 @@ def remembered(memory=None) -> Optional[ThreadChoice]:
 # --- The child: one candidate ------------------------------------------------------------
 
 def _reference_models():
-    """The two reference models, compiled: a dense MLP (784-512-512-10) and a small CNN (two 3x3
-    convolutions of 16 and 32 filters, each followed by 2x2 pooling, 10 classes), Adam, sparse cross-entropy, graph mode,
-    steps_per_execution 8."""
+    """The two reference models, compiled: a dense MLP and a small CNN on MNIST-shaped input."""
     import keras
     from keras import layers
 
@@ -232,8 +197,7 @@ def _time_reference(model, batches: int) -> float:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """The child: sets the thread counts before TensorFlow starts, prints one JSON line
-    `{reference model: examples/sec}`."""
+    """The child: sets the thread counts, prints one JSON line `{reference model: examples/sec}`."""
     parser = argparse.ArgumentParser(prog="python -m tftrain.runtime.thread_choice")
     parser.add_argument("--intra", type=int, required=True)
     parser.add_argument("--inter", type=int, required=True)

@@ -1,10 +1,7 @@
 """CPU thread settings: intra-op and inter-op parallelism.
 
-TensorFlow reads these once, when its runtime initialises (the first op, or the
-first device listing). Setting them afterwards raises TensorFlow's `RuntimeError`;
-`set_threads` turns that into a single warning naming the values actually in effect,
-so a late call never crashes a user's program. The tf.data private thread pool is a
-per-dataset option: see `DataConfig.private_threads` and `tftrain.data.pipeline`.
+TensorFlow reads these once, when its runtime starts; `set_threads` turns a late
+call's `RuntimeError` into one warning, so it never crashes a user's program.
 
 Source: https://www.tensorflow.org/api_docs/python/tf/config/threading
 """
@@ -23,24 +20,16 @@ _warned = False
 
 
 cpu_count = usable_cores
-"""Cores this process may run on (CPU affinity and cgroups' cpusets respected): `tftrain.host.usable_cores`,
-kept under this name for existing imports."""
+"""`tftrain.host.usable_cores`, under the name other modules import."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ThreadSettings:
-    """Thread counts in effect.
+    """Thread counts in effect (0 = TensorFlow's default).
 
     Attributes:
-        intra_op: threads one op may use; 0 means TensorFlow's default (one per
-            core).
-        inter_op: ops that may run concurrently; 0 means TensorFlow's default.
-        applied: False when the requested values could not be applied because
-            TensorFlow had already initialised.
-        cores: cores available to this process.
-        source: where the counts come from, e.g. `"measured by python -m
-            tftrain.doctor: 1.12x TensorFlow's defaults"`; "" when set by
-            the caller or left at the defaults. Defaults to "".
+        applied: False when TensorFlow had already started and the request was not applied.
+        source: where the counts come from, e.g. the doctor's measurement. Defaults to "".
     """
 
     intra_op: int
@@ -70,23 +59,15 @@ def set_threads(intra_op: int = 0, inter_op: int = 0) -> ThreadSettings:
     """Sets intra-op and inter-op parallelism, if TensorFlow has not started yet.
 
     Args:
-        intra_op: threads per op, >= 0; 0 keeps TensorFlow's default (one per
-            core). Defaults to 0.
-        inter_op: concurrent ops, >= 0; 0 keeps TensorFlow's default. Defaults
-            to 0.
+        intra_op: threads per op; 0 keeps TensorFlow's default (one per core). Defaults to 0.
+        inter_op: concurrent ops; 0 keeps TensorFlow's default. Defaults to 0.
 
     Returns:
-        The `ThreadSettings` actually in effect. When TensorFlow has already
-        initialised and the request differs from what is in effect, nothing
-        changes, `applied` is False, and a `RuntimeStartedWarning` (a
-        `RuntimeWarning`) is issued once per process naming the values in effect.
+        The `ThreadSettings` in effect. If TensorFlow already started with other
+        values, `applied` is False and a `RuntimeStartedWarning` is issued once per process.
 
     Raises:
         ValueError: when a count is negative.
-
-    Example:
-        >>> from tftrain.runtime import set_threads
-        >>> set_threads(intra_op=2, inter_op=1)  # before building any model
     """
     check_int(intra_op, "intra_op", minimum=0)
     check_int(inter_op, "inter_op", minimum=0)
