@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence
 
 from tftrain import rundir as rundir_lib
-from tftrain.errors import TftrainError
+from tftrain.errors import Preempted, TftrainError
 
 EXPORT_DIR = "export"
 """The folder of the run directory that `--export` writes to."""
@@ -61,3 +61,90 @@ def failed_message(step: str, run_dir, error_status: str, formats: Optional[str]
             f"metrics.json are kept in {run_dir}. Rerun the same command with --run-dir {run_dir} to do only the "
             f"{step} again"
             + (f", or run {redo}" if redo else ""))
+
+
+class ExportStages:
+    """The `Trainer`'s after-step stages: `--export` once `metrics.json` is written (`run_after_steps`), and
+    a rerun's pending export from `model.keras` (`redo_after_steps`), and a stop signal between them."""
+
+    def run_after_steps(self, model) -> Optional[str]:
+        """`--export` (chief only) once `metrics.json` is written; returns the failure's line, else None."""
+        if not self.config.train.export or not self.is_chief:
+            return None
+        try:
+            self.extras["export"] = export(
+                self._float32_twin(model), self._export_formats(), self.out_dir.path,
+                self._export_features(), self.console.line)
+            status = "done"
+        except Preempted:  # a stop signal: the export stays pending
+            raise
+        except Exception as e:  # noqa: BLE001 (recorded and raised once the record is written)
+            status = failure_status(e)
+        self.extras[rundir_lib.AFTER_STEPS_KEY] = {"export": status}
+        return None if status == "done" else failed_message(
+            "export", self.run_dir.path, status, self.config.train.export)
+
+    def _export_features(self, global_batch_size: Optional[int] = None):
+        """A few examples' features to check exported artifacts on: the test data's, else the training data's."""
+        from tftrain.train import export
+
+        gb = global_batch_size or self.batch.global_batch_size
+        data = self.task.test_data(gb)
+        return export.check_batch(self.task.probe_data(gb, 1) if data is None else data)
+
+    def redo_after_steps(self) -> None:
+        """Does only a trained run's pending after-steps, from `model.keras`; raises `AfterStepFailed`."""
+        if not self.is_chief:  # the chief exports; a parameter-server job's servers wait for it (loop.job)
+            return None
+        path = self.run_dir.path
+        metrics = json.loads((path / rundir_lib.METRICS_FILE).read_text(encoding="utf-8"))
+        self.bind_task()
+        self.setup_runtime()
+        with self.loop.job(self.cluster):
+            self._redo_export(path, metrics)
+
+    def _redo_export(self, path, metrics: dict) -> None:
+        """`redo_after_steps`'s export, under the run directory's lock."""
+        self.console.line(f"run directory: {path}: trained before (metrics.json); doing only its pending "
+                          f"after-step(s): {', '.join(self.run_dir.after_steps_pending)}")
+        try:
+            with rundir_lib.locked(path):
+                self.out_dir = self.run_dir
+                self._set_policy(metrics.get("precision") or "float32")  # built as the run built it, then float32
+                model = self._plain_outputs(self._built(self.task.build_model()))
+                model.load_weights(str(path / rundir_lib.MODEL_FILE))
+                model = self._float32_twin(model)
+                failure = None
+                try:
+                    results = export(model, self._export_formats(), path,
+                                                 self._export_features(metrics.get("global_batch_size") or 32),
+                                                 self.console.line)
+                    update_metrics(path, export=results, after_steps={"export": "done"})
+                except Exception as e:  # noqa: BLE001 (recorded, then one line)
+                    status = failure_status(e)
+                    update_metrics(path, after_steps={"export": status})
+                    failure = failed_message("export", path, status, self.config.train.export)
+        finally:
+            self.task.release()
+        if failure:
+            raise AfterStepFailed(failure)
+        self.console.line(f"after-steps done; metrics.json updated in {path}")
+
+    def _export_formats(self):
+        from tftrain.train import export
+
+        return export.parse(self.config.train.export)
+
+    def _stop_before_after_steps(self) -> None:
+        """A stop signal that came while the run was written: raises `Preempted` when an export is
+        still to do, else says the run is complete."""
+        signum = self.preemption.requested()
+        if signum is None:
+            return
+        import signal
+
+        name = signal.Signals(signum).name
+        if self.config.train.export and self.is_chief:
+            raise Preempted(f"stopped by {name} after the run was written (metrics.json); its export is "
+                            "pending", signum, str(self.run_dir.path))
+        self.console.line(f"{name} received while the run was written: the run is complete")

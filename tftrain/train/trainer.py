@@ -22,11 +22,10 @@ from typing import Optional, Sequence
 from tftrain import config as config_lib
 from tftrain import rundir as rundir_lib
 from tftrain.errors import AlreadyFinished, ConfigError, Preempted, TrainingDiverged
-from tftrain.train.automatic import AUTO_PROBE_BATCHES, STEPS_PER_EXECUTION_CANDIDATES  # noqa: F401
 from tftrain.train.automatic import AutomaticSettings
-from tftrain.train.batch_plan import BATCH_PLAN_FILE, BatchStages  # noqa: F401 (BATCH_PLAN_FILE: re-exported)
-from tftrain.train.callback_stages import INPUT_CHECK_BATCHES, CallbackStages  # noqa: F401
-from tftrain.train.after_steps import AfterStepFailed
+from tftrain.train.batch_plan import BatchStages
+from tftrain.train.callback_stages import CallbackStages
+from tftrain.train.after_steps import AfterStepFailed, ExportStages
 from tftrain.train.console import Console, keras_progress
 from tftrain.train.loops import loop_for
 from tftrain.train.model_stages import ModelStages
@@ -53,7 +52,7 @@ def _check_hparam_names(hparams) -> None:
                           "task's hparams dataclass.")
 
 
-class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
+class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, ExportStages):
     """Trains a `Task` with tftrain's whole machinery and writes its run directory.
 
     Args:
@@ -209,94 +208,6 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages):
         if failure:
             raise AfterStepFailed(failure)
         return record
-
-    def _stop_before_after_steps(self) -> None:
-        """A stop signal that came while the run was written: raises `Preempted` when an export is
-        still to do, else says the run is complete."""
-        signum = self.preemption.requested()
-        if signum is None:
-            return
-        import signal
-
-        name = signal.Signals(signum).name
-        if self.config.train.export and self.is_chief:
-            raise Preempted(f"stopped by {name} after the run was written (metrics.json); its export is "
-                            "pending", signum, str(self.run_dir.path))
-        self.console.line(f"{name} received while the run was written: the run is complete")
-
-    def run_after_steps(self, model) -> Optional[str]:
-        """`--export` (chief only) once `metrics.json` is written; returns the failure's line, else None."""
-        if not self.config.train.export or not self.is_chief:
-            return None
-        from tftrain.train import after_steps
-
-        try:
-            self.extras["export"] = after_steps.export(
-                self._float32_twin(model), self._export_formats(), self.out_dir.path,
-                self._export_features(), self.console.line)
-            status = "done"
-        except Preempted:  # a stop signal: the export stays pending
-            raise
-        except Exception as e:  # noqa: BLE001 (recorded and raised once the record is written)
-            status = after_steps.failure_status(e)
-        self.extras[rundir_lib.AFTER_STEPS_KEY] = {"export": status}
-        return None if status == "done" else after_steps.failed_message(
-            "export", self.run_dir.path, status, self.config.train.export)
-
-    def _export_features(self, global_batch_size: Optional[int] = None):
-        """A few examples' features to check exported artifacts on: the test data's, else the training data's."""
-        from tftrain.train import export
-
-        gb = global_batch_size or self.batch.global_batch_size
-        data = self.task.test_data(gb)
-        return export.check_batch(self.task.probe_data(gb, 1) if data is None else data)
-
-    def redo_after_steps(self) -> None:
-        """Does only a trained run's pending after-steps, from `model.keras`; raises `AfterStepFailed`."""
-        from tftrain.train import after_steps
-
-        if not self.is_chief:  # the chief exports; a parameter-server job's servers wait for it (loop.job)
-            return None
-        path = self.run_dir.path
-        metrics = json.loads((path / rundir_lib.METRICS_FILE).read_text(encoding="utf-8"))
-        self.bind_task()
-        self.setup_runtime()
-        with self.loop.job(self.cluster):
-            self._redo_export(path, metrics)
-
-    def _redo_export(self, path, metrics: dict) -> None:
-        """`redo_after_steps`'s export, under the run directory's lock."""
-        from tftrain.train import after_steps
-
-        self.console.line(f"run directory: {path}: trained before (metrics.json); doing only its pending "
-                          f"after-step(s): {', '.join(self.run_dir.after_steps_pending)}")
-        try:
-            with rundir_lib.locked(path):
-                self.out_dir = self.run_dir
-                self._set_policy(metrics.get("precision") or "float32")  # built as the run built it, then float32
-                model = self._plain_outputs(self._built(self.task.build_model()))
-                model.load_weights(str(path / rundir_lib.MODEL_FILE))
-                model = self._float32_twin(model)
-                failure = None
-                try:
-                    results = after_steps.export(model, self._export_formats(), path,
-                                                 self._export_features(metrics.get("global_batch_size") or 32),
-                                                 self.console.line)
-                    after_steps.update_metrics(path, export=results, after_steps={"export": "done"})
-                except Exception as e:  # noqa: BLE001 (recorded, then one line)
-                    status = after_steps.failure_status(e)
-                    after_steps.update_metrics(path, after_steps={"export": status})
-                    failure = after_steps.failed_message("export", path, status, self.config.train.export)
-        finally:
-            self.task.release()
-        if failure:
-            raise AfterStepFailed(failure)
-        self.console.line(f"after-steps done; metrics.json updated in {path}")
-
-    def _export_formats(self):
-        from tftrain.train import export
-
-        return export.parse(self.config.train.export)
 
     def _end_mlflow(self, status: str) -> None:
         """Marks the MLflow run (if one was opened) ended with `status`; a tracking error is only warned of."""
