@@ -36,9 +36,6 @@ from tftrain.runtime.epoch_ends import StepCount, epoch_start_callback, steps_th
 from tftrain.runtime.execution_probe import traced_graph
 from tftrain.runtime.trial_rules import (GIVE_UP_RATIO, MIN_GIVE_UP_STEPS, XLA_COMPILE_RATIO, XLA_MAX_SPEEDUP,
                                          duel_verdict, kept_calls, step_time, timed_enough, timing)
-# Re-exported: these lived here before trial_rules.
-from tftrain.runtime.trial_rules import (MIN_TIMED_CALLS, MIN_TIMED_STEPS, steps_to_time,  # noqa: F401
-                                         weigh_remembered_xla)
 
 @dataclasses.dataclass
 class _Candidate:

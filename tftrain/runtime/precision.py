@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import keras
 
 from tftrain import host
-from tftrain.config import PRECISIONS  # noqa: F401 (the one list of names; re-exported here)
+from tftrain.config import PRECISIONS
 from tftrain.runtime.devices import DeviceInfo, min_compute_capability
 
 

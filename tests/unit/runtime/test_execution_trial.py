@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from tftrain.runtime.execution_trial import ExecutionTrial, steps_to_time
+from tftrain.runtime.execution_trial import ExecutionTrial
+from tftrain.runtime.trial_rules import steps_to_time
 
 
 def _data(n=2048, batch=8):
@@ -161,7 +162,7 @@ def _timing(step_ms, warmup_s, spe=8):
 
 def test_a_remembered_xla_choice_is_kept_only_when_the_run_repays_its_compile():
     from tftrain.runtime.execution import ExecutionChoice
-    from tftrain.runtime.execution_trial import weigh_remembered_xla
+    from tftrain.runtime.trial_rules import weigh_remembered_xla
 
     timings = {"graph": _timing(2.0, 1.0), "graph, 32 steps/execution": _timing(1.8, 0.1, 32),
                "xla": _timing(1.2, 3.0), "xla, 32 steps/execution": _timing(0.8, 0.1, 32)}
@@ -187,7 +188,7 @@ def test_a_call_that_compiles_for_a_new_input_shape_counts_in_the_step_time():
 
 @pytest.mark.parametrize("planned_steps,timed", [(500, False), (600, True)])
 def test_xla_is_timed_only_when_its_gain_can_repay_its_estimated_compile(planned_steps, timed):
-    from tftrain.runtime.execution_trial import XLA_COMPILE_RATIO, XLA_MAX_SPEEDUP
+    from tftrain.runtime.trial_rules import XLA_COMPILE_RATIO, XLA_MAX_SPEEDUP
 
     trial = ExecutionTrial(_model(), ("graph", "xla"), examples_per_step=8, planned_steps=planned_steps)
     trial.incumbent.warmup_s, trial.incumbent.samples = 1.0, [(0.08, 8)] * 3  # graph: 10 ms a step, 1 s first call
