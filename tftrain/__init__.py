@@ -1,17 +1,10 @@
 """tftrain: TensorFlow's performance machinery around any Keras model.
 
-Bring a task (your model and data), get the whole machinery:
-
     task = tftrain.ArrayTask(build_model, x, y, x_test, y_test, loss="mse", optimizer="sgd")
     record = tftrain.Trainer(task, epochs=3, strategy="mirrored", cpu_replicas=2).fit()
 
-Import what you need; nothing here imports TensorFlow until you use it:
-
-    from tftrain.runtime import setup, set_threads, configure_devices, set_precision, make_strategy
-    from tftrain.data import load_mnist, build_dataset, resolve_batch_size
-    from tftrain.config import RecipeConfig, RuntimeConfig, DataConfig, TrainConfig
-    from tftrain.callbacks import ProfilerWindow, ThroughputMonitor, BatchSizeFinder
-    from tftrain.tuning import find_batch_size, make_tuner, TrainingHyperModel
+Nothing here imports TensorFlow until you use it; the subpackages (`tftrain.runtime`, `.data`,
+`.config`, `.callbacks`, `.tuning`) hold the pieces.
 """
 
 __version__ = "0.1.0"

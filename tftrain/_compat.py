@@ -17,10 +17,9 @@ CHECKED = {"tensorflow": ("2.21",), "keras": ("3.15",)}
 
 
 def set_initial_epoch(model, epoch: int) -> None:
-    """Tells a running `Model.fit` (called from `on_train_begin`) to start at `epoch`, as Keras's own
-    `keras.callbacks.BackupAndRestore` does: `fit` reads `model._initial_epoch` after `on_train_begin`
-    (keras/src/backend/tensorflow/trainer.py and keras/src/callbacks/backup_and_restore.py, Keras 3.15).
-    There is no public way for a callback to move the first epoch of a `fit` already called."""
+    """Tells a running `Model.fit` (from `on_train_begin`) to start at `epoch`, as Keras's `BackupAndRestore`
+    does: `fit` reads `model._initial_epoch` after `on_train_begin` (keras/src/backend/tensorflow/trainer.py,
+    Keras 3.15). No public API moves the first epoch of a `fit` already called."""
     model._initial_epoch = epoch
 
 
@@ -36,9 +35,8 @@ def micro_batches_seen(optimizer) -> int:
 
 
 def register_tensor_conversion(cls, to_tensor) -> None:
-    """Lets TensorFlow take instances of `cls` where it wants a tensor, process-wide
-    (`tf.register_tensor_conversion_function`, TensorFlow 2.21): Keras's step function reads
-    `steps_per_execution` as a tensor, and the execution trial gives it a `StepCount` it can change
+    """Lets TensorFlow take `cls` instances as tensors, process-wide (`tf.register_tensor_conversion_function`,
+    TensorFlow 2.21), so that Keras's step function reads a `StepCount` as `steps_per_execution`, changeable
     between calls without retracing. `to_tensor(value, dtype)` returns the tensor."""
     import tensorflow as tf
 
@@ -55,9 +53,8 @@ def flatten_layers(model) -> list:
 
 
 def make_function(model, step):
-    """Keras's own compiled function of `step` for `model` (`Trainer._make_function`, Keras 3.15: the
-    `tf.function` that runs `steps_per_execution` steps, under the model's jit_compile and distribution
-    strategy), so that a function the trial runs is the one `fit` would run."""
+    """Keras's compiled function of `step` for `model` (`Trainer._make_function`, Keras 3.15), so that the
+    trial runs the very `tf.function` `fit` would (steps_per_execution, jit_compile, strategy)."""
     return model._make_function(step)
 
 
@@ -127,14 +124,9 @@ _PATCH_LOCK = threading.Lock()
 def atomic_assign_add():
     """While open, Keras variables (TensorFlow backend) add and subtract with one atomic TensorFlow op.
 
-    Keras 3's `Variable.assign_add(v)` is `assign(self + v)`: a read, then a write, so two
-    workers adding to one ps variable at once lose one of the additions. Inside this context
-    `assign_add` / `assign_sub` call the wrapped `tf.Variable`'s own, which run as one
-    `AssignAddVariableOp` / `AssignSubVariableOp` on the task that holds the variable. Trace
-    the functions that run on workers inside it; what they traced keeps the atomic ops.
-
-    Yields:
-        None. Restores Keras's methods on exit (also on error).
+    Keras's `Variable.assign_add` (`keras.src.backend.tensorflow.core.Variable`, Keras 3.15) reads then
+    writes, so two workers adding to one ps variable lose an addition; inside this context it calls the
+    wrapped `tf.Variable`'s own. Functions traced inside keep the atomic ops; Keras's are restored on exit.
     """
     import tensorflow as tf
     from keras.src.backend.tensorflow.core import Variable  # Keras 3.15
@@ -163,11 +155,8 @@ def _is_tf(variable) -> bool:
 
 
 def check_versions(versions: Optional[dict] = None) -> Optional[str]:
-    """One line naming an installed version outside `CHECKED`, or None when both are checked.
-
-    Args:
-        versions: `{"tensorflow": "2.21.0", "keras": "3.15.1"}`; defaults to the installed ones.
-    """
+    """One line naming an installed version outside `CHECKED`, or None. `versions`
+    (`{"tensorflow": "2.21.0", "keras": "3.15.1"}`) defaults to the installed ones."""
     if versions is None:
         import keras
         import tensorflow as tf

@@ -1,15 +1,9 @@
 """The backup directory's checkpoints: numbered pairs, each committed by its metadata file.
 
-A checkpoint N is `ckpt-N.weights.h5` (written by Keras's `Model.save_weights`) and `ckpt-N.json` (its
-position in the run). A save writes the weights under a temporary name, flushes them to disk (`fsync`),
-renames them, then writes the metadata the same way: a checkpoint exists once its metadata does, and
-its weights were complete on disk before that. Older checkpoints are deleted only after the new one is
-committed, and the newest `KEEP` stay, so at every moment at least one complete checkpoint is on disk
-under its own name, whatever the moment of a kill or a machine crash. This is the scheme of
-`tf.train.CheckpointManager` (numbered checkpoints, `max_to_keep`), with Keras's weights file.
-
-A directory written by Keras's own `BackupAndRestore` (`latest.weights.h5`, `training_metadata.json`)
-is read as a checkpoint older than any numbered one, so such a run resumes too.
+Checkpoint N is `ckpt-N.weights.h5` (`Model.save_weights`) and `ckpt-N.json` (its position), each written
+under a temporary name, fsynced and renamed, the metadata last; older ones are deleted after that and the
+newest `KEEP` stay, so a kill or crash at any moment leaves a complete checkpoint (the scheme of
+`tf.train.CheckpointManager`). Keras's own `BackupAndRestore` files read as the oldest checkpoint.
 """
 
 from __future__ import annotations
@@ -33,14 +27,8 @@ KERAS_WEIGHTS, KERAS_METADATA = "latest.weights.h5", "training_metadata.json"
 
 @dataclasses.dataclass(frozen=True)
 class BackupPosition:
-    """Where a checkpoint stands in the run.
-
-    Attributes:
-        epoch: epochs completed.
-        steps_in_epoch: batches (optimizer steps) of the next epoch done (0 at an epoch end).
-        optimizer_iterations: `optimizer.iterations` when it was saved; None in a checkpoint written by
-            Keras's own `BackupAndRestore`.
-    """
+    """Where a checkpoint stands in the run: `epoch`s completed, batches of the next epoch done
+    (`steps_in_epoch`, 0 at an epoch end) and `optimizer_iterations` (None from Keras's `BackupAndRestore`)."""
 
     epoch: int
     steps_in_epoch: int = 0
@@ -98,14 +86,8 @@ def _committed(names) -> List[int]:
 
 
 def read_position(path) -> Optional[BackupPosition]:
-    """The position of the newest checkpoint whose metadata reads.
-
-    Args:
-        path: a backup directory, or one checkpoint's metadata file.
-
-    Returns:
-        A `BackupPosition`, or None when there is no readable checkpoint.
-    """
+    """The position of the newest readable checkpoint in backup directory `path` (or of metadata file
+    `path`); None when there is none."""
     path = Path(path)
     if not path.is_dir():
         return _position(path)

@@ -1,10 +1,7 @@
-"""Command-line flags for recipes, built from the config dataclasses.
+"""Command-line flags for recipes, built from the config dataclasses; the only module that reads argv.
 
-Every field of `RuntimeConfig`, `DataConfig`, `TrainConfig` and the top-level
-`seed` / `run_dir` becomes a flag (`per_replica_batch_size` ->
-`--per-replica-batch-size`), plus `--config FILE` for a recipe file. Flags override
-the recipe file, which overrides the recipe's defaults. This is the only module that
-reads argv.
+Every config field becomes a flag (`per_replica_batch_size` -> `--per-replica-batch-size`), plus
+`--config FILE`; flags override the file, which overrides the recipe's defaults.
 """
 
 from __future__ import annotations
@@ -20,14 +17,8 @@ from tftrain.errors import ConfigError
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors raise one line (`error`, a `ConfigError` by default: exit 2)
-    naming the `--help` command, instead of printing usage and exiting; every command of tftrain
-    parses with it.
-
-    Args:
-        *args, **kwargs: `argparse.ArgumentParser`'s.
-        error: the `ConfigError` subclass raised. Defaults to `ConfigError`.
-    """
+    """An `ArgumentParser` whose errors raise one line naming `--help` (`error`, defaults to `ConfigError`:
+    exit 2) instead of printing usage and exiting; every tftrain command parses with it."""
 
     def __init__(self, *args, error: type = ConfigError, **kwargs):
         super().__init__(*args, **kwargs)
@@ -59,8 +50,7 @@ def flag_name(field_name: str) -> str:
 
 
 def _fields(defaults: config_lib.RecipeConfig):
-    """Yields (section or None, dataclass field, type hint) for every config field,
-    the task's hyperparameters (section `"task"`) last."""
+    """Yields (section or None, field, type hint) for every config field, the task's hyperparameters last."""
     hints = typing.get_type_hints(config_lib.RecipeConfig)
     for f in dataclasses.fields(config_lib.RecipeConfig):
         if f.name in config_lib.SECTIONS:
@@ -95,23 +85,15 @@ def build_parser(
     default_config: Optional[str] = None,
     omit: Collection[str] = (),
 ) -> argparse.ArgumentParser:
-    """Builds the recipe's argument parser.
+    """Builds the recipe's argument parser: unset flags are absent from its namespace (so they do not
+    override the recipe file) and its errors raise `ConfigError`.
 
     Args:
-        prog: program name shown in help, e.g. `python -m tftrain.recipes.mnist`.
-        defaults: the task's default config (with its hyperparameters in
-            `defaults.task`, each of which becomes a flag too); shown in each
-            flag's help.
-        description: text above the flag list. Defaults to "".
+        defaults: the task's default config, shown in each flag's help; `defaults.task`'s
+            hyperparameters become flags too.
         default_config: recipe file named in `--config`'s help. Defaults to None.
-        omit: flat keys (`"data.cache"`) whose flags are left out of `--help`
-            (a task's `unused_fields`; still parsed, so the task can refuse them
-            with its reason). Defaults to ().
-
-    Returns:
-        An `argparse.ArgumentParser` whose unset flags are absent from the parsed
-        namespace (so they do not override the recipe file), and whose errors raise
-        `ConfigError`.
+        omit: flat keys (`"data.cache"`) hidden from `--help` but still parsed, so that the task can
+            refuse them with its reason. Defaults to ().
     """
     parser = OneLineParser(
         prog=prog,
@@ -163,25 +145,16 @@ def parse_config(
     default_config: Optional[str] = None,
     omit: Collection[str] = (),
 ) -> config_lib.RecipeConfig:
-    """Parses argv into a validated `RecipeConfig` (defaults <- --config file <- flags).
-
-    Args:
-        argv: command-line arguments without the program name; None reads
-            `sys.argv[1:]`.
-        defaults, prog, description, default_config, omit: see `build_parser`.
-
-    Returns:
-        The validated `RecipeConfig`.
+    """Parses `argv` (None: `sys.argv[1:]`) into a validated `RecipeConfig`: defaults <- --config file <-
+    flags. The other arguments are `build_parser`'s.
 
     Raises:
-        ConfigError: on an unknown flag, a bad value, an unreadable recipe file or
-            an invalid combination (one line, suitable for printing as is).
+        ConfigError: an unknown flag, a bad value, an unreadable file or an invalid combination (one line).
     """
     parser = build_parser(prog, defaults, description, default_config, omit)
     namespace = vars(parser.parse_args(argv))
     path = namespace.pop("config", None)
     if not path:
         return defaults.override(namespace)
-    # One layer, so that combinations are checked on what the run uses: a file's cpu_replicas: 2
-    # with --strategy mirrored is fine, though the file alone (strategy default) would be refused.
+    # One layer, so that combinations are checked on what the run uses (file and flags together).
     return config_lib.from_yaml(path, base=defaults, overrides=namespace)

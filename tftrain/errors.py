@@ -1,9 +1,7 @@
 """Typed errors raised by tftrain.
 
-Every error a user can fix by changing their input derives from `ConfigError`
-(itself a `ValueError`), so a command-line driver can catch that one class, print
-its one-line message and exit with code 2. Messages follow Keras's style: what was
-wrong, what was expected, what was received, and how to fix it.
+Every error a user can fix by changing their input derives from `ConfigError` (a `ValueError`), so a
+command-line driver catches that one class, prints its one-line message and exits 2.
 """
 
 
@@ -24,11 +22,10 @@ class DeviceError(ConfigError):
 
 
 class RuntimeStartedError(DeviceError):
-    """A device setting cannot apply because TensorFlow's runtime has already started in this
-    process (logical CPU devices and visible devices are fixed when it starts).
+    """A device setting cannot apply: TensorFlow's runtime has already started in this process.
 
     Attributes:
-        setting: the `RuntimeConfig` field that could not apply (`"cpu_replicas"` or `"device"`).
+        setting: the `RuntimeConfig` field refused (`"cpu_replicas"` or `"device"`).
     """
 
     def __init__(self, message: str, setting: str = ""):
@@ -37,8 +34,7 @@ class RuntimeStartedError(DeviceError):
 
 
 class RuntimeStartedWarning(RuntimeWarning):
-    """Thread counts were not applied because TensorFlow's runtime had already started
-    (`tftrain.runtime.set_threads`); the run goes on with the counts in effect."""
+    """Thread counts were not applied: TensorFlow's runtime had started; the run goes on with those in effect."""
 
 
 class DataError(ConfigError):
@@ -54,12 +50,11 @@ class LaunchError(ConfigError):
 
 
 class ProfilerError(ConfigError):
-    """A profile cannot be captured as asked (plugin missing, an invalid window, a window the run never
-    reaches, a port): input the user can fix (exit code 2)."""
+    """A profile cannot be captured as asked (plugin missing, a bad or unreached window, a port): exit 2."""
 
 
 class ProfileNotWritten(TftrainError, RuntimeError):
-    """The profiler ran but wrote no trace file: a run that failed (exit code 1), not bad input."""
+    """The profiler ran but wrote no trace file: a failed run (exit 1)."""
 
 
 class BatchSizeSearchError(ConfigError):
@@ -75,38 +70,28 @@ class TuningFailed(TftrainError, RuntimeError):
 
 
 class TrainingDiverged(TftrainError, RuntimeError):
-    """The training loss became NaN or infinite (`tftrain.callbacks.NanGuard`): a run that
-    failed (exit code 1), not bad input. The message names the step and the dtype policy."""
+    """The training loss became NaN or infinite (`tftrain.callbacks.NanGuard`): a failed run (exit 1);
+    the message names the step and the dtype policy."""
 
 
 class JobFailed(TftrainError, RuntimeError):
-    """A worker or ps task of a parameter-server job learned that the job failed: the chief
-    reported a failure, never appeared, or went away without saying how the job ended. A run
-    that failed (exit code 1), not bad input."""
+    """A worker or ps task learned that its parameter-server job failed (the chief reported a failure,
+    never appeared, or left without saying how the job ended): a failed run (exit 1)."""
 
 
 class XlaCompileError(TftrainError, RuntimeError):
-    """XLA could not compile or run a step of the model (`--execution xla`, or an XLA choice
-    that fails now): a run that failed (exit code 1). The message has XLA's own reason and
-    the fix (`--execution graph`)."""
+    """XLA could not compile or run a step of the model: a failed run (exit 1); the message has XLA's
+    reason and the fix (`--execution graph`)."""
 
 
 class PrecisionError(TftrainError, RuntimeError):
-    """The model's training step failed on a dtype under the mixed policy that `--precision auto`
-    took where nothing timed it first (a GPU, several replicas, `--deterministic`, an explicit
-    `--execution eager` or `xla`): a run that failed (exit code 1).
-    The message has the step's error and the fix (`--precision float32`)."""
+    """A step failed on a dtype under the mixed policy `--precision auto` chose without timing it: a failed
+    run (exit 1); the message has the step's error and the fix (`--precision float32`)."""
 
 
 class Preempted(TftrainError):
-    """SIGTERM or SIGUSR1 (a scheduler's preemption or time-limit notice) stopped training after the
-    current execution, and a checkpoint of that step was saved: the same command resumes there.
-    Exit code 128 + the signal number (143 for SIGTERM, 138 for SIGUSR1).
-
-    Attributes:
-        signum: the signal received.
-        run_dir: the run directory holding the checkpoint.
-    """
+    """SIGTERM or SIGUSR1 (`signum`) stopped training after the current execution, whose checkpoint was
+    saved in `run_dir`: the same command resumes there. Exit code 128 + the signal number."""
 
     def __init__(self, message: str, signum: int, run_dir: str = ""):
         super().__init__(message)
@@ -114,14 +99,9 @@ class Preempted(TftrainError):
 
 
 class AlreadyFinished(TftrainError):
-    """A scheduler restarted a job whose run an earlier attempt of the same job had already finished
-    (its `metrics.json` is written, with the same configuration): nothing is left to train. `python -m tftrain.run` and the recipes print
-    the message and exit 0, so that a SLURM requeue or a `tftrain.launch --max-restarts` restart that
-    came as training ended does not fail the job.
-
-    Attributes:
-        run_dir: the finished run's directory.
-    """
+    """A scheduler restarted a job whose run (`run_dir`) an earlier attempt had finished with the same
+    config: the commands print the message and exit 0, so that a restart that came as training ended does
+    not fail the job."""
 
     def __init__(self, message: str, run_dir: str = ""):
         super().__init__(message)
@@ -129,34 +109,24 @@ class AlreadyFinished(TftrainError):
 
 
 class CheckpointSpaceError(TftrainError, OSError):
-    """The disk holding the run directory has no room for the next checkpoint: a run that failed
-    (exit code 1). Raised before anything is written, so the previous checkpoint stays whole; the
-    message names the folder, the bytes needed and the bytes free."""
+    """No room on the run directory's disk for the next checkpoint: a failed run (exit 1), raised before
+    anything is written; the message names the folder, the bytes needed and the bytes free."""
 
 
 def check_int(value, name: str, *, minimum: int = 1, maximum=None, error: type = ValueError,
               none_ok: bool = False):
-    """The one check of an integer argument: `value` itself when it is an `int` (not a `bool`) in
-    `[minimum, maximum]` (or None with `none_ok`).
+    """The one check of an integer argument: returns `value` when it is an `int` (not a `bool`) in
+    `[minimum, maximum]`, or None with `none_ok`.
 
     Args:
-        value: what the caller received.
-        name: the argument's name in the message (e.g. `"batch_size"` or `"--workers"`).
-        minimum: the smallest value allowed. Defaults to 1.
-        maximum: the largest value allowed, or None for no bound. Defaults to None.
-        error: the exception class raised: `ValueError` for a library argument, a
-            `ConfigError` subclass for input the command line reports (exit 2).
-            Defaults to `ValueError`.
-        none_ok: whether None is allowed (and returned). Defaults to False.
-
-    Returns:
-        `value`.
+        name: the argument's name in the message (`"batch_size"`, `"--workers"`).
+        minimum, maximum: the bounds; `maximum` None for none. Default to 1 and None.
+        error: the exception class raised: `ValueError` for a library argument, a `ConfigError` subclass
+            for command-line input (exit 2). Defaults to `ValueError`.
+        none_ok: whether None is allowed. Defaults to False.
 
     Raises:
         error: one line, e.g. `batch_size must be an integer >= 1. Received: batch_size=0.`
-
-    Example:
-        >>> steps = check_int(steps, "gradient_accumulation_steps", error=ConfigError)
     """
     if value is None and none_ok:
         return None

@@ -1,14 +1,12 @@
 """`python -m tftrain.export RUN_DIR --formats saved_model,onnx,litert`: a finished run's model for serving.
 
-Loads `RUN_DIR/model.keras` (`keras.models.load_model`), writes each format under `RUN_DIR/export/`
-with Keras's `model.export`, loads each artifact back and runs it on a few examples, and records the
-results in `metrics.json` (`export`, `after_steps`), as `--export` does at the end of a run. The
-examples come from the model's input signature (random normal floats, zeros for integers, empty
-strings); a model trained under a mixed policy is exported in float32. The model must have symbolic inputs (functional or Sequential; a subclassed model is
-exported by rerunning its training command with `--export`, which does only the export).
+Loads `RUN_DIR/model.keras`, writes each format under `RUN_DIR/export/` with `model.export`, runs each
+artifact on a few examples made from the model's input signature, and records the results in
+`metrics.json`, as `--export` does at the end of a run. A mixed-policy model is exported in float32; a
+subclassed model (no symbolic inputs) is exported by rerunning its training command with `--export`.
 
-Exit codes: 0 exported and checked; 2 bad input (no finished run, an unknown format, a converter
-not installed); 1 an export that failed.
+Exit codes: 0 exported and checked; 2 bad input (no finished run, an unknown format, a converter not
+installed); 1 an export that failed.
 """
 
 from __future__ import annotations
@@ -33,11 +31,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def check(run_dir: Path, formats_text: str):
-    """The formats, once the run directory is a finished run's.
-
-    Raises:
-        ConfigError: naming what is missing and the fix.
-    """
+    """The parsed formats, once `run_dir` holds a finished run; else raises `ConfigError` naming the fix."""
     from tftrain.train import export as export_lib
 
     formats = export_lib.parse(formats_text)
@@ -48,11 +42,8 @@ def check(run_dir: Path, formats_text: str):
 
 
 def signature_features(model, batch: int = 4):
-    """A batch of `batch` examples for `model`'s inputs, in the structure it takes (`model.input`).
-
-    Raises:
-        ConfigError: for a model without symbolic inputs (subclassed).
-    """
+    """A batch of `batch` examples in the structure of `model.input` (random normal floats, zeros for
+    integers, empty strings); raises `ConfigError` for a model without symbolic inputs."""
     import numpy as np
     import tensorflow as tf
 
@@ -75,9 +66,8 @@ def signature_features(model, batch: int = 4):
 
 
 def float32_model(model):
-    """`model` itself when every layer computes in float32, else a copy of it whose layers do (from its config,
-    every mixed dtype policy replaced by `"float32"`), with its weights: the model exported after a mixed
-    policy, as `--export` does (ONNX export needs it, keras-team/keras#20710)."""
+    """`model` when every layer computes in float32, else a copy with its weights whose config has every
+    mixed dtype policy replaced by `"float32"`, as `--export` exports it (ONNX export needs float32)."""
     if all(getattr(layer, "compute_dtype", "float32") == "float32" for layer in model.layers):
         return model
 

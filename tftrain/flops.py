@@ -1,25 +1,10 @@
-"""Training FLOPs per example, counted from a Keras model's layer shapes.
+"""Training FLOPs per example, counted from a Keras model's layer shapes (no TensorFlow op runs).
 
-The count is what a roofline needs: the multiply-adds of the layers that do matrix
-work (`Dense`, `Conv1D/2D/3D`, `DepthwiseConv2D`, `SeparableConv2D`'s two parts and
-`EinsumDense`), two FLOPs each. For training, each such layer costs
-
-* forward: `2 * MACs`;
-* backward, gradient of the weights: `2 * MACs` (the same product, transposed);
-* backward, gradient of the inputs: `2 * MACs`, except for layers whose input does
-  not depend on any trainable weight (the first layer of a plain model), since
-  nothing upstream needs that gradient.
-
-So a deep stack costs about 3x its forward pass (the rule used by Kaplan et al.,
-"Scaling Laws for Neural Language Models", 2020, section 2.1: `C ~ 6N` per token,
-`2N` forward and `4N` backward). Elementwise work (bias adds, activations, dropout,
-pooling, normalisation, the optimizer update) is not counted: it is memory-bound,
-not matmul-bound. For the MNIST models the activations, dropout and pooling are under
-1% of the multiply-adds; the optimizer update is per step, not per example: Adam's
-roughly 10 FLOPs per parameter and step, spread over the batch, add about 7% to the
-MLP's count at batch 32 (670,000 parameters) and under 1% from batch 256 up.
-
-This module reads layer configurations and shapes only; it runs no TensorFlow ops.
+Counted: the multiply-adds of `Dense`, `EinsumDense` and the convolutions, 2 FLOPs each, once forward,
+once for the weight gradient and once for the input gradient (not for the first such layer, whose
+input needs no gradient). A deep stack thus costs about 3x its forward pass (Kaplan et al., "Scaling
+Laws for Neural Language Models", 2020, section 2.1: `C ~ 6N`). Elementwise work (activations, pooling,
+normalisation, the optimizer update) is memory-bound and not counted.
 """
 
 from __future__ import annotations
@@ -33,17 +18,8 @@ __all__ = ["FlopCount", "LayerFlops", "count_training_flops", "layer_macs"]
 
 @dataclasses.dataclass(frozen=True)
 class LayerFlops:
-    """FLOPs of one layer, per example.
-
-    Attributes:
-        name: the layer's name.
-        kind: the layer's class name, e.g. `"Dense"`.
-        macs: multiply-accumulates of the forward pass.
-        forward: forward FLOPs (`2 * macs`).
-        backward: backward FLOPs (weight gradient, plus the input gradient when
-            `input_gradient`).
-        input_gradient: whether the gradient of the layer's input is counted.
-    """
+    """FLOPs of one layer per example: `macs` forward multiply-accumulates, `forward` (2 * macs) and
+    `backward`: the weight gradient plus, when `input_gradient`, the input gradient."""
 
     name: str
     kind: str
@@ -55,11 +31,7 @@ class LayerFlops:
 
 @dataclasses.dataclass(frozen=True)
 class FlopCount:
-    """Training FLOPs per example of a model.
-
-    Attributes:
-        layers: a `LayerFlops` per counted layer, in model order.
-    """
+    """Training FLOPs per example of a model: a `LayerFlops` per counted layer, in model order."""
 
     layers: tuple
 
@@ -104,22 +76,11 @@ def _prod(values) -> int:
 
 
 def layer_macs(layer) -> Optional[int]:
-    """Forward multiply-accumulates per example of one built Keras layer.
-
-    Args:
-        layer: a built `keras.layers.Layer` with known input and output shapes.
-
-    Returns:
-        The MAC count, or None for layers without matrix work (activations,
-        pooling, dropout, reshapes, ...). Nested models and wrappers are not
-        descended into; pass their inner layers instead.
+    """Forward multiply-accumulates per example of one built Keras layer, or None for a layer without
+    matrix work (nested models and wrappers are not descended into).
 
     Raises:
         ValueError: when the layer's shapes have unknown (None) dimensions.
-
-    Example:
-        >>> layer_macs(model.get_layer("dense_0"))  # Dense(512) on 784 inputs
-        401408
     """
     kind = type(layer).__name__
     if kind == "Dense":
@@ -132,9 +93,7 @@ def layer_macs(layer) -> Optional[int]:
         contracted = [int(d) for d, c in zip(layer.kernel.shape, kernel_spec) if c not in output_spec]
         return _prod(_shape_tail(layer.output.shape)) * _prod(contracted)
     if kind in _CONV_LIKE:
-        # Kernel (*window, in_channels / groups, out_channels) or the depthwise
-        # (*window, in_channels, multiplier): each output position does one
-        # multiply-add per kernel element.
+        # Each output position does one multiply-add per kernel element.
         kernels = [layer.depthwise_kernel, layer.pointwise_kernel] if kind.startswith("Separable") else [layer.kernel]
         size = sum(_prod(tuple(int(d) for d in k.shape)) for k in kernels)
         if kind.endswith("Transpose"):  # each input position scatters the whole kernel
@@ -169,29 +128,14 @@ def _flatten_layers(model) -> list:
 
 
 def count_training_flops(model, layers: Optional[Sequence] = None) -> FlopCount:
-    """Counts a model's training FLOPs per example from its layer shapes.
+    """Counts a model's training FLOPs per example (`FlopCount.training`) from its layer shapes.
 
-    The first layer with matrix work gets no input-gradient term (its input is the
-    data); every later one does. That is exact for a chain of layers (Sequential
-    models and single-path functional models such as the MNIST recipe's) and an
-    upper bound for branching models.
-
-    Args:
-        model: a built Keras model with a fixed input shape (functional or
-            Sequential).
-        layers: the layers to count, in order. Defaults to None (all the model's
-            layers, nested models included).
-
-    Returns:
-        A `FlopCount`; `.training` is the forward plus backward FLOPs per example.
+    The first layer with matrix work gets no input-gradient term: exact for a chain of layers, an upper
+    bound for a branching model. `layers` (the layers to count, in order) defaults to all the model's,
+    nested models included.
 
     Raises:
         ValueError: when a counted layer has unknown dimensions.
-
-    Example:
-        >>> from tftrain.recipes.mnist import mlp
-        >>> count_training_flops(mlp()).training  # 784-512-512-10
-        3209216
     """
     rows = []
     first = True

@@ -1,10 +1,6 @@
-"""Facts about this machine that need no measurement and no TensorFlow.
-
-CPU model, cores (logical, physical, usable by this process, the cgroup's CPU
-quota), sockets, the instruction-set features that matter for training, memory
-size, and whether an NVIDIA GPU and driver are present. Linux first
-(`/proc/cpuinfo`, `/proc/driver/nvidia`, cgroups); elsewhere py-cpuinfo when it
-is installed, and psutil.
+"""Facts about this machine that need no measurement and no TensorFlow: CPU model, cores, cgroup quota,
+sockets, the instruction-set features that matter for training, memory, and an NVIDIA GPU and driver.
+Linux first (`/proc`, cgroups); elsewhere py-cpuinfo when installed, and psutil.
 """
 
 from __future__ import annotations
@@ -27,10 +23,9 @@ FEATURES = {
     "AVX512-FP16": ("avx512_fp16",),
     "AMX-BF16": ("amx_bf16", "amx_tile"),
 }
-"""Feature -> the Linux `/proc/cpuinfo` flags that must all be present. oneDNN,
-TensorFlow's CPU math library, picks its kernels by these: AVX2/FMA and AVX512F
-for float32, AVX512-BF16 and AMX for bfloat16 (without them bfloat16 is emulated
-and slower than float32: https://oneapi-src.github.io/oneDNN/dev_guide_data_types.html)."""
+"""Feature -> the `/proc/cpuinfo` flags it needs. oneDNN, TensorFlow's CPU math library, picks its kernels
+by them: AVX2/FMA and AVX512F for float32, AVX512-BF16 and AMX for bfloat16 (emulated and slower than
+float32 without them: https://oneapi-src.github.io/oneDNN/dev_guide_data_types.html)."""
 
 BF16_FEATURES = ("AVX512-BF16", "AMX-BF16")
 """Features that give native bfloat16 arithmetic (the one rule: `native_bf16`)."""
@@ -49,16 +44,8 @@ def _cpuinfo_fields(path: str) -> list:
 
 
 def cpu_flags(cpuinfo_path: str = CPUINFO) -> tuple:
-    """The CPU's feature flags and where they were read.
-
-    Args:
-        cpuinfo_path: Linux CPU description. Defaults to `/proc/cpuinfo`.
-
-    Returns:
-        `(frozenset of lower-case flags, source)`: source is the path, or
-        `"py-cpuinfo"` when the file is unreadable and py-cpuinfo is installed,
-        or None (no flags known: every feature then reads as absent).
-    """
+    """`(frozenset of lower-case CPU flags, source)` from `cpuinfo_path` (defaults to `/proc/cpuinfo`), else
+    from py-cpuinfo when installed; source None when no flags are known (every feature then reads absent)."""
     for key, value in _cpuinfo_fields(cpuinfo_path):
         if key in ("flags", "Features"):  # x86, ARM
             return frozenset(value.lower().split()), cpuinfo_path
@@ -91,12 +78,8 @@ def cpu_model(cpuinfo_path: str = CPUINFO) -> str:
 
 
 def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> Optional[float]:
-    """CPUs' worth of time the cgroup allows this process (e.g. 2.5), or None when unlimited.
-
-    Reads cgroup v2 `cpu.max`, else v1 `cpu/cpu.cfs_quota_us` and
-    `cpu.cfs_period_us`. TensorFlow sizes its thread pools by the cores it may
-    run on, not by this quota, so a quota below the core count oversubscribes.
-    """
+    """CPUs' worth of time the cgroup allows (e.g. 2.5; v2 `cpu.max`, else v1's CFS quota), or None when
+    unlimited. TensorFlow sizes its thread pools by cores, not by this quota, so a lower quota oversubscribes."""
     try:
         quota, period = Path(root, "cpu.max").read_text().split()[:2]
         return None if quota == "max" else int(quota) / int(period)
@@ -132,15 +115,9 @@ def usable_cores() -> int:
 
 
 def cpu_facts(cpuinfo_path: str = CPUINFO, cgroup_root: str = "/sys/fs/cgroup") -> dict:
-    """The CPU section's facts.
-
-    Returns:
-        `{"model", "logical_cores", "physical_cores" (None when unknown),
-        "usable_cores", "cpu_quota" (None: none), "sockets" (None: unknown),
-        "features": {name: bool}, "flags_source", "native_bf16": bool,
-        "memory_bytes" (the smaller of RAM and the cgroup limit),
-        "ram_bytes", "memory_limit_bytes" (None: none)}`.
-    """
+    """The CPU section's facts: `{"model", "logical_cores", "physical_cores", "usable_cores", "cpu_quota",
+    "sockets", "features": {name: bool}, "flags_source", "native_bf16", "memory_bytes" (the smaller of RAM
+    and the cgroup limit), "ram_bytes", "memory_limit_bytes"}`; None where unknown or unlimited."""
     flags, source = cpu_flags(cpuinfo_path)
     found = features(flags)
     sockets = {v for k, v in _cpuinfo_fields(cpuinfo_path) if k == "physical id"}
@@ -180,19 +157,11 @@ def _nvidia_smi_rows(exe: str, run: Callable = subprocess.run) -> list:
 
 def nvidia_hardware(which: Callable = shutil.which, proc_path: str = NVIDIA_PROC, dev_glob_root: str = "/dev",
                     run: Callable = subprocess.run) -> dict:
-    """Whether this machine has an NVIDIA GPU and driver, whatever TensorFlow sees.
-
-    Args:
-        which: `shutil.which` (tests pass their own). Defaults to it.
-        proc_path: the driver's version file. Defaults to
-            `/proc/driver/nvidia/version`.
-        dev_glob_root: folder holding `nvidia0`, `nvidia1`, ... Defaults to `/dev`.
-        run: `subprocess.run` (tests pass their own). Defaults to it.
+    """Whether this machine has an NVIDIA GPU and driver, whatever TensorFlow sees (the arguments are for tests).
 
     Returns:
-        `{"present": bool, "nvidia_smi": path or None, "driver": str or None
-        (first line of the version file), "device_files": int, "gpus": [rows
-        of nvidia-smi: name, memory_bytes, driver]}`.
+        `{"present", "nvidia_smi" (path or None), "driver" (the version file's first line or None),
+        "device_files" (count of `/dev/nvidia<N>`), "gpus" (nvidia-smi rows: name, memory_bytes, driver)}`.
     """
     exe = which("nvidia-smi")
     try:

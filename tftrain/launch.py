@@ -1,38 +1,15 @@
 """Local multi-process launcher: one process per task, each with its own TF_CONFIG.
 
-Runs a multi-worker job on one machine over loopback, the way a cluster manager
-(SLURM, Kubernetes' TFJob) would run it on several::
+Runs a multi-worker job on one machine over loopback, as SLURM or Kubernetes' TFJob would on several::
 
-    python -m tftrain.launch --workers 2 -- \\
-        python -m tftrain.recipes.mnist --strategy multi_worker_mirrored
-    python -m tftrain.launch --chief --workers 2 --ps 1 -- \\
-        python -m tftrain.recipes.mnist --strategy parameter_server
+    python -m tftrain.launch --workers 2 -- python -m tftrain.recipes.mnist --strategy multi_worker_mirrored
 
-Every task (`chief:0`, `worker:0`, `worker:1`, `ps:0`, ...) gets a free
-`127.0.0.1` port (picked with `portpicker`) and a `TF_CONFIG` naming the whole
-cluster and its own place in it. Each line a task prints is prefixed with the
-task (`[worker:1] ...`), on the stream it was written to.
-
-The job ends when every chief and worker task has exited; with ps tasks (a
-parameter-server job) when every task has: tftrain's worker and ps tasks exit by
-themselves once the chief has told them how the job ended. Tasks that still serve
-`--server-wait` seconds after the chief finished (a script whose servers
-`join()` forever) are stopped and do not count as failed. The launcher names each
-task's exit code and returns the first non-zero one (a task killed by signal N
-counts as 128 + N, as in a shell).
-A parameter-server job outlives a worker, as `ParameterServerStrategy` is built to:
-the chief's `ClusterCoordinator` reschedules a lost worker's steps on the others, so
-the job goes on while one worker runs, and `--max-restarts N` restarts the worker
-alone (TensorFlow's coordinator reconnects a worker that comes back at its address). With `--max-restarts N` any
-other task that fails (a MultiWorkerMirrored worker, a chief, a ps task) restarts the
-whole job, which resumes from its checkpoint; each restart is named in the log, at
-most N in all. When a task fails beyond that, on Ctrl-C (SIGINT), SIGTERM or SIGHUP,
-or when `--timeout` seconds pass (exit code 124, naming the task that stalled), it
-tears every task down: each task runs in its own process group, which gets SIGTERM, then SIGKILL
-after a grace period. On Linux each task also gets SIGKILL from the kernel if the
-launcher itself dies (`PR_SET_PDEATHSIG`), so no task outlives it.
-
-Bad launcher input ends with one line on stderr and exit code 2.
+Each task gets a free 127.0.0.1 port and its output lines are prefixed with it (`[worker:1] ...`). The job
+ends when every chief and worker has exited (with ps tasks: every task, as tftrain's exit once the chief
+says how the job ended). `--max-restarts N` restarts a failed parameter-server worker alone (the chief's
+`ClusterCoordinator` reschedules its steps), else the whole job, which resumes from its checkpoint. On a
+failure beyond that, a signal or `--timeout` (exit 124), every task's process group gets SIGTERM, then
+SIGKILL; on Linux a task also dies with the launcher (`PR_SET_PDEATHSIG`). Bad launcher input exits 2.
 """
 
 from __future__ import annotations
@@ -64,14 +41,12 @@ EXIT_TIMEOUT = 124
 """Exit code when `--timeout` passes (the code coreutils' `timeout` uses)."""
 
 DEFAULT_GRACE_S = 30.0
-"""Seconds between SIGTERM and SIGKILL when tearing tasks down: time for the tasks of a MultiWorkerMirrored
-job to agree on a step and save it (4.6 s measured for two MNIST workers on 2 cores); SLURM's `KillWait`
-and Kubernetes' `terminationGracePeriodSeconds` default to 30 s as well."""
+"""Seconds between SIGTERM and SIGKILL on teardown: time for MultiWorkerMirrored tasks to agree on a step
+and save it (SLURM's `KillWait` and Kubernetes' `terminationGracePeriodSeconds` default to 30 s too)."""
 
 FAILURE_GRACE_S = 5.0
-"""At most this many seconds between SIGTERM and SIGKILL when the tasks are torn down because one failed: a
-MultiWorkerMirrored worker whose peer died cannot reach a step to save at (its collectives wait on the dead
-peer), so the full `--grace` would only delay the restart or the exit."""
+"""The most seconds between SIGTERM and SIGKILL after a task failed: a MultiWorkerMirrored peer of a dead
+task cannot reach a step to save at, so a longer grace only delays the restart or the exit."""
 
 DEFAULT_SERVER_WAIT_S = 60.0
 """Seconds a parameter-server job's worker and ps tasks get to exit after the chief finished."""
@@ -94,29 +69,21 @@ def make_cluster(
     host: str = LOOPBACK,
     pick_port: Optional[Callable[[], int]] = None,
 ) -> dict:
-    """Builds a cluster spec with one free port per task.
+    """Builds a cluster spec (TF_CONFIG's `cluster`) with one free port per task.
 
     Args:
-        workers: number of `worker` tasks, >= 1.
-        ps: number of `ps` (parameter server) tasks, >= 0; needs `chief`.
-            Defaults to 0.
-        chief: add one `chief` task (the coordinator of a parameter-server job;
-            in a MultiWorkerMirrored job it trains like a worker and writes the
-            run directory). Defaults to False.
-        host: address every task binds to. Defaults to `"127.0.0.1"`.
-        pick_port: function returning a free TCP port. Defaults to
-            `portpicker.pick_unused_port`.
+        workers: `worker` tasks, >= 1.
+        ps: `ps` tasks, >= 0; needs `chief`. Defaults to 0.
+        chief: add a `chief` task (a parameter-server job's coordinator; under MultiWorkerMirrored it
+            trains and writes the run directory). Defaults to False.
+        host: the tasks' address. Defaults to `"127.0.0.1"`.
+        pick_port: returns a free TCP port. Defaults to `portpicker.pick_unused_port`.
 
     Returns:
-        `{"chief": [...], "worker": [...], "ps": [...]}` (absent types left out),
-        each a list of `host:port` strings; the layout of TF_CONFIG's `cluster`.
+        `{"chief": [...], "worker": [...], "ps": [...]}` of `host:port` strings, absent types left out.
 
     Raises:
-        LaunchError: when a count is out of range or `ps` > 0 without `chief`.
-
-    Example:
-        >>> make_cluster(2)
-        {'worker': ['127.0.0.1:21043', '127.0.0.1:17611']}
+        LaunchError: a count out of range, or `ps` > 0 without `chief`.
     """
     check_int(workers, "--workers", error=LaunchError)
     check_int(ps, "--ps", minimum=0, error=LaunchError)
@@ -138,13 +105,7 @@ def make_cluster(
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
-    """One task of a local cluster.
-
-    Attributes:
-        cluster: task type -> list of `host:port` (the whole cluster).
-        task_type: `chief`, `worker` or `ps`.
-        task_index: index within its type.
-    """
+    """One task of a local cluster: the whole `cluster` (type -> `host:port` list), its type and index."""
 
     cluster: Mapping[str, Sequence[str]]
     task_type: str
@@ -230,11 +191,8 @@ class _Job:
 
 
 def teardown(tasks: Sequence["_Task"], grace_s: float = DEFAULT_GRACE_S) -> None:
-    """Stops every task's process group: SIGTERM, then SIGKILL after `grace_s` seconds.
-
-    Groups whose leader already exited are signalled too, so processes a task
-    started cannot outlive it.
-    """
+    """Stops every task's process group: SIGTERM, then SIGKILL after `grace_s` seconds (also groups whose
+    leader exited, so that no process a task started outlives it)."""
     for task in tasks:
         signal_group(task.proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -272,42 +230,26 @@ def launch(
     """Runs `command` once per task of a local cluster and waits for the job.
 
     Args:
-        command: the program and its arguments, run unchanged by every task,
-            e.g. `["python", "-m", "tftrain.recipes.mnist", "--strategy",
-            "multi_worker_mirrored"]`.
-        workers: number of worker tasks, >= 1.
-        ps: number of parameter-server tasks (needs `chief`). Defaults to 0.
-        chief: add a chief task. Defaults to False.
-        timeout: seconds the whole job may run before every task is stopped;
-            None waits forever. Defaults to None.
-        grace_s: seconds between SIGTERM and SIGKILL when tearing down on a
-            signal or the timeout (`FAILURE_GRACE_S` at most after a task
+        command: the program and its arguments, run unchanged by every task.
+        workers, ps, chief: the tasks, as `make_cluster` takes them.
+        timeout: seconds before every task is stopped; None waits forever. Defaults to None.
+        grace_s: seconds between SIGTERM and SIGKILL on teardown (`FAILURE_GRACE_S` at most after a task
             failed). Defaults to 30.0.
-        env: base environment of the tasks; each also gets its own `TF_CONFIG`
-            and `PYTHONUNBUFFERED=1`. Defaults to `os.environ`.
-        out: stream for the tasks' prefixed stdout. Defaults to `sys.stdout`.
-        err: stream for their prefixed stderr and the launcher's messages.
-            Defaults to `sys.stderr`.
-        server_wait_s: in a parameter-server job, seconds the worker and ps
-            tasks get to exit by themselves after the chief exited 0; those
-            still running are then stopped. Defaults to 60.0.
-        max_restarts: restarts allowed in all, >= 0: a parameter-server job's
-            worker that fails is restarted alone, any other failed task restarts
-            the whole job (which resumes from its checkpoint). Defaults to 0.
+        env: the tasks' base environment; each also gets `TF_CONFIG` and `PYTHONUNBUFFERED=1`. Defaults to
+            `os.environ`.
+        out, err: streams for the tasks' prefixed stdout, and for their stderr and the launcher's
+            messages. Defaults to `sys.stdout` and `sys.stderr`.
+        server_wait_s: in a parameter-server job, seconds the worker and ps tasks get to exit after the
+            chief exited 0, before they are stopped. Defaults to 60.0.
+        max_restarts: restarts in all, >= 0 (module docstring). Defaults to 0.
 
     Returns:
-        0 when the job succeeded (a parameter-server job also after losing a
-        worker while another ran); otherwise the exit code of the task whose
-        failure stopped the job (128 + N for a task killed by signal N), 124 on
-        timeout, or 128 + N when the launcher got signal N (130 for Ctrl-C).
+        0 on success (a parameter-server job also after losing a worker while another ran); else the failed
+        task's exit code (128 + N for signal N), 124 on timeout, or 128 + N when the launcher got signal N.
 
     Raises:
-        LaunchError: on bad counts, a non-positive timeout, a negative
-            `max_restarts`, an empty command or a program that cannot be started.
-
-    Example:
-        >>> launch([sys.executable, "-m", "tftrain.recipes.mnist",
-        ...         "--strategy", "multi_worker_mirrored"], workers=2, timeout=600)
+        LaunchError: bad counts, a non-positive timeout, a negative `max_restarts`, an empty command or a
+            program that cannot be started.
     """
     if not command:
         raise LaunchError(f"No command given. Usage: {PROG} --workers N -- python -m tftrain.recipes.mnist ...")
@@ -358,11 +300,7 @@ def _signals_stop():
 
 
 def _start_task(command: Sequence[str], info, base_env: Mapping[str, str], output: "TaskOutput") -> _Task:
-    """Starts one task of the cluster in its own session, with its TF_CONFIG.
-
-    Raises:
-        LaunchError: when the program cannot be started.
-    """
+    """Starts one task in its own session with its TF_CONFIG; raises `LaunchError` when it cannot start."""
     task_env = {**base_env, "TF_CONFIG": info.to_tf_config(), "PYTHONUNBUFFERED": "1"}
     try:
         proc = subprocess.Popen(list(command), env=task_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

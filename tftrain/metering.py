@@ -1,16 +1,10 @@
-"""Throughput and step-time math, kept free of TensorFlow so it is tested alone.
+"""Throughput and step-time math, free of TensorFlow so it is tested alone (`tftrain.callbacks` feeds it).
 
-`StepMeter` turns a stream of timed executions ("this call ran N optimizer steps in
-S seconds") into examples/sec and step-time figures: the median and 90th percentile
-step time over a window, per epoch and overall, leaving out the warm-up steps that
-trace and compile the training function. One execution may cover several steps
-(Keras `steps_per_execution`); its time is shared evenly between them. Examples are
-global: steps x global batch size (all replicas together).
-
-`time_batches` and `input_bound_verdict` implement the input-bound check: time the
-input pipeline alone delivering the same batches, and compare that with the step time.
-
-Nothing here imports TensorFlow; the callbacks in `tftrain.callbacks` feed it.
+`StepMeter` turns timed executions ("N optimizer steps in S seconds") into examples/sec and the median
+and 90th-percentile step time, per window, epoch and run, leaving out the warm-up steps that trace and
+compile. An execution's time is shared evenly by its steps (Keras `steps_per_execution`); examples are
+global (steps x global batch size). `time_batches` and `input_bound_verdict` make the input-bound check:
+the input pipeline alone, timed against the step time.
 """
 
 from __future__ import annotations
@@ -31,21 +25,10 @@ INPUT_BOUND_ADVICE = (
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """The `q`-th percentile of `values` with linear interpolation (NumPy's default).
-
-    Args:
-        values: a non-empty sequence of numbers.
-        q: percentile in [0, 100].
-
-    Returns:
-        The percentile as a float.
+    """The `q`-th percentile (0..100) of `values`, interpolated linearly (NumPy's default).
 
     Raises:
         ValueError: when `values` is empty or `q` is outside [0, 100].
-
-    Example:
-        >>> percentile([1.0, 2.0, 3.0, 4.0], 50)
-        2.5
     """
     if not len(values):
         raise ValueError("percentile of an empty sequence is undefined.")
@@ -59,17 +42,11 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class ThroughputStats:
-    """Throughput and step time over a set of measured steps.
+    """Throughput and step time over a set of measured steps (times in seconds).
 
     Attributes:
-        steps: optimizer steps measured.
-        seconds: wall time of those steps, in seconds.
-        examples: global examples processed (steps x global batch size), or None
-            when the batch size is unknown.
+        examples: global examples (steps x global batch size); None when the batch size is unknown.
         examples_per_sec: global examples per second, or None.
-        steps_per_sec: optimizer steps per second.
-        step_time_median_s: median step time, in seconds.
-        step_time_p90_s: 90th-percentile step time, in seconds.
     """
 
     steps: int
@@ -97,25 +74,14 @@ class StepMeter:
     """Collects timed executions and reports throughput and step-time figures.
 
     Args:
-        batch_size: global batch size (examples per optimizer step, all replicas
-            together); None reports steps/sec and step times only. Defaults to
-            None.
-        warmup_steps: leave out executions that start before this many steps
-            (counted from the first recorded step): they trace, compile and fill
-            buffers. Defaults to 3.
-        window: number of most recent measured steps used by `window_stats`.
-            Defaults to 100.
+        batch_size: global batch size (all replicas); None reports steps/sec and step times only.
+            Defaults to None.
+        warmup_steps: executions starting before this many steps (from the first recorded) are left out:
+            they trace, compile and fill buffers. Defaults to 3.
+        window: the most recent measured steps `window_stats` uses. Defaults to 100.
 
     Raises:
-        ValueError: on a non-positive `batch_size` or `window`, or a negative
-            `warmup_steps`.
-
-    Example:
-        >>> meter = StepMeter(batch_size=128, warmup_steps=1)
-        >>> meter.record(steps=1, seconds=2.0)   # tracing: left out
-        >>> meter.record(steps=4, seconds=0.4)   # steps_per_execution=4
-        >>> meter.stats().step_time_median_s
-        0.1
+        ValueError: a non-positive `batch_size` or `window`, or a negative `warmup_steps`.
     """
 
     def __init__(self, batch_size: Optional[int] = None, warmup_steps: int = 3, window: int = 100):
@@ -137,15 +103,8 @@ class StepMeter:
         self.epoch = int(epoch)
 
     def record(self, steps: int, seconds: float) -> None:
-        """Records one execution.
-
-        Args:
-            steps: optimizer steps the execution ran (0 is ignored).
-            seconds: its wall time, in seconds.
-
-        Raises:
-            ValueError: on negative `steps` or `seconds`.
-        """
+        """Records one execution of `steps` optimizer steps (0 is ignored) that took `seconds`; raises
+        `ValueError` when either is negative."""
         if steps < 0 or seconds < 0:
             raise ValueError(f"steps and seconds must be >= 0. Received: steps={steps!r}, seconds={seconds!r}.")
         if steps == 0:
@@ -154,19 +113,9 @@ class StepMeter:
         self.total_steps += int(steps)
 
     def reconcile_epoch(self, epoch: int, steps: int) -> int:
-        """Corrects an epoch's step count to the true one (e.g. from the optimizer).
-
-        Hooks that see only nominal execution sizes over-count the last execution
-        of an epoch when the data runs out inside it; the difference is taken off
-        (or added to) that epoch's last execution.
-
-        Args:
-            epoch: the epoch.
-            steps: its true number of steps.
-
-        Returns:
-            The correction applied (true - recorded), in steps.
-        """
+        """Corrects `epoch`'s recorded steps to the true count `steps` on its last execution and returns the
+        correction (true - recorded): hooks that see nominal execution sizes over-count an epoch whose data
+        runs out inside its last execution."""
         indices = [i for i, e in enumerate(self._executions) if e.epoch == epoch]
         recorded = sum(self._executions[i].steps for i in indices)
         diff = int(steps) - recorded
@@ -192,14 +141,7 @@ class StepMeter:
         ]
 
     def stats(self, epoch: Optional[int] = None) -> Optional[ThroughputStats]:
-        """Figures over every measured step (or those of one epoch).
-
-        Args:
-            epoch: only this epoch's steps; None uses all. Defaults to None.
-
-        Returns:
-            A `ThroughputStats`, or None when no step was measured (all warm-up).
-        """
+        """Figures over every measured step, or `epoch`'s; None when none was measured (all warm-up)."""
         return self._summarise(self._measured(epoch))
 
     def window_stats(self) -> Optional[ThroughputStats]:
@@ -245,21 +187,10 @@ def time_batches(
     warmup_batches: int = 1,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Optional[float]:
-    """Seconds the input alone takes to deliver one batch, on average.
+    """Mean seconds the input alone takes per batch, or None when it ran out before one timed batch.
 
-    Iterates `batches` (a `tf.data.Dataset`, a generator, any iterable), drops the
-    first `warmup_batches` (iterator start-up, buffer fill), then times the next
-    `num_batches`.
-
-    Args:
-        batches: the input, e.g. the training `tf.data.Dataset`.
-        num_batches: batches to time, >= 1.
-        warmup_batches: batches fetched before the clock starts. Defaults to 1.
-        clock: a monotonic clock in seconds. Defaults to `time.perf_counter`.
-
-    Returns:
-        Mean seconds per batch, or None when the input ran out before one timed
-        batch.
+    Iterates `batches` (any iterable, e.g. a `tf.data.Dataset`), drops `warmup_batches` (defaults to 1),
+    then times `num_batches` with `clock` (defaults to `time.perf_counter`).
 
     Raises:
         ValueError: when `num_batches` < 1 or `warmup_batches` < 0.
@@ -282,16 +213,11 @@ def time_batches(
 
 @dataclasses.dataclass(frozen=True)
 class InputCheck:
-    """Result of the input-bound check.
+    """Result of the input-bound check (times in seconds per step).
 
     Attributes:
-        input_time_per_step_s: seconds the input pipeline alone needs per batch.
-        step_time_s: median training step time, in seconds.
-        input_fraction: `input_time_per_step_s / step_time_s`, capped at 1: the
-            share of each step the input needs. Without prefetching the step
-            waits that long; with prefetching input overlaps compute, so this is
-            an upper bound on the wait.
-        input_bound: True when `input_fraction` >= the threshold.
+        input_fraction: input time / step time, capped at 1: an upper bound on the share of a step spent
+            waiting for data (prefetching overlaps the two).
         verdict: one plain-words line.
     """
 
@@ -313,29 +239,15 @@ def input_bound_verdict(
 ) -> InputCheck:
     """Compares input time with step time and words the verdict.
 
-    The TensorFlow Profiler guide calls a step input-bound when a large share of it
-    is spent waiting for data (https://www.tensorflow.org/guide/data_performance_analysis).
-    Here that share is estimated from two measurements: the input pipeline alone
-    delivering a batch, and a full training step.
+    A step is input-bound when a large share of it waits for data
+    (https://www.tensorflow.org/guide/data_performance_analysis).
 
     Args:
-        input_time_per_step_s: seconds per batch for the input alone (see
-            `time_batches`).
-        step_time_s: training step time in seconds (e.g. the median).
-        threshold: fraction from which the run counts as input-bound, in (0, 1].
-            Defaults to 0.5.
-
-    Returns:
-        An `InputCheck`.
+        input_time_per_step_s: seconds per batch for the input alone (`time_batches`).
+        threshold: the fraction from which the run is input-bound, in (0, 1]. Defaults to 0.5.
 
     Raises:
-        ValueError: on a non-positive `step_time_s`, negative input time or a
-            threshold outside (0, 1].
-
-    Example:
-        >>> check = input_bound_verdict(0.03, 0.04)
-        >>> check.input_bound, check.verdict[:42]
-        (True, 'input-bound: 75% of each step waits for da')
+        ValueError: a non-positive `step_time_s`, a negative input time or a threshold outside (0, 1].
     """
     if step_time_s <= 0 or input_time_per_step_s < 0:
         raise ValueError(

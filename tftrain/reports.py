@@ -34,12 +34,7 @@ def write_metrics(run_dir, metrics: Mapping) -> Path:
 
 
 def jsonable(value):
-    """`json.dumps`'s `default` for what runs and benchmarks record: NumPy / TF scalars, sets and tuples,
-    paths, dataclasses.
-
-    Raises:
-        TypeError: for anything else (as `json.dumps` does).
-    """
+    """`json.dumps`'s `default`: NumPy / TF scalars, sets, tuples, paths, dataclasses; else `TypeError`."""
     if hasattr(value, "item"):  # NumPy / TF scalars
         return value.item()
     if isinstance(value, (set, tuple)):

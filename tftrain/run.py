@@ -1,26 +1,13 @@
 """`python -m tftrain.run FILE.py:NAME [flags]`: train any task from the command line.
 
-NAME names a `tftrain.Task` in the file (or module: `package.module:NAME`), or a
-function (or class) that returns one when called without arguments. Every
-runtime, data and training flag works as for the MNIST recipe, plus one flag per
-hyperparameter the task declares (`--help` lists them); `--config FILE` reads a
-recipe file (YAML) whose `task:` section holds those hyperparameters.
-
     python -m tftrain.run examples/regression.py:task --epochs 5
-    python -m tftrain.run examples/two_input.py:task --strategy mirrored --cpu-replicas 2
-    python -m tftrain.launch --workers 2 -- python -m tftrain.run examples/regression.py:task \\
-        --strategy multi_worker_mirrored
 
-A task file that starts TensorFlow's runtime when imported (a Keras metric object
-built at module level creates variables) is named, with the fix, when that keeps
-`--cpu-replicas` (exit 2) or thread counts (a warning) from applying.
-
-Exit codes: 0 done; 2 bad input (one line on stderr, no traceback); 1 the run
-failed after it started (one line naming what failed and where the traceback was
-written); 130 interrupted with Ctrl-C (the same command resumes from the
-checkpoint); 143 stopped by SIGTERM (138 by SIGUSR1): during training in a single
-process, after saving the checkpoint of the current step, which the same command
-resumes from.
+NAME is a `tftrain.Task` in the file (or `package.module:NAME`), or a callable returning one. Every
+recipe flag works, plus one per hyperparameter the task declares; `--config FILE` reads a recipe YAML
+whose `task:` section holds those. A task file that starts TensorFlow when imported is named, with the
+fix, when that keeps `--cpu-replicas` (exit 2) or thread counts (a warning) from applying.
+Exit codes: 0 done; 2 bad input; 1 the run failed (one line; the traceback in the run directory); 130
+Ctrl-C; 143 (138) SIGTERM (SIGUSR1) after saving a checkpoint the same command resumes from.
 """
 
 from __future__ import annotations
@@ -43,19 +30,11 @@ PROG = "python -m tftrain.run"
 
 
 def load_task(spec: str):
-    """Loads the task named by `FILE.py:NAME` or `MODULE:NAME`.
-
-    Args:
-        spec: `path/to/file.py:NAME` or `package.module:NAME`; NAME is a
-            `tftrain.Task`, or a function or class returning one.
-
-    Returns:
-        The `tftrain.Task`.
+    """Loads the task named by `path/to/file.py:NAME` or `package.module:NAME` (a `tftrain.Task`, or a
+    function or class returning one).
 
     Raises:
-        ConfigError: when the spec is malformed, the file or module cannot be
-            imported (the error and its line are named), NAME is missing, or it
-            is not (and does not return) a Task.
+        ConfigError: a malformed spec, an import error (named with its line), a missing NAME, or no Task.
     """
     from tftrain.train.tasks import Task
 
@@ -80,8 +59,7 @@ def load_task(spec: str):
 
 
 def _split_task_spec(argv: List[str]) -> Tuple[Optional[str], List[str]]:
-    """The task spec (the first argument of the form `WHERE:NAME` that is not a flag) and the rest,
-    so flags may come before or after it."""
+    """The task spec (the first non-flag `WHERE:NAME` argument) and the other arguments."""
     for i, arg in enumerate(argv):
         if not arg.startswith("-") and ":" in arg:
             return arg, argv[:i] + argv[i + 1:]
@@ -90,20 +68,14 @@ def _split_task_spec(argv: List[str]) -> Tuple[Optional[str], List[str]]:
 
 def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, description: str = "",
          default_config: Optional[str] = None) -> int:
-    """Parses flags, trains the task, and turns errors into exit codes.
+    """Parses flags, trains the task, and turns errors into exit codes (module docstring; 0 also when a
+    scheduler's restart finds the run finished).
 
     Args:
-        argv: arguments without the program name; None reads `sys.argv[1:]`.
-            Without `task`, the first non-flag argument is the task spec.
+        argv: arguments without the program name (None: `sys.argv[1:]`); without `task`, the first
+            `WHERE:NAME` argument is the task spec.
         task: a `tftrain.Task` to run (recipes pass theirs). Defaults to None.
-        prog: program name in help and error lines. Defaults to
-            `python -m tftrain.run`.
-        description: text above the flag list. Defaults to "".
         default_config: a recipe file named in `--config`'s help. Defaults to None.
-
-    Returns:
-        0 on success (and when a scheduler's restart finds the run finished already), 2 on bad input, 1 when the run failed, 130 on Ctrl-C, 143 (138) when
-        SIGTERM (SIGUSR1) stopped training after saving its checkpoint.
     """
     from tftrain.train.trainer import Interrupted, Trainer
 
@@ -148,8 +120,8 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
 
 
 def _disk_full(error: BaseException, trainer) -> str:
-    """For an error caused by a full disk (ENOSPC, also inside HDF5 or TensorFlow errors that name it): one
-    line naming the file or run directory and the fix; else ""."""
+    """For an error caused by a full disk (ENOSPC, also inside HDF5 or TensorFlow errors): one line naming
+    the file or run directory and the fix; else ""."""
     import errno
 
     chain, seen = [], error
@@ -166,16 +138,14 @@ def _disk_full(error: BaseException, trainer) -> str:
 
 
 def _resume_hint(run_dir: str) -> str:
-    """How to resume: the same command with `--resume` (the newest unfinished run of the task and settings)
-    or `--run-dir` (this one; a parameter-server job's server tasks do not know it: the chief's line says it)."""
+    """How to resume: `--resume` or `--run-dir` (a parameter-server job's server tasks do not know it)."""
     if not run_dir:
         return "To resume, rerun the same command (the chief's line names the run directory)."
     return f"To resume, rerun the same command with --resume (or --run-dir {run_dir})."
 
 
 def _fit(trainer, started: float, quiet_threads: bool) -> None:
-    """`trainer.fit`; with `quiet_threads`, without the runtime's warning that thread counts were not
-    applied (said already, with the task file that started TensorFlow and the fix)."""
+    """`trainer.fit`; with `quiet_threads`, without the runtime's warning that thread counts were not applied."""
     with warnings.catch_warnings():
         if quiet_threads:
             warnings.simplefilter("ignore", RuntimeStartedWarning)
@@ -183,7 +153,7 @@ def _fit(trainer, started: float, quiet_threads: bool) -> None:
 
 
 def _task_from_argv(argv: List[str], prog: str):
-    """`(task, the other arguments, the task file when loading it started TensorFlow's runtime, else None)`."""
+    """`(task, the other arguments, the task file when loading it started TensorFlow, else None)`."""
     spec, rest = _split_task_spec(argv)
     if spec is None:
         if any(a in ("-h", "--help") for a in argv):
@@ -211,8 +181,7 @@ def _tensorflow_started() -> bool:
 
 
 def _unapplied_thread_flags(runtime_config) -> List[str]:
-    """`["--intra-op-threads 2", ...]`: the thread counts asked for that differ from those in effect,
-    once TensorFlow's runtime has started (`set_threads` cannot apply them then)."""
+    """`["--intra-op-threads 2", ...]`: thread counts asked for that differ from those in effect."""
     from tftrain.runtime.threads import current_threads
 
     now = current_threads()
@@ -222,7 +191,7 @@ def _unapplied_thread_flags(runtime_config) -> List[str]:
 
 
 def _refused_setting(error: RuntimeStartedError, runtime_config) -> Optional[str]:
-    """What the runtime refused, in flags (`--cpu-replicas 2 cannot split the CPU`), or None if unknown."""
+    """What the runtime refused, as flags (`--cpu-replicas 2 cannot split the CPU`), or None."""
     if error.setting == "cpu_replicas":
         return f"--cpu-replicas {runtime_config.cpu_replicas} cannot split the CPU"
     if error.setting == "device":
@@ -231,8 +200,7 @@ def _refused_setting(error: RuntimeStartedError, runtime_config) -> Optional[str
 
 
 def _started_tensorflow(task_file: str, task, refused: Optional[str], threads: Sequence[str]) -> str:
-    """One line: the task file started TensorFlow, so the refused setting and the thread flags
-    cannot apply; and the fix."""
+    """One line: the task file started TensorFlow, so these settings cannot apply; and the fix."""
     unmet = ([refused] if refused else []) + ([f"{' and '.join(threads)} cannot apply"] if threads else [])
     return (f"{task_file} started TensorFlow when imported (a Keras metric, layer or tensor built at module level), "
             f"so {' and '.join(unmet)}: {_started_tensorflow_fix(task)}")
@@ -295,12 +263,8 @@ def _exit_on_sigterm(signum, frame):
 
 
 def run_module(main_fn: Callable[[], int] = main) -> None:
-    """`if __name__ == "__main__"` helper: runs `main_fn()` and exits with its code.
-
-    SIGTERM (sent by `python -m tftrain.launch`, SLURM or Kubernetes to stop a
-    task) exits with code 143 through Python's normal shutdown, so a worker's
-    temporary directory is removed.
-    """
+    """`if __name__ == "__main__"` helper: runs `main_fn()` and exits with its code. SIGTERM exits 143
+    through Python's normal shutdown, so that a worker's temporary directory is removed."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     sys.exit(main_fn())

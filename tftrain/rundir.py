@@ -1,27 +1,12 @@
 """Run directories: one per run, never silently overwritten, resumable.
 
-Layout of a run directory::
+Layout: config.yaml (the resolved config), logs/ (TensorBoard), backup/ (checkpoints; removed once
+model.keras and metrics.json are written), model.keras, history.csv (one row per epoch, across
+resumes), metrics.json, report.md, failure.log (a failed attempt's traceback; removed when a later
+one finishes), .tftrain.lock and .tftrain.holder (the process writing the directory).
 
-    config.yaml     the resolved configuration (rerun or compare with it)
-    logs/           TensorBoard logs (scalars, graphs, profiles)
-    backup/         BackupAndRestore checkpoint while training; removed once metrics.json
-                    and model.keras are written (a kill before that resumes from it and
-                    writes them without training again)
-    model.keras     the trained model
-    history.csv     one row per epoch, every metric, appended across resumes
-    metrics.json    test accuracy, loss, wall time, examples/sec, versions, ...
-    report.md       the same, for people
-    failure.log     the traceback of a failed attempt; removed when a later one finishes
-    .tftrain.lock   held by the process writing the directory (a second one is refused,
-                    named by .tftrain.holder: pid, host, start time)
-
-A directory that already holds a run is only reused to resume that same run: same
-configuration, not finished. Anything else is refused with a `RunDirError`.
-
-In a multi-worker run only the chief writes the run directory; every other worker
-runs the same saving code (saving can involve collective ops every worker must
-join) into a temporary directory of its own that is removed afterwards, the pattern
-of TensorFlow's multi-worker tutorial (`task_run_dir`).
+A directory that holds a run is reused only to resume that same unfinished run; anything else raises
+`RunDirError`. In a multi-worker run only the chief writes it (`task_run_dir`).
 """
 
 from __future__ import annotations
@@ -49,12 +34,12 @@ MODEL_FILE = "model.keras"
 LOG_DIR = "logs"
 BACKUP_DIR = "backup"
 HISTORY_FILE = "history.csv"
-"""One row per epoch (`epoch` and every logged metric), appended across resumes (Keras's `CSVLogger`)."""
+"""One row per epoch and every logged metric, appended across resumes (Keras's `CSVLogger`)."""
 FAILURE_LOG = "failure.log"
 """The traceback of a failed attempt (`tftrain.run`); a later attempt that finishes removes it."""
 LOCK_FILE, HOLDER_FILE = ".tftrain.lock", ".tftrain.holder"
-"""The lock the process writing a run directory holds (`filelock`: the operating system releases it when
-the process dies, even by SIGKILL), and the file naming that process (pid, host, start time)."""
+"""The writer's lock (`filelock`: the OS releases it when the process dies, even by SIGKILL), and the
+file naming that process (pid, host, start time)."""
 
 _IGNORED_WHEN_RESUMING = (("train", "verbose"), ("train", "profile"), ("train", "backup_every_steps"),
                           ("train", "callbacks"), ("train", "mlflow"), ("runtime", "nvtx"),
@@ -68,22 +53,17 @@ class RunDir:
     """A prepared run directory.
 
     Attributes:
-        path: the directory.
-        resumed_epochs: epochs already completed by an interrupted run of the same
-            configuration (from its BackupAndRestore checkpoint); 0 for a new run.
-        resumed_steps: batches of the next epoch done as well (a checkpoint
-            written mid-epoch, `--backup-every-steps`; micro-batches under
+        resumed_epochs: epochs an interrupted run of the same config completed; 0 for a new run.
+        resumed_steps: batches of the next epoch done too (a mid-epoch checkpoint; micro-batches under
             gradient accumulation); 0 otherwise.
-        finished_before: True when a scheduler's restart of this run found it
-            finished (`metrics.json`) with the same configuration: nothing to train.
-        after_steps_pending: the after-steps (`"export"`) that a finished run of the same
-            configuration has not done (`pending_after_steps`): a rerun does only these.
+        finished_before: a scheduler's restart found this run finished with the same config.
+        after_steps_pending: after-steps (`"export"`) a finished run has not done; a rerun does only these.
     """
 
     path: Path
     resumed_epochs: int = 0
     resumed_steps: int = 0
-    finished_before: bool = False  # a restart found this run finished (check_run_dir's `restart_of`)
+    finished_before: bool = False
     after_steps_pending: tuple = ()
 
     @property
@@ -118,20 +98,11 @@ def default_run_dir(recipe: str, root: str = "runs", now: Optional[datetime.date
 
 def newest_unfinished(task: str, config: dict, root: str = "runs", restart_of: Optional[str] = None,
                       in_use_ok: bool = False) -> Optional[Path]:
-    """The newest run directory `root/<task>-*` that this run may resume: unfinished (no `metrics.json`)
-    or finished by an earlier attempt of job `restart_of`, of the same configuration, not in use by
-    another process (`--resume`).
+    """The newest `root/<task>-*` this run may resume (`--resume`), or None.
 
-    Args:
-        task: the task's name (the directories' prefix).
-        config: this run's configuration as nested dicts (`RecipeConfig.to_dict()`).
-        root: the folder of default run directories. Defaults to `"runs"`.
-        restart_of: see `check_run_dir`. Defaults to None.
-        in_use_ok: take a directory another process holds (a worker of a multi-process job, whose chief
-            holds the directory it resumes). Defaults to False.
-
-    Returns:
-        The directory, or None when there is none.
+    A candidate has the same config, is unfinished (or finished by an earlier attempt of job `restart_of`,
+    see `check_run_dir`) and is not held by another process, unless `in_use_ok` (a worker whose chief
+    holds it). `root` defaults to `"runs"`.
     """
     candidates = [p for p in Path(root).glob(f"{task}-*") if (p / CONFIG_FILE).is_file()]
     for path in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
@@ -149,20 +120,11 @@ RUN_ID_ENV = "TFTRAIN_RUN_ID"
 
 
 def cluster_run_id(cluster_spec: dict, env: Optional[dict] = None) -> str:
-    """One run id that every task of a cluster derives alike, for `runs/<task>-<id>`.
+    """One run id every task of a cluster derives alike, for `runs/<task>-<id>`.
 
-    Each task of a multi-worker job starts at its own moment, so a timestamp
-    would give each its own directory. In order: `TFTRAIN_RUN_ID` (set by
-    `python -m tftrain.launch`), `slurm<SLURM_JOB_ID>`, else `cluster-` and the
-    first 10 hex digits of the SHA-1 of the cluster spec (the same for every pod
-    of a TFJob, so a restarted job resumes its directory).
-
-    Args:
-        cluster_spec: `{"chief": [...], "worker": [...], ...}` addresses.
-        env: environment to read. Defaults to `os.environ`.
-
-    Returns:
-        A directory-name-safe id, e.g. `20261201-101500`, `slurm4711`, `cluster-3f2a9c01de`.
+    Not a timestamp: each task starts at its own moment. `job_id(env)` when set, else `cluster-` and 10 hex
+    digits of the SHA-1 of `cluster_spec` (the same for every pod of a TFJob, so a restarted job resumes
+    its directory). `env` defaults to `os.environ`.
     """
     job = job_id(env)
     if job is not None:
@@ -172,9 +134,8 @@ def cluster_run_id(cluster_spec: dict, env: Optional[dict] = None) -> str:
 
 
 def job_id(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """The id of the job this process belongs to, the same across the job's restarts: `TFTRAIN_RUN_ID`
-    (set by `python -m tftrain.launch`), else `slurm<SLURM_JOB_ID>`; None outside such a job.
-    `env` defaults to `os.environ`."""
+    """The job's id, the same across its restarts: `TFTRAIN_RUN_ID` (set by `python -m tftrain.launch`),
+    else `slurm<SLURM_JOB_ID>`, else None. `env` defaults to `os.environ`."""
     env = os.environ if env is None else env
     if env.get(RUN_ID_ENV, "").strip():
         return env[RUN_ID_ENV].strip().replace(os.sep, "-")
@@ -203,11 +164,8 @@ def _differences(old, new, prefix="") -> list:
 
 
 def _check_writable(p: Path) -> None:
-    """Raises RunDirError unless a directory can be made in `p`'s nearest existing folder.
-
-    Probes by making and removing an empty temporary directory there, since
-    `os.access` answers yes to root even on read-only or virtual file systems.
-    """
+    """Raises RunDirError unless a directory can be made in `p`'s nearest existing folder (probed by
+    making one: `os.access` says yes to root even on read-only file systems)."""
     parent = p
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -229,9 +187,8 @@ RESTART_COUNT_ENV = "TFTRAIN_RESTART_COUNT"
 """Set by `tftrain.launch` on the tasks it restarts under `--max-restarts`: the restart's number."""
 
 RESTART_ENVS = ("SLURM_RESTART_COUNT", RESTART_COUNT_ENV)
-"""Variables that say this process is a scheduler's restart of an earlier attempt, with their count:
-SLURM's, on a requeued job (https://slurm.schedmd.com/sbatch.html#OPT_SLURM_RESTART_COUNT), and
-`tftrain.launch`'s, on the tasks it restarts under `--max-restarts`."""
+"""Variables counting a scheduler's restarts of this job: SLURM's on a requeue
+(https://slurm.schedmd.com/sbatch.html#OPT_SLURM_RESTART_COUNT) and `tftrain.launch --max-restarts`'s."""
 
 
 def restarted_job(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
@@ -243,9 +200,8 @@ def restarted_job(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
 
 
 def note_job(path: Path, env: Optional[Mapping[str, str]] = None) -> None:
-    """Records in run directory `path` (`JOB_FILE`) the job of the attempt starting now (`job_id`), or
-    removes an earlier attempt's record outside a job: a restart of the same job that finds the run
-    finished knows it finished it (`check_run_dir`'s `restart_of`)."""
+    """Records the job of the attempt starting now (`job_id`) in `path/JOB_FILE`, or removes it outside a
+    job, so that a restart finding the run finished knows it finished it (`check_run_dir`'s `restart_of`)."""
     job = job_id(env)
     if job is None:
         (path / JOB_FILE).unlink(missing_ok=True)
@@ -257,24 +213,17 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
     """Checks that `path` may hold this run, leaving nothing behind.
 
     Args:
-        path: the run directory.
-        config: the run's configuration as nested dicts (`RecipeConfig.to_dict()`).
-        restart_of: this job's id when a scheduler restarted it (`restarted_job()`), else
-            None: a run of the same configuration that an earlier attempt of this job
-            finished (`JOB_FILE`; no `failure.log` written after `metrics.json`) is then
-            not refused: the signal came as training ended. Defaults to None.
+        config: the run's config as nested dicts (`RecipeConfig.to_dict()`).
+        restart_of: this job's id when a scheduler restarted it (`restarted_job()`): a same-config run that
+            an earlier attempt of this job finished is then not refused. Defaults to None.
 
     Returns:
-        A `RunDir`; `resumed_epochs` > 0 when an interrupted run of the same
-        configuration left a checkpoint there; `finished_before` when an earlier
-        attempt of job `restart_of` finished it.
+        A `RunDir`; `resumed_epochs` > 0 when there is a checkpoint to resume, `finished_before` when an
+        attempt of `restart_of` finished the run.
 
     Raises:
-        RunDirError: when `path` is a file, or inside a file, or cannot be
-            written; holds files tftrain did not write;
-            holds a finished run (`metrics.json`) but for `restart_of`'s; or
-            holds another run's configuration or checkpoint. The message names the
-            path and the fix.
+        RunDirError: `path` is (inside) a file or not writable, or holds files tftrain did not write, a
+            finished run (unless `restart_of`'s), or another config's run or checkpoint.
     """
     p = Path(path)
     if p.exists() and not p.is_dir():
@@ -330,8 +279,7 @@ AFTER_STEPS_KEY = "after_steps"
 
 
 def pending_after_steps(p) -> tuple:
-    """The after-steps (`"export"`) that the finished run in `p` asked for and has not done: its `metrics.json`
-    is written as soon as training and evaluation end, with each after-step `"pending"` until it is done."""
+    """The after-steps (`"export"`) the finished run in `p` asked for and has not done (`AFTER_STEPS_KEY`)."""
     import json
 
     try:
@@ -357,13 +305,12 @@ def _finished_error(p: Path) -> RunDirError:
 
 
 def completed_epochs(backup_dir) -> int:
-    """Epochs recorded by the newest checkpoint in `backup_dir` (`StepBackup`'s or Keras's `BackupAndRestore`'s; 0 if none)."""
+    """Epochs the newest checkpoint in `backup_dir` records (tftrain's or Keras's); 0 if none."""
     return _backup_metadata(backup_dir, "epoch")
 
 
 def _backup_metadata(backup_dir, key: str) -> int:
-    """An integer of the newest checkpoint's position (`epoch`; `steps_in_epoch`, written by
-    `tftrain.callbacks.StepBackup`); 0 when there is none."""
+    """The newest checkpoint's `epoch` or `steps_in_epoch` as an int; 0 when there is none."""
     from tftrain.checkpoint_files import read_position
 
     position = read_position(backup_dir)
@@ -385,8 +332,8 @@ def _in_use(path: Path) -> RunDirError:
 
 
 def check_not_in_use(path) -> None:
-    """Raises `RunDirError` naming the process when another one holds `path`'s lock (checked before
-    TensorFlow starts; `locked` takes the lock for the run itself)."""
+    """Raises `RunDirError` naming the holder when another process holds `path`'s lock (checked before
+    TensorFlow starts; `locked` takes the lock)."""
     import filelock
 
     path = Path(path)
@@ -401,11 +348,8 @@ def check_not_in_use(path) -> None:
 
 @contextlib.contextmanager
 def locked(path) -> Iterator[None]:
-    """Holds `path`'s run-directory lock, and names this process in its holder file, for the block.
-
-    Raises:
-        RunDirError: when another process holds it (the message names its pid and host).
-    """
+    """Holds `path`'s lock for the block, naming this process in the holder file; raises `RunDirError`
+    when another process holds it."""
     import socket
 
     import filelock
@@ -434,12 +378,8 @@ def create_run_dir(run_dir: RunDir, config_yaml: str) -> None:
 
 
 def _check_unchanged(run_dir: RunDir, config_yaml: str) -> None:
-    """Under the lock: what `check_run_dir` found still holds. Another process may have finished the run,
-    or started another one, between that check and this lock (a second command on the same directory).
-
-    Raises:
-        RunDirError: when `metrics.json` appeared since, or a `config.yaml` of other settings.
-    """
+    """Under the lock, raises `RunDirError` when, since `check_run_dir`, another process finished the run
+    (`metrics.json`) or wrote a `config.yaml` of other settings."""
     p = run_dir.path
     if not run_dir.finished_before and (p / METRICS_FILE).exists():
         raise _finished_error(p)
@@ -455,13 +395,8 @@ def _check_unchanged(run_dir: RunDir, config_yaml: str) -> None:
 
 
 def worker_scratch_dir(run_dir, task: str) -> Path:
-    """The temporary directory a non-chief `task` (e.g. `worker:1`) of the run in `run_dir` writes to.
-
-    `tftrain-<task>-<hash of the run directory's absolute path>` under the system
-    temporary directory (`tempfile.gettempdir()`, which honours `TMPDIR`): the same
-    name each time the task runs, so a relaunch finds and removes what a killed
-    run left behind.
-    """
+    """The temporary directory a non-chief `task` (`worker:1`) of the run in `run_dir` writes to: the same
+    name each time (under `tempfile.gettempdir()`), so a relaunch removes what a killed run left."""
     digest = hashlib.sha1(str(Path(run_dir).resolve()).encode("utf-8")).hexdigest()[:12]
     return Path(tempfile.gettempdir()) / f"tftrain-{task.replace(':', '')}-{digest}"
 
@@ -470,29 +405,14 @@ def worker_scratch_dir(run_dir, task: str) -> Path:
 def task_run_dir(run_dir: RunDir, config_yaml: str, is_chief: bool = True, task: str = "worker") -> Iterator[RunDir]:
     """The directory this task writes its logs, checkpoints and model to.
 
-    The chief (or a single process) gets `run_dir` itself, created with its
-    `config.yaml` (see `create_run_dir`), and holds its lock for the block
-    (`locked`: a second process on the same directory is refused, naming the first). Any other worker gets its temporary
-    directory (`worker_scratch_dir`), emptied first, seeded with a copy of the
-    chief's `backup/` checkpoint so that it resumes from the same epoch as the
-    chief, and removed when the block exits. (A worker killed with SIGKILL cannot
-    remove it; the next run of the same task does.)
+    The chief gets `run_dir` itself, created with `config.yaml`, and holds its lock for the block. Any other
+    worker runs the same saving code (it may run collective ops every worker joins) into its own emptied
+    `worker_scratch_dir`, seeded with the chief's `backup/` to resume from the same epoch, removed on exit.
     Source: https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras#model_saving_and_loading
 
     Args:
-        run_dir: the checked run directory (`check_run_dir`).
-        config_yaml: the resolved config, written by the chief only.
-        is_chief: whether this task writes the real run directory. Defaults to
-            True.
-        task: this task's name (e.g. `worker:1`), used in the temporary
-            directory's name. Defaults to `"worker"`.
-
-    Yields:
-        A `RunDir` to write to, with `run_dir.resumed_epochs`.
-
-    Example:
-        >>> with task_run_dir(run_dir, to_yaml(cfg), cluster.is_chief, cluster.task) as out:
-        ...     model.save(out / MODEL_FILE)
+        is_chief: whether this task writes the real run directory. Defaults to True.
+        task: this task's name (`worker:1`), in the temporary directory's name. Defaults to `"worker"`.
     """
     if is_chief:
         run_dir.path.mkdir(parents=True, exist_ok=True)
@@ -513,19 +433,11 @@ def task_run_dir(run_dir: RunDir, config_yaml: str, is_chief: bool = True, task:
 
 
 def read_history(path) -> dict:
-    """The whole run's per-epoch metrics from `history.csv`, across resumes.
-
-    An epoch logged twice (a run killed after logging it and before its checkpoint,
-    which trained it again) keeps its last row.
-
-    Args:
-        path: the `history.csv` file.
+    """The run's per-epoch metrics from `history.csv`, across resumes.
 
     Returns:
-        `{metric: [value per epoch, in epoch order]}` (floats; NaN where a row
-        lacks the metric; a column with no number at all, such as the `val_`
-        columns Keras's `CSVLogger` adds without validation data, is left out);
-        {} when the file is missing or empty.
+        `{metric: [value per epoch]}`: NaN where a row lacks it, an epoch logged twice keeps its last row,
+        all-NaN columns are left out; {} when the file is missing or empty.
     """
     import csv
     import math
