@@ -23,7 +23,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from tftrain import cli
 from tftrain.errors import AlreadyFinished, ConfigError, Preempted, RuntimeStartedError, RuntimeStartedWarning
-from tftrain.rundir import FAILURE_LOG  # noqa: F401 (the run directory's traceback file; re-exported here)
+from tftrain.rundir import FAILURE_LOG
 from tftrain.train.user_code import import_where, line_of, one_line
 
 PROG = "python -m tftrain.run"
