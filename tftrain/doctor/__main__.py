@@ -1,8 +1,7 @@
 """`python -m tftrain.doctor [FILE.py:NAME | MODULE:NAME] [--data-dir DIR] [--json] [--quick]`.
 
-Exit codes: 0 the report was printed (a measurement that failed is listed under
-its warnings); 2 bad input (one line on stderr: an unknown task, a missing data
-folder, an unknown flag); 1 the doctor itself failed (one line).
+Exit codes: 0 report printed (failed measurements are listed as warnings);
+2 bad input; 1 the doctor itself failed.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ PROG = "python -m tftrain.doctor"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The doctor's flags: the task, `--data-dir`, `--json`, `--quick`."""
     parser = OneLineParser(prog=PROG, allow_abbrev=False,
                      description="Measure this machine (CPU, memory, disk, GPUs, all-reduce) in under a minute "
                                  "and say which device, precision, threads and strategy to train with.")
@@ -50,7 +48,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted.", file=sys.stderr)
         return 130
-    except Exception as e:  # one line; the traceback on request, as tftrain.run
+    except Exception as e:  # one line, as tftrain.run
         from tftrain.train.user_code import one_line
 
         print(f"{PROG}: failed: {one_line(e)}", file=sys.stderr)

@@ -1,9 +1,7 @@
 """From measured figures to advice: predicted examples/sec, device, precision, threads, strategy, input.
 
-Pure functions of the report's plain data (no TensorFlow, no measurement), so
-each rule is tested with made-up machines. Each item says what to do (`say`,
-with the flags), why, with this machine's figures (`why`), and where the rule
-comes from (`source`).
+Pure functions of the report's plain data (no TensorFlow), so each rule is
+tested with made-up machines. Each item has `say`, `why` and `source`.
 """
 
 from __future__ import annotations
@@ -23,14 +21,14 @@ TF_DATA_PERFORMANCE = "https://www.tensorflow.org/guide/data_performance"
 SCALING_DOC = "docs/scaling.md (ring all-reduce cost: Patarasuk & Yuan 2009)"
 
 BF16_WORTH_IT = 1.2
-"""Measured bfloat16 / float32 matmul ratio above which mixed_bfloat16 is worth trying on a CPU."""
+"""bfloat16 / float32 matmul ratio above which mixed_bfloat16 is worth trying on a CPU."""
 
 BUSY_LOAD = 0.5
-"""Load average per usable core before measuring above which the CPU figures are flagged as low."""
+"""Load average per usable core above which the CPU figures are flagged as low."""
 
 
 KEEP_DEFAULTS_PERCENT = 5
-"""`tftrain.runtime.thread_choice.KEEP_DEFAULTS_WITHIN`, in percent (the doctor's advice imports no TensorFlow)."""
+"""`tftrain.runtime.thread_choice.KEEP_DEFAULTS_WITHIN` in percent, copied to avoid importing TensorFlow."""
 
 
 def _item(topic: str, say: str, why: str, source: str, **extra) -> dict:
@@ -38,17 +36,11 @@ def _item(topic: str, say: str, why: str, source: str, **extra) -> dict:
 
 
 def _best(measured: Optional[dict]) -> Optional[float]:
-    """`best_flops` of a matmul measurement, None when skipped or failed."""
     return (measured or {}).get("best_flops")
 
 
 def peaks(report: dict) -> dict:
-    """Measured matmul peaks by device and precision, FLOP/s.
-
-    Returns:
-        `{"CPU float32": F, "CPU bfloat16": F, "/GPU:0 float32": F, "/GPU:0 float16": F, ...}`,
-        only the ones measured.
-    """
+    """Measured matmul peaks, FLOP/s: `{"CPU float32": F, "/GPU:0 float16": F, ...}`."""
     out = {}
     for dtype, measured in report["cpu"]["measured"].get("matmul", {}).items():
         if dtype != "float16" and _best(measured):  # CPU float16 is measured only for the warning
@@ -63,16 +55,8 @@ def peaks(report: dict) -> dict:
 def predict(flops_per_example: Optional[int], device_peaks: dict) -> dict:
     """Upper bounds on training examples/sec: peak FLOP/s / training FLOPs per example.
 
-    An upper bound: a training step also runs elementwise ops, the optimizer
-    update and the input pipeline, and small matmuls run below the peak.
-
-    Args:
-        flops_per_example: training FLOPs per example (`tftrain.flops`); None or
-            0 gives no prediction.
-        device_peaks: `peaks(report)`.
-
     Returns:
-        `{"CPU float32": examples/sec, ...}`; empty without a FLOP count.
+        `{"CPU float32": examples/sec, ...}`; empty when `flops_per_example` is None or 0.
     """
     if not flops_per_example:
         return {}
@@ -92,7 +76,7 @@ def _fmt_flops(x: float) -> str:
 
 
 def _task_bound(report: dict, key: str) -> str:
-    """`mnist mlp 66,000, mnist cnn 15,000 examples/sec` for one device key."""
+    """`mnist mlp N, mnist cnn M examples/sec` for one device key."""
     parts = [f"{t['name']} {_fmt_rate(t['predicted_examples_per_sec'][key])}"
              for t in report["tasks"] if key in t.get("predicted_examples_per_sec", {})]
     return ", ".join(parts) + " examples/sec" if parts else "no task with a FLOP count"
@@ -177,8 +161,7 @@ def _gpu_precision(report: dict) -> dict:
 
 
 def advise_threads(report: dict) -> dict:
-    """The measured thread counts (`cpu.measured.threads`) when the doctor timed them, else the rule
-    `_threads_by_rule`."""
+    """The measured thread counts when the doctor timed them, else `_threads_by_rule`."""
     measured = (report["cpu"].get("measured") or {}).get("threads")
     if not measured:
         return _threads_by_rule(report)
@@ -224,9 +207,10 @@ def _threads_by_rule(report: dict) -> dict:
 
 
 def _allreduce_step_s(allreduce: dict, gradient_bytes: int, workers: int = 2) -> Optional[float]:
-    """Seconds to all-reduce `gradient_bytes` over the loopback ring: the median measured at that size
-    between 2 processes when the doctor timed it (the CPU section's row shows the same figure), else the
-    fit `fixed_s + 2 (n - 1) / n * bytes / bytes_per_s`; None without a measured ring."""
+    """Seconds to all-reduce `gradient_bytes` over the loopback ring; None without a measured ring.
+
+    The measured median at that size for 2 workers, else `fixed_s + 2 (n - 1) / n * bytes / bytes_per_s`.
+    """
     if not allreduce or not allreduce.get("bytes_per_s"):
         return None
     row = next((r for r in allreduce.get("rows", ()) if r.get("bytes") == gradient_bytes), None)
@@ -237,7 +221,7 @@ def _allreduce_step_s(allreduce: dict, gradient_bytes: int, workers: int = 2) ->
 
 
 def advise_strategy(report: dict) -> dict:
-    """default, or mirrored on several GPUs; what multi-worker over loopback would cost, from the measured ring."""
+    """default, or mirrored on several GPUs; with the cost of multi-worker over loopback."""
     n = len(_gpus(report))
     if n > 1:
         measured = report["gpu"].get("allreduce") or {}
@@ -253,7 +237,6 @@ def advise_strategy(report: dict) -> dict:
 
 
 def _multi_worker_cost(report: dict) -> str:
-    """` Two workers on this machine would ...` from the loopback ring and the first task, or ""."""
     ring = report["cpu"]["measured"].get("loopback_allreduce") or {}
     task = next((t for t in report["tasks"] if t.get("gradient_bytes") and t.get("predicted_examples_per_sec")), None)
     step = _allreduce_step_s(ring, task["gradient_bytes"]) if task else None
@@ -293,8 +276,7 @@ def advise_input(report: dict) -> Optional[dict]:
 
 
 def warnings_for(report: dict) -> list:
-    """Warnings: mixed_float16 on a CPU or an old GPU, bfloat16 without native support, a GPU TensorFlow
-    does not see, a busy machine, failed measurements."""
+    """Warnings: unsuitable precisions, an unseen GPU, a busy machine, failed measurements."""
     out = []
     if not _gpus(report):
         out.append(_cpu_float16_warning(report))
@@ -318,7 +300,6 @@ def warnings_for(report: dict) -> list:
 
 
 def _busy(report: dict) -> Optional[dict]:
-    """A warning when other processes kept the CPU busy: the figures are then low."""
     load = report["system"].get("load_average_before")
     cores = report["cpu"]["usable_cores"]
     if not load or load[0] < BUSY_LOAD * cores:
@@ -330,7 +311,6 @@ def _busy(report: dict) -> Optional[dict]:
 
 
 def _cpu_float16_warning(report: dict) -> dict:
-    """mixed_float16 on a CPU: no float16 Tensor Cores, casts and loss scaling; the measured matmul ratio."""
     matmul = report["cpu"]["measured"].get("matmul", {})
     f16 = matmul.get("float16") or {}
     f32_at = (matmul.get("float32") or {}).get("by_size", {})
@@ -351,15 +331,11 @@ def _cpu_float16_warning(report: dict) -> dict:
 def advise(report: dict) -> dict:
     """All the advice and warnings for a report.
 
-    Args:
-        report: the report's plain data (`cpu`, `gpu`, `tasks`, `errors`).
-
     Returns:
         `{"advice": [items], "warnings": [items], "flags": str}`; each item is
-        `{"topic", "say", "why", "source", ...}`. The device item carries
-        `device` ("cpu" or "gpu"), the precision item `precision`, the
-        strategy item `strategy`, the threads item `flags`; `flags` is all of
-        them as training flags (`suggested_flags`).
+        `{"topic", "say", "why", "source", ...}`, and the device, precision,
+        strategy and threads items also carry `device`, `precision`,
+        `strategy` and `flags`.
     """
     items = [advise_device(report), advise_precision(report), advise_threads(report), advise_strategy(report),
              advise_input(report)]

@@ -1,17 +1,8 @@
 """TensorFlow's ring all-reduce between local processes on 127.0.0.1, timed.
 
-`loopback_allreduce` starts N worker processes with `tftrain.launch.launch` (each
-with its own TF_CONFIG on a free 127.0.0.1 port); each builds a
-`MultiWorkerMirroredStrategy` (`CommunicationImplementation.RING`, gRPC) and
-all-reduces float32 tensors of the given sizes; worker 0 prints the median time per
-all-reduce as JSON lines. `fit_ring` fits `t = a + b * bytes_sent`, with
-bytes_sent = 2(N-1)/N x size, the per-worker traffic of a ring (Patarasuk & Yuan
-2009; benchmarks/allreduce_model.py): `a` is the fixed cost per all-reduce (s) and
-`1/b` the effective bandwidth (bytes/s).
-
-The workers see no GPU (`CUDA_VISIBLE_DEVICES=-1`): this measures the host's
-loopback path, the one a multi-worker job on CPUs takes. Used by
-`python -m tftrain.doctor` and `benchmarks/loopback_allreduce.py`.
+The workers see no GPU, so this measures the loopback path a multi-worker job on
+CPUs takes. `fit_ring` fits `t = a + b * bytes_sent`, bytes_sent = 2(N-1)/N x size
+(ring all-reduce traffic: Patarasuk & Yuan 2009).
 
     python -m tftrain.doctor.allreduce --sizes 262144,2678824 --iterations 10   # one worker (under the launcher)
 """
@@ -39,16 +30,10 @@ _ROW = re.compile(r"^\[worker:0\] (\{.*\})$", re.M)
 
 
 def worker(sizes: Sequence[int], iterations: int, warmup: int = 3) -> None:
-    """One worker of the job: times all-reduces of every size; worker 0 prints JSON lines.
+    """One worker (under `tftrain.launch`): times all-reduces of each size in bytes.
 
-    Runs under `tftrain.launch` (reads TF_CONFIG). Each line is
-    `{"bytes": size, "median_s": seconds per all-reduce}`.
-
-    Args:
-        sizes: bytes per all-reduce (float32 tensors of `size // 4` elements).
-        iterations: timed all-reduces per size.
-        warmup: untimed all-reduces per size first (tracing, connection set-up).
-            Defaults to 3.
+    Worker 0 prints one JSON line per size: `{"bytes": size, "median_s": seconds}`.
+    `warmup` untimed all-reduces per size come first. Defaults to 3.
     """
     import tensorflow as tf
 
@@ -78,25 +63,19 @@ def worker(sizes: Sequence[int], iterations: int, warmup: int = 3) -> None:
 
 def loopback_allreduce(workers: int = 2, sizes: Sequence[int] = SIZES, iterations: int = 30,
                        timeout_s: float = 600.0, warmup: int = 3) -> list:
-    """Runs a ring all-reduce job of `workers` local processes on 127.0.0.1.
-
-    Every process is stopped before this returns (`tftrain.launch.launch` tears
-    the job down on success, failure and timeout).
+    """Runs a ring all-reduce job of `workers` (>= 2) local processes; all are stopped before it returns.
 
     Args:
-        workers: worker processes, >= 2. Defaults to 2.
         sizes: bytes per all-reduce. Defaults to `SIZES`.
         iterations: timed all-reduces per size. Defaults to 30.
         timeout_s: seconds the whole job may run. Defaults to 600.
-        warmup: untimed all-reduces per size. Defaults to 3.
 
     Returns:
         `[{"bytes": int, "median_s": float}, ...]`, one per size, in order.
 
     Raises:
-        RuntimeError: when the job fails or times out (the message ends with
-            the last lines the workers wrote to stderr).
-        KeyboardInterrupt: on Ctrl-C (after the workers are stopped).
+        RuntimeError: when the job fails or times out (with the workers' last stderr lines).
+        KeyboardInterrupt: on Ctrl-C, after the workers are stopped.
     """
     from tftrain.launch import launch
 
@@ -116,18 +95,12 @@ def loopback_allreduce(workers: int = 2, sizes: Sequence[int] = SIZES, iteration
 
 
 def fit_ring(rows: Sequence[dict], workers: int) -> dict:
-    """Fits `t = a + b * bytes_sent` to all-reduce timings (least squares).
-
-    Args:
-        rows: `[{"bytes": int, "median_s": float}, ...]` from `loopback_allreduce`.
-        workers: the job's worker count N (bytes_sent = 2(N-1)/N x bytes).
+    """Fits `t = a + b * bytes_sent` to `loopback_allreduce` rows (least squares).
 
     Returns:
-        `{"fixed_s": a or None, "bytes_per_s": 1/b, "rows": [...]}`, each row with
-        `bytes_sent` and `bytes_per_s` (bytes_sent / median_s). With one size
-        there is nothing to fit: `fixed_s` is None and `bytes_per_s` that size's
-        effective figure. A fit with a non-positive slope also falls back to the
-        largest size's effective figure.
+        `{"fixed_s": a, "bytes_per_s": 1/b, "rows": [...]}`, each row with `bytes_sent`
+        and `bytes_per_s`. With one size or a non-positive slope, `fixed_s` is None and
+        `bytes_per_s` the largest size's effective figure.
     """
     out = []
     for r in rows:
@@ -145,7 +118,7 @@ def fit_ring(rows: Sequence[dict], workers: int) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """`python -m tftrain.doctor.allreduce --sizes A,B --iterations N`: one worker (under the launcher)."""
+    """One worker of the job, from the command line."""
     parser = argparse.ArgumentParser(prog="python -m tftrain.doctor.allreduce", allow_abbrev=False,
                                      description="One worker of the loopback all-reduce job (run by tftrain.launch).")
     parser.add_argument("--sizes", required=True, help="bytes per all-reduce, comma-separated")

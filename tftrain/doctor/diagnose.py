@@ -1,9 +1,7 @@
 """`diagnose`: gather the facts, run the measurements in order, predict, advise.
 
-Order: bad input first (the task, the data folder), then the facts, then the
-loopback all-reduce (its worker processes run while this process is idle), then
-the CPU's matmul, memory and disk, then each GPU. A measurement that fails is
-recorded in `errors` and the report goes on without it.
+Bad input fails first; the loopback all-reduce runs before the CPU measurements so
+its workers do not compete with them. A failed measurement goes to `errors`.
 """
 
 from __future__ import annotations
@@ -54,15 +52,11 @@ QUICK = Sizes(cpu_matmul=(256,), cpu_float16_matmul=(256,), repeats=2, min_secon
               gpu_copy_bytes=16 << 20, gpu_allreduce_bytes=4 << 20, thread_batches=8)
 
 _LONG_ENOUGH_S = 0.05
-"""A CPU matmul at the largest size faster than this is too short to reach the peak: double n once."""
+"""Seconds below which the largest CPU matmul is too short to reach the peak: double n once."""
 
 
 def resolve_data_dir(data_dir: Optional[str], task_dir: Optional[str]) -> Path:
-    """The folder (or file) whose disk is read: `--data-dir`, else the task's, else the bundled MNIST's folder.
-
-    Raises:
-        ConfigError: when the path does not exist.
-    """
+    """`--data-dir`, else the task's, else the bundled MNIST's folder; ConfigError when it does not exist."""
     from tftrain.data.datasets import BUNDLED_MNIST
 
     path = Path(data_dir or task_dir or BUNDLED_MNIST.parent).expanduser()
@@ -81,7 +75,7 @@ def shown_path(path: Path) -> str:
 
 
 def _attempt(errors: list, what: str, fn: Callable, *args, **kwargs):
-    """`fn(*args, **kwargs)`, or None with `{"what", "error"}` appended to `errors` when it raises."""
+    """`fn(*args, **kwargs)`, or None with the error appended to `errors`."""
     try:
         return fn(*args, **kwargs)
     except Exception as e:  # a failed measurement must not lose the others
@@ -91,15 +85,10 @@ def _attempt(errors: list, what: str, fn: Callable, *args, **kwargs):
 
 
 def cpu_matmuls(dtypes: tuple, sizes: Sizes) -> dict:
-    """CPU matmul peaks per dtype, in interleaved rounds (float32, bfloat16, float32, ...).
+    """CPU matmul peaks per dtype: `{dtype: matmul_peak's dict plus "repeats"}`.
 
-    On a shared machine a disturbance then hits one round of one dtype, not all
-    of one dtype; each dtype keeps its best call. When the largest size ran in
-    under `_LONG_ENOUGH_S` (a machine with many cores), a size twice as large is
-    added.
-
-    Returns:
-        `{dtype: matmul_peak's dict plus "repeats"}`.
+    Dtypes alternate by round, so a disturbance on a shared machine hits one
+    round, not all of one dtype; each keeps its best call.
     """
     from tftrain.doctor.measure import matmul_peak
 
@@ -145,9 +134,7 @@ def measure_cpu(cpu: dict, data_path: Path, sizes: Sizes, errors: list, say: Cal
 
 
 def measure_threads(keep: bool, batches: int) -> dict:
-    """Times the thread-count candidates in child processes (`tftrain.runtime.thread_choice`) and, when `keep`,
-    remembers the choice for this machine's runs (`--threads auto`); `--quick` figures are too rough to keep.
-    Returns the `ThreadChoice` as a dict, with `remembered`."""
+    """Times the thread-count candidates in child processes; remembers the choice when `keep`."""
     from tftrain.runtime import thread_choice
 
     choice = thread_choice.measure_threads(batches=batches, most=None if keep else 2)  # --quick: two candidates
@@ -196,26 +183,18 @@ def diagnose(task: Optional[str] = None, data_dir: Optional[str] = None, quick: 
     """Measures this machine and advises on training the task on it.
 
     Args:
-        task: `FILE.py:NAME` or `MODULE:NAME`; None for the MNIST recipe's
-            models. Defaults to None.
-        data_dir: folder (or file) whose disk read throughput is measured; None
-            for the task's own data folder, else the bundled MNIST's. Defaults
-            to None.
-        quick: tiny sizes (seconds; for tests), figures then rough. Defaults to
-            False.
-        say: called with a short progress message before each measurement.
-            Defaults to None (silent).
+        task: `FILE.py:NAME` or `MODULE:NAME`. Defaults to None (the MNIST recipe's models).
+        data_dir: path whose disk read is measured. Defaults to None (the task's
+            data folder, else the bundled MNIST's).
+        quick: tiny sizes, rough figures (for tests). Defaults to False.
+        say: called with a progress message before each measurement. Defaults to None.
 
     Returns:
-        The report, plain data (JSON-ready): `schema`, `quick`, `wall_s`,
-        `system`, `cpu` (facts and `measured`), `gpu` (`gpus` each with
-        `measured`, `why_none`, `build`, `hardware`), `tasks` (FLOPs and
-        `predicted_examples_per_sec`), `advice`, `warnings`, `flags` (the
-        advice as training flags), `errors` (measurements that failed).
+        The report as JSON-ready data: `system`, `cpu`, `gpu`, `tasks`, `advice`,
+        `warnings`, `flags`, `errors` and more.
 
     Raises:
-        ConfigError: on an unknown task or a missing data folder (before any
-            measurement).
+        ConfigError: on an unknown task or a missing data folder, before any measurement.
     """
     started, load_before = time.perf_counter(), _load_average()
     say = say or (lambda message: None)
@@ -247,7 +226,7 @@ def diagnose(task: Optional[str] = None, data_dir: Optional[str] = None, quick: 
 
 
 def _load_average() -> Optional[list]:
-    """The 1, 5 and 15 minute load averages (runnable processes), or None where the OS has none."""
+    """The 1, 5 and 15 minute load averages, or None where the OS has none."""
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except (AttributeError, OSError):

@@ -1,8 +1,6 @@
 """What TensorFlow sees: its build (CUDA, cuDNN), its GPUs, other accelerators, and why no GPU.
 
-`why_no_gpu` is a pure function of the facts (TensorFlow's build, the
-environment, the NVIDIA hardware found, the platform), so every branch is tested
-without a GPU.
+`why_no_gpu` is a pure function of the facts, so every branch is tested without a GPU.
 """
 
 from __future__ import annotations
@@ -14,8 +12,7 @@ INSTALL_GUIDE = "https://www.tensorflow.org/install/pip"
 
 
 def build_info() -> dict:
-    """TensorFlow's version and build: `{"version", "is_cuda_build", "cuda_version", "cudnn_version",
-    "is_rocm_build"}` (None where the build does not say)."""
+    """TensorFlow's version and CUDA/cuDNN/ROCm build facts (None where the build does not say)."""
     import tensorflow as tf
 
     info = dict(tf.sysconfig.get_build_info())
@@ -29,11 +26,10 @@ def build_info() -> dict:
 
 
 def tf_gpus(hardware: Mapping, env: Mapping[str, str]) -> list:
-    """The GPUs TensorFlow sees: `[{"device", "name", "compute_capability" ((major, minor) or None),
-    "memory_bytes" (None when unknown)}]`.
+    """The GPUs TensorFlow sees: `[{"device", "name", "compute_capability", "memory_bytes"}]`.
 
-    Memory comes from `nvidia-smi` rows (`hardware["gpus"]`), matched by index
-    when `CUDA_VISIBLE_DEVICES` is unset and the counts agree.
+    Memory comes from `nvidia-smi`, matched by index only when `CUDA_VISIBLE_DEVICES`
+    is unset and the counts agree; else None.
     """
     import tensorflow as tf
 
@@ -57,7 +53,7 @@ def tf_gpus(hardware: Mapping, env: Mapping[str, str]) -> list:
 
 
 def other_accelerators() -> list:
-    """Device types TensorFlow lists besides CPU and GPU (e.g. `TPU`, a PluggableDevice's type)."""
+    """Device types TensorFlow lists besides CPU and GPU (e.g. `TPU`)."""
     import tensorflow as tf
 
     return sorted({d.device_type for d in tf.config.list_physical_devices()} - {"CPU", "GPU"})
@@ -75,19 +71,10 @@ def _hidden_by_env(env: Mapping[str, str]) -> Optional[str]:
 
 
 def why_no_gpu(build: Mapping, env: Mapping[str, str], hardware: Mapping, platform: str = sys.platform) -> list:
-    """Why TensorFlow sees no GPU, most likely first, each with its remedy.
+    """Why TensorFlow sees no GPU: a non-empty list of one-sentence reasons with remedies, likeliest first.
 
-    Args:
-        build: `build_info()`.
-        env: the environment (for `CUDA_VISIBLE_DEVICES`).
-        hardware: `tftrain.host.nvidia_hardware()`.
-        platform: `sys.platform`. Defaults to this one.
-
-    Returns:
-        A non-empty list of one-sentence reasons.
-
-    Source: https://www.tensorflow.org/install/pip (hardware and software
-    requirements) and https://www.tensorflow.org/guide/gpu.
+    `build` is `build_info()`, `hardware` is `tftrain.host.nvidia_hardware()`.
+    Source: https://www.tensorflow.org/install/pip
     """
     reasons = []
     hidden = _hidden_by_env(env)

@@ -1,9 +1,7 @@
 """Short, bounded measurements of this machine: matmul FLOP/s, memory and disk bandwidth, copies.
 
-Every function runs a fixed amount of work (sizes and repeats are its arguments),
-times it with `time.perf_counter()`, and keeps the best repeat: on a shared machine
-a disturbance slows one repeat, not the hardware. Units: FLOP/s and bytes/s (the
-report prints GFLOP/s, TFLOP/s and GB/s, 1 GB = 1e9 bytes).
+Each runs a fixed amount of work and keeps the best repeat (a disturbance on a
+shared machine slows one repeat, not the hardware). Units: FLOP/s and bytes/s.
 """
 
 from __future__ import annotations
@@ -19,18 +17,7 @@ MAX_REPEATS = 200
 
 
 def timed_rates(fn: Callable[[], object], work: float, repeats: int, min_seconds: float = 0.0) -> list:
-    """Times `fn()` at least `repeats` times and until `min_seconds` of timed calls (at most `MAX_REPEATS`).
-
-    Args:
-        fn: one unit of work; returns when the work is done.
-        work: the work per call (FLOPs, bytes).
-        repeats: calls at least, >= 1.
-        min_seconds: timed seconds at least, so short calls get more tries on
-            a busy machine. Defaults to 0.
-
-    Returns:
-        The rate of each call (`work / seconds`), in call order.
-    """
+    """Rates (`work / seconds`) of `fn()`, timed at least `repeats` times and `min_seconds` (at most `MAX_REPEATS`)."""
     rates, spent = [], 0.0
     while len(rates) < repeats or (spent < min_seconds and len(rates) < MAX_REPEATS):
         start = time.perf_counter()
@@ -43,24 +30,15 @@ def timed_rates(fn: Callable[[], object], work: float, repeats: int, min_seconds
 
 def matmul_peak(sizes: Sequence[int], repeats: int, dtype: str = "float32", device: Optional[str] = None,
                 min_seconds: float = 0.0) -> dict:
-    """Measures square matmul FLOP/s: what the machine's BLAS really delivers.
-
-    Each call is `tf.reduce_sum(tf.matmul(a, b))` in a `tf.function` (one
-    warm-up call traces it), read back with `.numpy()`: 2 n^3 FLOPs per call.
+    """Measures n x n matmul FLOP/s (2 n^3 FLOPs per call) for each n in `sizes`.
 
     Args:
-        sizes: matrix sizes n (n x n times n x n).
-        repeats: timed calls per size, >= 1.
-        dtype: TensorFlow dtype name, e.g. `"float32"`, `"bfloat16"`,
-            `"float16"`. Defaults to `"float32"`.
-        device: TensorFlow device to run on, e.g. `"/GPU:0"`. Defaults to None
-            (TensorFlow's placement: the first GPU if any, else the CPU).
-        min_seconds: timed seconds per size at least (see `timed_rates`).
-            Defaults to 0.
+        dtype: TensorFlow dtype name. Defaults to `"float32"`.
+        device: e.g. `"/GPU:0"`. Defaults to None (TensorFlow's placement).
+        min_seconds: see `timed_rates`. Defaults to 0.
 
     Returns:
-        `{"best_flops": float (FLOP/s), "by_size": {n: [FLOP/s per call]},
-        "dtype": dtype}`.
+        `{"best_flops": float, "by_size": {n: [FLOP/s per call]}, "dtype": dtype}`.
     """
     import contextlib
 
@@ -81,18 +59,10 @@ def matmul_peak(sizes: Sequence[int], repeats: int, dtype: str = "float32", devi
 
 
 def memory_bandwidth(nbytes: int, repeats: int, threads: int = 1, min_seconds: float = 0.0) -> dict:
-    """Measures main-memory bandwidth with a STREAM-style copy (numpy, float64).
+    """Measures main-memory bandwidth with a STREAM "Copy" of `nbytes`, split over `threads` (default 1).
 
-    The array is split into `threads` slices copied in parallel (numpy releases
-    the GIL while copying). Bytes moved per copy = 2 x nbytes (read plus write),
-    the STREAM "Copy" convention (McCalpin, https://www.cs.virginia.edu/stream/).
-    Arrays well above the CPU caches (>= 32 MiB) measure memory, not cache.
-
-    Args:
-        nbytes: bytes of the source array (and of the destination).
-        repeats: timed copies, >= 1.
-        threads: threads copying, >= 1. Defaults to 1.
-        min_seconds: timed seconds at least (see `timed_rates`). Defaults to 0.
+    Bytes moved per copy = 2 x nbytes (read plus write). Use arrays well above the
+    CPU caches. Source: McCalpin, https://www.cs.virginia.edu/stream/
 
     Returns:
         `{"bytes_per_s": float, "array_bytes": int, "threads": int}`.
@@ -111,7 +81,7 @@ def memory_bandwidth(nbytes: int, repeats: int, threads: int = 1, min_seconds: f
 
 
 def _files_largest_first(path: Path) -> list:
-    """`[(size in bytes, file), ...]` of a folder's regular files (or of one file), largest first."""
+    """`[(size, file), ...]` of a folder's regular files (or of one file), largest first."""
     found = []
     for file in [path] if path.is_file() else (Path(root) / name for root, _, names in os.walk(path) for name in names):
         try:
@@ -123,9 +93,7 @@ def _files_largest_first(path: Path) -> list:
 
 
 def _read_cold(path: Path, limit: int, buffer: memoryview) -> tuple:
-    """Reads up to `limit` bytes of a file after asking the kernel to drop its cached pages.
-
-    Returns (bytes read, seconds, whether the cache drop was requested)."""
+    """Reads up to `limit` bytes after dropping the file's cached pages: (bytes, seconds, dropped)."""
     with open(path, "rb", buffering=0) as f:
         dropped = hasattr(os, "posix_fadvise")
         if dropped:
@@ -140,7 +108,6 @@ def _read_cold(path: Path, limit: int, buffer: memoryview) -> tuple:
 
 
 def _read_round(files: list, max_bytes: int, buffer: memoryview) -> tuple:
-    """One cold read of the files, up to `max_bytes`: (bytes, seconds, files read, cache dropped)."""
     total, seconds, count, dropped = 0, 0.0, 0, True
     for _, file in files:
         if total >= max_bytes:
@@ -154,25 +121,15 @@ def _read_round(files: list, max_bytes: int, buffer: memoryview) -> tuple:
 
 
 def disk_read(path, max_bytes: int, repeats: int = 1, chunk_bytes: int = 8 << 20) -> dict:
-    """Measures the read throughput of the disk holding a data folder.
+    """Measures the cold read throughput of the disk holding `path` (a folder or file).
 
-    Reads the folder's files, largest first, up to `max_bytes` in all, in
-    `chunk_bytes` reads, `repeats` times; keeps the fastest round. Before each
-    file, `posix_fadvise(POSIX_FADV_DONTNEED)` asks Linux to drop the file's
-    pages from the page cache, so the figure is a cold read from the device
-    (pages another process holds mapped may stay cached). Nothing is written.
-
-    Args:
-        path: a folder or a file.
-        max_bytes: bytes to read at most per round.
-        repeats: rounds, >= 1. Defaults to 1.
-        chunk_bytes: bytes per read call. Defaults to 8 MiB.
+    Reads the largest files first, up to `max_bytes` per round, keeping the fastest
+    of `repeats` rounds (default 1); `posix_fadvise(DONTNEED)` drops each file's
+    cached pages first. `chunk_bytes` defaults to 8 MiB.
 
     Returns:
-        `{"bytes_per_s": float or None, "bytes": int (read per round), "files":
-        int (read per round), "folder_bytes": int (all the folder's files),
-        "cache_dropped": bool}`; `bytes_per_s` is None when there was nothing
-        to read (an empty folder).
+        `{"bytes_per_s", "bytes", "files", "folder_bytes", "cache_dropped"}`;
+        `bytes_per_s` is None when there was nothing to read.
     """
     files = _files_largest_first(Path(path))
     buffer = memoryview(bytearray(max(1, min(chunk_bytes, max_bytes))))
@@ -183,20 +140,9 @@ def disk_read(path, max_bytes: int, repeats: int = 1, chunk_bytes: int = 8 << 20
 
 
 def gpu_copies(device: str, nbytes: int, repeats: int) -> dict:
-    """Measures host-to-device and device-to-host copy bandwidth of one GPU.
+    """Measures one GPU's copy bandwidth from pageable memory (the path `tf.data` batches take).
 
-    Copies a float32 tensor of `nbytes` from host memory onto `device`
-    (`tf.identity` placed there, followed by a one-element read to wait for it)
-    and back (`.numpy()` of a tensor on the GPU). Host memory is TensorFlow's
-    ordinary (pageable) memory, the path a `tf.data` pipeline's batches take.
-
-    Args:
-        device: e.g. `"/GPU:0"`.
-        nbytes: bytes per copy.
-        repeats: timed copies each way, >= 1.
-
-    Returns:
-        `{"h2d_bytes_per_s": float, "d2h_bytes_per_s": float, "bytes": int}`.
+    Returns `{"h2d_bytes_per_s": float, "d2h_bytes_per_s": float, "bytes": int}`.
     """
     import tensorflow as tf
 
@@ -220,22 +166,13 @@ def gpu_copies(device: str, nbytes: int, repeats: int) -> dict:
 
 
 def gpu_allreduce(devices: Sequence[str], nbytes: int, repeats: int) -> dict:
-    """Measures all-reduce bandwidth between the GPUs of this machine.
+    """Measures all-reduce bandwidth of `nbytes` per GPU between two or more local GPUs (MirroredStrategy).
 
-    A `MirroredStrategy` over `devices` (NCCL all-reduce where available)
-    sums a float32 tensor of `nbytes` per GPU. Figures follow nccl-tests'
-    convention: algorithm bandwidth = bytes / time; bus bandwidth = algorithm
-    bandwidth x 2(N-1)/N, comparable with the link's peak
-    (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md).
-
-    Args:
-        devices: two or more GPU device names, e.g. `["/GPU:0", "/GPU:1"]`.
-        nbytes: bytes per GPU per all-reduce.
-        repeats: timed all-reduces, >= 1.
+    Bus bandwidth = bytes / time x 2(N-1)/N, comparable with the link's peak.
+    Source: https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md
 
     Returns:
-        `{"bus_bytes_per_s": float, "algorithm_bytes_per_s": float, "bytes": int,
-        "gpus": int, "median_s": float}`.
+        `{"bus_bytes_per_s", "algorithm_bytes_per_s", "bytes", "gpus", "median_s"}`.
     """
     import statistics
 

@@ -1,8 +1,4 @@
-"""The report as readable text: facts and figures in aligned rows, then the advice.
-
-Units: GFLOP/s or TFLOP/s (1e9 / 1e12 FLOP/s), GB/s and MB/s (1e9 / 1e6 bytes/s),
-GiB for memory sizes.
-"""
+"""The report as readable text: facts and figures in aligned rows, then the advice."""
 
 from __future__ import annotations
 
@@ -107,7 +103,6 @@ def gpu_lines(gpu: dict) -> list:
 
 
 def task_lines(tasks: list) -> list:
-    """The tasks table: training FLOPs per example and predicted upper bounds per device."""
     keys = list(dict.fromkeys(k for t in tasks for k in t.get("predicted_examples_per_sec", {})))
     head = ["task", "MFLOP/example", *keys]
     rows = [[t["name"], f"{t['training_flops_per_example'] / 1e6:.2f}" if t["training_flops_per_example"] else "?",
@@ -131,7 +126,6 @@ def _wrap(label: str, text: str) -> list:
 
 
 def advice_lines(title: str, items: list) -> list:
-    """Advice or warnings: what to do, why (figures), source."""
     lines = [title]
     for item in items:
         lines += textwrap.wrap(f"[{item['topic']}] {item['say']}", LINE, initial_indent="  ",

@@ -1,9 +1,4 @@
-"""The work the advice is for: the task's models and their training FLOPs per example.
-
-By default the MNIST recipe's two models (`mlp` at batch 256, `cnn` at batch
-128); otherwise the task named by `FILE.py:NAME` or `MODULE:NAME` (as
-`python -m tftrain.run` takes it), built at its default hyperparameters.
-"""
+"""The work the advice is for: the task's models (default: the MNIST recipe's) and their FLOPs per example."""
 
 from __future__ import annotations
 
@@ -13,25 +8,15 @@ from typing import List, Optional, Tuple
 from tftrain.errors import ConfigError
 
 DEFAULT_BATCH_SIZE = 128
-"""Global batch size of a task that declares none (tftrain's default: 128 per replica, one replica)."""
+"""Global batch size of a task that declares none (tftrain's default for one replica)."""
 
 
 def load_tasks(spec: Optional[str] = None) -> Tuple[List[tuple], Optional[str]]:
-    """Loads what to advise on, without building a model (TensorFlow's runtime stays unstarted).
+    """Loads what to advise on without building a model, so TensorFlow's runtime stays unstarted.
 
-    Args:
-        spec: `FILE.py:NAME` or `MODULE:NAME` (a `tftrain.Task`, or a function
-            or class returning one); None for the MNIST recipe's models.
-            Defaults to None.
-
-    Returns:
-        `([(name, build function () -> keras.Model, global batch size), ...],
-        data_dir)`: data_dir is the task's own data folder (`data.data_dir` of
-        its default config), or None (MNIST's: the bundled file).
-
-    Raises:
-        ConfigError: when the spec is malformed or names no task (see
-            `tftrain.run.load_task`).
+    `spec` (`FILE.py:NAME` or `MODULE:NAME`) defaults to None: the MNIST recipe's models.
+    Returns `([(name, build function, global batch size), ...], data_dir or None)`.
+    Raises ConfigError when the spec is malformed or names no task.
     """
     if spec is None:
         from tftrain.recipes.mnist import BATCH_SIZES, MODELS
@@ -46,11 +31,7 @@ def load_tasks(spec: Optional[str] = None) -> Tuple[List[tuple], Optional[str]]:
 
 
 def build_models(loaded: List[tuple]) -> List[tuple]:
-    """`[(name, keras.Model, batch size), ...]` from `load_tasks`' list.
-
-    Raises:
-        ConfigError: when a task's `build_model` raises (one line naming the error).
-    """
+    """`[(name, keras.Model, batch size), ...]` from `load_tasks`' list; ConfigError when a build raises."""
     from tftrain.train.user_code import one_line
 
     out = []
@@ -63,7 +44,7 @@ def build_models(loaded: List[tuple]) -> List[tuple]:
 
 
 def _input_bytes(model) -> Optional[int]:
-    """Bytes of one example's model inputs at their dtypes, or None when a dimension is unknown."""
+    """Bytes of one example's model inputs, or None when a dimension is unknown."""
     import numpy as np
 
     total = 0
@@ -76,14 +57,8 @@ def _input_bytes(model) -> Optional[int]:
 
 
 def task_figures(name: str, model, batch_size: int) -> dict:
-    """What the advice needs to know about one model.
-
-    Returns:
-        `{"name", "batch_size", "training_flops_per_example" (None when it cannot
-        be counted), "forward_flops_per_example", "parameters" (trainable),
-        "gradient_bytes" (float32 gradients: 4 bytes per trainable parameter),
-        "input_bytes_per_example" (None when unknown), "note"}`.
-    """
+    """What the advice needs about one model: FLOPs (None when uncountable, with a `note`),
+    trainable parameters, float32 gradient bytes and input bytes per example."""
     from tftrain.flops import count_training_flops
 
     trainable = int(sum(math.prod(w.shape) for w in model.trainable_weights))

@@ -26,15 +26,10 @@ IMAGE_SHAPE = (28, 28)
 
 
 def mlp(width: Optional[int] = None):
-    """784-512-512-10 multilayer perceptron with ReLU and dropout 0.2.
+    """784-512-512-10 multilayer perceptron with ReLU and dropout 0.2, uncompiled.
 
-    Args:
-        width: hidden units per layer. Defaults to None (512).
-
-    Returns:
-        An uncompiled functional `keras.Model`: input `(batch, 28, 28)` raw pixels
-        0..255 (uint8 or float; scaled to [0, 1] inside the model), output
-        float32 `(batch, 10)` class probabilities.
+    Input: `(batch, 28, 28)` raw pixels 0..255; output: float32 class probabilities.
+    `width` (hidden units) defaults to None (512).
     """
     import keras
 
@@ -50,19 +45,9 @@ def mlp(width: Optional[int] = None):
 
 
 def cnn(width: Optional[int] = None):
-    """Two 3x3 conv layers (32, 64 filters) with max pooling, dropout and a softmax.
+    """Two 3x3 conv layers (`width`, 2 x `width` filters; width defaults to 32), uncompiled.
 
-    The Keras "Simple MNIST convnet" example architecture
-    (https://keras.io/examples/vision/mnist_convnet/), 34,826 parameters.
-
-    Args:
-        width: filters of the first convolution (the second has twice as
-            many). Defaults to None (32).
-
-    Returns:
-        An uncompiled functional `keras.Model`: input `(batch, 28, 28)` raw pixels
-        0..255 (scaled to [0, 1] inside the model), output float32 `(batch, 10)`
-        class probabilities.
+    Inputs and outputs as `mlp`. Source: https://keras.io/examples/vision/mnist_convnet/
     """
     import keras
 
@@ -81,15 +66,7 @@ def cnn(width: Optional[int] = None):
 
 
 def _rescale(inputs):
-    """Pixels 0..255 -> [0, 1], inside the model.
-
-    Scaling in the model instead of the tf.data pipeline moves a cast and a multiply
-    from the pipeline's threads into the training step, where they are nearly free;
-    the pipeline then only gathers uint8 batches (a quarter of the bytes). With the
-    MLP at batch 512 on 2 cores, training fed by the pipeline then ran as fast as on
-    batches held in memory, and about 7% faster end to end than scaling in the
-    pipeline (README, "Benchmarks").
-    """
+    """Pixels 0..255 -> [0, 1] inside the model, so the input pipeline moves uint8 batches."""
     import keras
 
     return keras.layers.Rescaling(1.0 / 255, name="rescale_pixels")(inputs)
@@ -99,11 +76,7 @@ MODELS = {"mlp": mlp, "cnn": cnn}
 """Model name -> builder `(width) -> keras.Model`."""
 
 BATCH_SIZES = {"mlp": 256, "cnn": 128}
-"""Default global batch size per model, used when neither `--batch-size` nor
-`--per-replica-batch-size` is given. The MLP's, with its learning rate, was chosen on a
-validation split (`benchmarks/results/recipe_defaults.md`: best mean validation accuracy of
-batch 256 / 512 / 1024 x rate 1e-3 / 2e-3 / 4e-3, seeds 0 and 1); the CNN's by measurement
-(docs/benchmarks.md)."""
+"""Default global batch size per model; see benchmarks/results/recipe_defaults.md."""
 
 WIDTHS = {"mlp": (128, 256, 512), "cnn": (16, 32, 64)}
 """Widths `--tune` chooses from, per model."""
@@ -111,13 +84,7 @@ WIDTHS = {"mlp": (128, 256, 512), "cnn": (16, 32, 64)}
 
 @dataclasses.dataclass(frozen=True)
 class MnistHParams:
-    """The MNIST task's own hyperparameters (flags `--model`, `--width`; YAML section `task:`).
-
-    Attributes:
-        model: `"mlp"` or `"cnn"`. Defaults to `"mlp"`.
-        width: MLP hidden units / CNN first-convolution filters; None keeps the
-            model's default (512 / 32). Defaults to None.
-    """
+    """The MNIST task's own hyperparameters (YAML section `task:`)."""
 
     model: str = hparam("mlp", "model architecture", choices=tuple(MODELS))
     width: Optional[int] = hparam(None, "model width: MLP hidden units / CNN first-layer filters", minimum=1)
@@ -139,9 +106,7 @@ def _integer_labels(images, labels):
 class MnistTask(ArrayTask):
     """MNIST digits (or any MNIST-format data via `--data-dir`) with the MLP or the CNN.
 
-    Sparse categorical cross-entropy, accuracy, Adam at 2e-3 decayed along a
-    cosine; batches of raw uint8 pixels (the models scale their own inputs) and
-    int32 labels; the 10,000 test images evaluated after training.
+    The 10,000 test images are evaluated after training.
     """
 
     name = "mnist"
@@ -157,22 +122,20 @@ class MnistTask(ArrayTask):
 
     @property
     def default_batch_size(self) -> int:
-        """256 for the MLP, 128 for the CNN (`BATCH_SIZES`)."""
+        """`BATCH_SIZES` of the chosen model."""
         return BATCH_SIZES[self.hparams.model]
 
     def bind(self, config: RecipeConfig) -> "MnistTask":
-        """Binds the config and loads the data of `config.data.data_dir` (bundled MNIST by default)."""
+        """Binds the config and loads `config.data.data_dir` (bundled MNIST by default)."""
         bound = super().bind(config)
         data = _load(config.data.data_dir)
         bound.x, bound.y, bound.test = data.x_train, data.y_train, (data.x_test, data.y_test)
         return bound
 
     def build_model(self):
-        """The MLP or the CNN at `hparams.width`."""
         return MODELS[self.hparams.model](self.hparams.width)
 
     def tune_space(self):
-        """The widths of the chosen model (`WIDTHS`)."""
         return {"width": WIDTHS[self.hparams.model]}
 
 
@@ -180,15 +143,7 @@ TASK = MnistTask()
 """The MNIST task; `python -m tftrain.run tftrain.recipes.mnist:TASK` runs it too."""
 
 DEFAULTS = TASK.default_config()
-"""The recipe's defaults; `recipes/mnist.yaml` holds the same values.
-
-Chosen by measurement (`python -m benchmarks`; docs/benchmarks.md): the batch size
-per model (`BATCH_SIZES`: the MLP's batch 256 and Adam's learning rate 2e-3, decayed to 0
-along a cosine over the run, scored best on a validation split of the training set; the
-CNN gains little from large batches on a CPU and needs more epochs with them); `steps_per_execution` 8 (one tf.function call, and one host
-sync, per 8 steps); `execution` auto (graph or XLA, timed on the run's own model
-and batch); the tf.data options all on.
-"""
+"""The recipe's defaults, chosen by measurement (docs/benchmarks.md); `recipes/mnist.yaml` holds the same."""
 
 PROG = "python -m tftrain.recipes.mnist"
 DESCRIPTION = "Train an MLP or CNN on the real MNIST digits and evaluate on the 10,000 test images."
@@ -197,22 +152,12 @@ DESCRIPTION = "Train an MLP or CNN on the real MNIST digits and evaluate on the 
 def train(config: Optional[RecipeConfig] = None, **overrides) -> dict:
     """Trains from Python (notebooks, scripts) instead of the command line.
 
-    Args:
-        config: a full `RecipeConfig`. Defaults to the recipe's `DEFAULTS`.
-        **overrides: config fields by name, e.g. `epochs=2, strategy="mirrored"`
-            (the same names as the flags, with underscores).
-
-    Returns:
-        The run's metrics dict (as written to `metrics.json`, with `run_dir`).
-
-    Raises:
-        ConfigError: on an unknown field or bad value, or any bad input the
-            command line would report with exit code 2.
+    `config` defaults to `DEFAULTS`; `**overrides` are config fields by flag name
+    (`epochs=2`). Returns the run's metrics dict (as in `metrics.json`, with `run_dir`).
+    Raises ConfigError on any bad input the command line would exit 2 for.
 
     Example:
-        >>> from tftrain.recipes import mnist
         >>> metrics = mnist.train(epochs=1, train_examples=4096, run_dir="runs/try")
-        >>> metrics["test_accuracy"]
     """
     from tftrain.train.trainer import Trainer
 
@@ -221,7 +166,7 @@ def train(config: Optional[RecipeConfig] = None, **overrides) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Runs the MNIST recipe from the command line; returns the exit code (see `tftrain.run.main`)."""
+    """Runs the MNIST recipe from the command line; returns the exit code."""
     from tftrain import run
 
     return run.main(argv, task=TASK, prog=PROG, description=DESCRIPTION, default_config="recipes/mnist.yaml")

@@ -1,11 +1,7 @@
 """Batch-size search and the keras-tuner adapter.
 
-    from tftrain.tuning import find_batch_size, search_batch_size, make_tuner, TrainingHyperModel
-
-`search_batch_size` is the algorithm (no TensorFlow; tested with fake trials);
-`find_batch_size` runs it on a real model and restores the model afterwards.
-The keras-tuner names are imported on first use, so `import tftrain.tuning`
-does not need keras-tuner.
+`search_batch_size` is the algorithm (no TensorFlow); `find_batch_size` runs it
+on a real model. Names are imported on first use, so keras-tuner is optional.
 """
 
 from tftrain.tuning.search import SearchResult, Trial, search_batch_size

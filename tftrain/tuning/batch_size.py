@@ -1,16 +1,8 @@
 """find_batch_size: the largest global batch that fits, and the fastest one.
 
-Each trial trains the real model for a few steps at one batch size and measures
-examples/sec and memory; `tftrain.tuning.search.search_batch_size` decides which
-sizes to try. The model's weights, optimizer state (iterations included) and
-metric state are saved first and restored in `finally:`, so the model leaves
-exactly as it came.
-
-"Fits" means: on accelerators, no `tf.errors.ResourceExhaustedError` (out of
-memory); on the CPU, where running out of memory ends the process instead of
-raising, the trial's peak memory stays under a budget in bytes (default: half the
-memory available when the search starts), and a trial predicted to exceed it from
-the previous one is not run at all.
+Each trial trains the real model a few steps; the model's state is restored in
+`finally:`. "Fits" means no out-of-memory error on accelerators; on the CPU,
+where running out of memory kills the process, peak memory under a budget.
 """
 
 from __future__ import annotations
@@ -54,20 +46,8 @@ from tftrain.tuning.trial_memory import (  # noqa: F401 (available_memory_bytes,
 class BatchSizeResult(SearchResult):
     """Outcome of `find_batch_size`: a `SearchResult` plus the run's context.
 
-    Attributes:
-        device_kind: "cpu" or "gpu".
-        memory_budget_bytes: the budget used, in bytes (None: OOM errors only).
-        seconds: wall time of the whole search, in seconds.
-        learning_rate: the learning rate after linear scaling, or None when
-            scaling was off.
-        base_learning_rate: the learning rate before scaling, or None.
-        target_batch_size: the global batch asked for per optimizer step
-            (`find_batch_size(target_batch_size=...)`), or None.
-        micro_batch_size, gradient_accumulation_steps: when `target_batch_size`
-            does not fit, a micro-batch that does and the accumulation steps
-            that make up the target (`tftrain.tuning.search.propose_accumulation`;
-            train with `--batch-size MICRO --gradient-accumulation-steps N`);
-            else None and 1.
+    `memory_budget_bytes` None means OOM errors only; `micro_batch_size` is None and
+    `gradient_accumulation_steps` 1 unless `target_batch_size` did not fit.
     """
 
     device_kind: str = "cpu"
@@ -80,7 +60,6 @@ class BatchSizeResult(SearchResult):
     gradient_accumulation_steps: int = 1
 
     def describe(self) -> str:
-        """One line: the choice, the figures behind it and the search's limit."""
         best = (
             f"best examples/sec at {self.best_throughput} ({self.best_examples_per_sec:,.0f}/s)"
             if self.best_examples_per_sec else f"best at {self.best_throughput}"
@@ -112,11 +91,7 @@ class BatchSizeResult(SearchResult):
 
 
 def _constant_learning_rate(optimizer) -> Optional[float]:
-    """The optimizer's constant learning rate, or None under a schedule.
-
-    A `LossScaleOptimizer` (mixed_float16) keeps the rate on its inner optimizer;
-    its own config has no `learning_rate`.
-    """
+    """The optimizer's constant learning rate (of the inner optimizer under loss scaling), or None under a schedule."""
     optimizer = getattr(optimizer, "inner_optimizer", optimizer)
     value = optimizer.get_config().get("learning_rate")
     return float(value) if isinstance(value, (int, float)) else None
@@ -152,8 +127,7 @@ def _is_oom(error: Exception) -> bool:
 
 
 def _arrays_dataset_fn(x, y) -> Callable[[int], tf.data.Dataset]:
-    # No .cache(): the arrays are in memory already, and a trial that reads part of a
-    # cached dataset makes tf.data warn once per trial.
+    # No .cache(): partly read cached datasets make tf.data warn once per trial.
     base = tf.data.Dataset.from_tensor_slices((lists_as_tuples(x), lists_as_tuples(y)))  # [x_a, x_b]: two inputs
 
     def make(batch_size: int) -> tf.data.Dataset:
@@ -163,11 +137,7 @@ def _arrays_dataset_fn(x, y) -> Callable[[int], tf.data.Dataset]:
 
 
 def _dataset_source(data, multiple_of: int, max_val: Optional[int]) -> tuple:
-    """`(make_dataset, max_val)` for `find_batch_size`'s `data`; arrays cap `max_val` at their length.
-
-    Raises:
-        ConfigError: when `data` is neither `(x, y)` arrays nor a function.
-    """
+    """`(make_dataset, max_val)`; arrays cap `max_val` at their length. Raises ConfigError on other data."""
     if isinstance(data, tuple) and len(data) == 2 and not callable(data[0]):
         x, y = data
         if max_val is None:
@@ -182,11 +152,7 @@ def _dataset_source(data, multiple_of: int, max_val: Optional[int]) -> tuple:
 
 
 def _base_learning_rate(model, scale_learning_rate: bool, base_batch_size: Optional[int]) -> Optional[float]:
-    """The optimizer's constant learning rate (None under a schedule), checked for `scale_learning_rate`.
-
-    Raises:
-        ConfigError: with `scale_learning_rate` but no `base_batch_size`, or a schedule.
-    """
+    """The constant learning rate; ConfigError if `scale_learning_rate` lacks a base batch or meets a schedule."""
     if scale_learning_rate and not base_batch_size:
         raise ConfigError(
             "scale_learning_rate needs base_batch_size: the batch size the current learning rate was tuned for."
@@ -201,12 +167,7 @@ def _base_learning_rate(model, scale_learning_rate: bool, base_batch_size: Optio
 
 
 class _TrialRunner:
-    """One trial of `find_batch_size`: trains `total_steps` steps at a batch size and measures them.
-
-    A trial predicted (linearly from the last fitting one) to exceed the memory
-    budget is not run; an OOM error, a timeout or a budget overrun marks it as
-    not fitting.
-    """
+    """One trial; one predicted (linearly from the last fitting one) to exceed the budget is not run."""
 
     def __init__(self, model, make_dataset, warmup: int, total_steps: int, budget: Optional[int],
                  timeout_s: Optional[float], memory: PeakMemory, verbose: int):
@@ -289,67 +250,42 @@ def find_batch_size(
 ) -> BatchSizeResult:
     """Finds the global batch size that fits and the one with the best examples/sec.
 
-    Trains `model` for `warmup_steps + steps_per_trial` steps per batch size
-    tried (see `tftrain.tuning.search.search_batch_size` for the order), then
-    restores its weights, optimizer state and iterations and metric state.
+    Trains `model` for `warmup_steps + steps_per_trial` steps per batch size tried
+    (order: `search_batch_size`), then restores its weights, optimizer and metric state.
 
     Args:
-        model: a compiled, built Keras model (built inside the strategy scope
-            when training distributed; trials run with that strategy).
-        data: `(x, y)` arrays (batched with `drop_remainder=True`, repeated), or a
-            function `batch_size -> tf.data.Dataset` yielding batches of exactly
-            `batch_size` global examples (it is repeated for the trial).
+        model: a compiled, built Keras model; trials run under its strategy.
+        data: `(x, y)` arrays, or a function `batch_size -> tf.data.Dataset` yielding
+            batches of exactly `batch_size` global examples.
         mode: `"power"` or `"binsearch"`. Defaults to "power".
-        objective: `"throughput"` or `"largest"`: which result becomes
-            `batch_size`. Defaults to "throughput".
+        objective: `"throughput"` or `"largest"`: which becomes `batch_size`. Defaults to "throughput".
         init_val: first batch size. Defaults to 32.
-        max_val: largest batch size tried; None uses the number of examples for
-            arrays and no cap for a dataset function. Defaults to None.
+        max_val: Defaults to None (the example count for arrays, else no cap).
         steps_per_trial: timed steps per trial. Defaults to 5.
-        warmup_steps: untimed steps first (tracing for the new shape); None uses
-            one execution (`steps_per_execution` steps). Defaults to None.
-        max_trials: most trials. Defaults to 20.
-        margin: safety fraction taken off the largest fitting size in binsearch
-            mode. Defaults to 0.05.
-        min_gain: relative examples/sec gain below which a trial counts as no
-            improvement. Defaults to 0.05.
-        patience: trials in a row without improvement that end a throughput
-            search. Defaults to 2.
-        memory_budget: bytes a trial may use above the memory in use at the
-            start; `"auto"` uses half the available memory on the CPU and
-            none on GPUs (OOM errors decide); None uses no budget. Defaults to
-            "auto".
-        trial_timeout_s: a trial still running after this many seconds stops
-            after its current execution and counts as too slow; None for no
-            limit. Defaults to 60.0.
-        multiple_of: batch sizes are multiples of this; None uses the
-            strategy's replica count. Defaults to None.
-        scale_learning_rate: after the search, set the optimizer's learning
-            rate to `lr * batch_size / base_batch_size`, the linear scaling rule
-            of Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet
-            in 1 Hour" (2017, https://arxiv.org/abs/1706.02677). Defaults to
-            False.
-        base_batch_size: the batch size the current learning rate was chosen
-            for; required with `scale_learning_rate`. Defaults to None.
-        verbose: 1 prints each trial and the result, 0 is silent. Defaults to 1.
-        target_batch_size: the global batch wanted per optimizer step, with
-            objective `"largest"`: growth stops there, and when it does not fit
-            the result proposes `micro_batch_size` x `gradient_accumulation_steps`
-            that does. None searches without a target. Defaults to None.
-
-    Returns:
-        A `BatchSizeResult` with the choice, both figures and every trial.
+        warmup_steps: untimed steps first. Defaults to None (one execution).
+        max_trials: Defaults to 20.
+        margin: fraction taken off the largest fitting size in binsearch mode. Defaults to 0.05.
+        min_gain: relative examples/sec gain below which a trial is no improvement. Defaults to 0.05.
+        patience: trials without improvement that end a throughput search. Defaults to 2.
+        memory_budget: bytes a trial may use above the start's; `"auto"`: half the
+            available memory on the CPU, none on GPUs. Defaults to "auto".
+        trial_timeout_s: seconds after which a trial counts as too slow. Defaults to 60.0.
+        multiple_of: Defaults to None (the replica count).
+        scale_learning_rate: afterwards scale the learning rate by `batch_size /
+            base_batch_size` (Goyal et al. 2017, https://arxiv.org/abs/1706.02677). Defaults to False.
+        base_batch_size: required with `scale_learning_rate`. Defaults to None.
+        verbose: 1 prints each trial and the result. Defaults to 1.
+        target_batch_size: the global batch wanted per optimizer step (objective
+            `"largest"`); when it does not fit, the result proposes a micro-batch
+            and accumulation steps. Defaults to None.
 
     Raises:
-        ConfigError: when the model is not compiled or not built, or on an
-            invalid argument.
+        ConfigError: when the model is not compiled or not built, or on an invalid argument.
         BatchSizeSearchError: when no batch size fits.
 
     Example:
         >>> result = find_batch_size(model, (x_train, y_train), objective="largest", mode="binsearch")
         >>> model.fit(x_train, y_train, batch_size=result.batch_size)
-        >>> result = find_batch_size(model, (x_train, y_train), objective="largest", target_batch_size=4096)
-        >>> result.micro_batch_size, result.gradient_accumulation_steps  # e.g. (1024, 4) when 4096 does not fit
     """
     started = time.perf_counter()
     _check_model(model)
@@ -388,8 +324,7 @@ def find_batch_size(
 
 @contextlib.contextmanager
 def _restored(model):
-    """Saves the model's weights, optimizer state (built first, so its slots are saved too) and metric
-    state, and `stop_training`; restores them on the way out, whatever happened."""
+    """Saves the model's state (the optimizer built first, so its slots are saved) and restores it on exit."""
     if not model.optimizer.built:
         with model.distribute_strategy.scope():
             model.optimizer.build(model.trainable_variables)
@@ -402,7 +337,6 @@ def _restored(model):
 
 
 def _check_model(model) -> None:
-    """Refuses a model that is not compiled or not built (its weights must exist to be restored)."""
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
         raise ConfigError("find_batch_size needs a compiled model. Call model.compile(optimizer=..., loss=...) first.")
     if not model.built:
@@ -414,8 +348,7 @@ def _check_model(model) -> None:
 
 def _bounds(init_val: int, max_val: Optional[int], multiple_of: int, target: Optional[int],
             objective: str) -> tuple:
-    """`(init_val, max_val)`: the first size rounded down to a multiple of `multiple_of`, the largest capped
-    at `target` (checked, `_check_target`), the first no larger than the largest."""
+    """`(init_val, max_val)` rounded to `multiple_of`, capped at `target`, with init_val <= max_val."""
     if init_val % multiple_of:
         init_val = max(multiple_of, (init_val // multiple_of) * multiple_of)
     if target is not None:
@@ -427,7 +360,6 @@ def _bounds(init_val: int, max_val: Optional[int], multiple_of: int, target: Opt
 
 
 def _check_target(target, objective: str, multiple_of: int) -> None:
-    """Refuses a `target_batch_size` that is not a positive multiple of `multiple_of`, or without `"largest"`."""
     if objective != "largest":
         raise ConfigError(f"target_batch_size needs objective='largest'. Received: objective={objective!r}.")
     if isinstance(target, bool) or not isinstance(target, int) or target < 1 or target % multiple_of:
@@ -436,7 +368,6 @@ def _check_target(target, objective: str, multiple_of: int) -> None:
 
 
 def _accumulation_fields(target: Optional[int], largest: Optional[int], multiple_of: int) -> dict:
-    """`BatchSizeResult`'s target and the proposed micro-batch x accumulation steps (when it does not fit)."""
     if target is None or largest is None or largest >= target:
         return {"target_batch_size": target}
     micro, steps = propose_accumulation(target, largest, multiple_of)

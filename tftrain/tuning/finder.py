@@ -1,13 +1,8 @@
-"""BatchSizeFinder: run the batch-size search from inside `model.fit`.
+"""BatchSizeFinder: run `find_batch_size` from inside `model.fit` (also `tftrain.callbacks.BatchSizeFinder`).
 
-It lives with the search it calls (the tuning layer, above the callbacks) and is
-re-exported as `tftrain.callbacks.BatchSizeFinder`, with the other callbacks.
-
-The search itself is `tftrain.tuning.find_batch_size`; this callback only calls
-it when training begins. Keras fixes the dataset (and so the batch size) before
-any callback runs, so the callback cannot switch the running `fit` to the new
-size: by default it stops that `fit` after the search, undoing the one step Keras
-runs before it notices, and you start the real `fit` with `finder.batch_size`.
+Keras fixes the dataset before any callback runs, so the callback cannot switch
+the running `fit` to the new size: by default it stops that `fit`, and you start
+the real one with `finder.batch_size`.
 """
 
 from __future__ import annotations
@@ -22,20 +17,9 @@ from tftrain.tuning.batch_size import BatchSizeResult, ModelState, find_batch_si
 class BatchSizeFinder(keras.callbacks.Callback):
     """Finds a global batch size when `fit` begins (see `find_batch_size`).
 
-    Args:
-        data: `(x, y)` arrays or a function `batch_size -> tf.data.Dataset`
-            (batches of exactly that global size), as for `find_batch_size`.
-        stop_training: stop the `fit` this callback runs in once the search is
-            done, leaving the model as it was before it. False lets that `fit`
-            go on at its own batch size. Defaults to True.
-        **search_kwargs: passed to `find_batch_size` (`mode`, `objective`,
-            `init_val`, `max_val`, `steps_per_trial`, `max_trials`, `margin`,
-            `min_gain`, `memory_budget`, `trial_timeout_s`,
-            `scale_learning_rate`, `base_batch_size`, `verbose`, ...).
-
-    Attributes:
-        result: the `BatchSizeResult` (None before `fit`).
-        batch_size: `result.batch_size` (None before `fit`).
+    `data` and `**search_kwargs` go to `find_batch_size`. `stop_training` stops this
+    `fit` after the search, leaving the model as it was; defaults to True. `result`
+    is the `BatchSizeResult` (None before `fit`).
 
     Example:
         >>> finder = BatchSizeFinder(make_dataset, mode="binsearch")

@@ -1,21 +1,8 @@
 """A thin adapter between tftrain and keras-tuner.
 
-`make_tuner` builds a keras-tuner tuner (RandomSearch, Hyperband or
-BayesianOptimization) whose output directory you choose (recipes use
-`<run_dir>/tuning`) and hands it the tftrain strategy through keras-tuner's own
-`distribution_strategy` argument: keras-tuner then builds every trial's model inside
-`strategy.scope()` itself, so tftrain never opens a scope around it (nested scopes of
-different strategies are an error in TensorFlow). keras-tuner distributes one
-trial over the replicas of a single worker; it does not run a trial across several
-workers, so multi-worker strategies are refused with a `TuningError`. keras-tuner
-starts every trial from `keras.backend.clear_session()`.
-
-`TrainingHyperModel` searches learning rate, batch size and either a width (a
-model function `width -> keras.Model`) or any named choices (a model function
-`{name: value} -> keras.Model`). Each trial validates at its own global batch size
-when the validation data is a function of it, and under several replicas its first
-validation batch is cut to split evenly (`even_first_batch`), so a validation set of
-any size works on any number of replicas.
+The strategy goes through keras-tuner's `distribution_strategy` argument, so
+keras-tuner opens the scope for each trial and tftrain never nests one around it.
+keras-tuner runs a trial on one worker only, so multi-worker strategies are refused.
 
 Source: https://keras.io/keras_tuner/api/tuners/
 """
@@ -36,19 +23,7 @@ ALGORITHMS = ("random", "hyperband", "bayesian")
 
 
 def check_strategy(strategy: Optional[tf.distribute.Strategy]) -> Optional[tf.distribute.Strategy]:
-    """Validates a strategy for keras-tuner; returns what to pass as `distribution_strategy`.
-
-    Args:
-        strategy: the tftrain strategy, or None.
-
-    Returns:
-        None for no strategy or TensorFlow's default strategy (keras-tuner needs
-        no scope then), else `strategy`.
-
-    Raises:
-        TuningError: for a multi-worker strategy (MultiWorkerMirrored,
-            ParameterServer), or when called inside a `strategy.scope()`.
-    """
+    """What to pass as `distribution_strategy` (None for the default); TuningError for multi-worker or in a scope."""
     if tf.distribute.has_strategy():
         raise TuningError(
             "Build and run the tuner outside strategy.scope(): keras-tuner opens the scope for each trial "
@@ -89,38 +64,24 @@ def make_tuner(
     """Builds a keras-tuner tuner that trains under the tftrain strategy.
 
     Args:
-        hypermodel: a `keras_tuner.HyperModel` (e.g. `TrainingHyperModel`).
-        directory: where keras-tuner keeps trials and checkpoints (recipes pass
-            `<run_dir>/tuning`). An existing search there is resumed, not
-            overwritten, unless `overwrite=True`.
-        algorithm: `"random"` (RandomSearch), `"hyperband"` or `"bayesian"`
-            (BayesianOptimization). Defaults to "random".
-        objective: metric to maximise or minimise (keras-tuner infers the
-            direction from the name). Defaults to "val_accuracy".
-        max_trials: most trials (for Hyperband a cap on its brackets' trials).
-            Defaults to 10.
-        strategy: the `tf.distribute.Strategy` to train each trial with; must be
-            single-worker. Defaults to None.
-        project_name: sub-folder of `directory`. Defaults to "tuner".
-        seed: random seed of the search. Defaults to None.
+        directory: where keras-tuner keeps trials; an existing search there is
+            resumed unless `overwrite=True`.
+        algorithm: `"random"`, `"hyperband"` or `"bayesian"`. Defaults to "random".
+        objective: metric to optimise (keras-tuner infers the direction). Defaults to "val_accuracy".
+        strategy: a single-worker `tf.distribute.Strategy`. Defaults to None.
         max_epochs: Hyperband's largest epoch budget per trial. Defaults to 10.
-        overwrite: delete a previous search in the same folder. Defaults to
-            False.
         **kwargs: passed to the keras-tuner class.
 
     Returns:
-        The tuner; call `tuner.search(epochs=..., verbose=...)` outside any
-        strategy scope.
+        The tuner; call `tuner.search(...)` outside any strategy scope.
 
     Raises:
-        TuningError: on an unknown algorithm, a multi-worker strategy, or when
-            called inside a strategy scope.
+        TuningError: on an unknown algorithm, a multi-worker strategy, or inside a strategy scope.
 
     Example:
         >>> tuner = make_tuner(TrainingHyperModel(mlp, make_ds, val_ds), directory="runs/x/tuning",
         ...                    max_trials=8, strategy=tf.distribute.MirroredStrategy())
         >>> tuner.search(epochs=2)
-        >>> tuner.get_best_hyperparameters()[0].values
     """
     if algorithm not in ALGORITHMS:
         raise TuningError(
@@ -156,36 +117,19 @@ class TrainingHyperModel(kt.HyperModel):
     """Searches learning rate, global batch size and the model's own choices.
 
     Args:
-        model_fn: function `width -> keras.Model` (uncompiled); receives None
-            when `widths` is None; with `choices`, a function
-            `{name: value} -> keras.Model` instead. keras-tuner calls it inside
-            the strategy scope.
-        make_dataset: function `global_batch_size -> tf.data.Dataset` of training
-            batches.
-        validation_data: dataset (or arrays) for `fit(validation_data=...)`, which
-            the `val_*` objective reads, or a function `global_batch_size ->
-            tf.data.Dataset` that each trial calls with its own batch size.
-            Under several replicas its first batch is cut to split evenly
-            (`even_first_batch`). Defaults to None.
-        loss: Keras loss. Defaults to "sparse_categorical_crossentropy".
-        metrics: metric names (strings, so each trial gets fresh metric
-            objects). Defaults to ("accuracy",).
-        learning_rate: `(low, high)` searched on a log scale, or one float.
-            Defaults to (1e-4, 1e-2).
-        widths: widths to choose from; None does not search width. Defaults to
-            None.
-        batch_sizes: global batch sizes to choose from; None uses
-            `default_batch_size`. Defaults to None.
-        default_batch_size: batch size when `batch_sizes` is None. Defaults to
-            128.
-        compile_options: extra `compile()` keyword arguments (e.g.
-            `tftrain.runtime.compile_options("xla", 4)`). Defaults to None.
-        choices: `{name: values}` searched besides learning rate and batch
-            size (e.g. a task's `tune_space()`); `model_fn` then receives the
-            chosen `{name: value}`. Defaults to None.
-        compile_args: function `learning_rate -> dict` of `compile()` keyword
-            arguments (optimizer, loss, metrics), replacing Adam with `loss` and
-            `metrics`. Defaults to None.
+        model_fn: `width -> keras.Model` (uncompiled; width None when `widths` is
+            None), or `{name: value} -> keras.Model` with `choices`.
+        make_dataset: `global_batch_size -> tf.data.Dataset` of training batches.
+        validation_data: dataset or arrays, or a function `global_batch_size ->
+            tf.data.Dataset`; its first batch is cut to split evenly over the
+            replicas. Defaults to None.
+        metrics: metric names (strings, so each trial gets fresh objects). Defaults to ("accuracy",).
+        learning_rate: `(low, high)` searched on a log scale, or one float. Defaults to (1e-4, 1e-2).
+        widths: widths to choose from. Defaults to None (width not searched).
+        batch_sizes: global batch sizes to choose from. Defaults to None (`default_batch_size`, 128).
+        choices: `{name: values}` searched besides learning rate and batch size. Defaults to None.
+        compile_args: `learning_rate -> dict` of `compile()` arguments, replacing
+            Adam with `loss` and `metrics`. Defaults to None.
 
     Example:
         >>> hm = TrainingHyperModel(lambda w: mlp(width=w), make_ds, val_ds,
@@ -250,7 +194,7 @@ class TrainingHyperModel(kt.HyperModel):
         return model
 
     def fit(self, hp, model, *args, **kwargs):
-        """Trains one trial at its batch size and validates at the same size; returns the `History`."""
+        """Trains one trial at its batch size and validates at the same size."""
         batch = hp.Choice("batch_size", self.batch_sizes) if self.batch_sizes else self.default_batch_size
         validation = kwargs.get("validation_data", self.validation_data)
         if callable(validation):
@@ -263,11 +207,7 @@ class TrainingHyperModel(kt.HyperModel):
 
 
 def evenly_first(validation, batch_size: int, num_replicas: int):
-    """`fit`'s `validation_data` with a first batch that splits evenly over the replicas: a dataset
-    through `even_first_batch`; arrays (`(x, y)` or `(x, y, sample_weight)`), which Keras would batch
-    itself, first as a dataset of `batch_size` batches; anything else (None, a distributed dataset)
-    unchanged. A dataset whose first batch already splits evenly (read once here, eagerly) stays as
-    it is, so it keeps its cardinality and Keras its count of validation steps."""
+    """`validation_data` (arrays batched) with a first batch that splits evenly; unchanged when it does."""
     if num_replicas <= 1 or validation is None or isinstance(validation, tf.distribute.DistributedDataset):
         return validation
     if not isinstance(validation, tf.data.Dataset):
@@ -280,38 +220,17 @@ def evenly_first(validation, batch_size: int, num_replicas: int):
 
 
 def _rows(batch):
-    """The batch dimension of a batch (its first leaf's first dimension), as an int64 tensor."""
+    """The batch dimension of a batch, as an int64 tensor."""
     return tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
 
 
 def even_first_batch(dataset: "tf.data.Dataset", num_replicas: int) -> "tf.data.Dataset":
     """`dataset` with a first batch that splits evenly over `num_replicas` replicas.
 
-    Keras 3's `fit` and `evaluate` under a `tf.distribute` strategy read the shapes of the
-    first batch before the first step by averaging the replicas' parts of it
-    (`strategy.reduce("MEAN", batch, axis=None)`, an `AddN` under MirroredStrategy), which
-    fails when the parts differ in size: "Inputs to operation AddN ... must have the same size
-    and shape. Input 0: [201,8] != input 1: [200,8]". A validation set smaller than one batch,
-    with a size that is not a multiple of the replica count, is such a first batch. Later
-    batches may split unevenly: Keras's steps take parts of any size (as for the last, partial
-    batch of any validation set).
-
-    The first batch is cut in two: its largest part that divides by `num_replicas` (with fewer
-    examples than replicas that part is empty, and every replica reads zero examples; Keras's
-    per-output `<output>_loss` logs, averaged per batch, then count that empty batch), then the
-    rest as a batch of its own. The other batches follow unchanged, in order; no example is
-    added, dropped or repeated. A dataset whose batch dimension is static and divisible (or one
-    replica) is returned as it is. The cut dataset's cardinality is unknown, so Keras counts its
-    batches on the first pass (and warns "Your input ran out of data" once);
-    `TrainingHyperModel.fit` cuts only a dataset whose first batch it found uneven.
-
-    Args:
-        dataset: batched `tf.data.Dataset` whose element's leaves all have the batch dimension
-            first (`(x, y)`, `(x, y, sample_weight)`, dicts of them).
-        num_replicas: the strategy's `num_replicas_in_sync`.
-
-    Returns:
-        The dataset with its first batch split as above.
+    Keras 3 under a `tf.distribute` strategy averages the replicas' parts of the first
+    batch, which fails ("Inputs to operation AddN ... must have the same size") when
+    they differ; later batches may split unevenly. The first batch is cut into its
+    largest divisible part (possibly empty) and the rest; cardinality becomes unknown.
 
     Example:
         >>> ds = tf.data.Dataset.range(5).batch(8)   # one batch of 5

@@ -1,12 +1,7 @@
 """The batch-size search algorithm, free of TensorFlow (tested with fake trials).
 
-`search_batch_size(run_trial, ...)` grows the batch size by doubling (`power`) and,
-in `binsearch` mode, then bisects between the largest batch that fitted and the
-smallest that did not. `run_trial(batch_size)` is supplied by the caller and
-returns a `Trial`; `tftrain.tuning.find_batch_size` supplies one that trains a real
-model for a few steps. The design follows PyTorch Lightning's batch-size scaler
-(`tuner/batch_size_scaling.py`): the algorithm is a plain function, the callback
-only wires hooks.
+The caller supplies `run_trial(batch_size) -> Trial`. After PyTorch Lightning's
+`tuner/batch_size_scaling.py`.
 """
 
 from __future__ import annotations
@@ -25,23 +20,14 @@ OVER_BUDGET = "over_budget"
 TIMEOUT = "timeout"
 NO_DATA = "no_data"
 STATUSES = (OK, OOM, OVER_BUDGET, TIMEOUT, NO_DATA)
-"""Trial outcomes: fitted; out of device memory; over the memory budget (measured
-or predicted); slower than the per-trial time limit; too few examples for one batch."""
+"""Trial outcomes; only OK fits. NO_DATA: too few examples for one batch."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Trial:
-    """One batch size tried.
+    """One global batch size tried; rates and memory are None unless measured.
 
-    Attributes:
-        batch_size: global batch size tried.
-        status: one of `STATUSES`; only `"ok"` counts as fitting.
-        examples_per_sec: measured global examples/sec (None unless measured).
-        step_time_s: median step time in seconds (None unless measured).
-        peak_memory_bytes: memory the trial used above the search's baseline,
-            in bytes (None when not measured).
-        seconds: wall time of the trial, in seconds.
-        note: free text (e.g. the error message of an OOM).
+    `peak_memory_bytes` is measured above the search's baseline; `note` is free text.
     """
 
     batch_size: int
@@ -54,11 +40,9 @@ class Trial:
 
     @property
     def fits(self) -> bool:
-        """True when the trial ran within memory and time."""
         return self.status == OK
 
     def to_dict(self) -> dict:
-        """The trial as plain data (JSON-ready)."""
         return dataclasses.asdict(self)
 
 
@@ -67,20 +51,11 @@ class SearchResult:
     """Outcome of `search_batch_size`.
 
     Attributes:
-        batch_size: the choice for the objective: `best_throughput` for
-            `"throughput"`, `largest_fitting` for `"largest"`.
-        largest_fitting: largest batch that fitted, less the safety margin in
-            binsearch mode; None when the search stopped on a throughput plateau
-            before finding the limit.
-        largest_tried_ok: largest batch that fitted, before the margin.
-        best_throughput: the smallest fitting batch whose examples/sec is
-            within `min_gain` of the highest measured (see
-            `best_throughput_trial`).
-        best_examples_per_sec: its examples/sec.
-        limit: what ended growth: "failure" (OOM, budget, time), "max_val",
-            "plateau" (gain under `min_gain`) or "max_trials".
-        mode, objective: as requested.
-        trials: every `Trial`, in the order run.
+        batch_size: `best_throughput` or `largest_fitting`, by objective.
+        largest_fitting: less the margin in binsearch mode; None when growth
+            stopped on a throughput plateau.
+        best_throughput: see `best_throughput_trial`.
+        limit: what ended growth: "failure", "max_val", "plateau" or "max_trials".
     """
 
     batch_size: int
@@ -94,7 +69,6 @@ class SearchResult:
     trials: List[Trial]
 
     def to_dict(self) -> dict:
-        """The result as plain data (JSON-ready)."""
         out = dataclasses.asdict(self)
         out["trials"] = [t.to_dict() for t in self.trials]
         return out
@@ -107,21 +81,9 @@ def _round_down(value: int, multiple: int) -> int:
 def propose_accumulation(target: int, largest_fitting: int, multiple_of: int = 1) -> Tuple[int, int]:
     """A micro-batch that fits and the gradient accumulation steps that make up `target`.
 
-    For a global batch `target` that does not fit in memory, with N0 =
-    `ceil(target / largest_fitting)` the fewest steps that could work: the
-    fewest steps N in [N0, 2 x N0] such that `target / N` is a whole multiple of
-    `multiple_of` (the replica count) and at most `largest_fitting`, so N
-    micro-batches give exactly `target` examples per optimizer step. When none
-    divides, the fewest steps N whose micro-batch `target / N`, rounded up to a
-    multiple of `multiple_of`, fits; their product exceeds `target` a little.
-
-    Args:
-        target: the global batch size wanted per optimizer step, >= 1.
-        largest_fitting: the largest global batch size that fits, >= 1.
-        multiple_of: micro-batches are multiples of this. Defaults to 1.
-
-    Returns:
-        `(micro_batch_size, accumulation_steps)`; `(target, 1)` when `target` fits.
+    Returns `(target, 1)` when `target` fits. Prefers the fewest steps that divide
+    `target` into multiples of `multiple_of` (default 1); else the product exceeds
+    `target` a little.
 
     Example:
         >>> propose_accumulation(1024, 200, multiple_of=8)
@@ -141,18 +103,10 @@ def propose_accumulation(target: int, largest_fitting: int, multiple_of: int = 1
 
 
 def best_throughput_trial(trials: List[Trial], min_gain: float = 0.05) -> Trial:
-    """The smallest batch size whose examples/sec is within `min_gain` of the best.
+    """The smallest fitting trial whose examples/sec is within `min_gain` (relative) of the best.
 
-    A larger batch that is faster by less than `min_gain` (relative) is not worth
-    its cost (fewer updates per epoch, more memory), and such small differences
-    are within timing noise; so the smallest batch on the plateau wins.
-
-    Args:
-        trials: fitting trials (at least one).
-        min_gain: relative tolerance, e.g. 0.05 for 5%. Defaults to 0.05.
-
-    Returns:
-        The chosen `Trial` (the largest batch when none has a measured rate).
+    Smaller gains are within timing noise and cost updates per epoch and memory.
+    `min_gain` defaults to 0.05. Without measured rates: the largest batch.
 
     Example:
         >>> rates = {256: 900.0, 512: 1000.0, 1024: 1030.0}
@@ -205,35 +159,11 @@ def search_batch_size(
 ) -> SearchResult:
     """Searches the global batch size with caller-supplied trials.
 
-    Growth: try `init_val`, then double (capped at `max_val`) while trials fit.
-    With objective `"throughput"` growth also stops once `patience` trials in a
-    row fail to beat the best examples/sec so far by `min_gain` (one slow trial
-    on a busy machine does not end the search). If `init_val` itself
-    does not fit, it halves instead until one fits.
-    `binsearch` mode (objective `"largest"` only) then bisects between the largest
-    fitting and the smallest failing batch until they are `multiple_of` apart,
-    and takes `margin` off the result as a safety buffer (as Lightning does,
-    margin applies only in binsearch mode). Every batch size tried is a multiple
-    of `multiple_of` (the replica count, so the global batch splits evenly).
-
-    Args:
-        run_trial: function `batch_size -> Trial`.
-        mode: `"power"` (doubling only) or `"binsearch"`. Defaults to "power".
-        objective: `"throughput"` (best examples/sec) or `"largest"` (largest
-            that fits). Defaults to "throughput".
-        init_val: first batch size tried. Defaults to 32.
-        max_val: largest batch size tried; None for no cap. Defaults to None.
-        max_trials: most trials run in total. Defaults to 20.
-        margin: fraction taken off the largest fitting batch in binsearch mode,
-            in [0, 1). Defaults to 0.05.
-        min_gain: smallest relative examples/sec gain that keeps a throughput
-            search growing (0.05 = 5%). Defaults to 0.05.
-        multiple_of: batch sizes are multiples of this. Defaults to 1.
-        patience: trials in a row without a `min_gain` improvement that end a
-            throughput search. Defaults to 2.
-
-    Returns:
-        A `SearchResult`.
+    Doubles from `init_val` (halving first if it does not fit) while trials fit,
+    up to `max_val`; a throughput search also stops after `patience` trials in a
+    row without a `min_gain` gain. `binsearch` mode (objective `"largest"` only)
+    then bisects to within `multiple_of` and takes `margin` off, as Lightning does.
+    Arguments and defaults as `find_batch_size`'s, except `multiple_of` (default 1).
 
     Raises:
         ConfigError: on an invalid argument.
@@ -256,8 +186,7 @@ def search_batch_size(
 
 
 class _Search:
-    """The state of one `search_batch_size`: its trials, the largest fitting and the smallest failing
-    batch so far, and why growth stopped (`limit`)."""
+    """The state of one `search_batch_size`."""
 
     def __init__(self, run_trial: Callable[[int], Trial], max_trials: int, multiple_of: int, min_gain: float):
         self.run_trial, self.max_trials, self.multiple_of, self.min_gain = run_trial, max_trials, multiple_of, min_gain
@@ -276,11 +205,7 @@ class _Search:
         return len(self.trials) < self.max_trials
 
     def shrink(self, size: int) -> None:
-        """Tries `size`, halving while it does not fit; `limit` becomes "failure" when it did not.
-
-        Raises:
-            BatchSizeSearchError: when not even a batch of `multiple_of` fits.
-        """
+        """Tries `size`, halving while it does not fit; BatchSizeSearchError when none fits."""
         while self._trials_left:
             if self._attempt(size).fits:
                 self.low_ok = size
@@ -298,8 +223,7 @@ class _Search:
             )
 
     def grow(self, max_val: Optional[int], patience: Optional[int]) -> None:
-        """Doubles the fitting batch (capped at `max_val`) until one fails, the cap, or (with `patience`)
-        `patience` trials in a row without a `min_gain` examples/sec gain."""
+        """Doubles the fitting batch until one fails, `max_val`, or a plateau of `patience` trials."""
         best_rate, stale = self.trials[-1].examples_per_sec, 0
         while self._trials_left:
             cap = None if max_val is None else _round_down(max_val, self.multiple_of)
@@ -320,7 +244,6 @@ class _Search:
                 return
 
     def bisect(self) -> None:
-        """Bisects between the largest fitting and the smallest failing batch until `multiple_of` apart."""
         while self._trials_left and self.high_fail - self.low_ok > self.multiple_of:
             mid = _round_down((self.low_ok + self.high_fail) // 2, self.multiple_of)
             if mid <= self.low_ok:
@@ -331,7 +254,6 @@ class _Search:
                 self.high_fail = mid
 
     def result(self, mode: str, objective: str, margin: float) -> SearchResult:
-        """The `SearchResult`: in binsearch mode the largest fitting batch less `margin`."""
         if self.limit == "plateau":
             largest_fitting = None
         elif mode == "binsearch":

@@ -1,6 +1,4 @@
-"""Memory a batch-size trial uses (RAM on a CPU, the allocator's peak on a GPU) and the budget it must
-stay under (`tftrain.tuning.batch_size.find_batch_size`). Not the malloc settings
-(`tftrain.runtime.memory`) nor the remembered execution choices (`tftrain.runtime.execution_memory`)."""
+"""Memory a batch-size trial uses (RAM on a CPU, the allocator's peak on a GPU) and its budget."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ DEFAULT_CPU_BUDGET_FRACTION = 0.5
 
 
 def available_memory_bytes() -> int:
-    """Memory available to new allocations on this machine, in bytes (psutil)."""
+    """Memory available to new allocations on this machine, in bytes."""
     import psutil
 
     return int(psutil.virtual_memory().available)
@@ -57,10 +55,8 @@ def _reset_vm_hwm() -> bool:
 class PeakMemory:
     """Peak memory of a trial above a fixed baseline, in bytes.
 
-    CPU: the process's peak resident set size. On Linux the kernel's own peak
-    counter (VmHWM) is reset before each trial, which is exact; elsewhere a
-    thread samples the RSS every 5 ms. GPU: TensorFlow's allocator peak
-    (`tf.config.experimental.get_memory_info`), reset per trial.
+    CPU: peak RSS, from Linux's VmHWM counter (reset per trial), else sampled every
+    5 ms. GPU: TensorFlow's allocator peak, reset per trial.
     """
 
     def __init__(self, device_kind: str):
@@ -104,10 +100,9 @@ class PeakMemory:
 
 
 def memory_budget_bytes(memory_budget, device_kind: str) -> Optional[int]:
-    """The budget in bytes: "auto" is half the free memory on a CPU and None (OOM errors only) on a GPU.
+    """The budget in bytes: "auto" is half the free memory on a CPU, None (OOM errors only) on a GPU.
 
-    Raises:
-        ConfigError: on anything but "auto", None or a positive int.
+    Raises ConfigError on anything but "auto", None or a positive int.
     """
     if memory_budget == "auto":
         return default_memory_budget() if device_kind == "cpu" else None

@@ -1,13 +1,6 @@
 """Training loops, each saying in one place what it supports and why it refuses what it refuses.
 
-A strategy changes what a run can do: `Model.fit` under a single-process
-strategy (`FitLoop`) has per-step hooks, can time graph against XLA and can
-search in process; a multi-worker job (`MultiWorkerLoop`) must run the same
-steps in every task, in lockstep, so one task cannot search or time modes
-alone; the parameter-server loop (`ParameterServerLoop`, `ClusterCoordinator`)
-runs asynchronous steps on its workers, has no per-step hooks and runs only
-`tf.function`s. The `Trainer` asks the loop (`loop_for(strategy)`) instead of
-branching on the strategy's name.
+The `Trainer` asks the loop (`loop_for(strategy)`) instead of branching on the strategy's name.
 """
 
 from tftrain.train.loops.fit import FitLoop

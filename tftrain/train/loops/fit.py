@@ -1,5 +1,4 @@
-"""`FitLoop`: `Model.fit` in one process (default, one_device and mirrored strategies), the base every
-loop refines by saying what it supports (`tftrain.train.loops`)."""
+"""`FitLoop`: `Model.fit` in one process, the base every loop refines by saying what it supports."""
 
 from __future__ import annotations
 
@@ -17,25 +16,14 @@ class FitLoop:
     """`Model.fit` in one process (default, one_device and mirrored strategies).
 
     Attributes:
-        name: the loop's name in messages.
-        per_step_hooks: batch-level callbacks fire every `steps_per_execution`
-            steps (ThroughputMonitor, ProfilerWindow, `--backup-every-steps`
-            can run; elsewhere the NaN guard checks the loss once per epoch).
-        times_execution: `--execution auto` may time graph against XLA here.
-        in_process_search: `--tune` and `--batch-size auto` can run here.
-        checks_input: the ThroughputMonitor times this process's whole input
-            pipeline alone (the input-bound verdict).
-        validates: `fit` reads the task's validation data for `val_*` metrics
-            (and `--early-stopping` can watch `val_loss`).
+        per_step_hooks: batch-level callbacks fire (elsewhere the NaN guard checks once per epoch).
+        times_execution: `--execution auto` may time graph against XLA.
+        in_process_search: `--tune` and `--batch-size auto` can run.
+        checks_input: this process's input pipeline can be timed alone (the input-bound verdict).
+        validates: `fit` computes `val_*` metrics.
         needs_steps_per_epoch: the task must know `num_train_examples`.
-        executions: execution modes this loop runs.
-        accumulates: `--gradient-accumulation-steps N` > 1 can run here.
-        no_search_reason: why `--tune` and `--batch-size auto` cannot run here
-            (said when refused); "" where they can.
-        weighs_classes: a task's `class_weight` is applied here.
-        keeps_best: `--keep-best` can run here: every process that runs the
-            callbacks sees the same epoch logs (a multi-worker job all-reduces
-            its metrics), so each ranks and saves alike.
+        no_search_reason: why `--tune` and `--batch-size auto` cannot run; "" where they can.
+        keeps_best: every process sees the same epoch logs, so `--keep-best` ranks alike.
     """
 
     name: str = "Model.fit"
@@ -52,32 +40,25 @@ class FitLoop:
     keeps_best: bool = True
 
     def serves(self, cluster) -> bool:
-        """Whether this process only serves the job (never for `Model.fit`)."""
+        """Whether this process only serves the job."""
         return False
 
     def job(self, cluster):
-        """A context manager around the run after set-up; here it does nothing."""
+        """A context manager around the run after set-up."""
         return contextlib.nullcontext()
 
     def steps_per_execution_for(self, requested: int, batches_per_epoch: Optional[int]) -> int:
-        """The steps per execution this loop runs: here the requested ones (its data ends each epoch)."""
+        """The steps per execution this loop runs."""
         return requested
 
     def check_model(self, compile_args: dict, overridden_steps: tuple) -> None:
-        """Refuses, before the run directory (the sanity pass), a model this loop cannot train: here none
-        (`Model.fit` trains any model Keras compiles).
+        """Refuses, before the run directory, a model this loop cannot train (`Model.fit` trains any).
 
-        Args:
-            compile_args: the task's `Model.compile` arguments.
-            overridden_steps: the Keras step methods the model's class replaces (`"train_step"`, ...).
+        `overridden_steps` names the Keras step methods the model's class replaces (`"train_step"`, ...).
         """
 
     def check(self, cfg: config_lib.RecipeConfig) -> None:
-        """Refuses flags this loop cannot honour, before any work.
-
-        Raises:
-            ConfigError: naming the flag, why, and what to do instead.
-        """
+        """Raises ConfigError for flags this loop cannot honour, before any work."""
         auto_batch = cfg.data.batch_size == config_lib.AUTO_BATCH
         if cfg.train.tune and auto_batch:
             raise ConfigError("--tune searches the batch size itself; drop --batch-size auto "
@@ -103,7 +84,6 @@ class FitLoop:
         self._check_checkpoints(cfg)
 
     def _check_checkpoints(self, cfg: config_lib.RecipeConfig) -> None:
-        """Refuses `--keep-best` where the loop cannot keep it and `--early-stopping` without validation."""
         if cfg.train.keep_best and not self.keeps_best:
             raise ConfigError(f"--keep-best is not supported by {self.name}. Drop the flag (the backup keeps the "
                               "last epoch), or train with --strategy multi_worker_mirrored or a single-process "
@@ -114,7 +94,6 @@ class FitLoop:
                               "multi_worker_mirrored).")
 
     def _check_accumulation(self, cfg: config_lib.RecipeConfig) -> None:
-        """Refuses `--gradient-accumulation-steps` > 1 where this loop cannot honour it, and with `--tune`."""
         steps = cfg.train.gradient_accumulation_steps
         if steps == 1:
             return
@@ -128,7 +107,7 @@ class FitLoop:
                               "first, then train the best configuration with it.")
 
     def compile(self, model, compile_args: dict, runtime) -> None:
-        """`model.compile(**compile_args)` with the runtime's execution options, in the strategy's scope."""
+        """`model.compile` with the runtime's execution options, in the strategy's scope."""
         with runtime.strategy.scope():
             model.compile(**compile_args, **runtime.compile_options())
 
@@ -138,21 +117,11 @@ class FitLoop:
         """Trains with `Model.fit` on `train_data()`; returns the `History`.
 
         Args:
-            model: the compiled model.
-            train_data: function `(input_context=None) -> tf.data.Dataset`.
+            train_data: `(input_context=None) -> tf.data.Dataset`.
             epochs: last epoch (BackupAndRestore resumes where it stopped).
-            steps_per_epoch: optimizer steps per epoch, used when the dataset
-                repeats forever (else the dataset ends each epoch).
-            callbacks: Keras callbacks.
-            verbose: Keras verbosity.
-            validation_data: a dataset for `val_*` metrics, or None.
-            runtime: the `Runtime`. Defaults to None.
-            metrics: the task's metrics, for loops that update them
-                themselves (not `Model.fit`). Defaults to None.
-            say: prints one line about a setting the loop changed (the run's
-                console under the Trainer). Defaults to `print`.
-            class_weight: `{class index: weight}` for `Model.fit`, or None.
-                Defaults to None.
+            steps_per_epoch: used when the dataset repeats forever.
+            metrics: the task's metrics, for loops that update them themselves. Defaults to None.
+            say: prints a line about a setting the loop changed. Defaults to `print`.
         """
         from tftrain.runtime.epoch_ends import EpochEnds
         from tftrain.runtime.input_release import released_off_thread
@@ -170,24 +139,22 @@ class FitLoop:
                                  validation_data=validation_data, validation_steps=validation_steps,
                                  shuffle=False, class_weight=class_weight)
         finally:
-            if isinstance(model.train_function, EpochEnds):  # this run's epoch length: not a later fit's
+            if isinstance(model.train_function, EpochEnds):  # not for a later fit
                 model.train_function = None
 
     def evaluate(self, model, dataset, metrics=None) -> dict:
-        """`Model.evaluate` as a `{name: float}` dict (`"loss"` and each metric; `metrics` unused)."""
+        """`Model.evaluate` as a `{name: float}` dict; `metrics` unused."""
         results = model.evaluate(dataset, verbose=0, return_dict=True)
         return {name: float(value) for name, value in results.items()}
 
 
 def _steps_per_execution(model) -> int:
-    """The steps each call of the model's train function runs (1 when not set)."""
     return max(1, int(getattr(model, "steps_per_execution", 1) or 1))
 
 
 def _epoch_ender(model, dataset):
-    """The model's train function when it ends each epoch itself (an `ExecutionTrial` told the epoch's
-    length, `_at_the_data_s_length`), else an `EpochEnds` installed for finite data whose epoch ends inside
-    an execution, else None."""
+    """The train function when it ends each epoch itself, else an `EpochEnds` installed for finite data
+    whose epoch ends inside an execution, else None."""
     import tensorflow as tf
 
     from tftrain.runtime.epoch_ends import EpochEnds
@@ -201,17 +168,12 @@ def _epoch_ender(model, dataset):
 
 
 def _at_the_data_s_length(function, batches: int) -> None:
-    """Sets the epoch length `function` ends epochs at to the finite data's pass (a task's count of steps
-    can differ from it, e.g. a dataset that keeps a partial last batch), or to None (whole calls, the data
-    ending each epoch, as Keras has it) when the data's length is unknown."""
+    """Sets the epoch length `function` ends epochs at to the data's pass, or None when unknown."""
     function.steps_per_epoch = batches if batches > 0 else None
 
 
 def _validation_iterator(validation_data, steps_per_execution: int) -> tuple:
-    """`(validation_data, validation_steps)` for `fit`: a finite dataset whose pass is whole executions
-    of the test function is repeated, which spares the iterator Keras makes at the end of each finite
-    pass (its `evaluate` still makes one per validation); other data is left as it is (the test
-    function has no short last call)."""
+    """`(validation_data, validation_steps)` for `fit`, repeated as `one_iterator` does."""
     if validation_data is None or not hasattr(validation_data, "cardinality"):
         return validation_data, None
     return one_iterator(validation_data, None, steps_per_execution)
@@ -221,32 +183,14 @@ def one_iterator(dataset, steps_per_epoch: Optional[int], steps_per_execution: i
                  epoch_ends_at: Optional[int] = None):
     """`(dataset, steps_per_epoch)` for `Model.fit` such that Keras keeps one iterator for the whole run.
 
-    On finite data Keras makes a new iterator at each epoch's start, and another at its end (for a next
-    pass, which the next epoch does not use: it makes its own), and tf.data builds the whole pipeline
-    each time (its functions, its parallel map and prefetch threads): measured 10 ms at the start and
-    10 ms at the end for tftrain's array pipeline, 30 ms an epoch in all against 9 ms for the same 64
-    steps on one iterator (a 16-input linear model on 2 CPU cores, 64 steps per execution). Data whose epoch is a known whole number of
-    executions, or whose train function ends each epoch itself (`epoch_ends_at`: an `ExecutionTrial`
-    whose last call of an epoch runs only the steps left), is therefore repeated and run
-    `steps_per_epoch` steps an epoch: Keras then keeps its iterator
-    (`keras/src/trainers/epoch_iterator.py`) and each epoch still takes one pass, shuffled anew. Data of
-    unknown size, or whose epoch ends inside an execution otherwise (on endless data Keras would run
-    that execution whole, past the epoch's end: keras-team/keras#20861), is left as it is.
-
-    A run resumed inside an epoch trains that epoch's remaining steps from the start of a pass
-    (`StepBackup` ends the epoch there), so later epochs then start that many batches into a pass.
-
-    Args:
-        dataset: the training `tf.data.Dataset`.
-        steps_per_epoch: optimizer steps per epoch for data that repeats forever
-            (ignored for finite data, whose cardinality says it), or None.
-        steps_per_execution: the steps each train function call runs, >= 1.
-        epoch_ends_at: the epoch length (batches) at which the train function
-            ends each epoch itself, or None. Defaults to None.
+    On finite data Keras rebuilds the pipeline's iterator every epoch. Data whose epoch is
+    a whole number of executions, or is `epoch_ends_at` (the train function ends epochs
+    itself), is repeated and run one pass per epoch. Other finite data is left as it is:
+    on endless data Keras would run the last execution whole, past the epoch's end.
+    A run resumed inside an epoch leaves later epochs starting mid-pass.
 
     Returns:
-        The dataset (repeated where that holds) and the `steps_per_epoch` to pass
-        to `fit` (None for data left finite).
+        The dataset and the `steps_per_epoch` to pass to `fit` (None for data left finite).
     """
     import tensorflow as tf
 

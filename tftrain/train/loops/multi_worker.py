@@ -13,9 +13,8 @@ from tftrain.train.loops.fit import FitLoop
 class MultiWorkerLoop(FitLoop):
     """`Model.fit` in every task of a `multi_worker_mirrored` job.
 
-    Each worker builds its own shard of the input (`InputContext`), repeated,
-    and every worker runs exactly `steps_per_epoch` steps per epoch, so none
-    waits for a step another never takes.
+    Each worker repeats its own input shard and runs exactly `steps_per_epoch`
+    steps per epoch, so none waits for a step another never takes.
     """
 
     name: str = "Model.fit (multi-worker)"
@@ -29,8 +28,10 @@ class MultiWorkerLoop(FitLoop):
                              "cannot try settings alone")
 
     def steps_per_execution_for(self, requested: int, batches_per_epoch: Optional[int]) -> int:
-        """The largest count <= `requested` that divides `batches_per_epoch`: on this endless data
-        Keras runs whole executions, past an epoch's end otherwise (keras-team/keras#20861)."""
+        """The largest count <= `requested` that divides `batches_per_epoch`.
+
+        On endless data Keras runs whole executions, past an epoch's end otherwise.
+        """
         if not batches_per_epoch or batches_per_epoch % requested == 0:
             return requested
         return max(d for d in range(1, requested + 1) if batches_per_epoch % d == 0)
@@ -39,12 +40,7 @@ class MultiWorkerLoop(FitLoop):
             runtime=None, metrics=None, say=print, class_weight=None):
         """`Model.fit` on `strategy.distribute_datasets_from_function`; see `FitLoop.fit`.
 
-        `steps_per_epoch` must be known (`Trainer.check_task` refuses a task
-        without `num_train_examples` before the run starts). On this endless
-        data Keras runs whole executions, so an epoch of 5 steps at
-        `steps_per_execution` 3 would run 6 (keras-team/keras#20861): the
-        model then runs the largest count <= its `steps_per_execution` that
-        divides the epoch.
+        `steps_per_epoch` must be known; `steps_per_execution` is lowered to divide it.
         """
         spe = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
         if steps_per_epoch % spe:
@@ -53,19 +49,17 @@ class MultiWorkerLoop(FitLoop):
                 f"{steps_per_epoch} steps, and Keras would run whole executions past the epoch's end)")
         weigh = class_weighted(class_weight)
         dataset = runtime.strategy.distribute_datasets_from_function(lambda ctx: weigh(train_data(ctx)).repeat())
-        with released_off_thread() as release:  # tf.data's iterator destructor waits up to 2.5 s
+        with released_off_thread() as release:  # tf.data's iterator destructor can block
             return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
                              callbacks=[*callbacks, release], verbose=verbose, validation_data=validation_data,
                              shuffle=False)
 
 
 def class_weighted(class_weight):
-    """`dataset -> dataset` whose `(x, y)` batches carry `class_weight[y]` as sample weights, by the map
-    Keras's `fit(class_weight=...)` applies to a `tf.data.Dataset`; `fit` refuses `class_weight` with a
-    distributed dataset, so each worker's dataset is weighed before it is distributed (the multi-worker
-    and parameter-server loops). Identity when
-    `class_weight` is None.
+    """`dataset -> dataset` whose `(x, y)` batches carry `class_weight[y]` as sample weights (identity for None).
 
+    `fit` refuses `class_weight` with a distributed dataset, so each worker's dataset is
+    weighed first, by Keras's own map.
     Source: keras/src/trainers/data_adapters/tf_dataset_adapter.py (`make_class_weight_map_fn`).
     """
     if class_weight is None:

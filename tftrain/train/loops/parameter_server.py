@@ -1,5 +1,4 @@
-"""`ParameterServerLoop`: the coordinator loop of a `parameter_server` job, and the metric objects it
-updates itself (`tftrain.train.loops.ps_training` holds the `ClusterCoordinator` training loop)."""
+"""`ParameterServerLoop`: the coordinator loop of a `parameter_server` job, and the metrics it updates itself."""
 
 from __future__ import annotations
 
@@ -19,20 +18,8 @@ _ACCURACY_BY_LOSS = (("sparse_categorical", "SparseCategoricalAccuracy"), ("cate
 def metric_objects(metrics, loss) -> list:
     """Fresh Keras metric objects for loops that update metrics themselves.
 
-    Args:
-        metrics: what `compile` would take: None, or a list of names, metric
-            objects (cloned from their config) or functions `(y_true, y_pred)`;
-            metric classes and functions of no arguments returning a metric are
-            built (`tftrain.train.tasks.build_metrics`). `"accuracy"` / `"acc"`
-            resolves by the loss, as `compile` does (sparse categorical,
-            categorical or binary accuracy).
-        loss: the compiled loss (name or object), for `"accuracy"`.
-
-    Returns:
-        A list of new `keras.metrics.Metric`s.
-
-    Raises:
-        ConfigError: for a per-output dict of metrics (not supported here).
+    `metrics` is a flat list as `compile` takes; `"accuracy"` resolves by `loss`,
+    as `compile` does. Raises ConfigError for a per-output dict.
     """
     import keras
 
@@ -59,7 +46,7 @@ def metric_objects(metrics, loss) -> list:
 
 
 def _backup_every(callbacks) -> Optional[int]:
-    """The `StepBackup`'s steps between checkpoints among `callbacks` (None: at epoch ends only)."""
+    """The `StepBackup`'s steps between checkpoints (None: at epoch ends only)."""
     from tftrain.callbacks.backup import StepBackup
 
     return next((c.every_steps for c in callbacks if isinstance(c, StepBackup) and c.every_steps), None)
@@ -69,9 +56,8 @@ def _backup_every(callbacks) -> Optional[int]:
 class ParameterServerLoop(FitLoop):
     """The coordinator loop of a `parameter_server` job (`tftrain.train.loops.ps_training`).
 
-    Steps run asynchronously on the workers through a `ClusterCoordinator`:
-    no per-step hooks (no throughput figures, no profile window), graph mode
-    only, no in-process search. Metrics are updated by the loop itself.
+    Steps run asynchronously on the workers, so there are no per-step hooks and no
+    in-process search; graph mode only.
     """
 
     name: str = "the parameter-server coordinator loop"
@@ -85,27 +71,21 @@ class ParameterServerLoop(FitLoop):
     accumulates: bool = False
     no_search_reason: str = ("its workers run steps asynchronously under the chief's coordinator, and keras-tuner "
                              "and the batch-size search time trials in one process")
-    weighs_classes: bool = True  # on each worker's dataset (`class_weighted`); the step weighs the loss
-    keeps_best: bool = False  # not tried under the coordinator loop, which keeps its own metrics
+    weighs_classes: bool = True  # on each worker's dataset; the step weighs the loss
+    keeps_best: bool = False  # the coordinator loop keeps its own metrics
 
     def serves(self, cluster) -> bool:
         """Worker and ps tasks serve; the chief (coordinator) trains."""
         return cluster is not None and cluster.task_type in ("worker", "ps")
 
     def job(self, cluster):
-        """On the chief: tells every worker and ps task at the end whether the run finished or
-        failed, so they exit 0 or 1 (`tftrain.runtime.server.telling_servers`)."""
+        """On the chief: tells every worker and ps task at the end whether the run failed, for their exit code."""
         from tftrain.runtime.server import telling_servers
 
         return telling_servers(cluster)
 
     def check_model(self, compile_args: dict, overridden_steps: tuple) -> None:
-        """Refuses a loss per output (the loop's step computes one loss for the whole model) and a model with
-        its own `train_step` (the loop runs its own step, so the model's would be silently skipped).
-
-        Raises:
-            ConfigError: naming what, and the strategy to use instead.
-        """
+        """Raises ConfigError for a loss per output or a model with its own `train_step` (never run here)."""
         loss = compile_args.get("loss")
         if isinstance(loss, (Mapping, list, tuple)) or compile_args.get("loss_weights") is not None:
             raise ConfigError("The parameter-server loop takes one loss for the whole model, not one per output. "
@@ -115,18 +95,18 @@ class ParameterServerLoop(FitLoop):
                               "would not run. Train it with another strategy (e.g. multi_worker_mirrored).")
 
     def compile(self, model, compile_args: dict, runtime) -> None:
-        """Compiles optimizer and loss only, in the strategy's scope: the loop updates metrics
-        itself, and the coordinator schedules its own `tf.function`s."""
+        """Compiles optimizer and loss only: the loop updates metrics and schedules `tf.function`s itself."""
         self.check_model(compile_args, ())
         with runtime.strategy.scope():
             model.compile(optimizer=compile_args.get("optimizer"), loss=compile_args.get("loss"))
 
     def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
             runtime=None, metrics=None, say=print, class_weight=None):
-        """`tftrain.train.loops.ps_training.fit` on per-worker datasets; see `FitLoop.fit`. `class_weight`
-        weighs each example's loss as `Model.fit` does (its metrics unweighted, as `compile(metrics=...)`
-        under `fit`). Under `--backup-every-steps N` the coordinator joins every N steps, where the backup
-        saves (and a requested stop is read)."""
+        """`ps_training.fit` on per-worker datasets; see `FitLoop.fit`.
+
+        `class_weight` weighs the loss, not the metrics, as `Model.fit` does. Under
+        `--backup-every-steps N` the coordinator joins every N steps for the backup.
+        """
         from tftrain.train.loops import ps_training
         from tftrain.train.loops.multi_worker import class_weighted
 
@@ -140,7 +120,7 @@ class ParameterServerLoop(FitLoop):
         )
 
     def evaluate(self, model, dataset, metrics=None) -> dict:
-        """`tftrain.train.loops.ps_training.evaluate` on the chief (every example exactly once)."""
+        """`ps_training.evaluate` on the chief (every example exactly once)."""
         from tftrain.train.loops import ps_training
 
         return ps_training.evaluate(model, dataset, metric_objects(metrics, model.loss))

@@ -1,24 +1,8 @@
 """What a user supplies: a `Task` (model, compile arguments, data), and adapters, one a module.
 
-A task says how to build the model (called inside the strategy's scope), how to
-compile it, and how to read its training / validation / test data given the
-global batch size (and, for multi-worker training, a `tf.distribute.InputContext`).
-Everything else (runtime, run directory, batch plan, execution mode, callbacks,
-the training loop, reports) is the `Trainer`'s. The shape follows TF Model
-Garden's `official/core/base_task.py` (`build_model`, `build_inputs(params,
-input_context)`), in Keras terms.
-
-Adapters cover the common cases in a few lines:
-
-* `ArrayTask`: NumPy arrays, or dicts of arrays for multi-input models;
-* `DatasetTask`: functions returning the user's own `tf.data.Dataset`;
-* `TFRecordTask`: TFRecord files and the user's parse function;
-* `ImageFolderTask`: a folder of images with one sub-folder per class;
-* `TableTask`: CSV or Parquet tables with label and feature columns.
-
-Before calling any method, the `Trainer` binds the task to the run's config
-(`Task.bind`): a shallow copy whose `config` is the run's `RecipeConfig` and
-whose `hparams` holds the values of the task's own hyperparameters.
+A task builds the model and reads its data for a global batch size (and an
+`InputContext` when multi-worker); everything else is the `Trainer`'s. After TF
+Model Garden's `official/core/base_task.py`, in Keras terms.
 """
 
 from tftrain.train.tasks.arrays import ArrayTask

@@ -18,39 +18,21 @@ def _slice(structure, start: int, stop: Optional[int]):
 class ArrayTask(FunctionTask):
     """A task over in-memory NumPy arrays (or dicts of arrays for multi-input models).
 
-    The pipeline is `tftrain.data.build_dataset`: shuffled example indices,
-    batched, gathered from the arrays in one vectorised op, optionally mapped by
-    `preprocess`, prefetched; sharded by `InputContext` in multi-worker runs.
-    `--train-examples N` keeps the first N training examples, then
-    `--validation-split F` holds out the last F of them (as Keras's
+    `--validation-split F` holds out the last F of the training examples (as Keras's
     `fit(validation_split=...)`), unless `validation_data` is given.
 
     Args:
-        build_model: function `() -> keras.Model` (or `(hparams) -> keras.Model`),
-            uncompiled; called inside the strategy's scope.
-        x: training features: an array `(num_examples, ...)`, or a dict, list or
-            tuple of such arrays (one per model input; a list travels as a tuple,
-            which Keras feeds to the inputs alike).
-        y: training labels (or targets): an array, or a dict / list / tuple per output.
-        x_test, y_test: test arrays, evaluated once after training. Defaults
-            to None (no test evaluation).
-        validation_data: `(x_val, y_val)`, the task's own validation set.
-            Defaults to None (use `--validation-split`).
+        build_model: `() -> keras.Model` or `(hparams) -> keras.Model`, uncompiled.
+        x: an array `(num_examples, ...)`, or a dict, list or tuple of them, one per input.
+        y: labels: an array, or a dict / list / tuple per output.
+        x_test, y_test: test arrays, evaluated after training. Defaults to None.
+        validation_data: `(x_val, y_val)`. Defaults to None (`--validation-split`).
         loss: a Keras loss (name, object, or a dict per output). Required.
-        optimizer: see `Task.optimizer`. Defaults to `"adam"`.
-        metrics: Keras metrics for `compile`: names, metric objects, functions
-            `(y_true, y_pred)`, or a dict of these per output. An item may also
-            be a `keras.metrics.Metric` class (`keras.metrics.MeanAbsoluteError`)
-            or a function of no arguments returning a metric
-            (`functools.partial(keras.metrics.AUC, curve="PR")`): these are
-            built by `compile_args`, inside the strategy's scope, so the task
-            file does not start TensorFlow when imported (a metric object built
-            at module level does, and `--cpu-replicas` then cannot split the
-            CPU). Defaults to None.
-        preprocess: function `(features, labels) -> (features, labels)` on whole
-            batches, run in the pipeline. Defaults to None.
-        learning_rate, name, hparams, default_batch_size, defaults, class_weight, loss_weights: see `Task`.
-            `name` defaults to `"arrays"`.
+        metrics: as `Model.compile`'s, plus metric classes and factories (see
+            `build_metrics`), which keep TensorFlow unstarted on import. Defaults to None.
+        preprocess: `(features, labels) -> (features, labels)` on whole batches. Defaults to None.
+        optimizer, learning_rate, hparams, default_batch_size, defaults, class_weight,
+        loss_weights: see `Task`. `name` defaults to `"arrays"`.
 
     Raises:
         ConfigError: when the arrays differ in length or `loss` is missing.
@@ -80,7 +62,7 @@ class ArrayTask(FunctionTask):
         self.validation = tuple(validation_data) if validation_data is not None else None
 
     def _splits(self):
-        """`((x, y) for training, (x, y) for validation or None)` under the bound config."""
+        """`((x, y) for training, (x, y) for validation or None)`."""
         from tftrain.data.pipeline import num_examples_of
 
         n = num_examples_of(self.x, self.y)
@@ -99,35 +81,29 @@ class ArrayTask(FunctionTask):
 
     @property
     def num_train_examples(self) -> int:
-        """Training examples after `--train-examples` and the validation split."""
         from tftrain.data.pipeline import num_examples_of
 
         return num_examples_of(*self._splits()[0])
 
     @property
     def num_test_examples(self) -> Optional[int]:
-        """Test examples, or None without test arrays."""
         from tftrain.data.pipeline import num_examples_of
 
         return None if self.test is None else num_examples_of(*self.test)
 
     def bind(self, config):
-        """A bound copy (`Task.bind`) with its own, empty memo of the arrays as tensors (`_tensors`)."""
+        """A bound copy with its own, empty memo of the arrays as tensors."""
         bound = super().bind(config)
         bound._tensor_memo = {}
         return bound
 
     def _tensors(self, arrays):
-        """`arrays` as TensorFlow tensors, each array converted once per bound task.
+        """`arrays` as tensors, each NumPy array converted once per bound task (eagerly only).
 
-        A run builds the training pipeline several times (the probe batches of `--precision auto` and
-        `--execution auto`, then training), and `tf.constant` copies the array every time: measured on
-        MNIST's 60,000 x 784 float32 training images (188 MB) on 2 cores, 0.1-0.8 s a copy, and the
-        first batch of a pipeline over a new copy 0.4-0.7 s later, against 0.04 s over the same tensor.
-        A NumPy array is known by its memory (address, shape, strides, dtype): a view such as `x[:n]`
-        is its own entry. The memo keeps the array alive, so an address is not reused, until the run
-        ends (`release`). Other leaves (tensors, pandas columns) pass through, converted by
-        `build_dataset` as before. Eagerly only: a tensor of one graph is not another's."""
+        A run builds its pipeline several times and `tf.constant` copies each time.
+        Arrays are keyed by memory (address, shape, strides, dtype) and kept alive
+        until `release`, so an address is not reused. Other leaves pass through.
+        """
         import numpy as np
         import tensorflow as tf
 
@@ -146,7 +122,7 @@ class ArrayTask(FunctionTask):
         return tf.nest.map_structure(convert, arrays)
 
     def release(self) -> None:
-        """Drops the run's tensor copies of the arrays (`_tensors`)."""
+        """Drops the run's tensor copies of the arrays."""
         if getattr(self, "_tensor_memo", None):
             self._tensor_memo.clear()
 
@@ -165,16 +141,13 @@ class ArrayTask(FunctionTask):
         return self._dataset(arrays, global_batch_size, True, input_context)
 
     def validation_data(self, global_batch_size):
-        """The validation arrays in order, batched; None when there are none."""
         arrays = self._splits()[1]
         return None if arrays is None else self._dataset(arrays, global_batch_size, False)
 
     def test_data(self, global_batch_size):
-        """The test arrays in order, batched; None when there are none."""
         return None if self.test is None else self._dataset(self.test, global_batch_size, False)
 
     def describe_data(self) -> list:
-        """The split sizes and the pipeline."""
         from tftrain.data.pipeline import num_examples_of
 
         train, val = self._splits()

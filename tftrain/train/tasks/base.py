@@ -1,5 +1,4 @@
-"""The `Task` base (model, compile arguments, data), the metric helpers, and the function-task base
-the adapters share (`tftrain.train.tasks`)."""
+"""The `Task` base, the metric helpers, and the function-task base the adapters share."""
 
 from __future__ import annotations
 
@@ -16,52 +15,30 @@ class Task:
     """Base class of a training task: override what differs.
 
     Class attributes a subclass may set:
-        name: short name, used in run directory names (`runs/<name>-<time>`)
-            and reports. Defaults to `"task"`.
-        hparams: the task's own hyperparameters, a frozen dataclass instance
-            whose fields are declared with `tftrain.hparam`; each field becomes
-            a flag of `python -m tftrain.run` and a key of the recipe file's
-            `task:` section. Defaults to None (none).
-        loss, metrics: what `compile_args` passes to `Model.compile` (any Keras
-            loss and metrics: names, objects, dicts per output).
-        loss_weights: `Model.compile`'s weights of each output's loss in the
-            total (a list or a dict per output); None weighs each 1. Defaults
-            to None. `metrics` may
-            also hold `keras.metrics.Metric` classes and functions of no
-            arguments that return a metric: `compile_args` builds them (see
-            `build_metrics`). Defaults to None.
-        optimizer: a Keras optimizer name (`"adam"`, `"sgd"`, ...), an
-            optimizer instance (cloned for each compile), or a function
-            `(learning_rate) -> Optimizer` (called without arguments when no
-            learning rate is set). Defaults to `"adam"`.
-        learning_rate: the task's default learning rate; `--learning-rate`
-            overrides it; None keeps the optimizer's own default. Defaults to
-            None.
-        example_unit: what one example is called in printed figures
-            (`"images"` gives images/sec). Defaults to `"examples"`.
-        default_batch_size: global batch size when the config gives neither
-            `batch_size` nor `per_replica_batch_size`; None means 128 per
-            replica. Defaults to None.
-        defaults: flat config overrides the task brings (e.g.
-            `{"epochs": 5, "steps_per_execution": 8}`), applied under the
-            recipe file and the flags. Defaults to {}.
-        class_weight: `{class index: weight}` for the loss of each training
-            example by its label, as `Model.fit(class_weight=...)` (one output
-            whose labels are class indices or one-hot; Keras refuses others; the
-            multi-worker and parameter-server loops refuse it); None weighs every
-            example 1. Defaults to None.
-        unused_fields: flat config keys the task's data ignores (e.g.
-            `{"data.cache": "its arrays are in memory already"}`) -> why; their
-            flags are left out of its command line, and a recipe file that sets
-            one is refused. Defaults to {}.
+        name: short name for run directories and reports. Defaults to `"task"`.
+        hparams: a frozen dataclass instance of `tftrain.hparam` fields; each
+            becomes a flag and a key of the recipe file's `task:` section. Defaults to None.
+        loss, metrics, loss_weights: passed to `Model.compile`; `metrics` may also
+            hold metric classes and factories (see `build_metrics`). Defaults to None.
+        optimizer: a Keras optimizer name, an instance (cloned per compile), or a
+            function `(learning_rate) -> Optimizer`. Defaults to `"adam"`.
+        learning_rate: overridden by `--learning-rate`; None keeps the optimizer's
+            default. Defaults to None.
+        example_unit: the unit of printed rates (`"images"` gives images/sec). Defaults to `"examples"`.
+        default_batch_size: global batch size when the config sets none. Defaults
+            to None (128 per replica).
+        defaults: flat config overrides, applied under the recipe file and the flags. Defaults to {}.
+        class_weight: `{class index: weight}`, as `Model.fit(class_weight=...)`;
+            refused by the multi-worker and parameter-server loops. Defaults to None.
+        unused_fields: `{flat config key: why}` the task's data ignores; their flags
+            are hidden and setting one is refused. Defaults to {}.
 
-    Set by `bind` (read them in the methods):
+    Set by `bind`:
         config: the run's `RecipeConfig`.
 
     Example:
         >>> class Regression(tftrain.Task):
-        ...     name, loss, optimizer = "regression", "mse", "sgd"
-        ...     num_train_examples = 4096
+        ...     name, loss = "regression", "mse"
         ...     def build_model(self):
         ...         return keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
         ...     def train_data(self, global_batch_size, input_context=None):
@@ -84,11 +61,7 @@ class Task:
 
     # -- what the Trainer calls ------------------------------------------------
     def check_unused_fields(self, config: config_lib.RecipeConfig) -> None:
-        """Refuses a value other than tftrain's default for a field in `unused_fields`.
-
-        Raises:
-            ConfigError: naming the field, why this task ignores it, and the fix.
-        """
+        """Raises ConfigError when a field in `unused_fields` is set to other than tftrain's default."""
         given, default = config.to_dict(), config_lib.RecipeConfig().to_dict()
         for key, why in self.unused_fields.items():
             section, name = key.split(".")
@@ -103,8 +76,8 @@ class Task:
     def bind(self, config: config_lib.RecipeConfig) -> "Task":
         """Returns a shallow copy of this task bound to `config` (its `hparams` from `config.task`).
 
-        The Trainer binds before TensorFlow starts: an override may read files and
-        check them, but must build no dataset and run no TensorFlow op.
+        Runs before TensorFlow starts: an override may read and check files, but
+        must build no dataset and run no TensorFlow op.
 
         Raises:
             ConfigError: when `config.task` is not the task's hyperparameter type.
@@ -120,8 +93,7 @@ class Task:
         return bound
 
     def release(self) -> None:
-        """Drops what the bound task keeps for its run's pipelines (called by the Trainer once the
-        model is trained, evaluated and saved, or the run failed). Defaults to nothing."""
+        """Drops what the bound task keeps for its pipelines; called at the end of the run. Defaults to nothing."""
 
     def build_model(self):
         """Returns a new, uncompiled `keras.Model`; called inside `strategy.scope()`."""
@@ -130,15 +102,8 @@ class Task:
     def compile_args(self, steps_per_epoch: Optional[int]) -> dict:
         """Keyword arguments for `Model.compile`: `optimizer`, `loss`, `metrics` (and `loss_weights` when set).
 
-        Args:
-            steps_per_epoch: optimizer steps per epoch, or None when unknown
-                (a learning-rate schedule then stays constant).
-
-        Returns:
-            A dict; the Trainer adds the runtime's compile options
-            (`steps_per_execution`, `jit_compile`, `run_eagerly`). Its metrics
-            are `build_metrics(self.metrics)`: the Trainer calls this inside the
-            strategy's scope, where the metrics' variables belong.
+        Called inside the strategy's scope, where the metrics' variables belong.
+        `steps_per_epoch` None (unknown) keeps a learning-rate schedule constant.
         """
         args = {"optimizer": self.make_optimizer(steps_per_epoch), "loss": self.loss,
                 "metrics": build_metrics(self.metrics)}
@@ -147,11 +112,7 @@ class Task:
         return args
 
     def make_optimizer(self, steps_per_epoch: Optional[int]):
-        """A fresh optimizer from `optimizer`, at `run_learning_rate(steps_per_epoch)`.
-
-        Raises:
-            ConfigError: when `optimizer` is not a known name, instance or function.
-        """
+        """A fresh optimizer at `run_learning_rate(steps_per_epoch)`; ConfigError on an unknown `optimizer`."""
         return self._optimizer_from_spec(self.run_learning_rate(steps_per_epoch))
 
     def _optimizer_from_spec(self, rate):
@@ -177,22 +138,22 @@ class Task:
         raise ConfigError(f"optimizer must be a name, an optimizer or a function. Received: {spec!r}.")
 
     def run_learning_rate(self, steps_per_epoch: Optional[int]):
-        """The run's learning rate: `--learning-rate`, else the task's; under `--lr-schedule
-        cosine` (and known steps) a `keras.optimizers.schedules.CosineDecay` from it (or from
-        the optimizer's default rate) to 0 over the run's optimizer steps; None when nothing
-        sets a rate and the schedule is constant."""
+        """The run's learning rate: `--learning-rate`, else the task's (None when neither sets one).
+
+        Under `--lr-schedule cosine` with known steps, a `CosineDecay` from
+        `starting_learning_rate()` to 0 over the run.
+        """
         import keras
 
         train = self.config.train if self.config is not None else config_lib.TrainConfig()
         rate = train.learning_rate if train.learning_rate is not None else self.learning_rate
         if train.lr_schedule != "cosine" or not steps_per_epoch:
             return rate
-        rate = self.starting_learning_rate()  # the schedule decays from the optimizer's own default rate
+        rate = self.starting_learning_rate()
         return keras.optimizers.schedules.CosineDecay(rate, decay_steps=train.epochs * steps_per_epoch)
 
     def starting_learning_rate(self) -> Optional[float]:
-        """The rate the run's optimizer starts from: `--learning-rate`, else the task's, else the
-        optimizer's own default (a fresh optimizer from `optimizer`'s name, instance or function)."""
+        """`--learning-rate`, else the task's, else the optimizer's own default."""
         import keras
 
         train = self.config.train if self.config is not None else config_lib.TrainConfig()
@@ -202,23 +163,15 @@ class Task:
         return float(keras.ops.convert_to_numpy(rate))
 
     def train_data(self, global_batch_size: int, input_context=None):
-        """The training batches, an epoch's worth (the Trainer iterates it once per epoch).
+        """One epoch of training batches: a `tf.data.Dataset` of `(features, labels)`, last partial batch dropped.
 
-        Args:
-            global_batch_size: examples per optimizer step, all replicas together.
-            input_context: a `tf.distribute.InputContext` in multi-worker runs:
-                shard by `input_context.input_pipeline_id` and batch by
-                `input_context.get_per_replica_batch_size(global_batch_size)`.
-                Defaults to None (one input pipeline, global batches).
-
-        Returns:
-            A `tf.data.Dataset` of `(features, labels)` batches (drop the last
-            partial batch so every step has the same shape).
+        In multi-worker runs `input_context` is a `tf.distribute.InputContext`: shard by
+        its `input_pipeline_id` and batch by `get_per_replica_batch_size`. Defaults to None.
         """
         raise NotImplementedError(f"{type(self).__name__} must define train_data(self, global_batch_size, input_context=None).")
 
     def validation_data(self, global_batch_size: int):
-        """Validation batches for `fit`'s `val_*` metrics and model selection, or None (default)."""
+        """Validation batches, or None (default)."""
         return None
 
     def test_data(self, global_batch_size: int):
@@ -227,34 +180,27 @@ class Task:
 
     @property
     def num_train_examples(self) -> Optional[int]:
-        """Training examples per epoch (for steps per epoch and schedules), or None if unknown."""
+        """Training examples per epoch, or None if unknown."""
         return None
 
     @property
     def num_test_examples(self) -> Optional[int]:
-        """Test examples, or None if unknown (recorded in metrics.json)."""
+        """Test examples, or None if unknown."""
         return None
 
     def probe_data(self, global_batch_size: int, num_batches: int):
         """The first `num_batches` training batches, for timing (`--execution auto`).
 
-        Defaults to `train_data(global_batch_size).take(num_batches)`; a task
-        whose pipeline caches should override it to skip the cache (tf.data warns
-        about a partly read cache).
+        A task whose pipeline caches should skip the cache (tf.data warns about a partly read cache).
         """
         return self.train_data(global_batch_size).take(num_batches)
 
     def input_bound_hint(self) -> str:
-        """What to try when training waits for this task's input, printed under the
-        input verdict; "" for none (default)."""
+        """What to try when training waits for this task's input; "" for none (default)."""
         return ""
 
     def tune_space(self) -> Mapping[str, Sequence]:
-        """Task hyperparameters `--tune` chooses from, `{name: values}`. Defaults to {}.
-
-        Only hyperparameters of the model: every trial reads the run's data (a
-        knob that changes the data, such as an image size, does not belong here).
-        """
+        """Model hyperparameters `--tune` chooses from, `{name: values}` (not data knobs). Defaults to {}."""
         return {}
 
     def describe_data(self) -> list:
@@ -262,15 +208,12 @@ class Task:
         return []
 
     def describe_sharding(self, num_input_pipelines: int) -> Optional[str]:
-        """One line on how this run's `num_input_pipelines` (> 1: one a worker) split the training
-        data, where the adapter chooses between ways; None (the default) when it has one rule, said
-        by `describe_data`."""
+        """One line on how `num_input_pipelines` split the training data; None (default) for one fixed rule."""
         return None
 
 
 def _call_builder(build_model: Callable, hparams):
-    """`build_model(hparams)` when the function requires an argument, or takes one and the task has
-    hyperparameters; else `build_model()` (so `def build(width=32)` keeps its own default)."""
+    """`build_model(hparams)` when it requires an argument, or takes one and hparams exist; else `build_model()`."""
     try:
         params = [p for p in inspect.signature(build_model).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
@@ -281,7 +224,6 @@ def _call_builder(build_model: Callable, hparams):
 
 
 def _parameters(fn) -> Optional[list]:
-    """`fn`'s parameters, or None when it has no signature (some built-ins)."""
     try:
         return list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
@@ -289,20 +231,17 @@ def _parameters(fn) -> Optional[list]:
 
 
 def _required(params: list) -> list:
-    """Names of the parameters without a default (`*args` and `**kwargs` are never required)."""
     return [p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
 def _is_metric_factory(fn) -> bool:
-    """Whether `fn` takes no arguments: no required parameter and no `*args` (a function with
-    `*args` may be a metric function `(y_true, y_pred)`)."""
+    """Whether `fn` takes no arguments (`*args` may mean a metric function `(y_true, y_pred)`)."""
     params = _parameters(fn)
     return params is not None and not _required(params) and all(p.kind != p.VAR_POSITIONAL for p in params)
 
 
 def metric_class_name(cls) -> str:
-    """How a user writes a metric class: `keras.metrics.AUC` for a Keras metric class, else the
-    class's own name (e.g. `MyMetric`)."""
+    """How a user writes a metric class: `keras.metrics.AUC`, or the class's own name."""
     import keras
 
     return f"keras.metrics.{cls.__name__}" if getattr(keras.metrics, cls.__name__, None) is cls else cls.__name__
@@ -317,15 +256,7 @@ def _is_metric_class(item) -> bool:
 
 
 def check_metrics(metrics) -> None:
-    """Refuses a `keras.metrics.Metric` class in `metrics` that cannot be built without arguments,
-    before anything is built.
-
-    Args:
-        metrics: what `Task.metrics` holds (see `build_metrics`).
-
-    Raises:
-        ConfigError: naming the class, its required arguments and the fix.
-    """
+    """Raises ConfigError for a metric class in `metrics` that cannot be built without arguments."""
     if isinstance(metrics, Mapping):
         metrics = list(metrics.values())
     if isinstance(metrics, (list, tuple)):
@@ -338,29 +269,14 @@ def check_metrics(metrics) -> None:
 
 
 def build_metrics(metrics):
-    """`metrics` with each metric class and metric factory replaced by a new metric.
+    """`metrics` with each metric class and no-argument factory replaced by a new metric.
 
-    Call it where the metrics' variables should live: the Trainer calls
-    `compile_args`, and so this, inside the strategy's scope. A task file that
-    passes a class or a factory instead of a metric object does not start
-    TensorFlow when imported, so `--cpu-replicas` and thread settings still apply.
-
-    Args:
-        metrics: what `Model.compile` takes (None, a list, a dict per output);
-            besides names, metric objects and functions `(y_true, y_pred)`, an
-            item may be a `keras.metrics.Metric` subclass
-            (`keras.metrics.MeanAbsoluteError`, built with no arguments) or a
-            function of no arguments returning a metric
-            (`functools.partial(keras.metrics.AUC, curve="PR")`,
-            `lambda: keras.metrics.AUC(curve="PR")`).
-
-    Returns:
-        The same structure (lists and tuples as lists), classes and factories
-        built; names, metric objects and functions are returned unchanged.
+    Call it inside the strategy's scope. Classes and factories let a task file avoid
+    starting TensorFlow on import. Lists and tuples come back as lists; names, metric
+    objects and functions `(y_true, y_pred)` unchanged.
 
     Raises:
-        ConfigError: when a class needs arguments, or a function of no
-            arguments returns something other than a `keras.metrics.Metric`.
+        ConfigError: when a class needs arguments, or a factory returns no `keras.metrics.Metric`.
 
     Example:
         >>> build_metrics([keras.metrics.MeanAbsoluteError, "mse"])
@@ -374,7 +290,6 @@ def build_metrics(metrics):
 
 
 def _build_metric(item):
-    """One metric: a class or factory built; anything else (a name, a metric, a function) as given."""
     import keras
 
     if isinstance(item, str) or isinstance(item, keras.metrics.Metric) or not callable(item):
@@ -412,7 +327,6 @@ class FunctionTask(Task):
         config_lib.check_hparams(hparams)
 
     def build_model(self):
-        """Calls the `build_model` function (with `hparams` when it takes an argument)."""
         return _call_builder(self._build_model, self.hparams)
 
     @property
@@ -425,11 +339,7 @@ class FunctionTask(Task):
 
 
 def check_class_weight(class_weight) -> Optional[dict]:
-    """`class_weight` as `{int: float}`, or None.
-
-    Raises:
-        ConfigError: when it is not a dict of class indices (ints >= 0) to weights (numbers >= 0).
-    """
+    """`class_weight` as `{int: float}`, or None; ConfigError unless it maps ints >= 0 to numbers >= 0."""
     if class_weight is None:
         return None
     example = "e.g. class_weight={0: 1.0, 1: 5.0}"
@@ -447,8 +357,7 @@ def check_class_weight(class_weight) -> Optional[dict]:
 
 
 def with_shard_policy(ds, input_context, private_threads: int = 0):
-    """`ds` with the auto-shard policy OFF when sharded by an InputContext, else DATA (never a warning),
-    and a private thread pool of `private_threads` threads when > 0 (`tftrain.data.pipeline.dataset_options`)."""
+    """`ds` with auto-shard OFF when sharded by an InputContext, else DATA; a private pool when `private_threads` > 0."""
     import tensorflow as tf
 
     from tftrain.data.pipeline import dataset_options

@@ -11,36 +11,24 @@ from tftrain.train.tasks.base import FunctionTask, with_shard_policy
 class DatasetTask(FunctionTask):
     """A task over the user's own `tf.data` pipelines.
 
-    tftrain adds only what is asked (and says so): sharding by `InputContext`
-    in multi-worker runs (`shard`), batching to the global or per-replica batch
-    size (`batch`), prefetching (`prefetch`), shuffling (`shuffle`).
+    tftrain adds only what is asked: sharding, batching, prefetching, shuffling.
 
     Args:
-        build_model: function `() -> keras.Model` (or `(hparams) -> ...`).
-        train: function returning the training `tf.data.Dataset`: unbatched
-            `(features, labels)` examples when `batch` is True, called as
-            `train()`; batches when `batch` is False, called as
-            `train(batch_size)` with the batch size this input pipeline must
-            produce (global, or per replica under multi-worker training).
-        validation: the same for validation data, or None. Defaults to None.
-        test: the same for test data, or None. Defaults to None.
-        batch: batch the examples (training batches drop the remainder).
-            Defaults to True.
-        shard: shard the examples across input pipelines in multi-worker runs.
-            Defaults to True.
-        prefetch: prefetch batches (AUTOTUNE), unless the run says
-            `--no-prefetch`. Defaults to True.
-        shuffle: shuffle training examples each epoch (`--shuffle-buffer`, 0:
-            10,000 examples), after `--validation-split` holds its part out.
-            Defaults to False. With `--validation-split`, let tftrain shuffle:
-            the split takes the last examples of `train()`, so a `train()` that
-            shuffles by itself would mix validation examples into training.
-        num_train_examples: training examples per epoch; needed for
-            `--validation-split`, schedules and multi-process strategies.
-            Defaults to None (the dataset's cardinality when known).
-        loss, optimizer, metrics, learning_rate, name, hparams,
-        default_batch_size, defaults, class_weight, loss_weights: see `ArrayTask`. `name` defaults to
-            `"dataset"`.
+        build_model: `() -> keras.Model` or `(hparams) -> keras.Model`.
+        train: with `batch`, `train()` returns unbatched `(features, labels)`
+            examples; without, `train(batch_size)` returns batches of this input
+            pipeline's size (per replica under multi-worker training).
+        validation, test: the same for validation and test data. Defaults to None.
+        batch: batch the examples (training drops the remainder). Defaults to True.
+        shard: shard across input pipelines in multi-worker runs. Defaults to True.
+        prefetch: prefetch batches unless `--no-prefetch`. Defaults to True.
+        shuffle: shuffle training examples each epoch (`--shuffle-buffer`, 0: 10,000)
+            after `--validation-split` holds out the last examples of `train()`;
+            a `train()` that shuffles itself would leak validation examples. Defaults to False.
+        num_train_examples: needed for `--validation-split`, schedules and
+            multi-process strategies. Defaults to None (the cardinality when known).
+        loss, optimizer, metrics, learning_rate, hparams, default_batch_size, defaults,
+        class_weight, loss_weights: see `ArrayTask`. `name` defaults to `"dataset"`.
 
     Raises:
         ConfigError: when `loss` is missing or a function is not callable.
@@ -67,7 +55,6 @@ class DatasetTask(FunctionTask):
         self._num_train_examples = num_train_examples
 
     def _examples(self):
-        """(train examples, held-out validation examples or None) before batching."""
         import tensorflow as tf
 
         ds, n = self.train_fn(), self._known_count()
@@ -85,14 +72,13 @@ class DatasetTask(FunctionTask):
         return ds.take(n - n_val), ds.skip(n - n_val).apply(tf.data.experimental.assert_cardinality(n_val))
 
     def bind(self, config):
-        """Binds the config; refuses a validation split of already batched data."""
         if config.data.validation_split and self.validation_fn is None and not self.batch:
             raise ConfigError("--validation-split holds out examples; with batch=False DatasetTask gets batches. "
                               "Give DatasetTask validation=<function> instead.")
         return super().bind(config)
 
     def _known_count(self) -> Optional[int]:
-        """`num_train_examples`, else the training dataset's cardinality when known (read once)."""
+        """`num_train_examples`, else the training dataset's cardinality when known."""
         if self._num_train_examples is not None:
             return self._num_train_examples
         if not self.batch:
@@ -104,7 +90,6 @@ class DatasetTask(FunctionTask):
 
     @property
     def num_train_examples(self) -> Optional[int]:
-        """Training examples per epoch after `--train-examples` and the split, or None."""
         n = self._known_count()
         if n is None:
             return None
@@ -115,7 +100,7 @@ class DatasetTask(FunctionTask):
         return n
 
     def _finish(self, ds, global_batch_size, training, input_context=None, shard=None):
-        """Shards (`shard`: None follows the task's `shard`), shuffles, batches and prefetches `ds` as asked."""
+        """Shards, shuffles, batches and prefetches `ds` as asked (`shard` None: the task's)."""
         import tensorflow as tf
 
         per_pipeline = global_batch_size
@@ -131,7 +116,6 @@ class DatasetTask(FunctionTask):
         return with_shard_policy(ds, input_context, self._data.private_threads)
 
     def _batched(self, fn, global_batch_size, input_context=None):
-        """The user's already batched dataset at this pipeline's batch size, sharded / prefetched as asked."""
         import tensorflow as tf
 
         size = input_context.get_per_replica_batch_size(global_batch_size) if input_context else global_batch_size
@@ -143,13 +127,11 @@ class DatasetTask(FunctionTask):
         return with_shard_policy(ds, input_context, self._data.private_threads)
 
     def train_data(self, global_batch_size, input_context=None):
-        """The user's training data with what was asked added."""
         if not self.batch:
             return self._batched(self.train_fn, global_batch_size, input_context)
         return self._finish(self._examples()[0], global_batch_size, True, input_context)
 
     def validation_data(self, global_batch_size):
-        """The user's validation data, or the held-out split; None when neither."""
         if self.validation_fn is not None:
             if not self.batch:
                 return self._batched(self.validation_fn, global_batch_size)
@@ -158,7 +140,6 @@ class DatasetTask(FunctionTask):
         return None if held_out is None else self._finish(held_out, global_batch_size, False)
 
     def test_data(self, global_batch_size):
-        """The user's test data, batched as asked; None when not given."""
         if self.test_fn is None:
             return None
         if not self.batch:
@@ -166,7 +147,6 @@ class DatasetTask(FunctionTask):
         return self._finish(self.test_fn(), global_batch_size, False)
 
     def describe_data(self) -> list:
-        """What tftrain adds to the user's pipeline."""
         added = [name for name, on in (("shard (multi-worker)", self.shard), ("shuffle", self.shuffle and self.batch),
                                        ("batch", self.batch), ("prefetch", self.prefetch and self._data.prefetch))
                  if on]
@@ -178,10 +158,8 @@ class DatasetTask(FunctionTask):
                 f"{held_out}); tftrain adds: {', '.join(added) or 'nothing'}"] + self._batched_already()
 
     def _batched_already(self) -> list:
-        """A warning line when `batch=True` but the training examples look batched already: every feature's
-        and label's first dimension is unknown, as `Dataset.batch` leaves it (an example's label is most often
-        a scalar or of fixed size; a decoded image's or a sequence's own unknown dimension is no sign); else [].
-        Batched twice, the model meets an extra dimension at its first step."""
+        """A warning line when `batch=True` but every leaf's first dimension is unknown, as `Dataset.batch`
+        leaves it; else []."""
         if not self.batch:
             return []
         import tensorflow as tf
@@ -195,7 +173,6 @@ class DatasetTask(FunctionTask):
                 "If train() returns batches, pass batch=False and let it take the batch size: train(batch_size)."]
 
     def _held_out_count(self) -> int:
-        """Examples `--validation-split` holds out of the (known) training count."""
         n = self._known_count()
         if self._data.train_examples is not None:
             n = min(n, self._data.train_examples)

@@ -1,5 +1,4 @@
-"""The base of the file tasks (`TFRecordTask`, `ImageFolderTask`): splits of files read by one
-`_dataset(split, ...)`, with the split accessors and the uncached probe they share."""
+"""The base of the file tasks (`TFRecordTask`, `ImageFolderTask`)."""
 
 from __future__ import annotations
 
@@ -9,25 +8,18 @@ from tftrain.train.tasks.base import FunctionTask
 
 
 class FileSplitTask(FunctionTask):
-    """A task whose train / validation / test data are splits of files, each read by `_dataset`.
-
-    Subclasses implement `_dataset(split, global_batch_size, training, input_context=None,
-    config=None)`, returning None for a split without files.
-    """
+    """A task whose splits are files read by `_dataset`, which returns None for a split without files."""
 
     def _dataset(self, split, global_batch_size, training, input_context=None, config=None):
         raise NotImplementedError
 
     def train_data(self, global_batch_size, input_context=None):
-        """The training split's batches (parsed or decoded, cached, shuffled)."""
         return self._dataset("train", global_batch_size, True, input_context)
 
     def validation_data(self, global_batch_size):
-        """The validation split's batches in order, or None."""
         return self._dataset("validation", global_batch_size, False)
 
     def test_data(self, global_batch_size):
-        """The test split's batches in order, or None."""
         return self._dataset("test", global_batch_size, False)
 
     def probe_data(self, global_batch_size, num_batches):

@@ -22,32 +22,25 @@ def _random_subset(files, count: int, seed: int):
 class ImageFolderTask(FileSplitTask):
     """A task over a folder of images with one sub-folder per class.
 
-    The folder convention of `keras.utils.image_dataset_from_directory`; the
-    pipeline is `tftrain.data.image_folder_dataset`: JPEG / PNG decoded and
-    resized in parallel, cached in memory after the first epoch (`--cache`),
-    shuffled, batched, augmented on whole batches (training only), prefetched.
-    `--validation-split F` holds out a seeded random F of the files;
-    `--train-examples N` keeps a seeded random N of the training files.
+    As `keras.utils.image_dataset_from_directory`. `--validation-split` and
+    `--train-examples` pick seeded random files.
 
     Args:
-        build_model: function `() -> keras.Model` (or `(hparams) -> ...`) taking
-            float32 images `(batch, height, width, num_channels)` with pixels
-            0..255.
-        directory: the training folder (`--data-dir` replaces it when given).
+        build_model: `() -> keras.Model` or `(hparams) -> ...`, taking float32 images
+            `(batch, height, width, num_channels)` with pixels 0..255.
+        directory: the training folder; `--data-dir` replaces it.
         image_size: `(height, width)` every image is resized to.
-        test_directory: a folder of the same classes evaluated after training.
-            Defaults to None.
-        augment: batch map `(images, labels) -> (images, labels)` for training,
-            e.g. `tftrain.data.random_flip_and_translate()`. Defaults to None.
-        num_channels: 1 (grayscale) or 3 (RGB). Defaults to 3.
-        split_seed: seed of the validation split's file order. Defaults to 1337.
+        test_directory: a folder of the same classes, evaluated after training. Defaults to None.
+        augment: training batch map `(images, labels) -> (images, labels)`. Defaults to None.
+        num_channels: 1 or 3. Defaults to 3.
+        split_seed: Defaults to 1337.
         loss: Defaults to `"sparse_categorical_crossentropy"`.
-        metrics: see `ArrayTask`. Defaults to `["accuracy"]`.
-        optimizer, learning_rate, name, hparams, default_batch_size, defaults, class_weight, loss_weights:
-            see `ArrayTask`. `name` defaults to `"image_folder"`.
+        metrics: Defaults to `["accuracy"]`.
+        optimizer, learning_rate, hparams, default_batch_size, defaults, class_weight,
+        loss_weights: see `ArrayTask`. `name` defaults to `"image_folder"`.
 
     Raises:
-        DataError: (when bound) when a folder is missing or holds no images.
+        DataError: when bound, if a folder is missing or holds no images.
     """
 
     def __init__(self, build_model, directory, *, image_size, test_directory=None, augment=None, num_channels=3,
@@ -65,7 +58,7 @@ class ImageFolderTask(FileSplitTask):
         self._files = None
 
     def bind(self, config):
-        """Binds the config and lists the files of `--data-dir` (or `directory`), split as asked."""
+        """Binds the config and lists the files of `--data-dir` (or `directory`)."""
         from tftrain.data.image_folder import list_image_files
 
         bound = super().bind(config)
@@ -82,11 +75,7 @@ class ImageFolderTask(FileSplitTask):
         return bound
 
     def set_test_directory(self, directory) -> None:
-        """Lists a test folder (on a bound task); its classes must be the training folder's.
-
-        Raises:
-            DataError: when the test folder's class sub-folders differ.
-        """
+        """Lists a test folder on a bound task; DataError unless its classes are the training folder's."""
         from tftrain.data.image_folder import list_image_files
         from tftrain.errors import DataError
 
@@ -101,17 +90,16 @@ class ImageFolderTask(FileSplitTask):
 
     @property
     def class_names(self) -> tuple:
-        """The class names (sorted sub-folder names) of the bound training folder."""
+        """The sorted sub-folder names of the bound training folder."""
         return self._files["train"].class_names
 
     @property
     def num_train_examples(self) -> Optional[int]:
-        """Training images after the split and `--train-examples` (None before `bind`)."""
+        """Training images (None before `bind`)."""
         return None if self._files is None else len(self._files["train"])
 
     @property
     def num_test_examples(self) -> Optional[int]:
-        """Test images, or None."""
         test = None if self._files is None else self._files["test"]
         return None if test is None else len(test)
 
@@ -126,12 +114,7 @@ class ImageFolderTask(FileSplitTask):
                                     augment=self.augment if training else None, input_context=input_context,
                                     num_channels=self.num_channels)
 
-
-
-
-
     def input_bound_hint(self) -> str:
-        """Decoding is this pipeline's costly stage: what to do about it."""
         if not self._data.cache:
             return ("decoding and resizing the image files is the likely cost: turn --cache back on, so epochs after "
                     "the first read decoded images from memory")
@@ -140,7 +123,6 @@ class ImageFolderTask(FileSplitTask):
                 "or raise --private-threads")
 
     def describe_data(self) -> list:
-        """Image counts per split, classes, and the pipeline."""
         files = self._files
         counts = ", ".join(f"{len(v):,} {k}" for k, v in files.items() if v is not None)
         h, w = self.image_size

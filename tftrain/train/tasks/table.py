@@ -1,16 +1,10 @@
 """`TableTask`: CSV and Parquet tables, one file or a glob, with label and feature columns.
 
-CSV files are read with `tf.data.experimental.CsvDataset` (streamed, every column typed from the
-header and the first data line); Parquet files through `pyarrow` (read into memory per file). The
-number of examples is counted once (CSV lines, Parquet metadata). An example is `(features,
-label)`: `features` a dict of scalars by column name (numeric columns float32, categorical
-columns strings), `label` a float32 scalar, or a vector for several label columns. In a
-multi-worker run each input pipeline reads its own files when there are at least as many files
-as pipelines, else every pipeline reads all and keeps its share of the examples; the data line
-says which.
+CSV is streamed with `CsvDataset`; Parquet is read into memory with `pyarrow`. An
+example is `(features, label)`: a dict of float32 (numeric) or string (categorical)
+scalars, and a float32 label (a vector for several label columns).
 
-Source: https://www.tensorflow.org/api_docs/python/tf/data/experimental/CsvDataset,
-https://arrow.apache.org/docs/python/parquet.html
+Source: https://www.tensorflow.org/api_docs/python/tf/data/experimental/CsvDataset
 """
 
 from __future__ import annotations
@@ -28,11 +22,7 @@ SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 
 
 def expand(files: Union[str, Sequence[str]], what: str = "files") -> list:
-    """The sorted paths `files` names (a path, a glob, or a list of them), all of one known format.
-
-    Raises:
-        ConfigError: when nothing matches, or on an unknown suffix or a mix of formats.
-    """
+    """The sorted paths `files` (a path, a glob, or a list) names; ConfigError on none, or mixed or unknown formats."""
     patterns = [files] if isinstance(files, (str, Path)) else list(files)
     paths = sorted({p for pattern in patterns for p in glob.glob(str(Path(pattern).expanduser()))})
     if not paths:
@@ -47,25 +37,23 @@ def expand(files: Union[str, Sequence[str]], what: str = "files") -> list:
 class TableTask(DatasetTask):
     """A task over tables of examples: CSV or Parquet files with a label column (or several).
 
+    A multi-worker pipeline reads only its own files when there are enough of them,
+    else keeps its share of every file's examples.
+
     Args:
-        build_model: function `() -> keras.Model` (or `(hparams) -> ...`) whose
-            inputs are named after the feature columns (`keras.Input((), name="age")`,
-            `dtype="string"` for a categorical one).
-        files: the training table: a path, a glob (`"data/train-*.csv"`) or a list.
+        build_model: its inputs are named after the feature columns (`dtype="string"`
+            for a categorical one).
+        files: the training table: a path, a glob or a list.
         label: the label column, or a list of them (stacked into a vector).
-        numeric: numeric feature columns; None takes every column that is not a
-            label or categorical. Defaults to None.
-        categorical: feature columns read as strings (e.g. for a
-            `keras.layers.StringLookup`). Defaults to ().
-        validation_files, test_files: tables of the same columns, or None.
-            Defaults to None.
-        shuffle: shuffle training examples each epoch. Defaults to True.
-        loss, optimizer, metrics, learning_rate, name, hparams,
-        default_batch_size, defaults, class_weight: see `ArrayTask`. `name` defaults to `"table"`.
+        numeric: Defaults to None (every column not a label or categorical).
+        categorical: feature columns read as strings. Defaults to ().
+        validation_files, test_files: tables of the same columns. Defaults to None.
+        shuffle: Defaults to True.
+        loss, optimizer, metrics, learning_rate, hparams, default_batch_size, defaults,
+        class_weight: see `ArrayTask`. `name` defaults to `"table"`.
 
     Raises:
-        ConfigError: when no file matches, on a column the header lacks, or
-            when Parquet files are given without `pyarrow` installed.
+        ConfigError: when no file matches, on a missing column, or Parquet without `pyarrow`.
 
     Example:
         >>> task = tftrain.TableTask(build_model, "data/train-*.csv", label="price", categorical=["city"],
@@ -92,7 +80,6 @@ class TableTask(DatasetTask):
                          class_weight=class_weight)
 
     def _numeric(self, numeric) -> list:
-        """The numeric feature columns, checked against the first file's header."""
         header = columns_of(self.files[0], self.format)
         wanted = [*self.labels, *self.categorical, *(numeric or ())]
         missing = [c for c in wanted if c not in header]
@@ -124,7 +111,6 @@ class TableTask(DatasetTask):
 
     @property
     def num_test_examples(self):
-        """Rows of the test tables (counted once), or None without them."""
         if not self.test_files:
             return None
         if not hasattr(self, "_test_rows"):
@@ -132,7 +118,6 @@ class TableTask(DatasetTask):
         return self._test_rows
 
     def train_data(self, global_batch_size, input_context=None):
-        """The training examples; a multi-worker pipeline reads only its own files when there are enough."""
         if input_context is None or self._not_by_file(input_context.num_input_pipelines):
             return super().train_data(global_batch_size, input_context)
         mine = self.files[input_context.input_pipeline_id::input_context.num_input_pipelines]
@@ -151,8 +136,6 @@ class TableTask(DatasetTask):
         return None
 
     def describe_sharding(self, num_input_pipelines: int) -> Optional[str]:
-        """This run's branch: each of the pipelines reads its own files, or keeps its share of every
-        file's examples (and why)."""
         why = self._not_by_file(num_input_pipelines)
         if why is None:
             return (f"sharding:  each of the {num_input_pipelines} input pipelines reads its own files "
@@ -160,7 +143,6 @@ class TableTask(DatasetTask):
         return f"sharding:  each of the {num_input_pipelines} input pipelines keeps its share of the examples ({why})"
 
     def describe_data(self) -> list:
-        """The tables, their columns and how a multi-worker run shards them."""
         n = self.num_train_examples
         return [f"data:      {len(self.files)} {self.format} file(s), {n:,} training examples; label "
                 f"{', '.join(self.labels)}; {len(self.numeric)} numeric and {len(self.categorical)} categorical "
@@ -177,7 +159,7 @@ def columns_of(path: str, kind: str) -> list:
 
 
 def count_rows(paths: Sequence[str], kind: str) -> int:
-    """Data rows of the tables (CSV lines after the header, not blank; Parquet metadata)."""
+    """Data rows of the tables (non-blank CSV lines after the header; Parquet metadata)."""
     if kind == "parquet":
         parquet = _pyarrow().parquet
         return sum(parquet.ParquetFile(p).metadata.num_rows for p in paths)

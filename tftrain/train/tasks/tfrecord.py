@@ -11,25 +11,16 @@ from tftrain.train.tasks.files import FileSplitTask
 class TFRecordTask(FileSplitTask):
     """A task over TFRecord files and the user's parse function.
 
-    The pipeline is `tftrain.data.build_dataset` over files: parallel reads,
-    parallel parse, cache (`--cache`), shuffle, batch, `preprocess`, prefetch.
-    Multi-worker input is sharded by record (every worker reads every file and
-    keeps its share); without an InputContext, the strategy shards by file when
-    there are several.
+    Multi-worker input is sharded by record: every worker reads every file.
 
     Args:
-        build_model: function `() -> keras.Model` (or `(hparams) -> ...`).
-        train_files: TFRecord file paths (list of str).
-        parse_fn: maps one serialized record (a scalar string tensor) to
-            `(features, labels)`.
-        validation_files, test_files: file lists, or None. Default to None.
-        num_train_examples: records in `train_files`, when known (schedules,
-            steps per epoch, multi-process strategies). Defaults to None.
-        preprocess: batch map `(features, labels) -> (features, labels)`.
-            Defaults to None.
-        loss, optimizer, metrics, learning_rate, name, hparams,
-        default_batch_size, defaults, class_weight, loss_weights: see `ArrayTask`. `name` defaults to
-            `"tfrecord"`.
+        train_files: a list of TFRecord paths.
+        parse_fn: one serialized record (a scalar string tensor) -> `(features, labels)`.
+        validation_files, test_files: file lists. Default to None.
+        num_train_examples: records in `train_files`, when known. Defaults to None.
+        preprocess: batch map `(features, labels) -> (features, labels)`. Defaults to None.
+        build_model, loss, optimizer, metrics, learning_rate, hparams, default_batch_size,
+        defaults, class_weight, loss_weights: see `ArrayTask`. `name` defaults to `"tfrecord"`.
 
     Raises:
         ConfigError: when `train_files` is empty or `loss` is missing.
@@ -64,8 +55,6 @@ class TFRecordTask(FileSplitTask):
                              input_context=input_context,
                              max_examples=self._data.train_examples if split == "train" else None)
 
-
-
     def validation_data(self, global_batch_size):
         """Batches of `validation_files`; `--validation-split` is refused (records are not counted)."""
         if self._data.validation_split and not self.files["validation"]:
@@ -73,9 +62,7 @@ class TFRecordTask(FileSplitTask):
                               "instead of --validation-split.")
         return self._dataset("validation", global_batch_size, False)
 
-
     def describe_data(self) -> list:
-        """The file counts and the pipeline."""
         counts = ", ".join(f"{len(v)} {k}" for k, v in self.files.items() if v)
         return [f"data:      TFRecord files ({counts}); pipeline: parallel read and parse"
                 + (", cache" if self._data.cache else "") + ", shuffle, batch"
