@@ -21,7 +21,7 @@ __all__ = [
 _LAZY = {
     "BatchSizeFinder": "tftrain.tuning.finder",
     "BatchSizeResult": "tftrain.tuning.batch_size",
-    "ModelState": "tftrain.tuning.batch_size",
+    "ModelState": "tftrain.runtime.execution_probe",
     "find_batch_size": "tftrain.tuning.batch_size",
     "TrainingHyperModel": "tftrain.tuning.keras_tuner",
     "make_tuner": "tftrain.tuning.keras_tuner",

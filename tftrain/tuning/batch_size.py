@@ -33,13 +33,7 @@ from tftrain.tuning.search import (
     search_batch_size,
     validate_search_args,
 )
-from tftrain.tuning.trial_memory import (  # noqa: F401 (available_memory_bytes, default_memory_budget: re-exported)
-    DEFAULT_CPU_BUDGET_FRACTION,
-    PeakMemory,
-    available_memory_bytes,
-    default_memory_budget,
-    memory_budget_bytes,
-)
+from tftrain.tuning.trial_memory import PeakMemory, memory_budget_bytes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,8 @@ from typing import Callable, Optional, Union
 
 import keras
 
-from tftrain.tuning.batch_size import BatchSizeResult, ModelState, find_batch_size
+from tftrain.runtime.execution_probe import ModelState
+from tftrain.tuning.batch_size import BatchSizeResult, find_batch_size
 
 
 class BatchSizeFinder(keras.callbacks.Callback):

@@ -8,7 +8,8 @@ import tensorflow as tf
 from tftrain.callbacks import BatchSizeFinder
 from tftrain.errors import BatchSizeSearchError, ConfigError
 from tftrain.tuning import find_batch_size
-from tftrain.tuning.batch_size import ModelState, default_memory_budget
+from tftrain.runtime.execution_probe import ModelState
+from tftrain.tuning.trial_memory import default_memory_budget
 
 
 def data(n=512):
