@@ -109,7 +109,7 @@ def run(args, device) -> common.Result:
         model = common.compile_model(common.build_model(model_name), "graph", spe)
         mode = "graph" if quick else defaults.runtime.execution
         if mode == "auto":
-            mode = choose_execution(model, synthetic, steps=steps[model_name]).execution
+            mode = choose_execution(model, synthetic).execution
         elif mode != "graph":
             model = common.compile_model(common.build_model(model_name), mode, spe)
 

@@ -1,24 +1,12 @@
-"""`--execution auto` and `--steps-per-execution auto` timed inside `Model.fit`, on the run's own
-first training steps, which train the model like any other (nothing is restored or thrown away).
+"""The one execution chooser: `--execution auto` and `--steps-per-execution auto` timed inside
+`Model.fit` on real training steps (the run's own in the Trainer, which train the model like any
+other; probe steps whose state is restored after in `tftrain.runtime.choose_execution`).
 
-Keras 3's `fit` reads `model.train_function` at every execution and calls it on the epoch's
-iterator; each call runs the `steps_per_execution` steps the function was traced for. An
-`ExecutionTrial` is installed as that train function: `fit` runs at the largest count a candidate
-may take (`fit_steps_per_execution`: its epoch iterator and batch callbacks see executions of that
-many steps), and each call runs those steps through Keras's own train functions of the candidates
-(graph or XLA at 1, 8, 32 or 64 steps per call; every count divides the largest). The first calls
-time the candidates in duels, their calls interleaved: graph against XLA at the model's own count,
-then the winner against its mode at each larger count while the larger count wins
-(`tftrain.runtime.execution_probe.choose_execution` times the same candidates on separate probe steps,
-restoring the weights after). A challenger `GIVE_UP_RATIO` slower stops at once; an XLA candidate
-that fails to compile or run is skipped with XLA's reason (the batch its failed call drew is not
-trained on). Then the winner trains the rest of the run. What choosing costs is compiling the
-candidates that lose and the steps they ran slower: `ExecutionChoice.trial` records it.
-
-Every count of a mode runs through one Keras train function, traced once: the count it loops over is
-read at run time from a variable (`tftrain.runtime.epoch_ends.StepCount`), so a new count costs no new
-trace, no Grappler pass and, under XLA, no new compile (Keras's own function bakes its count in: each count then cost 0.4-1.2 s of
-tracing and compiling on this project's 2-core CPU).
+An `ExecutionTrial` is installed as `model.train_function`, which Keras 3's `fit` calls once per
+execution. It runs each call through a candidate's train function (graph or XLA, at a count that
+divides the largest) and times the candidates in duels, their calls interleaved; the winner then
+trains the rest. Every count of a mode loops over one traced function whose count is read at run
+time (`tftrain.runtime.epoch_ends.StepCount`), so a new count costs no new trace or XLA compile.
 
 Source: keras/src/backend/tensorflow/trainer.py (`fit`, `make_train_function`) in Keras 3.
 """
@@ -28,14 +16,35 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import weakref
 from typing import Callable, Optional, Sequence
 
 from tftrain import _compat
 from tftrain.runtime.execution import ExecutionChoice, best_label, choice_reason, failure_line, label_of
 from tftrain.runtime.epoch_ends import StepCount, epoch_start_callback, steps_this_call
-from tftrain.runtime.execution_probe import traced_graph
 from tftrain.runtime.trial_rules import (GIVE_UP_RATIO, MIN_GIVE_UP_STEPS, XLA_COMPILE_RATIO, XLA_MAX_SPEEDUP,
                                          duel_verdict, kept_calls, step_time, timed_enough, timing)
+
+_TRACED_GRAPH: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+"""model -> (the graph train function `time_graph_step` left on it, its steps per execution, the seconds of its
+first execution, which traced it)."""
+
+
+def remember_traced_graph(model, function, steps_per_execution: int, first_call_s: float) -> None:
+    """Records the graph train function a timing traced on `model` (`tftrain.runtime.time_graph_step`), so
+    that a trial's graph candidate at the same count runs it instead of tracing its own."""
+    _TRACED_GRAPH[model] = (function, steps_per_execution, first_call_s)
+
+
+def traced_graph(model, steps_per_execution: int) -> Optional[tuple]:
+    """`(function, first_call_s)` recorded by `remember_traced_graph` while it is still the model's
+    `train_function` at `steps_per_execution` (anything that changes the count or the mode drops it); else
+    None."""
+    function, count, first_call_s = _TRACED_GRAPH.get(model, (None, None, None))
+    if function is None or function is not model.train_function or count != steps_per_execution:
+        return None
+    return function, first_call_s
+
 
 @dataclasses.dataclass
 class _Candidate:
@@ -53,45 +62,30 @@ class _Candidate:
 
 
 class ExecutionTrial:
-    """Times execution candidates on the run's first training steps, inside one `Model.fit`.
+    """Times execution candidates on training steps inside one `Model.fit`, then trains with the winner.
 
-    The candidates meet in duels: an incumbent (graph at the model's own count first) against one
-    challenger (XLA at that count, then the winning mode at each larger count while the larger
-    count wins), their calls interleaved so that both are timed under the same load. A duel ends
-    once each has `MIN_TIMED_CALLS` timed calls of `MIN_TIMED_STEPS` steps in all (the challenger
-    wins when its step time (`trial_rules.step_time`) is more than 5% below the incumbent's,
-    `tftrain.runtime.execution.best_label`), or earlier once one is `GIVE_UP_RATIO` slower.
+    Duels: the first mode at the model's own count against each other mode, then the winner against its
+    mode at each larger count while the larger count wins. A duel ends once each side has
+    `MIN_TIMED_CALLS` calls of `MIN_TIMED_STEPS` steps (the challenger must be more than 5% faster,
+    `tftrain.runtime.execution.best_label`), or earlier once one side is `GIVE_UP_RATIO` slower.
 
     Args:
-        model: a compiled Keras model (TensorFlow backend, one replica, not
-            `run_eagerly`, its optimizer built by the first step as usual); its
-            `steps_per_execution` is the base count the modes are compared at.
-        modes: modes to time at the base count, from `"graph"` and `"xla"`, the
-            first being the first incumbent.
-        counts: other steps per execution the faster mode may take (only those
-            above the base are timed, in order, while each wins); with the base,
-            each must divide the largest. Defaults to ().
-        examples_per_step: examples per training step (the global batch; with
-            gradient accumulation, per micro-batch), for examples/sec.
-        on_settled: called once with the `ExecutionChoice` when the candidates
-            are timed (or at `finish` when training ended first). Defaults to None.
-        planned_steps: training steps (batches) the whole run takes, counted as
-            the trial counts them; an XLA candidate is then not timed when even
-            `XLA_MAX_SPEEDUP` over the steps left could not repay compiling it
-            (estimated as the graph step's first call, which traced and optimised
-            it). Defaults to None (always timed).
+        model: a compiled Keras model (TensorFlow backend, one replica, not `run_eagerly`); its
+            `steps_per_execution` is the base count.
+        modes: modes to time at the base count, from `"graph"` and `"xla"`; the first is the first incumbent.
+        counts: larger steps per execution to try for the winning mode; with the base, each must divide
+            the largest. Defaults to ().
+        examples_per_step: examples per training step (per micro-batch under gradient accumulation).
+        on_settled: called once with the `ExecutionChoice`. Defaults to None.
         clock: seconds, monotonic. Defaults to `time.perf_counter`.
-        steps_per_epoch: training steps (batches) of an epoch, or None. With
-            several counts the trial then ends each epoch itself: a call runs
-            only the steps the epoch has left (the shared count set to them), so
-            the training data may repeat forever and Keras keep one iterator for
-            the run (`ends_epochs`, `tftrain.train.loops.fit.one_iterator`); add
-            `epoch_callback()` to `fit`'s callbacks (`tftrain.runtime.epoch_ends`).
-            Defaults to None.
+        planned_steps: training steps of the whole run; XLA is not timed when even `XLA_MAX_SPEEDUP`
+            over the steps left could not repay compiling it. Defaults to None (always timed).
+        steps_per_epoch: training steps of an epoch; with several counts the trial then ends each epoch
+            itself, so `fit` can keep one iterator over repeated data (add `epoch_callback()` to `fit`'s
+            callbacks). Defaults to None.
 
     Raises:
-        ValueError: on no modes, an unknown mode, or a count that does not divide
-            the largest.
+        ValueError: on no modes, an unknown mode, or a count that does not divide the largest.
 
     Example:
         >>> trial = ExecutionTrial(model, ("graph", "xla"), (32, 64), examples_per_step=128)
@@ -99,6 +93,7 @@ class ExecutionTrial:
         >>> model.fit(train_ds, epochs=10)
         >>> trial.finish().describe()
     """
+
 
     def __init__(self, model, modes: Sequence[str], counts: Sequence[int] = (), *, examples_per_step: int,
                  on_settled: Optional[Callable] = None, clock: Callable[[], float] = time.perf_counter,
@@ -427,13 +422,9 @@ class ExecutionTrial:
             self.on_settled(self.choice)
 
     def _cost(self, complete: bool) -> dict:
-        """The trial's training steps and wall seconds after the first candidate's compiling call, and its
-        cost: what the run paid beyond a run at the chosen setting, i.e. those seconds less the same steps
-        at the chosen candidate's step time, less what the chosen candidate's compiling call took beyond
-        the first one's (a run at the chosen setting pays its own compiling call: XLA's compile, when XLA
-        wins, is not a cost of choosing). An upper bound: the first call's one-time set-up (building the
-        optimizer, starting the input pipeline), which a run at the chosen setting pays too, stays in
-        when XLA wins, and a larger count's retrace when graph at a larger count wins."""
+        """Steps and seconds since the first compiling call, and `cost_s`: what the run paid beyond a run at
+        the chosen setting (those seconds less the same steps at the chosen step time, less the chosen
+        candidate's own compile); an upper bound."""
         # The modes are decided once no other mode waits and the duel left, if any, is one of counts.
         decided = complete or (not self.challengers and (self.challenger is None or self.challenger.spe != self.base))
         if self.started is None:

@@ -85,7 +85,7 @@ def test_choose_execution_restores_state_and_keeps_the_winner_compiled():
     weights = [w.copy() for w in model.get_weights()]
     optimizer_state = [v.numpy().copy() for v in model.optimizer.variables]
 
-    choice = choose_execution(model, _batches(), steps=3)
+    choice = choose_execution(model, _batches())
 
     assert choice.execution in ("graph", "xla") and set(choice.timings) == {"graph", "xla"}
     assert model.jit_compile == (choice.execution == "xla")
@@ -128,7 +128,7 @@ def test_training_after_choose_execution_matches_training_without_it():
     dropout = timed.layers[1]
     seed_state = [v for v in dropout.variables if "seed" in v.path]
     assert seed_state  # Dropout's seed-generator state, which every timed step advanced
-    choice = choose_execution(timed, _batches(), steps=3)
+    choice = choose_execution(timed, _batches())
     untimed.jit_compile = timed.jit_compile  # graph and XLA may round differently: compare like with like
 
     timed.fit(_batches(), epochs=2, verbose=0, shuffle=False)
@@ -139,25 +139,37 @@ def test_training_after_choose_execution_matches_training_without_it():
         np.testing.assert_array_equal(a, b)
 
 
+def _fake_step_times(monkeypatch, seconds_per_step):
+    """Every call the trial times takes `seconds_per_step(mode, steps_per_execution)` a step, whatever the
+    host's load; returns the (xla?, steps per execution) candidates in the order first run."""
+    from tftrain.runtime.execution_trial import ExecutionTrial
+
+    record, tried = ExecutionTrial._record, []
+
+    def fake(self, candidate, seconds, steps):
+        if (candidate.mode == "xla", candidate.spe) not in tried:
+            tried.append((candidate.mode == "xla", candidate.spe))
+        return record(self, candidate, seconds_per_step(candidate.mode, candidate.spe) * max(steps, 1), steps)
+
+    monkeypatch.setattr(ExecutionTrial, "_record", fake)
+    return tried
+
+
 def test_choose_execution_takes_the_faster_mode(monkeypatch):
-    from tftrain.runtime import execution, execution_probe
+    from tftrain.runtime import execution_probe
 
-    def fake_timing(model, dataset, steps, warmup_executions, min_timed_executions, callbacks=(), give_up_above_s=None):
-        step = 0.004 if model.jit_compile else 0.001  # graph 4x faster than XLA here
-        return execution.StepTiming(step, 16 / step, step, 16, 1, steps, 0.1, (step,) * 3)
-
-    monkeypatch.setattr(execution_probe, "time_training_steps", fake_timing)
+    _fake_step_times(monkeypatch, lambda mode, spe: 0.004 if mode == "xla" else 0.001)  # graph 4x faster than XLA
     model = _tiny_model()
     choice = execution_probe.choose_execution(model, _batches())
     assert choice.execution == "graph" and not model.jit_compile
-    assert choice.reason == "4.00x faster than xla"
-    assert choice.timings["xla"].step_time_s == 0.004
+    assert choice.reason.startswith("graph 4.00x faster than xla"), choice.reason
+    assert choice.timings["xla"].step_time_s == pytest.approx(0.004)
 
 
 def test_choose_execution_with_one_candidate():
     from tftrain.runtime import choose_execution
 
-    choice = choose_execution(_tiny_model(), _batches(), candidates=("graph",), steps=2)
+    choice = choose_execution(_tiny_model(), _batches(), candidates=("graph",))
     assert choice.execution == "graph" and list(choice.timings) == ["graph"]
     assert choice.reason == "only graph was timed"
 
@@ -228,7 +240,7 @@ def test_a_candidate_xla_cannot_compile_is_skipped_with_xla_s_reason():
 
     model = _string_op_model()
     before = [w.copy() for w in model.get_weights()]
-    choice = choose_execution(model, _batches(), steps=2)
+    choice = choose_execution(model, _batches())
     assert choice.execution == "graph" and not model.jit_compile and list(choice.timings) == ["graph"]
     assert len(choice.skipped) == 1 and choice.skipped[0].startswith("xla: unsupported operations on XLA_CPU_JIT")
     assert "AsString" in choice.skipped[0] and "skipped xla" in choice.reason
@@ -253,7 +265,7 @@ def test_a_model_that_fails_in_every_mode_raises_its_own_error():
     model = keras.Model(inputs, keras.layers.Dense(3)(Checked()(inputs)))
     model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     with pytest.raises(tf.errors.InvalidArgumentError, match="inputs out of range"):
-        choose_execution(model, _batches(), steps=2)
+        choose_execution(model, _batches())
     assert not model.jit_compile
 
 
@@ -270,19 +282,10 @@ def test_xla_failure_reason_reads_xla_s_line_and_ignores_other_errors():
 
 
 def test_steps_per_execution_is_chosen_by_measurement(monkeypatch):
-    from tftrain.runtime import execution, execution_probe
+    from tftrain.runtime import execution_probe
 
-    per_step = {1: 0.004, 8: 0.002, 32: 0.0012, 64: 0.00119}  # 64 is within 2% of 32: the smaller count wins
-    tried = []
-
-    def fake_timing(model, dataset, steps, warmup_executions, min_timed_executions, callbacks=(),
-                    give_up_above_s=None):
-        spe = model.steps_per_execution
-        tried.append((model.jit_compile, spe))
-        step = per_step[spe] * (2 if model.jit_compile else 1)
-        return execution.StepTiming(step, 16 / step, step, 16, spe, steps, 0.1, (step,) * 3)
-
-    monkeypatch.setattr(execution_probe, "time_training_steps", fake_timing)
+    per_step = {1: 0.004, 8: 0.002, 32: 0.0012, 64: 0.00119}  # 64 is within 5% of 32: the incumbent stays
+    tried = _fake_step_times(monkeypatch, lambda mode, spe: per_step[spe] * (2 if mode == "xla" else 1))
     model = _tiny_model(steps_per_execution=8)
     choice = execution_probe.choose_execution(model, _batches(), steps_per_execution=(1, 8, 32, 64))
     assert (choice.execution, choice.steps_per_execution) == ("graph", 32)
@@ -302,16 +305,10 @@ def test_a_clearly_slower_candidate_is_given_up_early():
 
 
 def test_graph_at_the_model_s_own_count_stays_unless_another_is_more_than_5_percent_faster(monkeypatch):
-    from tftrain.runtime import execution, execution_probe
+    from tftrain.runtime import execution_probe
 
     per_step = {1: 0.004, 8: 0.002, 32: 0.00196}  # 32 only 2% faster: noise, not a reason to change
-
-    def fake_timing(model, dataset, steps, warmup_executions, min_timed_executions, callbacks=(),
-                    give_up_above_s=None):
-        step = per_step[model.steps_per_execution] * (0.97 if model.jit_compile else 1)  # XLA 3% faster
-        return execution.StepTiming(step, 16 / step, step, 16, model.steps_per_execution, steps, 0.1, (step,) * 3)
-
-    monkeypatch.setattr(execution_probe, "time_training_steps", fake_timing)
+    _fake_step_times(monkeypatch, lambda mode, spe: per_step[spe] * (0.97 if mode == "xla" else 1))  # XLA 3% faster
     model = _tiny_model(steps_per_execution=8)
     choice = execution_probe.choose_execution(model, _batches(), steps_per_execution=(1, 32))
     assert (choice.execution, choice.steps_per_execution) == ("graph", 8)
