@@ -160,10 +160,11 @@ _ONNX_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor
 
 
 def _litert(path: Path) -> Callable:
-    from ai_edge_litert.interpreter import Interpreter
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    def run(feeds):
-        interpreter = Interpreter(model_path=str(path))
+    def run(feeds):  # LiteRT's built-in kernels, without its default XNNPACK delegate (which announces itself)
+        interpreter = Interpreter(model_path=str(path),
+                                  experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
         runner = interpreter.get_signature_runner("serving_default")
         details = runner.get_input_details()
         named = _by_names(feeds, list(details))
