@@ -1,12 +1,7 @@
 """Callbacks that drop into any Keras 3 `model.fit`, with or without a strategy.
 
-    from tftrain.callbacks import ProfilerWindow, ThroughputMonitor, BatchSizeFinder
-    from tftrain.callbacks import NanGuard, StepBackup, ResumableEarlyStopping, PreemptionWatch, KeepBest
-
-Each one only wires Keras hooks; the algorithms are plain code tested alone:
-`tftrain.metering` (throughput math), `tftrain.callbacks.profile_steps.StepWindow`
-(profile window), `tftrain.tuning` (batch-size search). Names are imported on
-first use, so importing one submodule does not pull in the others.
+Each only wires Keras hooks; the algorithms are plain code tested alone (`tftrain.metering`,
+`profile_steps.StepWindow`, `tftrain.tuning`). Names are imported on first use.
 """
 
 __all__ = ["BatchSizeFinder", "ChanceWatch", "EpochTensorBoard", "KeepBest", "NanGuard", "NvtxSteps", "PreemptionWatch", "ProfileSteps", "ProfilerServer",

@@ -1,11 +1,8 @@
 """Counting real optimizer steps from inside Keras callbacks.
 
-Keras 3 calls the batch hooks once per execution: with `steps_per_execution=N` one
-`on_train_batch_end` covers up to N optimizer steps, and the last execution of an
-epoch may cover fewer. The optimizer's `iterations` counter is the ground truth,
-except under dynamic loss scaling (mixed_float16), whose skipped steps it misses
-(`skips_steps`). Reading it also waits for the execution to finish, so a clock
-read right after it times finished work.
+Keras 3 calls the batch hooks once per execution (up to `steps_per_execution` steps). The optimizer's
+`iterations` is the ground truth, except for steps dynamic loss scaling skips (`skips_steps`); reading
+it waits for the execution to finish, so a clock read right after it times finished work.
 """
 
 from __future__ import annotations
@@ -14,10 +11,7 @@ from tftrain.errors import ConfigError
 
 
 def optimizer_steps(model) -> int:
-    """Optimizer steps the model has run so far (`model.optimizer.iterations`).
-
-    Steps skipped by dynamic loss scaling (non-finite gradients under
-    `mixed_float16`) do not increment the counter, so they are not counted.
+    """`model.optimizer.iterations` (steps skipped by dynamic loss scaling not counted).
 
     Raises:
         ConfigError: when the model is not compiled with an optimizer.
@@ -29,14 +23,8 @@ def optimizer_steps(model) -> int:
 
 
 def train_steps(model) -> int:
-    """Training steps (batches, one per `train_step`) the model has run so far.
-
-    `optimizer_steps`, except under gradient accumulation, where one optimizer
-    step takes N micro-batches: then the micro-batch counter, so that the hooks'
-    step indices, examples/sec and profile windows count every batch. That
-    counter is `micro_steps` of `tftrain.train.accumulation.GradientAccumulationOptimizer`
-    (also inside a `LossScaleOptimizer`), or the raw iteration counter of a Keras
-    optimizer built with `gradient_accumulation_steps`.
+    """Training steps (batches) run so far: `optimizer_steps`, or the micro-batch counter under
+    gradient accumulation (`GradientAccumulationOptimizer.micro_steps`, or Keras's own accumulation).
 
     Raises:
         ConfigError: when the model is not compiled with an optimizer.
@@ -60,10 +48,6 @@ def steps_per_execution(model) -> int:
 
 
 def skips_steps(model) -> bool:
-    """True when the optimizer may skip updates (dynamic loss scaling, mixed_float16).
-
-    A `LossScaleOptimizer` does not advance `iterations` on a step whose
-    gradients were not finite, so `iterations` then under-counts the steps that ran.
-    """
+    """True under dynamic loss scaling, whose skipped steps `iterations` does not count."""
     optimizer = getattr(model, "optimizer", None)
     return hasattr(optimizer, "inner_optimizer") and hasattr(optimizer, "dynamic_scale")

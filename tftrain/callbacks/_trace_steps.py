@@ -1,18 +1,10 @@
 """Step markers that TensorBoard's Profile tab can use, under `steps_per_execution` too.
 
-The Profile tab's Overview and Input Pipeline pages measure step time between
-step markers: `tf.profiler.experimental.Trace("train", step_num=N, _r=1)` events
-around each training step (https://www.tensorflow.org/guide/profiler).
-
-Keras 3 runs `steps_per_execution` > 1 as a `tf.while_loop` inside one
-`tf.function` call. The profile converter (xprof, behind the Profile tab) groups a
-trace that holds loop iterations by those iterations and then ignores the step
-markers (`EventForest::CreateEventGroups` and `ProcessTensorFlowLoop` in
-`xla/tsl/profiler/utils/group_events.cc`); the iterations carry no step time,
-so the Overview reads "No step time measured" and the Input Pipeline page is
-empty. `group_steps_by_markers` rewrites the `iter_num` statistic of the captured
-events to 0, so that xprof finds no loop and groups by the step markers: one
-step per execution. Nothing else in the trace changes.
+The Profile tab measures step time between `Trace("train", step_num=N, _r=1)` markers
+(https://www.tensorflow.org/guide/profiler). Under `steps_per_execution` > 1 (a `tf.while_loop`),
+xprof groups by loop iterations instead and ignores the markers (`group_events.cc` in xla/tsl), so the
+Overview shows no step time. `group_steps_by_markers` zeroes the `iter_num` statistics so xprof
+groups by the markers: one step per execution.
 """
 
 from __future__ import annotations
@@ -25,31 +17,19 @@ ITER_NUM_STAT = "iter_num"
 
 
 def step_marker_name(num_steps: int) -> str:
-    """The step-marker name for an execution of `num_steps` optimizer steps.
-
-    `"train"` for one step; `"train(N steps)"` for N, so that the Overview's step
-    column (`"<name> <step_num>"`, e.g. `"train(8 steps) 16"`) says that one of its
-    steps covers N optimizer steps. The Profile tab takes any name that starts
-    with "train" and holds no "/" as a step marker.
-    """
+    """`"train"` for one step, `"train(N steps)"` for N; the Profile tab takes any name starting with
+    "train" and holding no "/" as a step marker."""
     return "train" if num_steps <= 1 else f"train({int(num_steps)} steps)"
 
 
 def group_steps_by_markers(path) -> int:
-    """Rewrites a `.xplane.pb` trace so the Profile tab groups its steps by step markers.
-
-    Sets every nonzero `iter_num` statistic to 0 (see the module docstring) and
-    rewrites the file in place; a trace without loop iterations is left as it is.
-
-    Args:
-        path: a `.xplane.pb` file written by `tf.profiler.experimental.stop()`.
+    """Zeroes the nonzero `iter_num` statistics of a `.xplane.pb` trace, in place.
 
     Returns:
-        The number of statistics rewritten (0: the file was not touched, also when
-        this TensorFlow no longer ships the schema; a warning then says so).
+        The number rewritten (0: the file is untouched, also when this TensorFlow lacks the schema,
+        with a warning).
     """
-    # The XSpace schema of the file TensorFlow writes; TensorFlow ships it, and no
-    # public API reads or writes the file.
+    # TensorFlow ships the XSpace schema; no public API reads or writes the file.
     try:
         from tensorflow.tsl.profiler.protobuf import xplane_pb2
     except ImportError:

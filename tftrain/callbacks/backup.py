@@ -1,21 +1,11 @@
 """StepBackup: checkpoints at each epoch end and every N optimizer steps; a rerun resumes at the step.
 
-Keras 3's `BackupAndRestore(save_freq=N)` saves every N batches and restores the epoch, but not the
-step within it: it runs the interrupted epoch again from its first batch, on weights that already
-hold the steps done before the save (keras-team/keras#19179). `StepBackup` restores weights,
-optimizer state, the epoch and the step within it, and:
-
-* saves at each epoch end and, given `every_steps`, every that many optimizer steps, counted from
-  the batch indices Keras passes (one hook covers one execution of `steps_per_execution` steps);
-* keeps numbered checkpoints (`tftrain.checkpoint_files`): Keras's weights file, flushed
-  to disk and renamed, then its metadata, which commits it; the previous checkpoint stays until the
-  new one is committed, so a kill or crash at any moment leaves a complete one;
-* restores the newest checkpoint that loads and whose optimizer step matches its metadata, else the
-  one before it, with one line saying which was skipped and how many steps that costs;
-* ends the resumed epoch at the execution that completes its steps (it sets `model.stop_training`
-  and clears it again in `on_epoch_end`), so an interrupted run takes as many optimizer steps in
-  all as an uninterrupted one. The resumed epoch reads its data from the start of a pass: the steps
-  are not redone, but which batches they see is not replayed.
+Keras 3's `BackupAndRestore(save_freq=N)` restores the epoch but not the step within it, so it reruns
+the epoch's first steps on weights that already hold them. `StepBackup` restores weights, optimizer
+state, epoch and step; keeps numbered checkpoints committed by their metadata
+(`tftrain.checkpoint_files`), so a kill at any moment leaves a complete one; falls back to the
+previous checkpoint when the newest does not load; and ends the resumed epoch once its steps are
+done. The resumed epoch reads data from the start of a pass (steps are not redone; batches not replayed).
 """
 
 from __future__ import annotations
@@ -42,36 +32,20 @@ class StepBackup(keras.callbacks.Callback):
     """Backs up the training state at each epoch end and every `every_steps` optimizer steps;
     a rerun resumes at the step it was saved at.
 
-    A run killed at any moment loses at most `every_steps` optimizer steps when
-    `every_steps` is a multiple of the model's `steps_per_execution` (a checkpoint
-    can only be written between executions; the Trainer rounds it down to one). The
-    checkpoint deferred at an epoch's last execution is written by `on_epoch_end`,
-    after validation. With finite data whose steps per epoch are not a multiple of
-    `steps_per_execution`, the resumed epoch's last execution runs whole, where the
-    uninterrupted epoch's ran short: up to `steps_per_execution - 1` extra steps.
-
-    Place it after `NanGuard`, whose exception keeps a diverged state from being
-    saved, and before `EarlyStopping`, which must see `stop_training` as this callback
-    leaves it.
+    Saves happen between executions, so a kill loses at most `every_steps` steps when it is a multiple
+    of `steps_per_execution`. Place it after `NanGuard` and before `EarlyStopping`.
 
     Args:
-        backup_dir: the backup directory (its own: it is deleted when training ends, with
-            `delete_checkpoint`).
-        every_steps: batches (optimizer steps; micro-batches under gradient
-            accumulation) between checkpoints within an epoch, >= 1; None saves at
-            epoch ends only. Defaults to None.
-        steps_per_epoch: batches per epoch, used when Keras cannot tell
-            (`params["steps"]` is None: data of unknown cardinality). Defaults to None.
-        delete_checkpoint: delete `backup_dir` when training ends, as Keras's
-            `BackupAndRestore` does. False keeps it until the caller has written what the
-            training was for (the Trainer removes it once `metrics.json` and the model are
-            on disk, so a kill in between resumes without training again). Defaults to True.
-        stop_requested: `() -> signal number or None`, read after each execution
-            and at each epoch end (`PreemptionWatch.requested`); when it returns
-            a signal, the state at that step is saved and `Preempted` is raised.
-            Defaults to None (never asked).
-        say: prints one line (a skipped damaged checkpoint). Defaults to
-            printing on stderr.
+        backup_dir: its own directory (deleted at the end with `delete_checkpoint`).
+        every_steps: batches (micro-batches under gradient accumulation) between checkpoints
+            within an epoch, >= 1. Defaults to None (epoch ends only).
+        steps_per_epoch: used when `params["steps"]` is None (unknown cardinality). Defaults to None.
+        delete_checkpoint: delete `backup_dir` when training ends, as `BackupAndRestore` does
+            (the Trainer deletes it later, once its outputs are written). Defaults to True.
+        stop_requested: `() -> signal number or None`, read after each execution and epoch
+            (`PreemptionWatch.requested`); a signal saves the state and raises `Preempted`.
+            Defaults to None.
+        say: prints a skipped checkpoint's line. Defaults to stderr.
 
     Raises:
         ValueError: when `every_steps` is not a positive integer.
@@ -101,8 +75,7 @@ class StepBackup(keras.callbacks.Callback):
         self._size: Optional[int] = None  # bytes of the newest weights file this process wrote
 
     def on_train_begin(self, logs=None):
-        """Restores the newest checkpoint that loads and matches its metadata (weights, optimizer state,
-        epoch, step within the epoch); a newer one that does not gives way with one line (`say`)."""
+        """Restores the newest usable checkpoint (`restore`)."""
         position = self.restore()
         self.restored = position
         self._resume = position if position is not None and position.steps_in_epoch > 0 else None
@@ -110,8 +83,7 @@ class StepBackup(keras.callbacks.Callback):
         self._number = checkpoint_files.next_number(self.backup_dir)
 
     def restore(self) -> Optional[BackupPosition]:
-        """Loads the newest usable checkpoint into the model and sets the first epoch of `fit`; returns its
-        position, or None when there is no checkpoint.
+        """Loads the newest usable checkpoint and sets `fit`'s first epoch; returns its position or None.
 
         Raises:
             tftrain.errors.RunDirError: when checkpoints exist and none can be read.
@@ -152,9 +124,8 @@ class StepBackup(keras.callbacks.Callback):
         return None
 
     def steps_done_in(self, epoch: int) -> int:
-        """Batches of `epoch` (0-based) done before this process: the restored checkpoint's
-        `steps_in_epoch` when it was written within that epoch, else 0. Loops that run an
-        epoch's steps themselves (`tftrain.train.loops.ps_training.fit`) run only the rest."""
+        """Batches of `epoch` (0-based) the restored checkpoint had done, else 0 (for loops that run
+        an epoch's steps themselves, `tftrain.train.loops.ps_training.fit`)."""
         resumed = self._resume is not None and self._resume.epoch == epoch
         return self._resume.steps_in_epoch if resumed else 0
 
@@ -202,16 +173,15 @@ class StepBackup(keras.callbacks.Callback):
         raise Preempted(f"stopped by {signal.Signals(signum).name}: checkpoint saved at {at}", signum)
 
     def _needed_bytes(self) -> int:
-        """Bytes the next save writes: the newest checkpoint's size, else the variables' bytes (weights and
-        optimizer state), plus `SPACE_MARGIN` for HDF5's own structure and the metadata."""
+        """Bytes the next save writes (the last checkpoint's size, else the variables'), plus `SPACE_MARGIN`."""
         if self._size is not None:
             return self._size + SPACE_MARGIN
         variables = [*self.model.weights, *getattr(self.model.optimizer, "variables", [])]
         return sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in variables) + SPACE_MARGIN
 
     def _check_space(self) -> None:
-        """Raises `CheckpointSpaceError` before writing when the disk cannot hold the new checkpoint (HDF5 can
-        crash the process on a full disk, and a half-written file helps no one)."""
+        """Raises `CheckpointSpaceError` when the disk cannot hold the next checkpoint (HDF5 can crash on a
+        full disk)."""
         from tftrain.errors import CheckpointSpaceError
 
         need, free = self._needed_bytes(), shutil.disk_usage(self.backup_dir).free
@@ -222,8 +192,7 @@ class StepBackup(keras.callbacks.Callback):
                 "rerun the same command to resume.")
 
     def _save(self, epoch: int, steps_in_epoch: int) -> None:
-        """Writes checkpoint `_number` (Keras's weights file, then the metadata that commits it); the previous
-        one stays until then."""
+        """Writes checkpoint `_number`: the weights file, then the metadata that commits it."""
         os.makedirs(self.backup_dir, exist_ok=True)
         self._check_space()
         tmp = Path(self.backup_dir) / f"ckpt-{self._number}.tmp.weights.h5"

@@ -1,10 +1,7 @@
 """ChanceWatch: says once when validation accuracy sits at chance while training accuracy climbs.
 
-That pattern means the model learns the training batches but its evaluation-mode outputs carry
-nothing: most often BatchNormalization's moving statistics, which a momentum near 1 (0.999 in
-Keras's MobileNetV2) leaves near their initial values for thousands of steps when training from
-random weights, or training and evaluation that preprocess differently. Plain Keras prints the
-numbers and nothing else; this callback says what they mean.
+The usual causes: BatchNormalization moving statistics that a momentum near 1 leaves near their initial
+values when training from random weights, or training and evaluation that preprocess differently.
 """
 
 from __future__ import annotations
@@ -21,17 +18,14 @@ LEARNED_MARGIN = 0.25
 
 
 class ChanceWatch(keras.callbacks.Callback):
-    """Warns once when `val_accuracy` stays within `CHANCE_MARGIN` of chance while `accuracy` is more
-    than `LEARNED_MARGIN` above it, from the second epoch on.
+    """Warns once, from the second epoch, when `val_accuracy` is within `CHANCE_MARGIN` of chance while
+    `accuracy` is more than `LEARNED_MARGIN` above it.
 
-    Chance is 1 / the model's output units (its last dimension, > 1: a softmax over classes);
-    a model with one output unit or logs without both metrics are left alone.
+    Chance is 1 / the output's last dimension; a model with one output unit, or logs without both
+    metrics, are left alone.
 
     Args:
-        say: prints the warning (one line, without a `warning:` prefix). Defaults to `print`.
-
-    Example:
-        >>> model.fit(train, validation_data=val, epochs=5, callbacks=[ChanceWatch()])
+        say: prints the one-line warning. Defaults to `print`.
     """
 
     def __init__(self, say: Callable[[str], None] = print):

@@ -1,11 +1,8 @@
 """ResumableEarlyStopping: Keras's `EarlyStopping` whose state survives an interrupted run.
 
-Keras's `EarlyStopping` keeps its best value, its patience count and the best weights
-in memory, so a run resumed from its `BackupAndRestore` checkpoint starts them afresh:
-patience counts again from the resumed epoch and `restore_best_weights` can only
-restore the best epoch seen since. This subclass writes them to its own directory at
-each epoch end (the best weights as a NumPy `.npz` of `model.get_weights()`, the
-optimizer state left out) and reads them back at the start of training.
+Keras keeps the best value, the patience count and the best weights in memory, so a resumed run
+starts them afresh. This subclass saves them at each epoch end (best weights as an `.npz` of
+`model.get_weights()`) and reads them back when training starts.
 """
 
 from __future__ import annotations
@@ -27,20 +24,16 @@ BEST_WEIGHTS_FILE = "early_stopping_best.npz"
 class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
     """`keras.callbacks.EarlyStopping` that saves and restores its state in `state_dir`.
 
-    Place it after the backup callback, in the same directory: that callback removes
-    the directory when training ends, and clears a `stop_training` of its own in
-    `on_epoch_end` before this one may set it.
+    Place it after the backup callback, in the same directory: that callback removes the directory
+    when training ends, and clears its own `stop_training` before this one may set it.
 
     Args:
-        state_dir: where the state goes (e.g. the run's backup directory); None
-            keeps it in memory only, as Keras's. Defaults to None.
-        **kwargs: `EarlyStopping`'s arguments (`monitor`, `patience`,
-            `restore_best_weights`, ...).
+        state_dir: e.g. the run's backup directory. Defaults to None (in memory, as Keras's).
+        **kwargs: `EarlyStopping`'s arguments.
 
     Example:
-        >>> stop = ResumableEarlyStopping("run/backup", monitor="val_loss", patience=3, restore_best_weights=True)
+        >>> stop = ResumableEarlyStopping("run/backup", patience=3, restore_best_weights=True)
         >>> model.fit(train, validation_data=val, epochs=50, callbacks=[StepBackup("run/backup"), stop])
-        >>> stop.best_epoch + 1, stop.stopped_epoch + 1   # 1-based, as the progress bar prints epochs
     """
 
     def __init__(self, state_dir=None, **kwargs):
@@ -76,7 +69,7 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
         return self.state_dir / name
 
     def _read(self, name: str) -> Optional[object]:
-        """The saved state (a dict) or best weights (a list of arrays); None when absent or unreadable."""
+        """The saved state or best weights; None when absent or unreadable."""
         if self.state_dir is None or not self._path(name).is_file():
             return None
         try:

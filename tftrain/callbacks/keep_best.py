@@ -1,24 +1,13 @@
 """KeepBest: the N best epochs' weights by a monitored metric, and the last epoch's, as TensorFlow
 checkpoints that survive the run and its resumptions (`--keep-best N --monitor METRIC`).
 
-`<directory>/last/` is a `tf.train.CheckpointManager` keeping one checkpoint (the last epoch);
-`<directory>/best/epoch-<E>.*` are the N best (`tf.train.Checkpoint.write`), ranked in
-`<directory>/keep_best.json`, which a resumed run reads back. Each checkpoint holds the model's
-weights (`tf.train.Checkpoint(model=model)`): read one with
-`tf.train.Checkpoint(model=model).read(path).expect_partial()`, or `--init-from` the run directory.
+Layout: `last/` (a `CheckpointManager`), `best/epoch-<E>.*`, and the ranking `keep_best.json`. Read one
+with `tf.train.Checkpoint(model=model).read(path).expect_partial()`. The metric's direction comes from
+its name (`monitor_direction`), so it works for multi-output models and can be checked before the first
+step. Under `multi_worker_mirrored` every worker saves (saving may use collectives); non-chiefs to a
+temporary directory, ranking from the chief's (`ranking_from`).
 
-Whether the metric improves as it falls or rises comes from its name (`monitor_direction`), not from
-the compiled model's metric objects as in Keras's `ModelCheckpoint` / `EarlyStopping`: the rule holds
-for a model of several outputs (`val_<output>_mae`), and the sanity pass can apply it before the first
-step (`check_monitor`).
-
-Under `multi_worker_mirrored` every worker runs the callback on the same epoch logs (Keras all-reduces
-the metrics), so every worker ranks alike and saves at the same epochs: saving may involve collective
-ops, so a worker that is not the chief still saves, to its own temporary directory, and reads the
-chief's ranking when the run resumes (`ranking_from`).
-
-Source: https://www.tensorflow.org/guide/checkpoint,
-https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras#model_saving_and_loading
+Source: https://www.tensorflow.org/guide/checkpoint
 """
 
 from __future__ import annotations
@@ -63,30 +52,20 @@ FALLING = frozenset({
     "kl_divergence", "kld", "kullback_leibler_divergence", "poisson", "logcosh", "log_cosh", "huber",
     "false_positives", "false_negatives",
 })
-"""Keras's built-in metrics (default names and `compile` aliases) that improve as they fall; besides
-these, any `mean_*_error` and `*crossentropy`."""
+"""Keras's built-in metrics (names and aliases) that improve as they fall; also `mean_*_error`, `*crossentropy`."""
 
 _FALLING_PATTERN = re.compile(r"(mean_\w+_error|\w*crossentropy)")
 
 
 def monitor_direction(monitor: str, mode: str = "auto") -> Optional[str]:
-    """Whether the epoch log's metric `monitor` improves as it falls (`"min"`) or rises (`"max"`).
+    """Whether `monitor` improves as it falls (`"min"`) or rises (`"max"`).
 
-    `mode` `"min"` or `"max"` is returned as it is. Under `"auto"` the name
-    decides, without a model: a leading `val_` is dropped; a name that is or
-    ends with `loss` falls; else the name, or its part after an output's
-    prefix (`<output>_`, at any `_`), is looked up among Keras's built-in
-    metrics and their aliases (`RISING`, `FALLING`, any `mean_*_error` or
-    `*crossentropy`), the longest known part deciding.
-
-    Args:
-        monitor: the metric's key in the epoch logs (e.g. `"val_loss"`,
-            `"val_label_sparse_categorical_accuracy"`, `"value_mae"`).
-        mode: `"auto"`, `"min"` or `"max"`. Defaults to `"auto"`.
+    `mode` `"min"` / `"max"` is returned as is. Under `"auto"`, a leading `val_` is dropped; a name
+    ending in `loss` falls; else the longest suffix (after an output's `<output>_` prefix) found in
+    `RISING`, `FALLING`, `mean_*_error` or `*crossentropy` decides.
 
     Returns:
-        `"min"`, `"max"`, or None when `mode` is `"auto"` and the name is not
-        a known metric's.
+        `"min"`, `"max"`, or None when `"auto"` does not know the name.
 
     Raises:
         ConfigError: when `mode` is not one of `MODES`.
@@ -94,8 +73,6 @@ def monitor_direction(monitor: str, mode: str = "auto") -> Optional[str]:
     Example:
         >>> monitor_direction("val_label_sparse_categorical_accuracy")
         'max'
-        >>> monitor_direction("value_mae"), monitor_direction("my_metric"), monitor_direction("my_metric", "max")
-        ('min', None, 'max')
     """
     if mode not in MODES:
         raise ConfigError(f"Invalid monitor mode {mode!r}. Expected one of: {', '.join(MODES)}. "
@@ -115,20 +92,7 @@ def monitor_direction(monitor: str, mode: str = "auto") -> Optional[str]:
 
 
 def check_monitor(monitor: str, mode: str, logs_keys: Iterable[str]) -> None:
-    """Refuses a `--monitor` the epoch logs will not have, or whose direction is unknown.
-
-    Args:
-        monitor: the metric `--keep-best` ranks by.
-        mode: `"auto"`, `"min"` or `"max"` (`--monitor-mode`).
-        logs_keys: the keys the epoch logs will have (training and `val_` ones).
-
-    Raises:
-        ConfigError: one line naming the monitor, the logs' keys and the fix
-            (`--monitor KEY`, or `--monitor-mode min|max`).
-
-    Example:
-        >>> check_monitor("val_value_mae", "auto", ["loss", "value_mae", "val_loss", "val_value_mae"])
-    """
+    """Raises `ConfigError` when `monitor` is not in `logs_keys` or its direction is unknown under `mode`."""
     keys = list(dict.fromkeys(logs_keys))
     if monitor not in keys:
         raise ConfigError(f"--monitor {monitor!r} is not among the epoch logs' keys ({', '.join(keys) or 'none'}). "
@@ -146,34 +110,24 @@ class KeepBest(keras.callbacks.Callback):
     """Keeps the `keep` best epochs' weights by `monitor`, and the last epoch's.
 
     Args:
-        directory: the checkpoints directory (created); `best/`, `last/` and
-            `keep_best.json` go there.
-        keep: how many of the best epochs to keep, >= 1.
-        monitor: the epoch log's metric to rank by (e.g. `"val_loss"`,
-            `"val_accuracy"`, `"val_<output>_mae"`). Defaults to `"val_loss"`.
-        mode: `"min"`, `"max"` or `"auto"` (from the metric's name:
-            `monitor_direction`). Defaults to `"auto"`.
-        say: prints one line (the missing metric's warning). Defaults to `print`.
-        ranking_from: the checkpoints directory whose `keep_best.json` a
-            resumed run starts its ranking from, when it is not `directory`: a
-            worker that is not the chief saves to its own temporary directory
-            but must rank (and so save) as the chief does. None reads
-            `directory`. Defaults to None.
+        keep: how many best epochs to keep, >= 1.
+        monitor: the epoch log's metric. Defaults to `"val_loss"`.
+        mode: `"min"`, `"max"` or `"auto"` (`monitor_direction`). Defaults to `"auto"`.
+        say: prints one line (a missing metric's warning). Defaults to `print`.
+        ranking_from: the directory whose `keep_best.json` a resumed non-chief worker ranks from.
+            Defaults to None (`directory`).
 
     Attributes:
-        kept: `[{"epoch": 1-based epoch, "value": float, "checkpoint": path}]`, best first.
-        last: the last epoch's checkpoint path, or None before the first epoch ends.
-        mode: `"min"` or `"max"`, as resolved.
+        kept: `[{"epoch": 1-based, "value": float, "checkpoint": path}]`, best first.
+        last: the last epoch's checkpoint path, or None.
 
     Raises:
         ValueError: when `keep` < 1.
-        ConfigError: when `mode` is `"auto"` and the direction of `monitor`
-            is unknown, or `mode` is not one of `MODES`.
+        ConfigError: when `mode` is invalid, or `"auto"` and the direction of `monitor` is unknown.
 
     Example:
         >>> best = KeepBest("run/checkpoints", keep=3, monitor="val_accuracy")
         >>> model.fit(train, validation_data=val, epochs=20, callbacks=[best])
-        >>> tf.train.Checkpoint(model=model).read(best.kept[0]["checkpoint"]).expect_partial()
     """
 
     def __init__(self, directory, keep: int, monitor: str = "val_loss", mode: str = "auto", say=print,
@@ -196,8 +150,7 @@ class KeepBest(keras.callbacks.Callback):
         self.kept, self.last = self._read_ranking(), self._last.latest_checkpoint
 
     def _read_ranking(self) -> List[dict]:
-        """This directory's ranking, or `ranking_from`'s with each checkpoint path in this directory
-        (this task never deletes another's files)."""
+        """This directory's ranking, or `ranking_from`'s with paths moved into this directory."""
         if self.ranking_from is None or self.ranking_from.resolve() == self.directory.resolve():
             return read_state(self.directory)
         return [{**k, "checkpoint": str(self.directory / "best" / f"epoch-{k['epoch']}")}
@@ -233,8 +186,7 @@ class KeepBest(keras.callbacks.Callback):
 
 
 def read_state(directory) -> List[dict]:
-    """The kept checkpoints ranked in `directory/keep_best.json` whose files still exist, best first;
-    [] when there is none (or it cannot be read)."""
+    """The ranked checkpoints of `directory/keep_best.json` whose files exist, best first; [] if none."""
     try:
         kept = json.loads((Path(directory) / STATE_FILE).read_text())
     except (OSError, ValueError):

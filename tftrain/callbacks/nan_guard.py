@@ -1,10 +1,8 @@
 """NanGuard: stop training with one line when the loss turns NaN or infinite.
 
-Keras's `TerminateOnNaN` stops (or raises) naming the batch index within the epoch. A
-diverged run needs more to be diagnosed: where in the run, under which dtype policy
-and, under `mixed_float16`, at which loss scale. Dynamic loss scaling skips the steps
-whose *gradients* overflow by design (the loss stays finite and the scale halves); a
-non-finite *loss* means the forward pass itself broke, so the loss is what is judged.
+Unlike Keras's `TerminateOnNaN`, the line says where in the run, the dtype policy and the loss scale.
+The loss is judged, not the gradients: dynamic loss scaling skips overflowing gradients by design,
+while a non-finite loss means the forward pass broke.
 """
 
 from __future__ import annotations
@@ -18,24 +16,14 @@ from tftrain.errors import TrainingDiverged
 
 
 class NanGuard(keras.callbacks.Callback):
-    """Raises `TrainingDiverged` at the first execution whose loss is NaN or infinite.
+    """Raises `TrainingDiverged` at the first execution whose `logs["loss"]` is NaN or infinite.
 
-    Reads `logs["loss"]` at each `on_train_batch_end` (one hook per execution of
-    `steps_per_execution` steps; Keras hands the callbacks Python floats, so this adds
-    no device round trip). Keras's `loss` is the epoch's running mean, so one
-    non-finite step keeps it non-finite. It raises instead of setting
-    `stop_training`, so no callback after it runs for that batch: placed before
-    `BackupAndRestore` (or `StepBackup`), the last checkpoint keeps the last finite
-    state. The message reads, e.g.,
-    `loss became nan at epoch 2, batch 37 (optimizer step 53; dtype policy mixed_float16, loss scale 16384.0)`:
-    epoch and batch as the progress bar counts them (from 1; with several steps per
-    execution, the execution's range of batches), and the optimizer step
-    (`optimizer.iterations` after that execution, the x axis of TensorBoard's
-    batch-level scalars; dynamic loss scaling does not count the steps it skipped).
-    Models whose `train_step` logs no `"loss"` are not checked.
+    Keras's `loss` is the epoch's running mean, so one bad step keeps it bad. Raising (rather than
+    setting `stop_training`) stops later callbacks for that batch: placed before `BackupAndRestore`
+    or `StepBackup`, the last checkpoint stays finite. Models that log no `"loss"` are not checked.
 
     Raises:
-        TrainingDiverged: from `on_train_batch_end`, when the loss is not finite.
+        TrainingDiverged: from `on_train_batch_end`, with `describe_divergence`'s line.
 
     Example:
         >>> model.fit(dataset, epochs=10, callbacks=[NanGuard(), keras.callbacks.BackupAndRestore("backup")])
@@ -57,17 +45,12 @@ class NanGuard(keras.callbacks.Callback):
 
 
 def describe_divergence(model, loss: float, batches: tuple = (1, 1), epoch: int = 0) -> str:
-    """The one line `NanGuard` raises: where, the optimizer step, the dtype policy and the loss scale.
+    """The line `NanGuard` raises, e.g.
+    `"loss became nan at epoch 1, batch 8 (optimizer step 8; dtype policy float32)"`.
 
     Args:
-        model: the compiled model.
-        loss: the non-finite loss value.
-        batches: `(first, last)` batch of the epoch (from 1) the failing execution
-            ran. Defaults to (1, 1).
-        epoch: the 0-based epoch (printed from 1, as Keras's progress bar). Defaults to 0.
-
-    Returns:
-        e.g. `"loss became nan at epoch 1, batch 8 (optimizer step 8; dtype policy float32)"`.
+        batches: `(first, last)` batch of the epoch (from 1) the execution ran. Defaults to (1, 1).
+        epoch: 0-based (printed from 1). Defaults to 0.
     """
     optimizer = model.optimizer
     first, last = batches

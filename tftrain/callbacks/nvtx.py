@@ -1,12 +1,7 @@
 """NvtxSteps: each training execution as a named NVTX range, for NVIDIA Nsight Systems.
 
-Nsight Systems (`nsys profile -t cuda,nvtx ...`) shows NVTX ranges on the timeline
-above the CUDA kernels they launched, and `nsys stats --report nvtx_sum` tabulates
-their durations. `NvtxSteps` pushes one range per execution (one `train_function`
-call: `steps_per_execution` training steps), named like the TensorBoard step markers
-of `ProfilerWindow`: `"train 16"` for step 16, `"train(8 steps) 16"` for steps 16..23.
-Ranges cost next to nothing when no tool is attached (NVTX's own design). Uses
-NVIDIA's `nvtx` package (`pip install nvtx`).
+Ranges are named like `ProfilerWindow`'s step markers: `"train 16"`, or `"train(8 steps) 16"` for
+steps 16..23. Uses NVIDIA's `nvtx` package.
 """
 
 from __future__ import annotations
@@ -22,15 +17,11 @@ from tftrain.runtime.nvtx import NVTX_DOMAIN, NVTX_INSTALL
 class NvtxSteps(keras.callbacks.Callback):
     """Names each training execution of `fit` as an NVTX range.
 
-    Steps are counted from the start of this `fit` call as executions x
-    `steps_per_execution` (the last execution of an epoch of unknown length may
-    have run fewer), without reading the optimizer's step counter, so the
-    callback adds no device round trip. Each range opens in
-    `on_train_batch_begin` and closes in `on_train_batch_end`.
+    Steps are counted as executions x `steps_per_execution` from the start of `fit`, without
+    reading the optimizer's counter, so no device round trip is added.
 
     Args:
-        domain: the NVTX domain, one row in Nsight Systems. Defaults to
-            `"tftrain"`.
+        domain: the NVTX domain (one row in Nsight Systems). Defaults to `"tftrain"`.
 
     Raises:
         ConfigError: when NVIDIA's `nvtx` package is not installed.

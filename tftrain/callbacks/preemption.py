@@ -1,27 +1,13 @@
 """Stop signals: SIGTERM, SIGUSR1 and SIGHUP become a request to checkpoint and stop.
 
-Schedulers stop a job with SIGTERM (SLURM at `scancel`, preemption or the time limit;
-Kubernetes when it evicts a pod), SLURM's `--signal=USR1@SECONDS` sends SIGUSR1 that many
-seconds before the time limit, and a closed terminal or SSH session sends SIGHUP. Python's
-default ends the process wherever it is. `PreemptionWatch` replaces the handlers while a run is
-open:
+Schedulers send SIGTERM (SLURM, Kubernetes eviction), SLURM's `--signal=USR1@SECONDS` sends SIGUSR1
+before the time limit, and a closed terminal sends SIGHUP. While training (`polling()`), a signal is
+only recorded and `StepBackup` saves and raises `Preempted`; while a file is written (`holding()`), it
+waits for the write; elsewhere it raises `Preempted` at once, naming `phase`. After a signal, the watch
+leaves the signals ignored on close, so a second notice cannot kill the exiting process. Only works
+from the main thread.
 
-* while training runs (`polling()`), a signal only records the request; `StepBackup` reads it
-  after each execution (and at each epoch end), saves the training state at that step and raises
-  `tftrain.errors.Preempted`;
-* while a file the run needs is being written (`holding()`: the model, `metrics.json`), the
-  request waits until the write is done, then `Preempted` is raised;
-* anywhere else (start-up, evaluation, export) the handler raises `Preempted` at once, naming
-  the phase (`phase`).
-
-Further signals while the first is handled only wait for it: a save under way is never cut short, and
-once a signal was received the watch leaves the signals ignored when it closes (the process is ending
-with 128 + that signal; a second notice must not kill it on its way out).
-Signal handlers can only be set from the main thread; elsewhere the watch does nothing and the
-process's own handlers stay.
-
-Source: https://slurm.schedmd.com/sbatch.html#OPT_signal ;
-https://kubernetes.io/docs/concepts/containers/container-lifecycle-hooks/#hook-handler-execution
+Source: https://slurm.schedmd.com/sbatch.html#OPT_signal
 """
 
 from __future__ import annotations
@@ -41,14 +27,12 @@ class PreemptionWatch:
     """A context manager that, while open, turns `SIGNALS` into a request to stop (see the module).
 
     Attributes:
-        phase: what the run is doing, named by `Preempted`'s message when a signal stops it outside
-            training and writes (e.g. `"evaluation"`). Defaults to `"start-up"`.
+        phase: what the run is doing, named by `Preempted` outside training. Defaults to `"start-up"`.
 
     Example:
         >>> watch = PreemptionWatch()
-        >>> backup = StepBackup("run/backup", stop_requested=watch.requested)
         >>> with watch, watch.polling():
-        ...     model.fit(data, epochs=10, callbacks=[backup])  # raises Preempted after saving
+        ...     model.fit(data, epochs=10, callbacks=[StepBackup("run/backup", stop_requested=watch.requested)])
     """
 
     def __init__(self):
@@ -87,8 +71,7 @@ class PreemptionWatch:
 
     @contextlib.contextmanager
     def holding(self, stop_after: bool = True):
-        """While open, a signal waits. With `stop_after` (the default), at the end of the outermost one a
-        recorded signal raises `Preempted`; without it the caller reads `requested()` and decides."""
+        """While open, a signal waits; with `stop_after`, the outermost exit raises `Preempted` for it."""
         self._held += 1
         try:
             yield self
@@ -98,8 +81,8 @@ class PreemptionWatch:
             self._raise()
 
     def install(self) -> None:
-        """(Re)installs the handlers: TensorFlow's coordination service takes SIGTERM at the C level when a
-        multi-worker strategy starts; installing again gives it back to Python."""
+        """(Re)installs the handlers; again after a multi-worker strategy starts, whose coordination service
+        takes SIGTERM at the C level."""
         if threading.current_thread() is threading.main_thread():
             for s in SIGNALS:
                 previous = signal.signal(s, self._handle)
@@ -117,23 +100,17 @@ class PreemptionWatch:
 
 
 class AgreedStop(keras.callbacks.Callback):
-    """In a MultiWorkerMirrored job: the workers agree on one step to stop at when any of them is
-    told to stop, so that every worker saves the same step (a lone worker's save would hang the
-    others' collectives).
+    """In a MultiWorkerMirrored job, makes all workers stop at one agreed step when any is told to stop
+    (a lone worker's save would hang the others' collectives).
 
-    TensorFlow's own mechanism does the agreeing: `tf.distribute.experimental.PreemptionCheckpointHandler`
-    polls `watch.requested` once a second on each worker (SIGTERM or SIGUSR1, received by
-    `PreemptionWatch`; once the strategy is built TensorFlow's coordination service takes SIGTERM at the
-    C level, and the watch, opened after it, gives it back to Python), and through the coordination
-    service every worker learns the step to stop at. Its own checkpoint is an empty one: at that step
-    `requested` returns the signal, and `StepBackup` (after this callback in the list) saves the
-    training state in the run directory and raises `Preempted`, on every worker at the same step.
+    TensorFlow's `PreemptionCheckpointHandler` polls `watch.requested` and agrees on the step; its own
+    checkpoint is empty. At that step `requested` returns the signal and `StepBackup` (after this
+    callback) saves and raises `Preempted` on every worker.
 
     Args:
-        watch: the process's `PreemptionWatch` (open while training runs).
+        watch: the process's open `PreemptionWatch`.
         cluster_resolver: the strategy's cluster resolver.
-        directory: where the handler keeps its (empty) checkpoint; on workers other than the chief
-            the handler uses a temporary folder of its own.
+        directory: the handler's (empty) checkpoint directory.
 
     Source: https://www.tensorflow.org/api_docs/python/tf/distribute/experimental/PreemptionCheckpointHandler
     """
@@ -145,8 +122,7 @@ class AgreedStop(keras.callbacks.Callback):
         self._agreed = False
 
     def requested(self) -> Optional[int]:
-        """The signal to stop for once the workers agreed this is the step (SIGTERM when only another
-        worker received one), else None."""
+        """The signal once the workers agreed on this step (SIGTERM if only another got one), else None."""
         if not self._agreed:
             return None
         return self.watch.requested() or signal.SIGTERM
@@ -174,8 +150,7 @@ class AgreedStop(keras.callbacks.Callback):
         self.close()
 
     def close(self) -> None:
-        """Stops the handler's watcher threads (what its `__del__` does; its threads hold it alive, so
-        dropping it would not); the Trainer also calls this when `fit` raises."""
+        """Stops the handler's watcher threads (they keep it alive, so dropping it would not)."""
         handler, self.handler = self.handler, None
         if handler is None:
             return

@@ -1,7 +1,5 @@
-"""`ProfileSteps`: a TensorBoard profile of training steps [start, stop) for any loop (a context
-manager counting optimizer steps), `StepWindow` (the window's arithmetic), and the checks that the
-profile plugin is installed and that the window fits the run. `tftrain.callbacks.profiler` builds
-the Keras callbacks on them.
+"""`ProfileSteps`: a TensorBoard profile of training steps [start, stop) for any loop, `StepWindow`
+(its arithmetic) and the plugin / window checks; `tftrain.callbacks.profiler` builds the callbacks.
 
 Source: https://www.tensorflow.org/guide/profiler
 """
@@ -30,7 +28,7 @@ TRACER_DEFAULTS = (2, 0, 1)
 """TensorFlow's default (host, python, device) tracer levels."""
 
 _IGNORES_LEVELS = ("2.21.",)
-"""TensorFlow versions measured to ignore `ProfilerOptions` tracer levels in-process."""
+"""TensorFlow versions that ignore `ProfilerOptions` tracer levels in-process."""
 
 
 def profile_plugin_installed() -> bool:
@@ -39,11 +37,7 @@ def profile_plugin_installed() -> bool:
 
 
 def check_profile_plugin() -> None:
-    """Raises `ProfilerError` when TensorBoard's profile plugin is not installed.
-
-    Raises:
-        ProfilerError: naming the package to install.
-    """
+    """Raises `ProfilerError`, naming the package, when TensorBoard's profile plugin is not installed."""
     if not profile_plugin_installed():
         raise ProfilerError(
             "TensorBoard's profile plugin is not installed, so TensorBoard would show no Profile tab. "
@@ -63,15 +57,8 @@ def xplane_files(log_dir) -> List[Path]:
 
 
 def check_window_fits(start: int, stop: int, total_steps: Optional[int]) -> None:
-    """Raises `ProfilerError` when a run of `total_steps` never reaches step `start`.
-
-    Args:
-        start, stop: the profile window `[start, stop)`.
-        total_steps: optimizer steps the run will take; None (unknown) passes.
-
-    Raises:
-        ProfilerError: naming the run length and a window that fits.
-    """
+    """Raises `ProfilerError`, suggesting a window that fits, when a run of `total_steps` (None:
+    unknown, passes) never reaches step `start`."""
     if total_steps is not None and start >= total_steps:
         first = min(2, max(0, total_steps - 1))
         raise ProfilerError(
@@ -82,24 +69,17 @@ def check_window_fits(start: int, stop: int, total_steps: Optional[int]) -> None
 
 
 class StepWindow:
-    """Decides when to start and stop tracing, given optimizer steps done.
+    """Decides when to start and stop tracing, given optimizer steps done (no TensorFlow).
 
-    Pure bookkeeping, no TensorFlow: the caller says how many steps are done
-    before each execution and how many that execution will run. An execution
-    cannot be split, so a window that does not fall on execution boundaries is
-    widened to the executions that overlap it (see `captured`).
+    An execution cannot be split, so the window widens to the executions that overlap it (`captured`).
 
     Args:
-        start: first step to trace (0-based, counted from the start of training).
-        stop: first step not traced; `stop` > `start`.
+        start: first step to trace (0-based, from the start of training).
+        stop: first step not traced.
 
     Raises:
         ProfilerError: when `start` < 0 or `stop` <= `start`.
 
-    Example:
-        >>> w = StepWindow(4, 12)
-        >>> w.should_start(steps_done=0, next_steps=4), w.should_start(4, 4)
-        (False, True)
     """
 
     def __init__(self, start: int, stop: int):
@@ -157,49 +137,29 @@ class StepWindow:
 class ProfileSteps:
     """Profiles optimizer steps `[start, stop)` of any training loop.
 
-    Use it as a context manager around a custom training loop and wrap each call
-    that runs training steps in `step()`; `ProfilerWindow` drives the same object
-    from Keras callback hooks.
+    `ProfilerWindow` drives it from Keras hooks.
 
     Args:
-        log_dir: TensorBoard log directory (the one you pass to
-            `tensorboard --logdir`).
-        start: first step to trace (0-based). Defaults to 10, which skips the
-            first steps (tracing, compilation, buffer fill).
+        start: first step traced (0-based). Defaults to 10 (past tracing and warm-up).
         stop: first step not traced. Defaults to 15.
-        host_tracer_level: CPU activity detail: 1 user-annotated events only
-            (`tf.profiler.experimental.Trace`), 2 also high-level ops, 3 also
-            low-level ops. Defaults to 2.
-        python_tracer_level: 1 traces Python function calls (slower; for
-            input-pipeline or Python overhead hunts), 0 off. Defaults to 0.
-        device_tracer_level: 1 traces GPU/TPU kernels, 0 off. Defaults to 1.
-            Note: TensorFlow 2.21's in-process profiler ignores all three
-            levels (measured: it logs "host_tracer_level expects an i value"
-            and traces at its defaults 2, 0, 1); a warning says so.
-        subdir: TensorBoard run the trace belongs to, under `log_dir`; "train"
-            matches Keras's `TensorBoard` callback. Defaults to "train".
-        require_plugin: raise `ProfilerError` when TensorBoard's profile plugin
-            is not installed. Defaults to True.
-        step_markers: wrap each traced execution in a
-            `tf.profiler.experimental.Trace("train", step_num=..., _r=1)` step
-            marker (named `"train(N steps)"` for an execution of N > 1 steps),
-            which the Profile tab's Overview and Input Pipeline pages measure
-            step time by, and rewrite a trace of `tf.while_loop` iterations
-            (Keras under `steps_per_execution` > 1) so that the Profile tab
-            groups it by these markers (`tftrain.callbacks._trace_steps`). One
-            Overview step is then one execution. Defaults to True.
-        verbose: 1 prints where the trace went and the TensorBoard command, 0
-            is silent. Defaults to 1.
-        say: called once with one line when the window does not fall on
-            execution boundaries (the traced steps then differ from the asked
-            ones). Defaults to a Python warning.
+        host_tracer_level: 1 annotations, 2 also high-level ops, 3 also low-level ops. Defaults to 2.
+        python_tracer_level: 1 traces Python calls (slower), 0 off. Defaults to 0.
+        device_tracer_level: 1 traces GPU/TPU kernels, 0 off. Defaults to 1. TensorFlow 2.21 ignores
+            all three levels in-process (traces at 2, 0, 1); a warning says so.
+        subdir: the TensorBoard run under `log_dir`, as Keras's `TensorBoard`. Defaults to "train".
+        require_plugin: raise `ProfilerError` without the profile plugin. Defaults to True.
+        step_markers: wrap each traced execution in a `Trace("train", step_num=..., _r=1)` marker
+            and rewrite loop traces to group by them (`_trace_steps`); one Overview step is then one
+            execution. Defaults to True.
+        verbose: 1 prints where the trace went and how to open it. Defaults to 1.
+        say: called once when the window does not fall on execution boundaries. Defaults to a warning.
 
     Raises:
-        ProfilerError: on an invalid window or a missing plugin.
+        ProfilerError: on an invalid window or level, or a missing plugin.
 
     Example:
         >>> with ProfileSteps("logs", start=10, stop=15) as prof:
-        ...     for step, batch in enumerate(dataset):
+        ...     for batch in dataset:
         ...         with prof.step():
         ...             train_step(batch)
     """
@@ -234,7 +194,7 @@ class ProfileSteps:
         self.log_dir = Path(log_dir)
         self.trace_dir = self.log_dir / subdir if subdir else self.log_dir
         levels = (host_tracer_level, python_tracer_level, device_tracer_level)
-        # TensorFlow's defaults are (2, 0, 1); pass options only when they differ.
+        # pass options only when they differ from TensorFlow's defaults
         self.options = None if levels == TRACER_DEFAULTS else tf.profiler.experimental.ProfilerOptions(
             host_tracer_level=host_tracer_level,
             python_tracer_level=python_tracer_level,
@@ -268,13 +228,8 @@ class ProfileSteps:
             self._marker.__enter__()
 
     def end(self, steps_done: Optional[int] = None) -> None:
-        """Call after the execution.
-
-        Args:
-            steps_done: optimizer steps done so far, counted from this object's
-                step 0 (e.g. from `optimizer.iterations`); None adds the
-                `num_steps` given to `begin`. Defaults to None.
-        """
+        """Call after the execution; `steps_done` (e.g. from `optimizer.iterations`) defaults to adding
+        `begin`'s `num_steps`."""
         if self._marker is not None:
             self._marker.__exit__(None, None, None)
             self._marker = None
@@ -351,11 +306,10 @@ class ProfileSteps:
         )
 
     def close(self, planned_steps: Optional[int] = None) -> None:
-        """Ends profiling: stops a trace still running, checks the window was reached.
+        """Stops a trace still running and checks the window was reached.
 
         Args:
-            planned_steps: steps the loop ran, named in the error message.
-                Defaults to `steps_done`.
+            planned_steps: steps the loop ran, for the message. Defaults to `steps_done`.
 
         Raises:
             ProfilerError: when training ended before the window's start step.

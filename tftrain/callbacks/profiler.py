@@ -1,23 +1,8 @@
 """ProfilerWindow: a TensorBoard profile of training steps [start, stop).
 
-Keras's own `TensorBoard(profile_batch=...)` counts executions (batch hooks), not
-optimizer steps, so under `steps_per_execution` > 1 it profiles the wrong steps; and
-when the profile plugin is missing or the window is never reached it fails silently.
-`ProfilerWindow` counts real optimizer steps, skips the first steps (tracing and
-compilation) by default, and fails loudly with the cause and the fix.
-
-Three entry points, one mechanism (`ProfileSteps`, in `tftrain.callbacks.profile_steps` with the
-window's arithmetic and the plugin checks; those names import from here too):
-
-- `ProfilerWindow(log_dir, start, stop)`: a Keras callback for `model.fit`.
-- `ProfileSteps(log_dir, start, stop)`: a context manager for custom training loops.
-- `ProfilerServer(port, ...)` (also `ProfilerWindow.on_demand`) / `start_profiler_server`: start TensorFlow's
-  profiler server so TensorBoard's "Capture profile" button can trace a running job.
-
-The trace lands in `<log_dir>/<subdir>/plugins/profile/<timestamp>/<host>.xplane.pb`,
-where TensorBoard's Profile tab finds it (`tensorboard --logdir <log_dir>`). Each traced
-execution carries a step marker, so the tab's Overview and Input Pipeline pages measure
-step time, one step per execution under `steps_per_execution` (`_trace_steps`).
+Unlike Keras's `TensorBoard(profile_batch=...)`, it counts optimizer steps, not executions, and fails
+loudly without the plugin or when the window is never reached. Also `ProfilerServer` for TensorBoard's
+"Capture profile". `profile_steps`'s names are re-exported here.
 
 Source: https://www.tensorflow.org/guide/profiler
 """
@@ -40,36 +25,23 @@ from tftrain.errors import ProfilerError, check_int
 class ProfilerWindow(keras.callbacks.Callback):
     """Captures a TensorBoard profile of optimizer steps `[start, stop)` of `fit`.
 
-    Steps are real optimizer steps counted from the start of this `fit` call,
-    read from `model.optimizer.iterations`, so the window is right under
-    `steps_per_execution` > 1 too (where Keras's `profile_batch` counts
-    executions). Under gradient accumulation a step is a micro-batch (one
-    `train_step`; see `tftrain.callbacks._steps.train_steps`). A window that does
-    not fall on execution boundaries is widened to them, with a warning. The trace goes to `<log_dir>/train/plugins/profile/`,
-    next to the scalars of a `keras.callbacks.TensorBoard(log_dir)` callback.
+    Steps are counted from the start of this `fit` (micro-batches under gradient accumulation:
+    `_steps.train_steps`); a window not on execution boundaries is widened, with a warning. The trace
+    goes to `<log_dir>/train/plugins/profile/`, next to `keras.callbacks.TensorBoard(log_dir)`'s scalars.
 
     Args:
         log_dir: TensorBoard log directory. Defaults to "logs".
-        start: first step to trace. Defaults to 10, skipping the first steps,
-            which trace and compile the training function.
+        start: first step traced. Defaults to 10 (past tracing and compilation).
         stop: first step not traced. Defaults to 15.
-        **options: `ProfileSteps`'s keyword arguments, passed on as they are
-            (`host_tracer_level`, `python_tracer_level`, `device_tracer_level`,
-            `subdir`, `require_plugin`, `step_markers`, `verbose`, `say`), with
-            its defaults.
+        **options: `ProfileSteps`'s keyword arguments.
 
     Raises:
-        ProfilerError: at construction on an invalid window or a missing
-            profile plugin; at the start of `fit` when the run is shorter than
-            the window's start; at its end when the window was never reached or
-            no `.xplane.pb` was written.
+        ProfilerError: at construction on an invalid window or a missing plugin; at `fit`'s start when
+            the run is shorter than `start`; at its end when the window was never reached or no
+            `.xplane.pb` was written.
 
     Example:
-        >>> model.fit(ds, epochs=2, callbacks=[
-        ...     keras.callbacks.TensorBoard("logs"),
-        ...     ProfilerWindow("logs", start=10, stop=15)])
-        profile:   traced steps [10, 15) into logs/train/plugins/profile/2026_...
-                   open it with: tensorboard --logdir logs  (Profile tab)
+        >>> model.fit(ds, epochs=2, callbacks=[ProfilerWindow("logs", start=10, stop=15)])
     """
 
     def __init__(self, log_dir="logs", start: int = 10, stop: int = 15, **options):
@@ -82,25 +54,7 @@ class ProfilerWindow(keras.callbacks.Callback):
 
     @classmethod
     def on_demand(cls, port: int, *, listen_on_all_interfaces: bool = False, verbose: int = 1) -> "ProfilerServer":
-        """A callback that starts TensorFlow's profiler server when `fit` begins.
-
-        Capture then happens from TensorBoard (Profile tab -> "Capture profile",
-        address `localhost:<port>`) while training runs. See
-        `start_profiler_server` for why `listen_on_all_interfaces` is required.
-
-        Args:
-            port: TCP port for the profiler server, 1..65535.
-            listen_on_all_interfaces: must be True; acknowledges that
-                TensorFlow's server listens on every network interface.
-                Defaults to False.
-            verbose: 1 prints the capture address. Defaults to 1.
-
-        Returns:
-            A `ProfilerServer` callback (no fixed window).
-
-        Raises:
-            ProfilerError: on a bad port or without `listen_on_all_interfaces`.
-        """
+        """`ProfilerServer(port, ...)`: starts TensorFlow's profiler server when `fit` begins."""
         return ProfilerServer(port, listen_on_all_interfaces=listen_on_all_interfaces, verbose=verbose)
 
     def on_train_begin(self, logs=None):
@@ -133,18 +87,11 @@ class ProfilerWindow(keras.callbacks.Callback):
 
 
 class ProfilerServer(keras.callbacks.Callback):
-    """Starts TensorFlow's profiler server when `fit` begins, for captures from TensorBoard (Profile tab ->
-    "Capture profile", address `localhost:<port>`) while training runs; see `start_profiler_server` for why
-    `listen_on_all_interfaces` is required.
-
-    Args:
-        port: TCP port, 1..65535.
-        listen_on_all_interfaces: must be True; acknowledges that TensorFlow's
-            server listens on every network interface. Defaults to False.
-        verbose: 1 prints the capture address. Defaults to 1.
+    """Starts TensorFlow's profiler server when `fit` begins, for TensorBoard's "Capture profile"
+    (address `localhost:<port>`); arguments as `start_profiler_server`.
 
     Raises:
-        ProfilerError: on a bad port or without `listen_on_all_interfaces` (at construction).
+        ProfilerError: at construction, on a bad port or without `listen_on_all_interfaces`.
 
     Example:
         >>> model.fit(data, callbacks=[ProfilerServer(6009, listen_on_all_interfaces=True)])
@@ -175,27 +122,21 @@ _SERVERS: dict = {}
 
 
 def start_profiler_server(port: int, *, listen_on_all_interfaces: bool = False, verbose: int = 1) -> str:
-    """Starts TensorFlow's profiler server for on-demand capture from TensorBoard.
+    """Starts TensorFlow's profiler server for on-demand capture from TensorBoard; again on the same
+    port is a no-op.
 
-    TensorFlow's server (`tf.profiler.experimental.server.start`) listens on
-    `[::]:port`, every network interface, and offers no way to bind it to
-    127.0.0.1; it also cannot be stopped before the process exits. tftrain
-    therefore starts it only when the caller acknowledges that with
-    `listen_on_all_interfaces=True`. Starting it twice on the same port is a
-    no-op.
+    TensorFlow's server listens on every interface (`[::]:port`), cannot be bound to 127.0.0.1 nor
+    stopped, hence the required acknowledgement.
 
     Args:
-        port: TCP port, 1..65535.
-        listen_on_all_interfaces: must be True (see above). Defaults to False.
-        verbose: 1 prints the address to enter in TensorBoard. Defaults to 1.
+        listen_on_all_interfaces: must be True. Defaults to False.
+        verbose: 1 prints the address. Defaults to 1.
 
     Returns:
-        The address to enter in TensorBoard's "Capture profile" dialog,
-        e.g. `"localhost:6009"`.
+        The address for TensorBoard's "Capture profile" dialog, e.g. `"localhost:6009"`.
 
     Raises:
-        ProfilerError: on a bad port, without `listen_on_all_interfaces`, or when
-            the port is taken.
+        ProfilerError: on a bad port, without `listen_on_all_interfaces`, or when the port is taken.
     """
     _check_server_request(port, listen_on_all_interfaces)
     address = f"localhost:{port}"

@@ -1,9 +1,5 @@
-"""ThroughputMonitor: examples/sec, step time and an input-bound check for `fit`.
-
-The math lives in `tftrain.metering` (`StepMeter`, `time_batches`,
-`input_bound_verdict`); this callback only times executions, counts real optimizer
-steps and writes the figures.
-"""
+"""ThroughputMonitor: examples/sec, step time and an input-bound check for `fit`; the math is in
+`tftrain.metering`."""
 
 from __future__ import annotations
 
@@ -36,52 +32,24 @@ def _check_input_data(input_data) -> None:
 class ThroughputMonitor(keras.callbacks.Callback):
     """Measures examples/sec and step time during `fit`, and checks for input-bound.
 
-    Each Keras batch hook covers one execution, which under
-    `steps_per_execution` may run several optimizer steps. The monitor takes each
-    execution's size from the hook's step indices and, once per epoch, reconciles
-    the epoch's count with `model.optimizer.iterations` (the true count: when the
-    data runs out, the last execution is shorter than its indices say). Under
-    dynamic loss scaling (mixed_float16) `iterations` misses the steps skipped for
-    non-finite gradients, so there the hooks' count stands (it over-counts only a
-    last execution cut short by the end of the data). Reading that variable costs
-    a device round trip, so it is not done per step. Keras 3
-    waits for each execution to finish before calling the batch-end hook, so the
-    hooks time finished work. Each execution is timed from the end of the
-    previous one (callback and Python overhead between executions included, as
-    in real training). Under gradient accumulation a step is a micro-batch (one
-    `train_step`), so examples/sec counts every example. Warm-up steps (tracing, compilation) are left out. Examples are global: steps x `batch_size`, where `batch_size` is
-    the global batch size (all replicas together), the size of the batches the
-    dataset yields to `fit`.
-
-    Per epoch and at the end it computes examples/sec, steps/sec and the median
-    and 90th-percentile step time; writes them as TensorBoard scalars
-    (`throughput/*`, x axis = epoch) when `log_dir` is given; and keeps them in
-    `epochs` and `result()`. Given `input_data`, at the end it times the input
-    pipeline alone delivering batches and reports the input-bound verdict.
+    Execution sizes come from the hooks' step indices, reconciled once an epoch with the optimizer's
+    count (reading it per step costs a device round trip; not under dynamic loss scaling, whose
+    skipped steps it misses). Executions are timed end to end, overhead included; examples are
+    steps x global batch size. Figures go to `epochs`, `result()` and TensorBoard (`throughput/*`).
 
     Args:
-        batch_size: global batch size; None tries `input_data`'s static batch
-            dimension, else reports steps/sec and step times only. Defaults to
-            None.
-        log_dir: TensorBoard log directory; None writes no scalars. Defaults to
-            None.
-        input_data: the training input (e.g. the `tf.data.Dataset` passed to
-            `fit`) for the input-bound check; None skips it. Defaults to None.
-            In-memory arrays (`(x, y)`, a dict, an array) raise `ConfigError`:
-            they have no pipeline to time.
-        warmup_steps: optimizer steps left out at the start of training.
-            Defaults to 3.
-        window: steps in the sliding window of `window_stats`. Defaults to 100.
-        input_batches: batches timed by the input-bound check (at most the
-            steps measured). Defaults to 50.
-        input_bound_threshold: input share of the step time from which the run
-            is called input-bound. Defaults to 0.5.
-        subdir: TensorBoard run the scalars go to, under `log_dir`. Defaults to
-            "train" (next to Keras's own training scalars).
-        verbose: 1 prints one line per epoch and the verdict, 0 is silent.
-            Defaults to 0.
-        clock: monotonic clock in seconds (tests pass a fake one). Defaults to
-            `time.perf_counter`.
+        batch_size: global batch size. Defaults to None (`input_data`'s static batch dimension, else
+            steps/sec and step times only).
+        log_dir: TensorBoard log directory. Defaults to None (no scalars).
+        input_data: the training input, timed alone at the end for the input-bound verdict; in-memory
+            arrays raise `ConfigError`. Defaults to None (no check).
+        warmup_steps: steps left out at the start. Defaults to 3.
+        window: steps in `window_stats`' sliding window. Defaults to 100.
+        input_batches: batches the input check times. Defaults to 50.
+        input_bound_threshold: input share of step time that is input-bound. Defaults to 0.5.
+        subdir: TensorBoard run under `log_dir`. Defaults to "train".
+        verbose: 1 prints one line per epoch and the verdict. Defaults to 0.
+        clock: monotonic clock in seconds. Defaults to `time.perf_counter`.
 
     Example:
         >>> monitor = ThroughputMonitor(batch_size=256, log_dir="logs", input_data=train_ds)
@@ -148,8 +116,8 @@ class ThroughputMonitor(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         now = self.clock()
-        # Nominal size from the hook indices (Keras 3 passes the execution's first and
-        # last step); on_epoch_end corrects it. Older Keras passed the first step twice.
+        # nominal size from the hook indices (the execution's first and last step; equal indices,
+        # as older Keras passes, mean steps_per_execution); on_epoch_end corrects it
         nominal = batch - self._begin + 1 if batch > self._begin else steps_per_execution(self.model)
         self.meter.record(nominal, now - self._t)
         self._t = now
@@ -200,16 +168,9 @@ class ThroughputMonitor(keras.callbacks.Callback):
                     tf.summary.scalar(SCALAR_PREFIX + key, value, step=step)
 
     def result(self) -> dict:
-        """All figures of the last `fit` as plain data (JSON-ready).
-
-        Returns:
-            `{"batch_size", "warmup_steps", "total_steps" (warm-up included),
-            "examples_per_sec", "steps_per_sec",
-            "step_time_median_s", "step_time_p90_s", "steps", "seconds",
-            "examples", "window": {...}, "epochs": [...], "input": {...} or None,
-            "monitor_overhead_s"}`; the overall figures are None when every step
-            was warm-up.
-        """
+        """All figures of the last `fit` as JSON-ready data: `batch_size`, `warmup_steps`, `total_steps`,
+        the overall figures (None when every step was warm-up), `window`, `epochs`, `input`,
+        `monitor_overhead_s`."""
         overall = self.meter.stats()
         window = self.meter.window_stats()
         keys = ("examples_per_sec", "steps_per_sec", "step_time_median_s", "step_time_p90_s",

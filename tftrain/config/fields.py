@@ -1,6 +1,4 @@
-"""The configuration's names and field machinery: the lists of valid values (strategies, devices,
-precisions, ...), `hparam` (a dataclass field with its help, choices and bounds) and the validation
-every config dataclass runs when it is built (`tftrain.config`)."""
+"""The config's lists of valid values, `hparam` (a field with help, choices and bounds) and field validation."""
 
 from __future__ import annotations
 
@@ -31,36 +29,22 @@ AUTO_BATCH = "auto"
 LR_SCHEDULES = ("constant", "cosine")
 
 AUTO_STEPS_PER_EXECUTION = 8
-"""`steps_per_execution: auto` compiles with 8 steps per `tf.function` call on one replica, then
-times 32 and 64 where the training loop allows (`Trainer.choose_execution`); loops that time
-nothing (multi-worker, parameter server) keep 8."""
+"""`steps_per_execution: auto` starts at 8; `Trainer.choose_execution` may time 32 and 64."""
 
 
 def hparam(default, help: str = "", choices=None, minimum=None, special=(), metavar=None):
-    """A dataclass field with its command-line help, choices and lower bound.
-
-    Use it to declare a task's own hyperparameters; each becomes a flag
-    (`width` -> `--width`) and a key of the recipe file's `task:` section,
-    validated like tftrain's own fields.
+    """A dataclass field for a task hyperparameter: a flag (`width` -> `--width`) and a `task:` key.
 
     Args:
-        default: the default value (int, float, str, bool or None).
+        default: int, float, str, bool or None.
         help: one line shown by `--help`. Defaults to "".
-        choices: the allowed values, or None for any. Defaults to None.
-        minimum: the smallest allowed number, or None. Defaults to None.
-        special: strings accepted besides the field's type (e.g. `"auto"`).
-            Defaults to ().
-        metavar: the value's name in `--help`. Defaults to None (`N` for
-            ints, `F` for floats, else the last word of the name).
-
-    Returns:
-        A `dataclasses.field`.
+        choices: the allowed values. Defaults to None (any).
+        minimum: the smallest allowed number. Defaults to None.
+        special: strings accepted besides the field's type (e.g. `"auto"`). Defaults to ().
+        metavar: the value's name in `--help`. Defaults to None (`N`, `F`, else the name's last word).
 
     Example:
-        >>> @dataclasses.dataclass(frozen=True)
-        ... class HParams:
-        ...     width: int = hparam(64, "hidden units", minimum=1)
-        ...     activation: str = hparam("relu", "hidden activation", choices=("relu", "gelu"))
+        >>> width: int = hparam(64, "hidden units", minimum=1)
     """
     metadata = {"help": help, "choices": choices, "minimum": minimum, "special": tuple(special), "metavar": metavar}
     return dataclasses.field(default=default, metadata=metadata)

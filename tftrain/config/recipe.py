@@ -1,5 +1,4 @@
-"""`RecipeConfig` (the sections, the seed, the run directory and the task's hyperparameters), merging
-values from a recipe file and flags, YAML in and out (`tftrain.config`)."""
+"""`RecipeConfig`, merging a recipe file and flags over defaults, and YAML in and out."""
 
 from __future__ import annotations
 
@@ -22,14 +21,11 @@ TASK_SECTION = "task"
 
 
 def check_hparams(hparams) -> None:
-    """Validates a task's hyperparameters: a frozen dataclass instance, or None.
-
-    Fields declared with `hparam` are checked for type, choices and lower bound;
-    their names must differ from tftrain's own field names (each becomes a flag).
+    """Validates a task's hyperparameters: a frozen dataclass instance (fields from `hparam`), or None.
 
     Raises:
-        ConfigError: on a value out of range, or on a dataclass that is not
-            frozen or whose field name clashes with one of tftrain's.
+        ConfigError: on a bad value, a dataclass that is not frozen, or a field named like one of
+            tftrain's (each becomes a flag).
     """
     if hparams is None:
         return
@@ -54,36 +50,20 @@ class RecipeConfig:
     """The whole configuration of one run.
 
     Attributes:
-        runtime: `RuntimeConfig`. Defaults to `RuntimeConfig()`.
-        data: `DataConfig`. Defaults to `DataConfig()`.
-        train: `TrainConfig`. Defaults to `TrainConfig()`.
-        seed: seeds Python, NumPy, TensorFlow and the shuffle order, making runs
-            repeatable; None leaves them random. Defaults to None.
-        run_dir: where the run's config, logs, checkpoint, model and metrics go;
-            None makes `runs/<task name>-<timestamp>` under the working
-            directory. Defaults to None.
-        resume: without `run_dir`, resume the newest unfinished run of the same
-            task and configuration under `runs/` (`--resume`; none found is an
-            error). Defaults to False.
-        sanity_check: run only the sanity pass (every feature the run asks
-            for, tried on the real model and data in seconds: the data's
-            shapes, one training and one validation step, the monitor, each
-            export format) and exit; no run directory is written. Defaults to
-            False.
-        deterministic: repeatable figures (`--deterministic`): TensorFlow's op
-            determinism (`tf.config.experimental.enable_op_determinism`), a seed
-            (0 when `seed` is None), and no setting chosen by timing (`execution`
-            `auto` runs graph, `steps_per_execution` `auto` runs
-            `AUTO_STEPS_PER_EXECUTION`, `precision` `auto` keeps its rule); see
-            `deterministic_config`. Defaults to False.
-        task: the task's own hyperparameters, a frozen dataclass instance whose
-            fields are declared with `hparam` (recipe-file section `task:`,
-            one flag per field); None when the task declares none. Defaults to
-            None.
+        seed: seeds Python, NumPy, TensorFlow and the shuffle order. Defaults to None (random).
+        run_dir: where the config, logs, checkpoints, model and metrics go. Defaults to None
+            (`runs/<task name>-<timestamp>`).
+        resume: without `run_dir`, resume the newest unfinished run of the same task and
+            configuration under `runs/` (none found is an error). Defaults to False.
+        sanity_check: only try every feature the run asks for on the real model and data, then exit
+            (no run directory). Defaults to False.
+        deterministic: op determinism, a seed, and no setting chosen by timing
+            (`deterministic_config`). Defaults to False.
+        task: the task's hyperparameters (frozen dataclass, section `task:`). Defaults to None.
 
     Raises:
-        ConfigError: when a section has the wrong type, a value is invalid, or
-            a fixed global `batch_size` does not divide across `cpu_replicas`.
+        ConfigError: on a section of the wrong type, an invalid value, or a fixed global
+            `batch_size` that does not divide across `cpu_replicas`.
     """
 
     runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
@@ -127,19 +107,12 @@ class RecipeConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], source: str = "config", task=None) -> "RecipeConfig":
-        """Builds a config from nested dicts in the recipe-file layout.
+        """Builds a validated config from nested dicts in the recipe-file layout.
 
         Args:
-            values: mapping with optional keys `runtime`, `data`, `train` (each a
-                mapping of field names), `task` (the task's hyperparameters) and
-                `seed`, `run_dir`.
-            source: where the values came from, named in error messages.
-                Defaults to `"config"`.
-            task: the task's default hyperparameters (a frozen dataclass
-                instance), which a `task` section overrides. Defaults to None.
-
-        Returns:
-            A validated `RecipeConfig`; fields not given keep their defaults.
+            values: optional keys `runtime`, `data`, `train`, `task`, and top-level fields.
+            source: named in error messages. Defaults to `"config"`.
+            task: the task's default hyperparameters. Defaults to None.
 
         Raises:
             ConfigError: on an unknown key, a wrong type or an invalid value.
@@ -147,12 +120,10 @@ class RecipeConfig:
         return merge(cls(task=task), values, source)
 
     def override(self, flat: Mapping[str, Any]) -> "RecipeConfig":
-        """Returns a copy with fields replaced by flat `{field_name: value}` pairs.
+        """Returns a copy with flat `{field_name: value}` pairs laid over it.
 
-        Field names are unique across sections (the task's hyperparameters
-        included), so `{"strategy": "mirrored"}` sets `runtime.strategy`.
-        Setting one of `batch_size` and `per_replica_batch_size` clears the
-        other.
+        Field names are unique across sections, so `{"strategy": "mirrored"}` sets
+        `runtime.strategy`. Setting one batch size clears the other.
 
         Raises:
             ConfigError: on an unknown field name or an invalid value.
@@ -173,12 +144,7 @@ def _builtin_field_index() -> dict:
 
 
 def flat_field_index(config: Optional[RecipeConfig] = None) -> dict:
-    """Maps every field name to its section name (None for top-level fields).
-
-    Args:
-        config: a config whose task hyperparameters are included (section
-            `"task"`). Defaults to None (tftrain's own fields only).
-    """
+    """Maps every field name to its section (None for top-level; `"task"` for `config`'s hparams)."""
     index = _builtin_field_index()
     if config is not None and config.task is not None:
         index.update({f.name: TASK_SECTION for f in dataclasses.fields(config.task)})
@@ -222,9 +188,8 @@ def _merge_task(base: RecipeConfig, given, source: str):
 def merge(base: RecipeConfig, values: Mapping[str, Any], source: str) -> RecipeConfig:
     """Returns `base` with the nested `values` laid over it.
 
-    A layer that sets one of `batch_size` / `per_replica_batch_size` clears the
-    other one from `base`, so a command-line `--per-replica-batch-size` replaces a
-    recipe file's `batch_size` instead of clashing with it.
+    Setting one of `batch_size` / `per_replica_batch_size` clears the other from `base`, so a
+    flag replaces a recipe file's batch size instead of clashing with it.
 
     Raises:
         ConfigError: on an unknown section or key, naming `source`.
@@ -253,11 +218,10 @@ def merge(base: RecipeConfig, values: Mapping[str, Any], source: str) -> RecipeC
 
 
 def load_yaml(path: str | os.PathLike) -> dict:
-    """Reads a recipe file into nested dicts (not yet validated).
+    """Reads a recipe file into nested dicts (not validated).
 
     Raises:
-        ConfigError: when the file is missing, a directory, unreadable, not
-            UTF-8, or not valid YAML.
+        ConfigError: when the file is missing, a directory, unreadable, not UTF-8, or not YAML.
     """
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -281,18 +245,14 @@ def load_yaml(path: str | os.PathLike) -> dict:
 
 def from_yaml(path: str | os.PathLike, base: Optional[RecipeConfig] = None,
               overrides: Optional[Mapping[str, Any]] = None) -> RecipeConfig:
-    """Loads a recipe file and lays it over `base` (default: `RecipeConfig()`).
+    """Loads a recipe file over `base` (default: `RecipeConfig()`), then flat `overrides` over it.
 
-    `base` carries the task's hyperparameter dataclass, which the file's `task:`
-    section overrides. `overrides` (flat `{field_name: value}`, as
-    `RecipeConfig.override` takes them: command-line flags, a `Trainer`'s keyword
-    arguments) win over the file; file and overrides are validated as one layer,
-    so a combination is judged on what the run uses (a file's `cpu_replicas: 2`
-    with `strategy="mirrored"` given as an override is valid).
+    File and overrides are validated as one layer, so a combination is judged on what the run
+    uses (a file's `cpu_replicas: 2` with an override `strategy="mirrored"` is valid).
 
     Raises:
-        ConfigError: when the file is missing, not YAML, or holds bad values, or
-            an override names an unknown field.
+        ConfigError: when the file is missing, not YAML, or holds bad values, or an override
+            names an unknown field.
     """
     base = base or RecipeConfig()
     values = _flat_over_nested(load_yaml(path), overrides or {}, base)
@@ -300,11 +260,7 @@ def from_yaml(path: str | os.PathLike, base: Optional[RecipeConfig] = None,
 
 
 def _flat_over_nested(values, flat: Mapping[str, Any], base: RecipeConfig):
-    """Recipe-file `values` (nested) with the flat `{field_name: value}` pairs laid over them.
-
-    Setting one of `batch_size` / `per_replica_batch_size` drops both from the
-    file. Values that are not mappings are returned as they are, for `merge` to refuse.
-    """
+    """Nested `values` with flat pairs laid over them; a batch size in `flat` drops both from the file."""
     if not isinstance(values, dict):
         return values
     out = {key: dict(value) if isinstance(value, dict) else value for key, value in values.items()}
@@ -333,10 +289,8 @@ def to_yaml(config: RecipeConfig) -> str:
 
 
 def deterministic_config(config: "RecipeConfig") -> "RecipeConfig":
-    """`config` as `--deterministic` runs it: a seed (0 when none), `execution` `auto` -> `graph` and
-    `steps_per_execution` `auto` -> `AUTO_STEPS_PER_EXECUTION` (timed choices differ between runs); the
-    config unchanged without `deterministic`. The Trainer also enables TensorFlow's op determinism and
-    keeps `--precision auto`'s rule untimed.
+    """`config` as `--deterministic` runs it: a seed (0 when none), `execution` `auto` -> `graph`,
+    `steps_per_execution` `auto` -> `AUTO_STEPS_PER_EXECUTION`; unchanged without `deterministic`.
 
     Source: https://www.tensorflow.org/api_docs/python/tf/config/experimental/enable_op_determinism
     """

@@ -16,63 +16,33 @@ class RuntimeConfig:
     """Threads, devices, precision, execution mode and distribution strategy.
 
     Attributes:
-        strategy: `tf.distribute` strategy name: one of `STRATEGIES`
-            (`multi_worker` is an alias of `multi_worker_mirrored`, `ps` of
-            `parameter_server`). Defaults to `"default"` (TensorFlow's default
-            strategy, one device).
-        device: `"auto"` (GPUs if any, else the CPU), `"cpu"` or `"gpu"`.
+        strategy: one of `STRATEGIES` or `STRATEGY_ALIASES`. Defaults to `"default"` (one device).
+        device: `"auto"` (GPUs if any, else the CPU), `"cpu"` or `"gpu"`. Defaults to `"auto"`.
+        precision: Keras dtype policy, one of `PRECISIONS`; `"auto"` picks `mixed_float16` on GPUs of
+            compute capability >= 7.0, `mixed_bfloat16` on CPUs with native bfloat16, else `float32`.
             Defaults to `"auto"`.
-        precision: Keras dtype policy: one of `PRECISIONS`. `"auto"` picks
-            `mixed_float16` on GPUs of compute capability >= 7.0, `mixed_bfloat16`
-            on CPUs with native bfloat16, else `float32`. Defaults to `"auto"`.
-        execution: `"auto"` (time a few training steps of graph and XLA on the
-            run's own model and batch, keep the faster: see
-            `tftrain.runtime.execution_trial`), `"eager"`
-            (`run_eagerly=True`), `"graph"` (`tf.function`) or `"xla"`
-            (`jit_compile=True`). Defaults to `"auto"`.
-        remember_execution: `--execution auto` reuses the choice an earlier run
-            timed for the same model, batch shapes, `steps_per_execution`,
-            devices, threads and TensorFlow / Keras versions, so it times
-            nothing (`tftrain.runtime.execution_memory`); False times every run
-            (`--no-remember-execution`). Defaults to True.
-        steps_per_execution: optimizer steps run per `tf.function` call
-            (Keras `compile(steps_per_execution=...)`), or `"auto"`: on one
-            replica 8, or 32 or 64 where timing finds them more than 5% faster
-            (at most an epoch, dividing `--backup-every-steps`; 1 when 8 does
-            not fit; remembered with `--execution auto`'s choice), 8 where
-            nothing is timed. With several replicas
-            1 runs whatever is asked (Keras 3, keras-team/keras#19246). Keras's
-            batch callbacks fire once per execution. Defaults to 1 (Keras's
-            default, so a user's batch callbacks fire every step).
-        intra_op_threads: threads one op may use; 0 keeps TensorFlow's default
-            (one per core). Defaults to 0.
-        inter_op_threads: ops run concurrently; 0 keeps TensorFlow's default.
-            Defaults to 0.
-        threads: what thread counts left at 0 mean: `"auto"` applies the
-            counts `python -m tftrain.doctor` measured on this machine (child
-            processes timing reference models; remembered with the execution
-            choices, `tftrain.runtime.thread_choice`), TensorFlow's defaults
-            when it never measured or with `remember_execution=False`;
-            `"default"` always keeps TensorFlow's defaults. Defaults to `"auto"`.
-        cpu_replicas: number of logical devices to split the CPU into, so
-            `mirrored` can run N replicas without GPUs. Defaults to 1.
-        communication: collective implementation for `multi_worker_mirrored`:
-            `"auto"`, `"ring"` (gRPC ring all-reduce) or `"nccl"`. Defaults to
-            `"auto"`.
-        ps_tasks: ps tasks of a `parameter_server` job laid out from a SLURM
-            job step (rank 0 is the chief, the next `ps_tasks` ranks are ps
-            tasks, the rest workers); TF_CONFIG names its own tasks. Defaults to 1.
-        nvtx: NVTX ranges for Nsight Systems on a GPU: sets
-            `TF_ENABLE_NVTX_RANGES=1` before the runtime starts (TensorFlow's op
-            ranges in NVIDIA's builds) and names each training execution
-            (`tftrain.callbacks.NvtxSteps`); without a GPU it says it has
-            nothing to do (`tftrain.runtime.nvtx`). Defaults to False.
+        execution: `"auto"` (time graph and XLA on the run's model, keep the faster:
+            `tftrain.runtime.execution_trial`), `"eager"`, `"graph"` or `"xla"`. Defaults to `"auto"`.
+        remember_execution: reuse `"auto"`'s earlier choice for the same model, batch, devices and
+            versions (`tftrain.runtime.execution_memory`). Defaults to True.
+        steps_per_execution: optimizer steps per `tf.function` call, or `"auto"` (8 on one replica, or
+            32 / 64 where timing finds them more than 5% faster; see `AUTO_STEPS_PER_EXECUTION`).
+            Keras's batch callbacks fire once per execution. Defaults to 1.
+        intra_op_threads: threads one op may use; 0 keeps TensorFlow's default. Defaults to 0.
+        inter_op_threads: ops run concurrently; 0 keeps TensorFlow's default. Defaults to 0.
+        threads: what counts left at 0 mean: `"auto"` applies those `python -m tftrain.doctor`
+            measured here, if any (`tftrain.runtime.thread_choice`); `"default"` keeps TensorFlow's.
+            Defaults to `"auto"`.
+        cpu_replicas: logical CPU devices, so `mirrored` can run N replicas without GPUs. Defaults to 1.
+        communication: `multi_worker_mirrored`'s collectives (`COMMUNICATIONS`). Defaults to `"auto"`.
+        ps_tasks: ps tasks of a `parameter_server` job under SLURM (rank 0 chief, then `ps_tasks` ps
+            tasks, the rest workers). Defaults to 1.
+        nvtx: NVTX ranges for Nsight Systems: `TF_ENABLE_NVTX_RANGES=1` and named steps
+            (`tftrain.runtime.nvtx`). Defaults to False.
 
     Raises:
-        ConfigError: when a name is unknown or a count is out of range,
-            `communication` / `ps_tasks` is set for a strategy that has no use for
-            it, or `cpu_replicas` > 1 comes with a strategy other than `mirrored`
-            or with `execution="xla"`.
+        ConfigError: on an unknown name, a count out of range, `communication` / `ps_tasks` set for
+            another strategy, or `cpu_replicas` > 1 without `mirrored` or with `execution="xla"`.
     """
 
     strategy: str = _field("default", "tf.distribute strategy", STRATEGIES + tuple(STRATEGY_ALIASES))
@@ -135,8 +105,7 @@ def xla_replicas_error(num_replicas: int) -> str:
 
 
 def check_batch_divides(batch_size: int, num_replicas: int) -> None:
-    """Raises `ConfigError` (naming the nearest sizes that work) when the global `batch_size`
-    does not divide evenly across `num_replicas` replicas."""
+    """Raises `ConfigError`, naming the nearest sizes that work, when `batch_size` % `num_replicas` != 0."""
     if batch_size % num_replicas:
         lower = batch_size - batch_size % num_replicas
         options = f"--batch-size {lower} or {lower + num_replicas}" if lower else f"--batch-size {num_replicas}"
@@ -150,35 +119,21 @@ def check_batch_divides(batch_size: int, num_replicas: int) -> None:
 class DataConfig:
     """Input pipeline settings.
 
-    Give at most one of `batch_size` (global: all replicas together) and
-    `per_replica_batch_size`; global = per-replica x number of replicas.
+    Give at most one of `batch_size` (global) and `per_replica_batch_size`.
 
     Attributes:
-        data_dir: where the task reads its data (a folder or file; the task
-            says what it expects, e.g. MNIST: an IDX folder or `.npz`; the image
-            folder recipe: one sub-folder per class); None uses the task's
-            default. Defaults to None.
-        train_examples: train on the first N training examples only (smoke runs);
-            None uses all. Defaults to None.
-        validation_split: fraction of the training examples held out as
-            validation data (the last fraction, as Keras's
-            `fit(validation_split=...)` takes it), for `fit`'s `val_*` metrics
-            and for model selection (`--tune`); 0 holds out none (a task may
-            bring its own validation set). In [0, 1). Defaults to 0.
-        batch_size: global batch size (examples per optimizer step, all replicas
-            together), or `"auto"` to search it before training
-            (`tftrain.tuning.find_batch_size`, best examples/sec). Defaults to
-            None (the recipe picks).
+        data_dir: the task's data folder or file. Defaults to None (the task's default).
+        train_examples: use only the first N training examples. Defaults to None (all).
+        validation_split: fraction in [0, 1) held out, from the end, as Keras's
+            `fit(validation_split=...)` does. Defaults to 0.
+        batch_size: global batch size, or `"auto"` to search it (`tftrain.tuning.find_batch_size`).
+            Defaults to None (the recipe picks).
         per_replica_batch_size: examples per replica per step. Defaults to None.
-        shuffle_buffer: shuffle buffer size in examples; 0 shuffles the whole
-            training set. Defaults to 0.
-        cache: cache the decoded examples in memory after the first epoch
-            (file sources; in-memory arrays need no cache). Defaults to True.
-        parallel_map: run the preprocessing map with `num_parallel_calls=AUTOTUNE`.
-            Defaults to True.
-        prefetch: prefetch batches with `buffer_size=AUTOTUNE`. Defaults to True.
-        private_threads: size of the pipeline's private tf.data thread pool; 0
-            uses the shared pool. Defaults to 0.
+        shuffle_buffer: shuffle buffer in examples; 0 shuffles the whole set. Defaults to 0.
+        cache: cache decoded examples in memory (file sources). Defaults to True.
+        parallel_map: map with `num_parallel_calls=AUTOTUNE`. Defaults to True.
+        prefetch: prefetch with `buffer_size=AUTOTUNE`. Defaults to True.
+        private_threads: private tf.data thread pool size; 0 uses the shared pool. Defaults to 0.
 
     Raises:
         ConfigError: when a size is out of range or both batch sizes are given.
@@ -218,64 +173,31 @@ class TrainConfig:
 
     Attributes:
         epochs: passes over the training set. Defaults to 10.
-        learning_rate: the optimizer's learning rate (the peak, under a
-            schedule); None keeps the task's or the optimizer's default.
+        learning_rate: the (peak) learning rate. Defaults to None (the task's or the optimizer's).
+        lr_schedule: `"constant"` or `"cosine"` (half-cosine decay to 0 over the run,
+            `keras.optimizers.schedules.CosineDecay`; Loshchilov & Hutter, "SGDR", 2017).
+            Defaults to `"constant"`.
+        verbose: `fit` verbosity: 0 silent, 1 progress bar, 2 one line per epoch. Defaults to 1.
+        profile: `"START,STOP"` optimizer steps to profile (`ProfilerWindow`). Defaults to None.
+        tune: keras-tuner trials run first (`Task.tune_space`); 0 is off. Defaults to 0.
+        tuner: one of `TUNERS`. Defaults to "random".
+        gradient_accumulation_steps: micro-batches per optimizer step; the effective global batch is
+            global batch x N (`tftrain.train.accumulation`). Defaults to 1.
+        backup_every_steps: also back up every N optimizer steps (`tftrain.callbacks.StepBackup`).
+            Defaults to None (epoch ends only).
+        early_stopping: patience in epochs on `val_loss`, restoring the best weights. Defaults to None.
+        callbacks: `"WHERE:NAME[,...]"`, added after tftrain's own (`tftrain.train.user_callbacks`).
             Defaults to None.
-        lr_schedule: `"constant"`, or `"cosine"`: decay from `learning_rate` to 0
-            over the run's optimizer steps along a half cosine
-            (`keras.optimizers.schedules.CosineDecay`; Loshchilov & Hutter,
-            "SGDR", 2017). Defaults to `"constant"`.
-        verbose: Keras `fit` verbosity: 0 silent, 1 progress bar, 2 one line
-            per epoch. Defaults to 1.
-        profile: `"START,STOP"`: capture a TensorBoard profile of optimizer
-            steps [START, STOP) (`tftrain.callbacks.ProfilerWindow`); None
-            captures none. Defaults to None.
-        tune: run this many keras-tuner trials over learning rate, batch size
-            and the task's tunable hyperparameters (`Task.tune_space`) first,
-            scored on validation data, then train the best; 0 is off. Defaults
-            to 0.
-        tuner: keras-tuner algorithm: one of `TUNERS`. Defaults to "random".
-        gradient_accumulation_steps: micro-batches per optimizer step: each
-            step reads N batches of the global batch size and updates once with
-            the mean of their gradients, so the effective global batch is
-            global batch x N (`tftrain.train.accumulation`). Defaults to 1 (no
-            accumulation).
-        backup_every_steps: back up the training state every N optimizer
-            steps as well as at each epoch end (`tftrain.callbacks.StepBackup`),
-            so a killed run loses at most N steps and its rerun resumes at the
-            step it was saved at; None backs up at epoch ends only. Defaults to
-            None.
-        early_stopping: stop when `val_loss` has not improved for this many
-            epochs (the patience) and keep the best epoch's weights
-            (`keras.callbacks.EarlyStopping`, `restore_best_weights=True`);
-            needs validation data; None is off. Defaults to None.
-        callbacks: the user's own Keras callbacks, `"WHERE:NAME[,WHERE:NAME...]"`
-            (WHERE a `.py` file or a module, as for a task; NAME a callback, a
-            callback class, or a function returning a callback or a list of
-            them), added after tftrain's own (`tftrain.train.user_callbacks`);
-            None adds none. Defaults to None.
-        keep_best: keep the weights of this many best epochs by `monitor`,
-            and of the last epoch, as TensorFlow checkpoints in `checkpoints/`
+        keep_best: checkpoints of the N best epochs by `monitor`, and the last, in `checkpoints/`
             (`tftrain.callbacks.KeepBest`); 0 keeps none. Defaults to 0.
-        monitor: the epoch metric `keep_best` ranks by; None is `val_loss` with
-            validation data, else `loss`. Defaults to None.
-        monitor_mode: whether `monitor` improves as it falls (`"min"`) or
-            rises (`"max"`); `"auto"` takes it from the metric's name (a loss
-            or an error falls, an accuracy rises) and refuses, before
-            training, a name whose direction is unknown. Defaults to `"auto"`.
-        init_from: weights to start from, for fine-tuning: a `.keras` file, a
-            TensorFlow checkpoint path, or a run directory (its best kept
-            checkpoint, else its `model.keras`); None starts from the model's
-            own initial weights. Defaults to None.
-        mlflow: log the run to MLflow at this tracking URI (`http://host:port`,
-            `sqlite:///mlflow.db`, ...; `default`: `$MLFLOW_TRACKING_URI`, else
-            MLflow's own default), from the chief (`tftrain.train.mlflow_log`);
-            needs `pip install "tftrain[mlflow]"`. None logs nothing. Defaults
-            to None.
-        export: formats to write the trained model in for serving,
-            comma-separated from `saved_model`, `onnx`, `litert`; each artifact is
-            loaded back and compared with the model (`tftrain.train.export`).
-            None exports nothing. Defaults to None.
+        monitor: the metric `keep_best` ranks by. Defaults to None (`val_loss`, else `loss`).
+        monitor_mode: `"min"`, `"max"` or `"auto"` (from the metric's name). Defaults to `"auto"`.
+        init_from: a `.keras` file, a checkpoint, or a run directory (its best checkpoint, else
+            `model.keras`) to start from. Defaults to None.
+        mlflow: MLflow tracking URI (`default`: `$MLFLOW_TRACKING_URI`; `tftrain.train.mlflow_log`).
+            Defaults to None.
+        export: comma-separated `saved_model`, `onnx`, `litert`, each checked after writing
+            (`tftrain.train.export`). Defaults to None.
 
     Raises:
         ConfigError: when a value is out of range.
@@ -326,11 +248,7 @@ class TrainConfig:
 
 
 def parse_profile_window(text: str) -> tuple:
-    """Parses `"START,STOP"` into `(start, stop)` with 0 <= start < stop.
-
-    Raises:
-        ConfigError: naming the value and the expected form.
-    """
+    """Parses `"START,STOP"` into `(start, stop)` with 0 <= start < stop; else raises `ConfigError`."""
     parts = str(text).replace(" ", "").split(",")
     try:
         start, stop = (int(p) for p in parts)

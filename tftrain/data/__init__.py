@@ -1,9 +1,7 @@
 """Datasets and the tf.data input pipelines.
 
-`tftrain.data.datasets` needs only NumPy; `tftrain.data.pipeline` imports
-TensorFlow; `tftrain.data.image_folder` imports it only to build a dataset
-(`list_image_files` needs none). The names below are imported on first use, so
-loading data or checking a data folder does not start TensorFlow.
+Names are imported on first use, so loading data or checking a data folder (`datasets`,
+`image_folder.list_image_files`) does not start TensorFlow; `pipeline` imports it.
 """
 
 import importlib

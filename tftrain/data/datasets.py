@@ -1,10 +1,7 @@
 """Real datasets: the bundled MNIST, MNIST-format IDX folders, Keras-layout `.npz`.
 
-MNIST (LeCun, Cortes, Burges; http://yann.lecun.com/exdb/mnist/) ships inside the
-package as `tftrain/data/mnist.npz`, so recipes and tests run offline; its sha256 is
-checked on every load. Any dataset distributed in the MNIST IDX format (for example
-Fashion-MNIST, https://github.com/zalandoresearch/fashion-mnist) loads from a folder
-holding its four files.
+MNIST (LeCun, Cortes, Burges; http://yann.lecun.com/exdb/mnist/) ships as `tftrain/data/mnist.npz`,
+sha256-checked on each load, so recipes and tests run offline.
 """
 
 from __future__ import annotations
@@ -36,14 +33,7 @@ _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">
 
 
 class ImageClassificationData(NamedTuple):
-    """Train and test splits of an image-classification dataset.
-
-    Attributes:
-        x_train: uint8 images, shape `(num_train, height, width)`, pixels 0..255.
-        y_train: uint8 labels, shape `(num_train,)`.
-        x_test: uint8 images, shape `(num_test, height, width)`.
-        y_test: uint8 labels, shape `(num_test,)`.
-    """
+    """Train and test splits: uint8 images `(N, height, width)`, pixels 0..255, and uint8 labels `(N,)`."""
 
     x_train: np.ndarray
     y_train: np.ndarray
@@ -61,16 +51,7 @@ def sha256_of(path: Union[str, os.PathLike], chunk_bytes: int = 1 << 20) -> str:
 
 
 def read_idx(path: Union[str, os.PathLike]) -> np.ndarray:
-    """Reads one IDX file (optionally gzip-compressed) into a NumPy array.
-
-    The IDX format: two zero bytes, a dtype code, the number of dimensions, then
-    one big-endian uint32 per dimension and the data (see the MNIST page).
-
-    Args:
-        path: the file; a `.gz` suffix means gzip.
-
-    Returns:
-        The array with the file's dtype and shape (uint8 for MNIST).
+    """Reads one IDX file (gzip when the name ends in `.gz`) into an array of the file's dtype and shape.
 
     Raises:
         DataError: when the header is not IDX or the data length disagrees with it.
@@ -108,11 +89,7 @@ def _find_idx(folder: Path, stem: str) -> Path:
 
 
 def validate_arrays(data: ImageClassificationData, source: str, image_shape=(28, 28), num_classes: int = 10) -> None:
-    """Checks shapes, dtypes and label range of a dataset.
-
-    Raises:
-        DataError: naming the array, what was expected and what was found.
-    """
+    """Checks shapes, dtypes and label range; raises `DataError` naming the array."""
     for split in ("train", "test"):
         x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
         if x.ndim != 3 or tuple(x.shape[1:]) != tuple(image_shape):
@@ -135,25 +112,16 @@ def load_mnist(path: Optional[Union[str, os.PathLike]] = None) -> ImageClassific
     """Loads MNIST or any MNIST-format dataset (e.g. Fashion-MNIST).
 
     Args:
-        path: None for the bundled MNIST (sha256-checked); a folder holding
-            `train-images-idx3-ubyte.gz`, `train-labels-idx1-ubyte.gz`,
-            `t10k-images-idx3-ubyte.gz` and `t10k-labels-idx1-ubyte.gz` (the `.gz`
-            is optional); or a `.npz` file with arrays `x_train`, `y_train`,
-            `x_test`, `y_test` (the layout `keras.datasets.mnist` uses). Defaults
-            to None.
+        path: a folder of the four IDX files (`IDX_FILES`, `.gz` optional), or a `.npz` with
+            `x_train`, `y_train`, `x_test`, `y_test` (as `keras.datasets.mnist`). Defaults to None
+            (the bundled MNIST).
 
     Returns:
-        `ImageClassificationData` with uint8 images of shape `(N, 28, 28)` and
-        uint8 labels 0..9; 60,000 train and 10,000 test images for MNIST.
+        `ImageClassificationData`: uint8 images `(N, 28, 28)`, uint8 labels 0..9.
 
     Raises:
-        DataError: when the path is missing, the bundled file fails its sha256
-            check, a file is not IDX/npz, or the arrays have the wrong shapes.
-
-    Example:
-        >>> data = load_mnist()
-        >>> data.x_train.shape
-        (60000, 28, 28)
+        DataError: when the path is missing, the bundled file fails its sha256 check, a file is not
+            IDX/npz, or the arrays have the wrong shapes.
     """
     if path is None:
         digest = sha256_of(BUNDLED_MNIST)

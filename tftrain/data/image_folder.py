@@ -1,27 +1,9 @@
 """Training on a folder of images with one sub-folder per class.
 
-The folder convention is Keras's (`keras.utils.image_dataset_from_directory`):
-class names are the sorted names of the sub-folders of `directory` (hidden ones,
-starting with ".", are skipped), labels are their index, and every file under a
-class folder (sub-folders included) whose extension is one of `IMAGE_EXTENSIONS`,
-in any case, is an example of that class:
-
-    flowers/
-      daisy/  001.jpg  002.png ...
-      tulip/  001.jpeg ...
-
-`list_image_files` lists and splits the files and imports no TensorFlow, so a
-command-line driver can check a data folder before TensorFlow starts.
-`image_folder_dataset` turns the listing into a `tf.data.Dataset`, stages in the
-order of the tf.data performance guide
-(https://www.tensorflow.org/guide/data_performance):
-
-    from_tensor_slices((paths, labels)) -> shard (InputContext) -> map(read, decode,
-    resize; parallel) -> cache -> shuffle (training) -> batch -> augment (training;
-    whole batches) -> prefetch
-
-Decoding is the costly stage, so the decoded images are cached in memory after the
-first epoch (`DataConfig.cache`): later epochs read no file and decode nothing.
+The convention is Keras's `image_dataset_from_directory`: classes are the sorted, non-hidden
+sub-folders; every file below one with an extension in `IMAGE_EXTENSIONS` (any case) is an example.
+`list_image_files` imports no TensorFlow, so a driver can check a folder before TensorFlow starts;
+`image_folder_dataset` builds the `tf.data.Dataset`, caching decoded images after the first epoch.
 """
 
 from __future__ import annotations
@@ -48,14 +30,7 @@ SUBSETS = ("training", "validation")
 
 @dataclasses.dataclass(frozen=True)
 class ImageFiles:
-    """Image file paths with their integer labels, and the class names.
-
-    Attributes:
-        paths: file paths, one per example.
-        labels: class index of each file, in `0..len(class_names) - 1`.
-        class_names: the sorted class sub-folder names; label `i` is
-            `class_names[i]`.
-    """
+    """Image file paths, their labels (indices into `class_names`) and the sorted class names."""
 
     paths: Tuple[str, ...]
     labels: Tuple[int, ...]
@@ -129,37 +104,21 @@ def list_image_files(
 ) -> ImageFiles:
     """Lists the images of a folder with one sub-folder per class, optionally one split.
 
-    The listing is sorted (class by class, file names in order), so it is the
-    same on every machine. For a split, the listing is shuffled once with
-    `numpy.random.default_rng(seed)`; the last `validation_split` fraction
-    (rounded down) is the validation subset, the rest the training subset. The
-    files of a subset keep that shuffled order. Imports no TensorFlow.
+    The listing is sorted, so the same on every machine. A split shuffles it once with
+    `numpy.random.default_rng(seed)` and holds out the last `validation_split` fraction (rounded
+    down). Imports no TensorFlow.
 
     Args:
-        directory: the folder; its sub-folders are the classes (sorted names,
-            hidden ones skipped), and every file below a class folder with an
-            extension in `IMAGE_EXTENSIONS` (any case) is an example.
-        validation_split: fraction of the files held out for validation, in
-            [0, 1). Defaults to 0.0 (no split).
-        subset: `"training"` or `"validation"` with a split, None without one
-            (all files). Defaults to None.
-        seed: seed of the split's shuffle; use the same seed for both subsets so
-            they are disjoint. Defaults to 1337.
-
-    Returns:
-        An `ImageFiles`.
+        validation_split: fraction held out, in [0, 1). Defaults to 0.0 (no split).
+        subset: `"training"` or `"validation"` with a split, None without. Defaults to None.
+        seed: the split's seed; use the same for both subsets so they are disjoint. Defaults to 1337.
 
     Raises:
-        DataError: when the folder does not exist or is a file, has no class
-            sub-folders or no image files, `validation_split` is not in [0, 1),
-            `subset` is not one of the above or does not match the split, or the
-            split leaves the requested subset empty.
+        DataError: when the folder is missing or a file, has no class folders or images, or the split
+            arguments are invalid, inconsistent or leave the subset empty.
 
     Example:
         >>> train = list_image_files("photos", validation_split=0.2, subset="training")
-        >>> val = list_image_files("photos", validation_split=0.2, subset="validation")
-        >>> train.class_names
-        ('cat', 'dog')
     """
     _check_split(validation_split, subset)
     root, class_names = _class_folders(directory)
@@ -209,19 +168,8 @@ def _check_dataset_args(files, image_size, batch_size, num_channels) -> None:
 
 
 def decode_and_resize(path, label, image_size: Tuple[int, int], num_channels: int = 3):
-    """Reads one image file, decodes it (any of `IMAGE_EXTENSIONS`) and resizes it.
-
-    Args:
-        path: scalar string tensor, the file path.
-        label: scalar integer tensor.
-        image_size: `(height, width)` of the output.
-        num_channels: channels of the output (1, 3 or 4); decoding converts.
-            Defaults to 3.
-
-    Returns:
-        `(float32 image (height, width, num_channels) with pixels 0..255, label)`.
-        An animated GIF gives its first frame.
-    """
+    """Reads, decodes (first frame of a GIF) and resizes one image to `image_size` (bilinear) with
+    `num_channels`; returns `(float32 image, pixels 0..255, label)`."""
     import tensorflow as tf
 
     image = tf.io.decode_image(tf.io.read_file(path), channels=num_channels, expand_animations=False)
@@ -230,12 +178,8 @@ def decode_and_resize(path, label, image_size: Tuple[int, int], num_channels: in
 
 
 def _training_order(files: ImageFiles, seed: Optional[int]):
-    """Paths and labels in one fixed shuffled order (the same in every worker).
-
-    The listing is grouped by class; shuffling it once means a shuffle buffer
-    smaller than the data set still mixes the classes. The permutation depends
-    only on `seed` (0 when None), so every input pipeline shards the same order.
-    """
+    """Paths and labels in one seeded shuffled order (the same in every worker), so a small shuffle
+    buffer still mixes the classes."""
     order = np.random.default_rng(0 if seed is None else seed).permutation(len(files))
     return [files.paths[i] for i in order], np.asarray(files.labels, np.int32)[order]
 
@@ -254,55 +198,32 @@ def image_folder_dataset(
 ) -> "tf.data.Dataset":
     """Builds a batched, prefetched `tf.data.Dataset` of decoded images and labels.
 
-    Stages: file paths -> shard (with `input_context`) -> read, decode and resize
-    (parallel) -> cache -> shuffle (training) -> batch -> `augment` on whole
-    batches (training) -> prefetch. For training, the file order is also shuffled
-    once up front (seeded, the same in every worker), so a small `shuffle_buffer`
-    still mixes the classes.
+    Stages: paths -> shard -> decode and resize -> cache -> shuffle -> batch -> `augment` -> prefetch.
 
     Args:
-        files: the images, from `list_image_files`.
-        image_size: `(height, width)` every image is resized to (bilinear).
-        batch_size: examples per batch. Without `input_context` this is the
-            global batch size (Keras splits it across replicas); with one it is
-            still the global size and the per-replica size is derived from it.
-        training: True shuffles every epoch, drops the last partial batch and
-            applies `augment`; False keeps the order and every example.
-        config: pipeline options (`cache`, `shuffle_buffer`, `parallel_map`,
-            `prefetch`, `private_threads`). `cache` keeps the decoded images in
-            memory, `height x width x num_channels x 4` bytes each; with the
-            default `shuffle_buffer` (0: all files) the shuffle buffer holds as
-            many again. Defaults to `DataConfig()`.
-        seed: shuffle seed; when given, the order (and, with seeded augmentation
-            layers, the augmentation) is the same on every run, and
-            `deterministic` ordering is enforced. Defaults to None.
-        augment: function `(images, labels) -> (images, labels)` applied to
-            whole float32 batches when training, e.g. `random_flip_and_translate()`.
-            It runs in parallel unless `seed` is given: Keras's random layers
-            draw from one seed state, which parallel calls would race on.
-            Defaults to None.
-        input_context: from `strategy.distribute_datasets_from_function`; shards
-            the files by input pipeline (each decodes only its own) and batches
-            per replica. Defaults to None.
-        num_channels: 1 (grayscale), 3 (RGB) or 4 (RGBA); files are converted.
-            Defaults to 3.
+        image_size: `(height, width)`, resized bilinearly.
+        batch_size: the global batch size, also with `input_context`.
+        training: True shuffles, drops the last partial batch and applies `augment`.
+        config: pipeline options; `cache` holds `height x width x num_channels x 4` bytes an image
+            (and a full shuffle buffer as many again). Defaults to `DataConfig()`.
+        seed: makes the order (and seeded augmentation) repeatable. Defaults to None.
+        augment: `(images, labels) -> (images, labels)` on float32 training batches, e.g.
+            `random_flip_and_translate()`; sequential when `seed` is given, since Keras's random layers
+            share one seed state. Defaults to None.
+        input_context: shards the files and batches per replica. Defaults to None.
+        num_channels: 1, 3 or 4. Defaults to 3.
 
     Returns:
-        A `tf.data.Dataset` of `(float32 images (batch, height, width,
-        num_channels), pixels 0..255; int32 labels (batch,))` with an explicit
-        auto-shard policy (OFF with `input_context`, which shards already; else
-        DATA), so strategies never warn that it cannot be sharded.
+        Batches of `(float32 images (batch, height, width, num_channels), pixels 0..255; int32 labels)`
+        with an explicit auto-shard policy (OFF with `input_context`, else DATA).
 
     Raises:
-        ConfigError: when `files` is not an `ImageFiles`, or `batch_size`,
-            `image_size` or `num_channels` is out of range.
+        ConfigError: when `files` is not an `ImageFiles`, or a size is out of range.
         DataError: when `files` is empty.
 
     Example:
-        >>> files = list_image_files("photos", validation_split=0.2, subset="training")
         >>> ds = image_folder_dataset(files, (160, 160), 64, training=True, seed=0,
         ...                           augment=random_flip_and_translate(seed=0))
-        >>> model.fit(ds, epochs=5)
     """
     import tensorflow as tf
 
@@ -341,30 +262,18 @@ def random_flip_and_translate(
     translation: float = 0.1,
     seed: Optional[int] = None,
 ) -> Callable:
-    """A default augmentation: random flips and shifts, as Keras preprocessing layers.
-
-    Pass the returned function as `image_folder_dataset(augment=...)`; it runs
-    in the tf.data pipeline on whole batches (on the CPU, overlapping training),
-    not in the model.
+    """A default augmentation for `image_folder_dataset(augment=...)`: Keras random flip and shift layers,
+    run in the tf.data pipeline on float32 batches (labels pass through).
 
     Args:
-        flip: `"horizontal"`, `"vertical"`, `"horizontal_and_vertical"`, or None
-            for no flip (e.g. for digits or text). Defaults to "horizontal".
-        translation: largest shift as a fraction of the height and of the width,
-            in [0, 1); 0 for none. Shifted-in pixels reflect the image. Defaults
-            to 0.1.
-        seed: seed of the layers' random draws. Defaults to None.
-
-    Returns:
-        A function `(images, labels) -> (images, labels)` for float32 batches
-        `(batch, height, width, channels)`; the labels pass through.
+        flip: `"horizontal"`, `"vertical"`, `"horizontal_and_vertical"`, or None. Defaults to
+            "horizontal".
+        translation: largest shift as a fraction of height and width, in [0, 1); shifted-in pixels
+            reflect the image. Defaults to 0.1.
+        seed: the layers' seed. Defaults to None.
 
     Raises:
-        ConfigError: when `flip` or `translation` is not one of the values above.
-
-    Example:
-        >>> ds = image_folder_dataset(files, (32, 32), 128, training=True,
-        ...                           augment=random_flip_and_translate(seed=0))
+        ConfigError: when `flip` or `translation` is invalid.
     """
     import keras
 

@@ -1,18 +1,9 @@
 """The tf.data input pipeline: global batch size, sharding, shuffling, prefetching.
 
-Order of stages, following the tf.data performance guide
-(https://www.tensorflow.org/guide/data_performance): read -> shard (when given an
-`InputContext`) -> cache -> shuffle (seeded) -> batch -> vectorised map (parallel,
-AUTOTUNE) -> prefetch (AUTOTUNE). Mapping whole batches instead of single examples
-calls the preprocessing function once per batch, which is much cheaper for small
-examples such as MNIST digits.
-
-In-memory arrays take the same path over example *indices*: each epoch one op permutes
-the indices and reshapes them into batches (`index_batches`), and the batch map gathers
-the examples of a batch from the arrays in one vectorised `tf.gather`. tf.data then
-handles one element per batch, not one per example, and no shuffle buffer refills at each
-epoch start (a `shuffle_buffer` smaller than the data keeps `Dataset.shuffle`'s partial
-shuffle over single indices).
+Stages follow the tf.data performance guide (https://www.tensorflow.org/guide/data_performance): read ->
+shard -> cache -> shuffle -> batch -> vectorised map -> prefetch; mapping whole batches calls the
+preprocessing once per batch. In-memory arrays are batched as example indices (`index_batches`) and
+gathered per batch, so tf.data handles one element per batch, not per example.
 """
 
 from __future__ import annotations
@@ -31,13 +22,7 @@ AUTOTUNE = tf.data.AUTOTUNE
 
 @dataclasses.dataclass(frozen=True)
 class BatchSize:
-    """Global and per-replica batch size of a run.
-
-    Attributes:
-        global_batch_size: examples per optimizer step, all replicas together.
-        per_replica_batch_size: examples each replica processes per step.
-        num_replicas: replicas in sync; global = per-replica x replicas.
-    """
+    """Global (all replicas) and per-replica batch size; global = per-replica x `num_replicas`."""
 
     global_batch_size: int
     per_replica_batch_size: int
@@ -53,19 +38,13 @@ def resolve_batch_size(
     """Works out global and per-replica batch size from either one.
 
     Args:
-        batch_size: global batch size, or None. Defaults to None.
-        per_replica_batch_size: per-replica batch size, or None. Defaults to None.
-        num_replicas: replicas in sync (`strategy.num_replicas_in_sync`), >= 1.
-            Defaults to 1.
-        default_per_replica: per-replica size used when neither is given.
-            Defaults to 128.
-
-    Returns:
-        A `BatchSize`.
+        batch_size: global batch size, or `per_replica_batch_size`. Defaults to None.
+        num_replicas: `strategy.num_replicas_in_sync`. Defaults to 1.
+        default_per_replica: used when neither size is given. Defaults to 128.
 
     Raises:
-        ConfigError: when both sizes are given, a size is not positive, or the
-            global batch size does not divide evenly by `num_replicas`.
+        ConfigError: when both sizes are given, a size is not positive, or the global size does not
+            divide by `num_replicas`.
     """
     if batch_size is not None and per_replica_batch_size is not None:
         raise ConfigError(
@@ -83,15 +62,7 @@ def resolve_batch_size(
 
 
 def num_examples_of(features, labels=None) -> int:
-    """The number of examples in arrays (or nested dicts / tuples of arrays).
-
-    Args:
-        features: an array, or a dict / tuple of arrays with the same first
-            dimension.
-        labels: the same for labels, or None. Defaults to None.
-
-    Returns:
-        The common first dimension.
+    """The common first dimension of arrays (or nested dicts / tuples of them).
 
     Raises:
         ConfigError: when the arrays disagree in length or there are none.
@@ -105,31 +76,13 @@ def num_examples_of(features, labels=None) -> int:
 
 
 def integer_labels(features, labels):
-    """Passes features through unchanged (e.g. uint8 pixels) and casts labels to int32.
-
-    The batch map for models that scale their own inputs (a `Rescaling` layer),
-    such as the MNIST recipe's: the pipeline then only gathers raw batches.
-
-    Args:
-        features: tensor of any dtype and shape.
-        labels: integer tensor, e.g. `(batch,)`.
-
-    Returns:
-        `(features, int32 labels)`.
-    """
+    """Passes features through unchanged and casts labels to int32 (for models that scale their own
+    inputs, e.g. with a `Rescaling` layer)."""
     return features, tf.cast(labels, tf.int32)
 
 
 def scale_pixels(images, labels):
-    """Maps uint8 pixels 0..255 to float32 0..1; labels pass through as int32.
-
-    Args:
-        images: uint8 tensor of any shape, e.g. `(batch, 28, 28)`.
-        labels: integer tensor, e.g. `(batch,)`.
-
-    Returns:
-        `(float32 images in [0, 1], int32 labels)`.
-    """
+    """Maps uint8 pixels 0..255 to float32 0..1; labels become int32."""
     return tf.cast(images, tf.float32) * (1.0 / 255.0), tf.cast(labels, tf.int32)
 
 
@@ -149,45 +102,30 @@ def build_dataset(
     """Builds a batched, prefetched `tf.data.Dataset` for training or evaluation.
 
     Args:
-        source: `(features, labels)` NumPy arrays with the same first dimension
-            (either may be a dict or tuple of arrays, for multi-input or
-            multi-output models), or a list of TFRecord file paths (then
-            `parse_fn` is required).
-        batch_size: examples per batch. Without `input_context` this is the
-            global batch size (Keras splits it across replicas); with one it is
-            still the global size and the per-replica size is derived from it.
-        training: True shuffles (when `seed` or not) and, by default, drops the
-            last partial batch so every step has the same shape; False keeps order
-            and every example.
-        config: pipeline options (`cache`, `shuffle_buffer`, `parallel_map`,
-            `prefetch`, `private_threads`; `cache` only applies to file sources,
-            since arrays are in memory already). Defaults to `DataConfig()`.
-        seed: shuffle seed; when given, the order is the same on every run
-            (and `deterministic` ordering is enforced). Defaults to None.
-        preprocess: function `(features, labels) -> (features, labels)` applied to
-            whole batches, e.g. `scale_pixels`. Defaults to None (no map).
-        parse_fn: for TFRecord sources, maps one serialized record to
-            `(features, labels)`. Defaults to None.
-        input_context: from `strategy.distribute_datasets_from_function`; shards
-            the data by input pipeline and batches per replica. Defaults to None.
-        drop_remainder: overrides the default (True when training). Defaults to
-            None.
-        max_examples: for file sources, read only the first this-many
-            records (before the cache, so the cache is complete). Defaults to
-            None (all).
+        source: `(features, labels)` arrays (either may be a dict or tuple of arrays), or a list of
+            TFRecord paths (then `parse_fn` is required).
+        batch_size: the global batch size, also with `input_context` (the per-replica size is derived).
+        training: shuffle and, by default, drop the last partial batch.
+        config: pipeline options (`cache` applies to file sources only). Defaults to `DataConfig()`.
+        seed: shuffle seed; when given, the order is the same on every run. Defaults to None.
+        preprocess: `(features, labels) -> (features, labels)` on whole batches, e.g. `scale_pixels`.
+            Defaults to None.
+        parse_fn: for TFRecord sources, one serialized record -> `(features, labels)`. Defaults to None.
+        input_context: shards by input pipeline and batches per replica. Defaults to None.
+        drop_remainder: drop the last partial batch. Defaults to None (True when training).
+        max_examples: for file sources, read only the first N records (before the cache). Defaults
+            to None (all).
 
     Returns:
-        A `tf.data.Dataset` of `(features, labels)` batches with an explicit
-        auto-shard policy (DATA for arrays, FILE for files), so strategies never
-        warn that it cannot be sharded.
+        A dataset of `(features, labels)` batches with an explicit auto-shard policy (DATA for arrays,
+        FILE for files), so strategies never warn that it cannot be sharded.
 
     Raises:
-        ConfigError: when `batch_size` is not positive, the arrays disagree in
-            length, or a file source has no `parse_fn`.
+        ConfigError: when `batch_size` is not positive, the arrays disagree in length, or a file
+            source has no `parse_fn`.
 
     Example:
-        >>> ds = build_dataset((x_train, y_train), 256, training=True, seed=0,
-        ...                    preprocess=scale_pixels)
+        >>> ds = build_dataset((x_train, y_train), 256, training=True, seed=0, preprocess=scale_pixels)
     """
     config = config or DataConfig()
     check_int(batch_size, "batch_size", error=ConfigError)
@@ -212,8 +150,8 @@ def build_dataset(
 
 
 def _shard_shuffle_batch(ds, batch_size, *, training, config, seed, input_context, drop_remainder, num_examples=None):
-    """Shards `ds` by input pipeline (per-replica batches then), shuffles it when training (a buffer of
-    `config.shuffle_buffer`, else `num_examples`, else 10,000), and batches it."""
+    """Shards (then per-replica batches), shuffles when training (buffer `config.shuffle_buffer`, else
+    `num_examples`, else 10,000) and batches `ds`."""
     if input_context is not None:
         ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
         batch_size = input_context.get_per_replica_batch_size(batch_size)
@@ -223,8 +161,7 @@ def _shard_shuffle_batch(ds, batch_size, *, training, config, seed, input_contex
 
 
 def _file_batches(files, batch_size, parse_fn, *, config, max_examples, **batching):
-    """Batches of parsed TFRecord examples: read, cut to `max_examples`, sharded by input pipeline,
-    parsed, cached, then shuffled and batched (`_shard_shuffle_batch`)."""
+    """TFRecords read, cut to `max_examples`, sharded, parsed, cached, shuffled and batched."""
     if parse_fn is None:
         raise ConfigError("A file source needs parse_fn to decode each record into (features, labels).")
     parallel = AUTOTUNE if config.parallel_map else None
@@ -243,9 +180,8 @@ def _file_batches(files, batch_size, parse_fn, *, config, max_examples, **batchi
 
 
 def _array_batches(source, batch_size, preprocess, *, training, config, seed, input_context, drop_remainder):
-    """Batches gathered from in-memory arrays by batches of example indices: a whole permutation an epoch
-    (`index_batches`), or single indices through a shuffle buffer when `config.shuffle_buffer` is smaller
-    than the data (see the module docstring); then `preprocess` on each whole batch."""
+    """Batches gathered from arrays by index batches (`index_batches`, or a shuffle buffer of single
+    indices when `config.shuffle_buffer` is smaller than the data), then `preprocess`."""
     num_examples = num_examples_of(*source)
     features, labels = (tf.nest.map_structure(lambda a: a if tf.is_tensor(a) else tf.constant(a), lists_as_tuples(part))
                         for part in source)
@@ -266,12 +202,10 @@ def _array_batches(source, batch_size, preprocess, *, training, config, seed, in
 
 
 def lists_as_tuples(structure):
-    """`structure` with every Python list made a tuple (dicts and tuples kept, leaves as they are).
+    """`structure` with every Python list made a tuple (dicts and tuples kept).
 
-    tf.data takes a list that a function returns for one tensor and stacks it, so a multi-input
-    model's `[x_a, x_b]` of different shapes fails ("is not convertible to a tensor ... shape (2, 32,
-    None)"); as a tuple each is its own component, and Keras's `fit` feeds a tuple to a model's
-    inputs as it feeds the list (plain `model.fit([x_a, x_b], y)`).
+    tf.data stacks a returned list into one tensor, which fails for a multi-input model's inputs of
+    different shapes; a tuple keeps them apart, and Keras's `fit` feeds it as it feeds the list.
     """
     if type(structure) in (list, tuple):  # not a namedtuple: its type is kept
         return tuple(lists_as_tuples(s) for s in structure)
@@ -284,28 +218,22 @@ def index_batches(num_examples: int, batch_size: int, *, shuffle: bool, seed: Op
                   drop_remainder: bool = True, input_context=None) -> tf.data.Dataset:
     """Batches of example indices, one int64 `[batch]` tensor each, from one permutation an epoch.
 
-    `Dataset.range(n).shuffle(n).batch(b)` costs tf.data one element per example (at
-    60,000 examples and batch 256 on 2 cores: 90-116 ms of CPU an epoch for that stage,
-    against 53-58 ms for Keras's whole array path) and refills its n-element buffer at
-    every epoch start before the first batch. Here each epoch
-    draws one seed (`Dataset.random`, new each iteration), permutes the indices with
-    one `tf.random.experimental.stateless_shuffle` op and reshapes them into batches:
-    one element per batch. The order is a uniformly random permutation each epoch,
-    as a full shuffle buffer gives; with `seed` it is the same on every run.
+    Each epoch draws one seed (`Dataset.random`), permutes the indices with one `stateless_shuffle` op
+    and reshapes them into batches: one tf.data element per batch, and no shuffle buffer to refill
+    at each epoch start, unlike `Dataset.range(n).shuffle(n).batch(b)`. The order is a uniform random
+    permutation each epoch; with `seed`, the same on every run.
 
     Args:
-        num_examples: examples in the arrays, >= 1.
-        batch_size: indices per batch (per replica under `input_context`), >= 1.
-        shuffle: permute the indices each epoch; False keeps their order.
-        seed: the permutations' seed; None draws them at random. Defaults to None.
+        batch_size: per replica under `input_context`.
+        shuffle: permute each epoch; False keeps the order.
+        seed: the permutations' seed. Defaults to None (random).
         drop_remainder: drop the last, smaller batch. Defaults to True.
-        input_context: a `tf.distribute.InputContext`: this pipeline takes every
-            `num_input_pipelines`-th index from `input_pipeline_id`, as `Dataset.shard`
-            does. Defaults to None (all indices).
+        input_context: takes every `num_input_pipelines`-th index from `input_pipeline_id`, as
+            `Dataset.shard` does. Defaults to None.
 
     Returns:
-        A `tf.data.Dataset` of int64 index batches with known cardinality; the batch
-        dimension is static when `drop_remainder` (or when the batches divide evenly).
+        A dataset of known cardinality; the batch dimension is static when `drop_remainder` (or when
+        the batches divide evenly).
     """
     start, step = (input_context.input_pipeline_id, input_context.num_input_pipelines) if input_context else (0, 1)
     count = len(range(start, num_examples, step))
@@ -325,19 +253,12 @@ def index_batches(num_examples: int, batch_size: int, *, shuffle: bool, seed: Op
 
 
 def dataset_options(shard_policy, deterministic: Optional[bool] = None, private_threads: int = 0) -> tf.data.Options:
-    """The tf.data options every tftrain pipeline sets, in one place: the auto-shard policy, the order, and
-    a private thread pool.
+    """The tf.data options every tftrain pipeline sets.
 
     Args:
-        shard_policy: a `tf.data.experimental.AutoShardPolicy` (OFF where an
-            InputContext already shards, FILE or DATA otherwise).
-        deterministic: keep the element order (None: tf.data's default, True).
-            Defaults to None.
-        private_threads: threads of a private pool for this pipeline; 0 uses
-            the shared pool (`--private-threads`). Defaults to 0.
-
-    Returns:
-        A `tf.data.Options` for `Dataset.with_options`.
+        shard_policy: a `tf.data.experimental.AutoShardPolicy` (OFF where an InputContext shards).
+        deterministic: keep the element order. Defaults to None (tf.data's default, True).
+        private_threads: private thread pool size; 0 uses the shared pool. Defaults to 0.
     """
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = shard_policy
