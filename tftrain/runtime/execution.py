@@ -1,16 +1,10 @@
 """Execution modes: eager, graph (`tf.function`), XLA (`jit_compile`), and `auto`.
 
-`compile_options` turns a mode name into `Model.compile` arguments. `auto` is resolved by
-timing: which mode is faster depends on the model and the machine (on a 2-core CPU, XLA speeds
-an MLP up and slows a small CNN down several times), so it is measured instead of guessed.
-This module holds what the timings share: `StepTiming`, `ExecutionChoice`, the rule that picks
-among timed candidates (`best_label`) and XLA's reason for a failure (`xla_failure_reason`).
-The `Trainer` times the candidates on the run's own training steps
-(`tftrain.runtime.execution_trial`); `tftrain.runtime.choose_execution` (in
-`tftrain.runtime.execution_probe`) times them on separate probe steps for scripts.
+`compile_options` turns a mode name into `Model.compile` arguments. Which mode is faster depends
+on the model and the machine, so `auto` is timed, not guessed; this module holds what the timings
+share. `execution_trial` times candidates on the run's own steps, `execution_probe` on probe steps.
 
-Source: https://keras.io/api/models/model_training_apis/#compile-method and
-https://www.tensorflow.org/xla
+Source: https://keras.io/api/models/model_training_apis/#compile-method, https://www.tensorflow.org/xla
 """
 
 from __future__ import annotations
@@ -23,8 +17,7 @@ from tftrain import config as config_lib
 from tftrain.errors import check_int
 
 EXECUTIONS = tuple(m for m in config_lib.EXECUTIONS if m != "auto")
-"""Execution modes `compile_options` accepts: `tftrain.config.EXECUTIONS` but `"auto"`, which
-`choose_execution` resolves to one of these."""
+"""Modes `compile_options` accepts: `tftrain.config.EXECUTIONS` but `"auto"`."""
 
 AUTO_CANDIDATES = ("graph", "xla")
 """Modes `choose_execution` times by default."""
@@ -34,17 +27,10 @@ def compile_options(execution: str = "graph", steps_per_execution: int = 1) -> d
     """Keyword arguments for `keras.Model.compile` that select an execution mode.
 
     Args:
-        execution: `"eager"` (`run_eagerly=True`: Python runs every step, easiest
-            to debug, slowest), `"graph"` (each step traced into a `tf.function`)
-            or `"xla"` (the `tf.function` compiled by XLA, `jit_compile=True`).
-            `"auto"` is resolved by `choose_execution` after compiling, so it is
-            not accepted here. Defaults to `"graph"`.
-        steps_per_execution: optimizer steps per `tf.function` call, >= 1; larger
-            values amortise Python overhead for small models. Keras batch hooks
-            then fire once per execution. Defaults to 1.
-
-    Returns:
-        `{"run_eagerly": bool, "jit_compile": bool, "steps_per_execution": int}`.
+        execution: `"eager"` (`run_eagerly=True`), `"graph"` (`tf.function`) or `"xla"`
+            (`jit_compile=True`); not `"auto"`. Defaults to `"graph"`.
+        steps_per_execution: optimizer steps per `tf.function` call, >= 1; Keras batch
+            hooks fire once per execution. Defaults to 1.
 
     Raises:
         ValueError: on an unknown mode or `steps_per_execution` < 1.
@@ -70,18 +56,12 @@ class StepTiming:
     """Measured optimizer-step time of a compiled model.
 
     Attributes:
-        step_time_s: median seconds per optimizer step over the timed executions
-            (an execution runs `steps_per_execution` steps); in the `ExecutionTrial`'s
-            timings, their total seconds over their steps, as `mean_step_time_s`.
-        examples_per_sec: `batch_size / step_time_s`.
-        mean_step_time_s: total seconds of the timed executions / timed steps:
-            unlike the median, it includes occasional stalls (e.g. an input
-            pipeline refilling its shuffle buffer).
+        step_time_s: median seconds per optimizer step over the timed executions (the
+            `ExecutionTrial` gives the mean instead).
+        mean_step_time_s: total seconds / steps timed; unlike the median, includes stalls.
         batch_size: examples per optimizer step (the global batch).
-        steps_per_execution: the model's `steps_per_execution`.
         timed_steps: optimizer steps timed (after warm-up).
-        warmup_s: seconds of the warm-up executions, which include tracing and,
-            for XLA, compiling.
+        warmup_s: seconds of the warm-up executions (tracing and, for XLA, compiling).
         execution_times_s: seconds of each timed execution, in order.
     """
 
@@ -100,17 +80,8 @@ class StepTiming:
 
 
 def static_batch_size(data) -> Optional[int]:
-    """The static batch dimension of a dataset's first component, or None.
-
-    Args:
-        data: a `tf.data.Dataset` (or anything with an `element_spec`).
-
-    Returns:
-        The leading dimension of the first component of `data.element_spec`
-        (examples per batch), or None when it is unknown (e.g. batched without
-        `drop_remainder=True`) or `data` has no element spec (NumPy arrays, a
-        Python generator).
-    """
+    """The static batch dimension of `data`'s first component; None when unknown (batched without
+    `drop_remainder=True`) or `data` has no `element_spec` (NumPy arrays, a generator)."""
     import tensorflow as tf
 
     spec = getattr(data, "element_spec", None)
@@ -140,38 +111,21 @@ class ExecutionChoice:
 
     Attributes:
         execution: the chosen mode (`"graph"` or `"xla"`).
-        timings: candidate -> `StepTiming` for every candidate timed: the mode's
-            name at the model's own `steps_per_execution`, `"<mode>, N steps/execution"`
-            for the other counts tried.
+        timings: label (`label_of`) -> `StepTiming` for every candidate timed.
         reason: one sentence on why (the speed-up, or why a candidate was skipped).
-        remembered: None when this run timed the candidates; else when an earlier
-            run timed them (ISO 8601 local time), the choice coming from
-            `tftrain.runtime.execution_memory` with nothing timed in this run.
-            Defaults to None.
-        steps_per_execution: the chosen optimizer steps per `tf.function` call.
-            Defaults to None (the model's own, unchanged).
-        skipped: one line per candidate that failed to compile or run (XLA's
-            own reason), in the order tried. Defaults to ().
-        trial: when the candidates were timed on the run's own training steps
-            (`tftrain.runtime.execution_trial`): `{"steps": training steps the
-            trial spanned, "seconds": its wall seconds, "cost_s": what the run
-            paid beyond a run at the chosen setting (those seconds less the same
-            steps at the chosen candidate's step time, less what the chosen
-            candidate's compiling call took beyond the first one's: compiling the
-            other candidates, running the slower ones; an upper bound),
-            "complete": every
-            duel ended, "modes_decided": graph against XLA ended, or XLA was
-            left untimed (`time_again_from_steps`); the choice is then
-            remembered}`. Defaults to None.
-        time_again_from_steps: the planned training steps from which a run
-            repays timing a candidate this one left untimed (XLA, in a run too
-            short to repay compiling it): the choice is remembered for shorter
-            runs, and a run at least that long (or of unknown length) times the
-            candidates again. Defaults to None (every candidate was timed).
-        compiled_before_fit_s: for a remembered XLA choice, the seconds of the check
-            before `fit` that compiled its train function and ran it once
-            (`check_compiles`); `fit` reuses that function, so this is XLA's compile a
-            run at that setting pays anyway, moved before `fit`. Defaults to None.
+        remembered: for a choice from `execution_memory`, when it was timed (ISO 8601
+            local time). Defaults to None (timed in this run).
+        steps_per_execution: the chosen steps per `tf.function` call. Defaults to None
+            (the model's own).
+        skipped: one line per candidate that failed to compile or run. Defaults to ().
+        trial: for a choice timed on the run's own steps (`execution_trial`): `{"steps",
+            "seconds", "cost_s": an upper bound of what choosing cost beyond a run at the
+            chosen setting, "complete": every duel ended, "modes_decided": graph against
+            XLA ended or XLA was left untimed (the choice is then remembered)}`. Defaults to None.
+        time_again_from_steps: planned steps from which a run repays timing the candidate
+            this one left untimed (XLA); shorter runs reuse the choice. Defaults to None.
+        compiled_before_fit_s: for a remembered XLA choice, seconds `check_compiles` took
+            to compile the train function (which `fit` reuses) before `fit`. Defaults to None.
     """
 
     execution: str
@@ -185,8 +139,7 @@ class ExecutionChoice:
     compiled_before_fit_s: Optional[float] = None
 
     def describe(self) -> str:
-        """One line, e.g. `xla (graph 4.10 ms/step, ...; xla 2.50 ms/step, ...): 1.64x faster than graph`;
-        the chosen steps per execution follow the mode when several counts were timed."""
+        """One line: the choice, each candidate's ms/step and examples/sec, and the reason."""
         figures = "; ".join(
             f"{label} {t.step_time_s * 1e3:.2f} ms/step, {t.examples_per_sec:,.0f} examples/sec"
             for label, t in self.timings.items()
@@ -224,16 +177,8 @@ _XLA_MARKERS = ("XLA", "tf2xla", "jit_compile", "_JIT")
 
 
 def xla_failure_reason(error: BaseException) -> Optional[str]:
-    """XLA's own first line of why it could not compile or run a step, or None.
-
-    Args:
-        error: what a training step raised.
-
-    Returns:
-        A short line, e.g. `unsupported operations on XLA_CPU_JIT: AsString (No
-        registered 'AsString' OpKernel for XLA_CPU_JIT devices ...)`, or None when
-        the error does not come from XLA (a bug in the model is not XLA's).
-    """
+    """XLA's own first line of why it could not compile or run a step; None when `error` is not
+    XLA's (a bug in the model)."""
     text = str(error)
     if not any(marker in text for marker in _XLA_MARKERS):
         return None
@@ -248,25 +193,16 @@ def xla_failure_reason(error: BaseException) -> Optional[str]:
 
 
 KEEP_FIRST_WITHIN = 0.05
-"""Another candidate replaces the first (graph at the model's own steps per execution) only
-when more than 5% faster: on a busy 2-core machine the medians of a few executions of the
-same setting differ by more than that (graph 2.7-5.1 ms/step, XLA 4.1-4.9 ms/step over six
-runs of one dense model), and the one run that chose XLA on that noise trained at
-86,000-98,000 examples/sec against 101,000-178,000 for the graph choices of the same rounds."""
+"""Fraction faster another candidate must be to replace the first (graph at the model's own
+count): on a busy machine, medians of a few executions of one setting differ by more."""
 
 
 def best_label(timings: Mapping[str, StepTiming], counts: Mapping[str, int]) -> Optional[str]:
-    """The fastest of the timed candidates, with two tolerances against timing noise.
+    """The fastest label in `timings` (in the order timed), with two tolerances against noise.
 
-    Args:
-        timings: candidate label -> `StepTiming`, in the order timed.
-        counts: candidate label -> its steps per execution.
-
-    Returns:
-        The first candidate timed (graph at the model's own count, by default) unless another is
-        more than `KEEP_FIRST_WITHIN` faster; among the rest a count within 2% of a smaller one
-        loses to it (batch hooks fire once per execution, so fewer steps per call keep callbacks
-        frequent). None when nothing was timed.
+    The first is kept unless another is more than `KEEP_FIRST_WITHIN` faster; among the rest a
+    count (`counts[label]`) within 2% of a smaller one loses to it, as fewer steps per call keep
+    batch hooks frequent. None when nothing was timed.
     """
     if not timings:
         return None
@@ -279,8 +215,7 @@ def best_label(timings: Mapping[str, StepTiming], counts: Mapping[str, int]) -> 
 
 
 def choice_reason(timings: Mapping[str, StepTiming], best: str, skipped: Sequence[str]) -> str:
-    """One sentence on why `best` won: its speed-up over the runner-up, or that the first candidate
-    was kept within the timing noise; the skipped candidates follow."""
+    """One sentence on why `best` won (its speed-up, or kept within the noise), then the skipped."""
     skipped_text = f"; skipped {'; '.join(skipped)}" if skipped else ""
     others = [label for label in timings if label != best]
     if not others:
@@ -299,10 +234,8 @@ def label_of(mode: str, spe: int, base_spe: int) -> str:
 
 
 def failure_line(error: BaseException, about: str = "") -> str:
-    """Why a candidate failed, in one line: XLA's own reason (`xla_failure_reason`), else
-    `Type: line` of the error, at most 300 characters: its first line that names `about` (e.g. a
-    dtype, under Keras's "Exception encountered when calling ..." header), else its first line;
-    terminal colour codes removed."""
+    """Why a candidate failed, in one line: XLA's reason, else `Type: line` with the error's first
+    line naming `about` (e.g. a dtype, below Keras's header), else its first line."""
     import re
 
     reason = xla_failure_reason(error)

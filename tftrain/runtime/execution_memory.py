@@ -1,30 +1,13 @@
 """Remembered `--execution auto` choices: time graph against XLA once per model and machine.
 
-`choose_execution` costs a few seconds per run (tracing and, for XLA, compiling
-each candidate, then timing it). Its answer depends only on what the step
-computes and where: the model's architecture and dtype policy, the optimizer,
-the batch shapes, `steps_per_execution`, the devices, the thread settings and
-the TensorFlow / Keras versions. `ExecutionMemory` keeps each answer under a
-hash of exactly those, in one JSON file, so the next run of the same model,
-batch and machine starts training at once; anything else (another batch size,
-a TensorFlow upgrade, another CPU) is timed again.
+The answer depends only on what the step computes and where (model config and dtype policy,
+optimizer, loss, batch shapes, `steps_per_execution`, devices, threads, TF / Keras versions), so
+it is kept under a hash of those in `cache_dir() / "execution.json"`. `--no-remember-execution`
+(`runtime.remember_execution`) times every run again.
 
-The file is `$TFTRAIN_CACHE_DIR/execution.json` when that variable is set, else
-`execution.json` in the user cache folder (`platformdirs.user_cache_dir("tftrain")`,
-e.g. `~/.cache/tftrain` on Linux). `--no-remember-execution` (the config field
-`runtime.remember_execution`) times every run again.
-
-Writes (`put`, `forget`) hold a lock on the sibling file `execution.json.lock`
-(`filelock`) around the read, the change and the atomic rename, so concurrent
-processes (the multi-process launcher, pytest-xdist workers) keep each other's
-entries; reads take no lock, since the file is only ever replaced whole. A
-file that cannot be written, or a lock not taken within `LOCK_TIMEOUT_S`, skips
-the write with no error: the memory only saves time.
-
-Limits: the key sees a model through its Keras config, so an edit to a custom layer's
-`call()` that leaves its config unchanged keeps the old choice; and a choice timed in a
-noisy spell is kept until something in the key changes. Pass `--no-remember-execution`
-after such changes, or delete the file.
+Limits: the key sees a model through its Keras config, so an edit to a custom layer's `call()`
+that keeps its config keeps the old choice, as does a choice timed in a noisy spell; pass
+`--no-remember-execution` then, or delete the file.
 """
 
 from __future__ import annotations
@@ -64,15 +47,14 @@ def cache_dir() -> Path:
 
 
 def _model_description(model) -> Optional[str]:
-    """The model's architecture, dtype policies and compile settings as JSON, its layer and optimizer
-    names replaced by their order of appearance (Keras numbers `dense_1`, `adam_1`, ... per process); None when Keras cannot
-    serialise it (a subclassed model without `get_config`): such a model is timed every run."""
+    """The model's config as JSON, layer and optimizer names replaced by their order (Keras numbers
+    them per process); None when Keras cannot serialise it (the model is then timed every run)."""
     try:
         description = json.loads(model.to_json())
     except Exception:  # noqa: BLE001 (NotImplementedError, TypeError, ...: no stable description)
         return None
-    # compile_config holds the optimizer's learning rate and schedule (decay steps change with
-    # --epochs); the step's computation is keyed by the loss and optimizer class instead.
+    # compile_config holds the learning rate schedule (which --epochs changes); the loss and
+    # optimizer class key the step instead.
     description.pop("compile_config", None)
     optimizer = getattr(model, "optimizer", None)
     names = {model.name, getattr(optimizer, "name", None),
@@ -116,17 +98,8 @@ def _gpu_details() -> list:
 
 
 def execution_key(model, dataset, candidates) -> Optional[str]:
-    """A hash of everything the graph-vs-XLA answer depends on, or None when the model has no
-    stable description.
-
-    Args:
-        model: the compiled Keras model, before `choose_execution`.
-        dataset: the probe `tf.data.Dataset` (its element spec: shapes and dtypes of a batch).
-        candidates: the modes to be timed.
-
-    Returns:
-        A 64-character hex SHA-256, or None.
-    """
+    """A hex SHA-256 of everything the graph-vs-XLA answer depends on (of `dataset`, its element
+    spec), or None when the model has no stable description."""
     import keras
     import tensorflow as tf
 
@@ -154,10 +127,9 @@ def execution_key(model, dataset, candidates) -> Optional[str]:
 class ExecutionMemory:
     """Remembered `ExecutionChoice`s in one JSON file, keyed by `execution_key`.
 
-    A missing, unreadable or corrupt file is an empty memory (the choice is timed
-    again). Writes are locked (`<file>.lock`), so concurrent processes keep each
-    other's entries; a file that cannot be written, or a lock not taken within
-    `LOCK_TIMEOUT_S`, is skipped with no error, since the memory only saves time.
+    A missing or corrupt file is an empty memory. Writes lock `<file>.lock` around read, change and
+    atomic rename, so concurrent processes keep each other's entries (reads need no lock); a write
+    that fails or waits past `LOCK_TIMEOUT_S` is skipped silently: the memory only saves time.
 
     Args:
         path: the JSON file. Defaults to `cache_dir() / "execution.json"`.
@@ -172,7 +144,7 @@ class ExecutionMemory:
 
     @property
     def lock_path(self) -> Path:
-        """The lock file beside the memory's file (`execution.json.lock`)."""
+        """The lock file beside the memory's file."""
         return self.path.with_name(f"{self.path.name}.lock")
 
     def _entries(self) -> dict:
@@ -183,11 +155,7 @@ class ExecutionMemory:
         return entries if isinstance(entries, dict) else {}
 
     def _update(self, change: Callable[[dict], Optional[dict]]) -> None:
-        """Reads the entries, applies `change` and writes its result, all under the lock.
-
-        Args:
-            change: takes the entries and returns the entries to write, or None to write nothing.
-        """
+        """Applies `change` (entries -> entries to write, or None) under the lock."""
         from tftrain.rundir import write_text_atomic
 
         try:
@@ -216,27 +184,18 @@ class ExecutionMemory:
         return choice if choice.execution in ("graph", "xla") and choice.execution in timings else None
 
     def put(self, key: Optional[str], choice):
-        """Remembers `choice` under `key`, keeping the newest `MAX_ENTRIES`.
-
-        Args:
-            key: an `execution_key`; None remembers nothing.
-            choice: the `ExecutionChoice` to remember.
-
-        Returns:
-            `choice`, whether or not it could be written.
-        """
+        """Remembers `choice` under `key` (None: nothing), keeping the newest `MAX_ENTRIES`; returns `choice`."""
         if key:
             self.put_entry(key, {**choice.to_dict(), "saved_at": datetime.datetime.now().isoformat(timespec="seconds")})
         return choice
 
     def get_entry(self, key: str) -> Optional[dict]:
-        """The raw entry (plain data) under `key`, or None; for other remembered measurements, e.g.
-        `tftrain.runtime.thread_choice`'s."""
+        """The raw entry under `key`, or None (for other measurements, e.g. `thread_choice`'s)."""
         entry = self._entries().get(key)
         return entry if isinstance(entry, dict) else None
 
     def put_entry(self, key: str, entry: dict) -> None:
-        """Writes the raw `entry` (JSON-ready) under `key`, keeping the newest `MAX_ENTRIES` (locked, as `put`)."""
+        """Writes the raw JSON-ready `entry` under `key`, as `put` does."""
 
         def add(entries: dict) -> dict:
             entries.pop(key, None)
@@ -246,14 +205,7 @@ class ExecutionMemory:
         self._update(add)
 
     def forget(self, key: Optional[str]) -> None:
-        """Removes the choice remembered under `key`, so that the next run times it again.
-
-        A remembered choice that fails now is forgotten and timed again. Nothing
-        happens when `key` is None or not remembered.
-
-        Args:
-            key: an `execution_key`, or None.
-        """
+        """Removes the choice under `key` (if any), so that the next run times it again."""
         if not key:
             return
 

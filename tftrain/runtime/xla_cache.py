@@ -1,17 +1,10 @@
 """XLA's persistent compilation cache: a run that compiles a step XLA compiled before loads it from disk.
 
-TensorFlow can keep the executables XLA compiles for `jit_compile=True` functions in a
-directory (`--tf_xla_persistent_cache_directory` in `TF_XLA_FLAGS`, read when TensorFlow's
-runtime starts), keyed by the compiled program's fingerprint. tftrain turns it on next to its
-execution memory, so that the rerun of a model whose remembered choice is XLA (and the XLA
-candidate timed on a later run) skips XLA's compile: measured on a 784-512-256-10 MLP at batch
-256 on a 2-core CPU, the XLA step's first call took 2.7 s, and 1.7 s with the cache (the rest
-is tracing and graph optimisation, which every run pays).
-
-The directory is `<tftrain cache>/xla/<key>`, the key a hash of the TensorFlow version, the CPU
-model and its feature flags and the NVIDIA GPUs' names and driver, so that a cache in a home
-directory shared by machines of different CPUs or GPUs never hands one an executable built for
-another's instructions. Its files are pruned, oldest first, to `MAX_BYTES`.
+TensorFlow keeps XLA's executables in the directory `--tf_xla_persistent_cache_directory` in
+`TF_XLA_FLAGS` names (read when its runtime starts); tftrain turns it on beside its execution
+memory, so a rerun whose choice is XLA skips the compile (not the tracing). The directory is keyed
+by `cache_key()`, so a cache shared by different machines never hands one an executable built for
+another's CPU or GPU.
 """
 
 from __future__ import annotations
@@ -26,12 +19,12 @@ FLAG = "--tf_xla_persistent_cache_directory"
 """The `TF_XLA_FLAGS` flag naming the cache directory."""
 
 MAX_BYTES = 512 * 2**20
-"""The cache's size in bytes after pruning (a small model's executable is about 1 MB)."""
+"""The cache's size in bytes after pruning, oldest files first."""
 
 
 def cache_key() -> str:
-    """A hash of what an executable depends on: TensorFlow's version, the CPU model and its flags, and
-    the NVIDIA GPUs' names and driver (read without starting TensorFlow)."""
+    """A hash of what an executable depends on (TensorFlow's version, CPU model and flags, NVIDIA GPUs
+    and driver), read without starting TensorFlow's runtime."""
     import tensorflow as tf
 
     from tftrain.host import cpu_flags, cpu_model, nvidia_hardware
@@ -68,15 +61,12 @@ def enable(directory: Optional[Path] = None, env: Optional[dict] = None) -> Opti
     """Points XLA's persistent compilation cache at `directory`, before TensorFlow's runtime starts.
 
     Args:
-        directory: the cache directory. Defaults to None
-            (`<tftrain cache>/xla/<cache_key()>`).
-        env: the environment to set `TF_XLA_FLAGS` in. Defaults to None
-            (`os.environ`, which TensorFlow reads when its runtime starts).
+        directory: Defaults to `<tftrain cache>/xla/<cache_key()>`.
+        env: where to set `TF_XLA_FLAGS`. Defaults to `os.environ`.
 
     Returns:
-        The directory in use, or None: when `TF_XLA_FLAGS` already names one (the
-        user's, kept), the runtime already started (too late to take effect), or the
-        directory cannot be created.
+        The directory in use, or None when `TF_XLA_FLAGS` already names one (kept), the runtime
+        already started, or the directory cannot be created.
     """
     env = os.environ if env is None else env
     flags = env.get("TF_XLA_FLAGS", "")
