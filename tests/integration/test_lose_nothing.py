@@ -68,11 +68,21 @@ def test_a_kill_after_training_resumes_without_training_again(tmp_path):
     assert not (run_dir / "backup").exists() and not (run_dir / "failure.log").exists()
 
 
+def _hparams_sessions(log_dir) -> int:
+    """HParams sessions (their start records) in the event files directly in `log_dir`."""
+    import tensorflow as tf
+
+    return sum(value.tag == "_hparams_/session_start_info"
+               for path in log_dir.glob("events.out.tfevents.*")
+               for event in tf.compat.v1.train.summary_iterator(str(path)) for value in event.summary.value)
+
+
 def test_a_kill_right_after_metrics_json_is_completed_by_the_same_command(tmp_path):
     run_dir = tmp_path / "run"
     killed = _run(run_dir, kill=False, after_metrics=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert (run_dir / "metrics.json").is_file() and (run_dir / "backup").is_dir()
+    assert _hparams_sessions(run_dir / "logs") == 1  # written before metrics.json, which marks the run finished
     metrics = (run_dir / "metrics.json").read_text()
     done = _run(run_dir, kill=False)
     assert done.returncode == 0, done.stderr[-3000:]

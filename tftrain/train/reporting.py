@@ -194,26 +194,29 @@ def make_record(trainer, history, test, started: float, fit_time: float) -> RunR
     )
 
 
-def write_record(trainer, record: RunRecord) -> dict:
-    """Writes `metrics.json` and `report.md` (chief only); returns the metrics."""
+def write_record(trainer, record: RunRecord, session: bool = False) -> dict:
+    """Writes `metrics.json` and `report.md` (chief only), after the run's HParams session with `session`
+    (metrics.json marks the run finished, so what the run writes comes before it); returns the metrics."""
     from tftrain import reports
+    from tftrain.train import hparams_log
 
     metrics = record.to_dict()
     if trainer.is_chief:
+        if session:
+            hparams_log.log_run(trainer, record)  # TensorBoard's HParams tab compares the runs of a folder
         reports.write_metrics(record.run_dir, metrics)
         reports.write_report(record.run_dir, metrics, title=_title(trainer))
     return metrics
 
 
 def report(trainer, record: RunRecord) -> None:
-    """Writes `metrics.json`, `report.md` and the HParams session (chief only) and prints the result lines."""
+    """Writes `metrics.json` and `report.md` again (chief only; the export's results) and prints the result lines."""
     from tftrain import reports
 
     from tftrain.train import hparams_log
 
     metrics = write_record(trainer, record)
     if trainer.is_chief:
-        hparams_log.log_run(trainer, record)  # TensorBoard's HParams tab compares the runs of a folder
         if trainer.mlflow is not None:  # after metrics.json and report.md, which it uploads
             trainer.mlflow.finish(hparams_log.hparam_values(trainer.config, record), hparams_log.final_figures(record),
                                   step=record.resumed_from_epoch + record.epochs_trained)

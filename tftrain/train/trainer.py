@@ -485,10 +485,10 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, Expor
         return reporting.make_record(self, history, test, started, fit_time)
 
     def write_record(self, record: RunRecord) -> None:
-        """Writes `metrics.json` and `report.md` (chief only)."""
+        """Writes the HParams session, then `metrics.json` and `report.md` (chief only)."""
         from tftrain.train import reporting
 
-        reporting.write_record(self, record)
+        reporting.write_record(self, record, session=True)
 
     def report(self, record: RunRecord) -> None:
         """Writes `metrics.json` and `report.md` (chief only) and prints the result."""
