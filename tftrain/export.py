@@ -17,13 +17,15 @@ from pathlib import Path
 from typing import List, Optional
 
 from tftrain import rundir as rundir_lib
+from tftrain.cli import OneLineParser
 from tftrain.errors import ConfigError
 
 PROG = "python -m tftrain.export"
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    """The command line; raises `ConfigError` (one line) on a bad one."""
+    parser = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a finished run's directory (it holds model.keras)")
     parser.add_argument("--formats", default="saved_model", metavar="FORMATS",
                         help="saved_model, onnx, litert, comma-separated (default: saved_model)")
@@ -91,9 +93,9 @@ def _mixed(dtype) -> bool:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Exports and checks; returns the exit code (module docstring)."""
-    args = parse_args(argv)
-    run_dir = Path(args.run_dir)
     try:
+        args = parse_args(argv)
+        run_dir = Path(args.run_dir)
         formats = check(run_dir, args.formats)
         import keras
 

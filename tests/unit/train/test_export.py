@@ -54,3 +54,13 @@ def test_a_format_whose_converter_is_missing_is_refused_before_training(tmp_path
     assert not (tmp_path / "run").exists()
     with pytest.raises(ConfigError, match="unknown format 'pytorch'"):
         _fit(tmp_path, export="pytorch")
+
+
+def test_python_m_tftrain_export_refuses_a_bad_command_line_in_one_line(capsys):
+    from tftrain import export
+
+    assert export.main(["--formts", "onnx", "runs/x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--formts: did you mean --formats?" in err[0], err
+    assert export.main([]) == 2
+    assert "required: RUN_DIR" in capsys.readouterr().err
