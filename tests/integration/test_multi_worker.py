@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO, SUBPROCESS_ENV, checkpoint_metadata, optimizer_steps, read_metrics
-from tftrain.callbacks.backup import BackupPosition, read_position
+from tftrain.checkpoint_files import BackupPosition, read_position
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from tftrain import checkpoint_files
 from tftrain.callbacks._steps import optimizer_steps
-from tftrain.checkpoint_files import BackupPosition, read_position  # noqa: F401 (their public home here)
+from tftrain.checkpoint_files import BackupPosition
 from tftrain.errors import check_int
 
 SPACE_MARGIN = 1 << 20

@@ -2,7 +2,7 @@
 
 Unlike Keras's `TensorBoard(profile_batch=...)`, it counts optimizer steps, not executions, and fails
 loudly without the plugin or when the window is never reached. Also `ProfilerServer` for TensorBoard's
-"Capture profile". `profile_steps`'s names are re-exported here.
+"Capture profile".
 
 Source: https://www.tensorflow.org/guide/profiler
 """
@@ -16,9 +16,7 @@ import keras
 import tensorflow as tf
 
 from tftrain.callbacks._steps import steps_per_execution, train_steps
-from tftrain.callbacks.profile_steps import (  # noqa: F401 (re-exported: the names moved there)
-    PLUGIN_INSTALL, PLUGIN_PACKAGES, TRACER_DEFAULTS, ProfileSteps, StepWindow, check_profile_plugin,
-    check_window_fits, profile_plugin_installed, tensorboard_command, xplane_files)
+from tftrain.callbacks.profile_steps import ProfileSteps, check_window_fits
 from tftrain.errors import ProfilerError, check_int
 
 

@@ -416,7 +416,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, Expor
 
     def _checkpoint_note(self) -> str:
         """Where the last good checkpoint is, and what to do about a diverged run."""
-        from tftrain.callbacks.backup import read_position
+        from tftrain.checkpoint_files import read_position
 
         position = read_position(self.run_dir.backup_dir)
         at = None if position is None else (f"end of epoch {position.epoch}" if not position.steps_in_epoch else

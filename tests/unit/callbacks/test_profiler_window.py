@@ -8,7 +8,7 @@ import tensorflow as tf
 from tests.profile_traces import event_counts, read_xspace, stat_values, step_markers
 from tftrain.callbacks import ProfilerWindow, ProfileSteps, profile_steps, profiler
 from tftrain.callbacks._trace_steps import group_steps_by_markers, step_marker_name
-from tftrain.callbacks.profiler import StepWindow, check_window_fits
+from tftrain.callbacks.profile_steps import StepWindow, check_window_fits
 from tftrain.errors import ConfigError, ProfileNotWritten, ProfilerError
 
 
