@@ -173,3 +173,26 @@ def test_a_run_finished_or_taken_between_the_check_and_the_lock_is_refused_untou
     verbose = RecipeConfig(run_dir="x", train=TrainConfig(verbose=2))  # same run: takes it and resumes
     with rundir.task_run_dir(checked, config_lib.to_yaml(verbose)) as out:
         assert out.path == path
+
+
+def test_history_keeps_one_row_per_epoch_the_last_one_logged(tmp_path):
+    from types import SimpleNamespace
+
+    from tftrain.rundir import tidy_history
+
+    path = tmp_path / "history.csv"  # epoch 1 logged, a kill before its backup, then logged again
+    path.write_text("epoch,loss,val_loss\n0,0.9,0.8\n1,0.5,0.6\n1,0.4,0.5\n2,0.3,0.4\n")
+    assert tidy_history(path, SimpleNamespace(epoch=[1, 2], history={"loss": [0.4, 0.3]})) is None
+    assert path.read_text() == "epoch,loss,val_loss\n0,0.9,0.8\n1,0.4,0.5\n2,0.3,0.4\n"
+
+
+def test_a_damaged_history_is_rebuilt_from_this_attempt_and_said(tmp_path):
+    from types import SimpleNamespace
+
+    from tftrain.rundir import read_history, tidy_history
+
+    path = tmp_path / "history.csv"  # its header cut by a full disk, the next row glued onto it
+    path.write_text("epoch,loss,val_l0,0.9,0.8\n1,0.5,0.6\n")
+    note = tidy_history(path, SimpleNamespace(epoch=[2], history={"loss": [0.3], "val_loss": [0.4]}))
+    assert note == f"{path} was damaged; it now holds the 1 epoch(s) this attempt trained"
+    assert read_history(path) == {"loss": [0.3], "val_loss": [0.4]}

@@ -48,9 +48,9 @@ class Console:
         """A section heading: `== title ==`."""
         self.line(f"== {title} ==")
 
-    def warn(self, text: str) -> None:
-        """A warning on stderr, unless silent."""
-        if self.verbose:
+    def warn(self, text: Optional[str]) -> None:
+        """A warning on stderr, unless silent or `text` is empty."""
+        if self.verbose and text:
             self._write(self.err or sys.stderr, f"warning: {text}")
 
     def error(self, text: str) -> None:

@@ -179,6 +179,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, Expor
                 self.note_custom_steps(model)
                 self.choose_execution(model)
                 history, fit_time = self.train(model, self.make_callbacks())
+                self.console.warn(rundir_lib.tidy_history(self.out_dir.path / rundir_lib.HISTORY_FILE, history))
                 self.preemption.phase = "evaluation (training's checkpoint is kept)"
                 test = self.evaluate(model)
                 with self.preemption.holding(stop_after=False):  # a signal waits for these writes
