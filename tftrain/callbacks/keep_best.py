@@ -158,6 +158,12 @@ class KeepBest(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.last = self._last.save(checkpoint_number=epoch + 1)
+        redone = [k for k in self.kept if k["epoch"] >= epoch + 1]  # logged before a kill, then trained again
+        if redone:
+            for k in redone:
+                _delete(k["checkpoint"])
+            self.kept = [k for k in self.kept if k["epoch"] < epoch + 1]
+            _write_state(self.directory, self.kept)
         value = (logs or {}).get(self.monitor)
         if value is None:
             if not self._warned:

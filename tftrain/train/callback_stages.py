@@ -15,12 +15,13 @@ class CallbackStages:
     """`Trainer`'s stages that make the callbacks of `fit` and plan the backup interval."""
 
     def make_callbacks(self) -> list:
-        """NanGuard, CSVLogger, StepBackup, TensorBoard, ChanceWatch, the per-step monitors,
-        EarlyStopping, KeepBest, MLflow, then the user's callbacks.
+        """NanGuard, CSVLogger, KeepBest, StepBackup, TensorBoard, ChanceWatch, the per-step monitors,
+        EarlyStopping, MLflow, then the user's callbacks.
 
         The order matters: the guard raises before a checkpoint can save a diverged state; the epoch
-        log comes before the backup, so a kill between the two repeats a logged epoch rather than
-        losing one; the backup clears its own early end of a resumed epoch before EarlyStopping may stop.
+        log and the kept best epochs come before the backup, so a kill between them repeats a logged
+        epoch (whose second log replaces the first) rather than losing one; the backup clears its own
+        early end of a resumed epoch before EarlyStopping may stop.
         """
         import keras
 
@@ -30,11 +31,11 @@ class CallbackStages:
         agreed = self._agreed_stop()
         self.backup = self._make_backup(agreed)
         history = keras.callbacks.CSVLogger(str(out.path / rundir_lib.HISTORY_FILE), append=True)
-        callbacks = [NanGuard(), history, *([agreed] if agreed else []), self.backup,
+        callbacks = [NanGuard(), history, *self._keep_best(), *([agreed] if agreed else []), self.backup,
                      EpochTensorBoard(str(out.log_dir)), ChanceWatch(say=self.console.warn)]
         if self.loop.per_step_hooks:
             callbacks += self._step_callbacks()
-        callbacks += self._early_stopping() + self._keep_best()
+        callbacks += self._early_stopping()
         from tftrain.train import mlflow_log
 
         self.mlflow = mlflow_log.make(self.config.train.mlflow, out.path, self.task.name, self.is_chief,
@@ -88,7 +89,7 @@ class CallbackStages:
         return [self.early_stopping]
 
     def _keep_best(self) -> list:
-        """`--keep-best N`: `KeepBest` in `checkpoints/`, after the backup. A worker that is not the
+        """`--keep-best N`: `KeepBest` in `checkpoints/`, before the backup. A worker that is not the
         chief saves the same epochs (saving may take collective ops) to its temporary directory."""
         keep = self.config.train.keep_best
         if not keep:

@@ -110,3 +110,39 @@ def test_a_worker_ranks_from_the_chief_s_state_and_never_deletes_its_files(tmp_p
     assert sorted(p.name for p in (chief / "best").iterdir()) == ["epoch-1.index", "epoch-2.index"]  # untouched
     best.on_epoch_end(3, {"loss": 0.9})  # worse than both: not saved (as on the chief)
     assert not list((worker / "best").glob("epoch-4*"))
+
+
+def test_an_epoch_trained_again_after_a_kill_replaces_its_first_ranking(tmp_path):
+    import keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    best = KeepBest(tmp_path, keep=2, monitor="loss")
+    best.set_model(model)
+    best.on_train_begin()
+    for epoch, loss in enumerate((0.9, 0.5, 0.2)):  # epochs 1-3 ranked; a kill then came before the backup
+        best.on_epoch_end(epoch, {"loss": loss})
+    resumed = KeepBest(tmp_path, keep=2, monitor="loss")  # the rerun resumes at the end of epoch 2
+    resumed.set_model(model)
+    resumed.on_train_begin()
+    resumed.on_epoch_end(2, {"loss": 0.3})  # epoch 3 again, trained anew: its first ranking goes
+    assert [(k["epoch"], k["value"]) for k in resumed.kept] == [(3, 0.3), (2, 0.5)]
+    assert json.loads((tmp_path / STATE_FILE).read_text()) == resumed.kept
+    assert sorted(p.stem for p in (tmp_path / "best").glob("*.index")) == ["epoch-2", "epoch-3"]
+
+
+def test_the_trainer_ranks_an_epoch_before_its_backup_commits_it(tmp_path):
+    import keras
+
+    import tftrain
+    from tftrain.callbacks import KeepBest, StepBackup
+
+    def build():
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+
+    x = np.random.default_rng(0).standard_normal((64, 4)).astype("float32")
+    task = tftrain.ArrayTask(build, x, x[:, :1], loss="mse")
+    trainer = tftrain.Trainer(task, keep_best=1, verbose=0, run_dir=str(tmp_path / "run"))
+    trainer.check(), trainer.setup_runtime(), trainer.bind_task(), trainer.plan_fixed_batch()
+    trainer.out_dir = trainer.run_dir
+    kinds = [type(c) for c in trainer.make_callbacks()]
+    assert kinds.index(KeepBest) < kinds.index(StepBackup)
