@@ -37,6 +37,9 @@ HISTORY_FILE = "history.csv"
 """One row per epoch and every logged metric, appended across resumes (Keras's `CSVLogger`)."""
 FAILURE_LOG = "failure.log"
 """The traceback of a failed attempt (`tftrain.run`); a later attempt that finishes removes it."""
+DIGEST_FILE = ".tftrain.config-sha256"
+"""The SHA-256 of the settings `config.yaml` was written with: a damaged `config.yaml` that still parses
+is told from another run's, and the same command restores it."""
 LOCK_FILE, HOLDER_FILE = ".tftrain.lock", ".tftrain.holder"
 """The writer's lock (`filelock`: the OS releases it when the process dies, even by SIGKILL), and the
 file naming that process (pid, host, start time)."""
@@ -58,6 +61,7 @@ class RunDir:
             gradient accumulation); 0 otherwise.
         finished_before: a scheduler's restart found this run finished with the same config.
         after_steps_pending: after-steps (`"export"`) a finished run has not done; a rerun does only these.
+        config_repaired: its `config.yaml` was damaged and this run's settings have its digest: rewritten.
     """
 
     path: Path
@@ -65,6 +69,7 @@ class RunDir:
     resumed_steps: int = 0
     finished_before: bool = False
     after_steps_pending: tuple = ()
+    config_repaired: bool = False
 
     @property
     def resumed(self) -> bool:
@@ -152,6 +157,27 @@ def _strip(config: dict) -> dict:
             node = node.get(key, {})
         node.pop(keys[-1], None)
     return config
+
+
+def config_digest(config: dict) -> str:
+    """SHA-256 of a config's settings that must match to resume (`_IGNORED_WHEN_RESUMING` left out)."""
+    return hashlib.sha256(json.dumps(_strip(config), sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
+
+def _stored_config(p: Path, config: dict) -> tuple:
+    """`(settings, repaired)` of `p/config.yaml`: None when unreadable or damaged (its digest differs), or
+    `config` itself with `repaired` True when it is damaged but `config` has the digest it was written with."""
+    try:
+        stored = yaml.safe_load((p / CONFIG_FILE).read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        stored = None
+    try:
+        digest = (p / DIGEST_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        digest = None
+    if isinstance(stored, dict) and (digest is None or config_digest(stored) == digest):
+        return stored, False
+    return (config, True) if digest == config_digest(config) else (None, False)
 
 
 def _differences(old, new, prefix="") -> list:
@@ -242,11 +268,8 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
     pending = pending_after_steps(p) if finished else ()
     if finished and not pending and not _finished_by(p, restart_of) and not (p / BACKUP_DIR).is_dir():
         raise _finished_error(p)  # (a backup beside metrics.json: a kill as the run ended, which a rerun completes)
-    try:
-        previous = yaml.safe_load((p / CONFIG_FILE).read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError, OSError):
-        previous = None
-    if not isinstance(previous, dict):
+    previous, repaired = _stored_config(p, config)
+    if previous is None:
         kept = [name for name in (BACKUP_DIR, MODEL_FILE) if (p / name).exists()]
         raise RunDirError(
             f"Run directory {str(p)!r} holds a damaged {CONFIG_FILE} ({p / CONFIG_FILE}), the settings its run "
@@ -269,8 +292,8 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
             f"(--config {p / CONFIG_FILE}) to resume it."
         )
     if finished:
-        return RunDir(p, finished_before=True, after_steps_pending=pending)
-    return RunDir(p, resumed_epochs=completed_epochs(p / BACKUP_DIR),
+        return RunDir(p, finished_before=True, after_steps_pending=pending, config_repaired=repaired)
+    return RunDir(p, resumed_epochs=completed_epochs(p / BACKUP_DIR), config_repaired=repaired,
                   resumed_steps=_backup_metadata(p / BACKUP_DIR, "steps_in_epoch"))
 
 
@@ -370,11 +393,13 @@ def locked(path) -> Iterator[None]:
 
 
 def create_run_dir(run_dir: RunDir, config_yaml: str) -> None:
-    """Creates the directory and writes `config.yaml` (kept as is when resuming)."""
+    """Creates the directory and writes `config.yaml` and its digest (kept as they are when resuming)."""
     run_dir.path.mkdir(parents=True, exist_ok=True)
     target = run_dir.path / CONFIG_FILE
-    if not target.exists():
+    if not target.exists() or run_dir.config_repaired:
         write_text_atomic(target, config_yaml)
+    if not (run_dir.path / DIGEST_FILE).exists():
+        write_text_atomic(run_dir.path / DIGEST_FILE, config_digest(yaml.safe_load(config_yaml) or {}) + "\n")
 
 
 def _check_unchanged(run_dir: RunDir, config_yaml: str) -> None:
@@ -383,13 +408,11 @@ def _check_unchanged(run_dir: RunDir, config_yaml: str) -> None:
     p = run_dir.path
     if not run_dir.finished_before and (p / METRICS_FILE).exists():
         raise _finished_error(p)
-    try:
-        written = yaml.safe_load((p / CONFIG_FILE).read_text(encoding="utf-8"))
-    except OSError:
+    if not (p / CONFIG_FILE).exists():
         return
-    except (yaml.YAMLError, UnicodeDecodeError):
-        written = None
-    if not isinstance(written, dict) or _differences(_strip(written), _strip(yaml.safe_load(config_yaml) or {})):
+    ours = yaml.safe_load(config_yaml) or {}
+    written, _ = _stored_config(p, ours)
+    if written is None or _differences(_strip(written), _strip(ours)):
         raise RunDirError(f"Run directory {str(p)!r} was taken by another run while this one started (its "
                           f"{CONFIG_FILE} differs). Pass a new --run-dir.")
 
@@ -430,67 +453,3 @@ def task_run_dir(run_dir: RunDir, config_yaml: str, is_chief: bool = True, task:
         yield RunDir(scratch, resumed_epochs=run_dir.resumed_epochs)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def tidy_history(path, attempt=None) -> Optional[str]:
-    """Rewrites `history.csv` with one row per epoch, in order, each epoch's last row kept (an epoch redone
-    after a kill is logged twice); returns None, or one line when the file was damaged and was rebuilt from
-    `attempt`, this attempt's `keras.callbacks.History` (its `epoch` and `history`).
-
-    A damaged file (a header without `epoch` or with a number for a name, a row of another length than the
-    header) cannot be merged row by row; it then holds the epochs this attempt trained.
-    """
-    import csv
-    import io
-
-    path = Path(path)
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            header, rows = list(reader.fieldnames or []), list(reader)
-    except (OSError, ValueError, csv.Error):
-        return None
-    damaged = "epoch" not in header or any(not name or name[0] in "-.0123456789" for name in header) or any(
-        None in row or None in row.values() or not str(row.get("epoch", "")).strip().isdigit() for row in rows)
-    if damaged:
-        epochs, logs = list(getattr(attempt, "epoch", None) or []), dict(getattr(attempt, "history", None) or {})
-        if not epochs:
-            return None
-        header = ["epoch", *logs]
-        rows = [{"epoch": e, **{k: logs[k][i] for k in logs}} for i, e in enumerate(epochs)]
-    by_epoch = {int(row["epoch"]): row for row in rows}
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=header, lineterminator="\n", extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(by_epoch[e] for e in sorted(by_epoch))
-    write_text_atomic(path, text.getvalue())
-    return (f"{path} was damaged; it now holds the {len(by_epoch)} epoch(s) this attempt trained" if damaged
-            else None)
-
-
-def read_history(path) -> dict:
-    """The run's per-epoch metrics from `history.csv`, across resumes.
-
-    Returns:
-        `{metric: [value per epoch]}`: NaN where a row lacks it, an epoch logged twice keeps its last row,
-        all-NaN columns are left out; {} when the file is missing or empty.
-    """
-    import csv
-    import math
-
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = {int(row["epoch"]): row for row in csv.DictReader(f) if row.get("epoch", "").strip()}
-    except (OSError, ValueError, KeyError):
-        return {}
-    names = list(dict.fromkeys(k for row in rows.values() for k in row if k != "epoch"))
-
-    def value(text) -> float:
-        try:
-            return float(text)
-        except (TypeError, ValueError):
-            return math.nan
-
-    history = {name: [value(rows[e].get(name)) for e in sorted(rows)] for name in names}
-    # Keras's CSVLogger adds val_ columns holding "NA" to a run without validation data: not metrics.
-    return {name: values for name, values in history.items() if not all(math.isnan(v) for v in values)}

@@ -8,7 +8,7 @@ from pathlib import Path
 from tests.conftest import REPO
 
 LAYERS = (
-    ("errors", "host", "metering", "_compat", "files"),  # without TensorFlow; _compat: the private uses
+    ("errors", "host", "metering", "_compat", "files", "epoch_log"),  # without TensorFlow; _compat: the private uses
     ("config",),
     ("runtime", "data", "rundir", "flops", "checkpoint_files"),
     ("callbacks",),

@@ -46,10 +46,24 @@ def test_a_damaged_config_beside_a_checkpoint_names_the_file_and_how_to_resume(t
     started(tmp_path / "run")
     (tmp_path / "run" / "backup").mkdir()
     (tmp_path / "run" / "config.yaml").write_bytes(damage)
+    other = RecipeConfig(run_dir="x", train=TrainConfig(epochs=3))  # not the settings it was written with
     with pytest.raises(RunDirError, match=r"holds a damaged config\.yaml .*its backup may be intact\. Write "
                                           r"config\.yaml back .* and rerun to resume"):
-        rundir.check_run_dir(tmp_path / "run", CFG.to_dict())
+        rundir.check_run_dir(tmp_path / "run", other.to_dict())
     assert (tmp_path / "run" / "config.yaml").read_bytes() == damage  # nothing a user could restore is touched
+
+
+@pytest.mark.parametrize("damage", [b"\xff\xfe\x00garbage", b"runtime: [unclosed", b"train: {epochs: 1"[:9],
+                                    b"data:\n  cache:\n"])
+def test_a_damaged_config_is_written_back_by_the_command_whose_settings_match_its_digest(tmp_path, damage):
+    started(tmp_path / "run")
+    (tmp_path / "run" / "backup").mkdir()
+    (tmp_path / "run" / "config.yaml").write_bytes(damage)  # some still parse as YAML, as a cut file may
+    run_dir = rundir.check_run_dir(tmp_path / "run", CFG.to_dict())
+    assert run_dir.config_repaired
+    rundir.create_run_dir(run_dir, config_lib.to_yaml(CFG))
+    assert (tmp_path / "run" / "config.yaml").read_text() == config_lib.to_yaml(CFG)
+    assert not rundir.check_run_dir(tmp_path / "run", CFG.to_dict()).config_repaired
 
 
 def test_a_trained_model_without_metrics_or_checkpoint_is_not_trained_over(tmp_path):
@@ -134,7 +148,7 @@ def test_every_task_of_a_cluster_derives_the_same_default_run_id():
 
 
 def test_history_reads_the_whole_run_and_keeps_an_epoch_logged_twice_once(tmp_path):
-    from tftrain.rundir import read_history
+    from tftrain.epoch_log import read_history
 
     path = tmp_path / "history.csv"
     path.write_text("epoch,loss,val_loss\n0,0.9,1.0\n1,0.5,0.7\n1,0.45,0.65\n2,0.3,\n")  # epoch 1 trained again
@@ -178,7 +192,7 @@ def test_a_run_finished_or_taken_between_the_check_and_the_lock_is_refused_untou
 def test_history_keeps_one_row_per_epoch_the_last_one_logged(tmp_path):
     from types import SimpleNamespace
 
-    from tftrain.rundir import tidy_history
+    from tftrain.epoch_log import tidy_history
 
     path = tmp_path / "history.csv"  # epoch 1 logged, a kill before its backup, then logged again
     path.write_text("epoch,loss,val_loss\n0,0.9,0.8\n1,0.5,0.6\n1,0.4,0.5\n2,0.3,0.4\n")
@@ -189,7 +203,7 @@ def test_history_keeps_one_row_per_epoch_the_last_one_logged(tmp_path):
 def test_a_damaged_history_is_rebuilt_from_this_attempt_and_said(tmp_path):
     from types import SimpleNamespace
 
-    from tftrain.rundir import read_history, tidy_history
+    from tftrain.epoch_log import read_history, tidy_history
 
     path = tmp_path / "history.csv"  # its header cut by a full disk, the next row glued onto it
     path.write_text("epoch,loss,val_l0,0.9,0.8\n1,0.5,0.6\n")

@@ -7,6 +7,7 @@ import sys
 import time
 
 from tftrain import config as config_lib
+from tftrain import epoch_log
 from tftrain import rundir as rundir_lib
 from tftrain.train.record import RunRecord
 
@@ -70,6 +71,9 @@ def announce_run_dir(trainer) -> None:
     run_dir, out, console = trainer.run_dir, trainer.out_dir, trainer.console
     console.line(f"run directory: {run_dir.path}" + ("" if trainer.is_chief else
                  f" (the chief's; {trainer.task_name} writes to {out.path})"))
+    if run_dir.config_repaired:
+        console.warn(f"{run_dir.path / 'config.yaml'} was damaged; this command's settings are those it was written "
+                     "with (their digest matches), so it is written back")
     if run_dir.resumed:
         done = run_dir.resumed_steps // trainer.accumulation_steps  # the checkpoint counts micro-batches
         steps = f" and {done} optimizer steps of the next" if done else ""
@@ -170,7 +174,7 @@ def make_record(trainer, history, test, started: float, fit_time: float) -> RunR
     return RunRecord(
         task=trainer.task.name, run_dir=str(trainer.run_dir.path), test=test,
         # The whole run's epochs (history.csv, across resumes), else this process's.
-        history=rundir_lib.read_history(trainer.out_dir.path / rundir_lib.HISTORY_FILE)
+        history=epoch_log.read_history(trainer.out_dir.path / rundir_lib.HISTORY_FILE)
         or {k: [float(v) for v in vals] for k, vals in history.history.items()},
         epochs=cfg.train.epochs, epochs_trained=epochs_trained,
         # The checkpoint actually restored: the previous one when the newest could not be read.

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from tftrain import config as config_lib
+from tftrain import epoch_log
 from tftrain import rundir as rundir_lib
 from tftrain.errors import AlreadyFinished, ConfigError, Preempted, TrainingDiverged
 from tftrain.train.automatic import AutomaticSettings
@@ -179,7 +180,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, Expor
                 self.note_custom_steps(model)
                 self.choose_execution(model)
                 history, fit_time = self.train(model, self.make_callbacks())
-                self.console.warn(rundir_lib.tidy_history(self.out_dir.path / rundir_lib.HISTORY_FILE, history))
+                self.console.warn(epoch_log.tidy_history(self.out_dir.path / rundir_lib.HISTORY_FILE, history))
                 self.preemption.phase = "evaluation (training's checkpoint is kept)"
                 test = self.evaluate(model)
                 with self.preemption.holding(stop_after=False):  # a signal waits for these writes

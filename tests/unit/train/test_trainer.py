@@ -345,7 +345,7 @@ def test_an_unfinished_run_of_another_task_is_refused(tmp_path):
     (tmp_path / "run" / "task.json").write_text(json.dumps({"name": "other", "class": "ArrayTask", "hparams": None}))
     with pytest.raises(RunDirError, match="holds a run of task 'other' \\(ArrayTask\\); this is task 'tiny'"):
         _trainer(tmp_path).fit()  # ... but of another task: refused before anything is written
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.yaml", "task.json"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".tftrain.config-sha256", "config.yaml", "task.json"]
 
 
 @pytest.mark.slow
