@@ -162,14 +162,20 @@ class ModelStages:
         self.console.line(f"loss:      {note}")
 
     def init_weights(self, model) -> None:
-        """`--init-from PATH`: the model starts from those weights; a resumed run's checkpoint replaces them."""
+        """`--init-from PATH`: the model starts from those weights (its optimizer from step 0, as after
+        `load_weights`); a resumed run's checkpoint replaces them."""
         path = self.config.train.init_from
         if path is None:
             return
         from tftrain.train import init_weights
 
         kind, source = init_weights.resolve(path)
-        init_weights.load(model, kind, source)
+        if kind == "checkpoint":  # a kept checkpoint holds its run's optimizer too: read it into an uncompiled
+            twin = self.build_model(compile_model=False)  # twin, so that this run's optimizer starts afresh
+            init_weights.load(twin, kind, source)
+            model.set_weights(twin.get_weights())
+        else:
+            init_weights.load(model, kind, source)
         self.extras["init_from"] = {"path": source, "kind": kind}
         self.console.line(f"init:      weights from {source}")
 

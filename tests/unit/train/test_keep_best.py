@@ -135,3 +135,16 @@ def test_init_from_a_kept_checkpoint_leaves_no_tensorflow_warning(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     for warning in ("unrestored values", "could not be found in the restored object", "save_counter"):
         assert warning not in done.stderr, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_init_from_a_kept_checkpoint_takes_its_weights_and_not_its_optimizer(tmp_path):
+    # The kept checkpoint of a cosine run holds its optimizer at the schedule's end (learning rate 0) and,
+    # under gradient accumulation, a step counter of another dtype: neither may reach the new run.
+    _fit(tmp_path, "first", epochs=2, keep_best=1, lr_schedule="cosine")
+    again = _fit(tmp_path, "again", epochs=2, lr_schedule="cosine", init_from=str(tmp_path / "first"))
+    losses = again.history["loss"]
+    assert losses[1] < losses[0], losses  # it trains: its optimizer starts at step 0 of its own schedule
+    accumulated = _fit(tmp_path, "accumulated", epochs=1, gradient_accumulation_steps=2,
+                       init_from=str(tmp_path / "first"))
+    assert accumulated.extras["init_from"]["kind"] == "checkpoint" and np.isfinite(accumulated.history["loss"][0])
