@@ -92,6 +92,8 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
             print(f"{prog}: warning: {_started_tensorflow(started_by, task, None, threads)}", file=sys.stderr)
         trainer = Trainer(task, cfg, command=command)
         _fit(trainer, started, quiet_threads=bool(threads))
+        global _written_alone
+        _written_alone = trainer.cluster is None
         return 0
     except RuntimeStartedError as e:  # the task file started TensorFlow: name it and the fix
         refused = _refused_setting(e, trainer.config.runtime) if started_by and trainer else None
@@ -262,12 +264,29 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
+_written_alone = False
+"""Set by `main` once a single process (no cluster) has written its whole run."""
+
+
 def run_module(main_fn: Callable[[], int] = main) -> None:
     """`if __name__ == "__main__"` helper: runs `main_fn()` and exits with its code. SIGTERM exits 143
-    through Python's normal shutdown, so that a worker's temporary directory is removed."""
+    through Python's normal shutdown, so that a worker's temporary directory is removed.
+
+    A single process whose run is written (every file closed, the lock released) exits at once, without
+    the interpreter's teardown: freeing tf.data's iterators and TensorFlow's runtime took seconds after
+    the result was printed, and could abort. Processes of a cluster shut down normally, with their peers.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    sys.exit(main_fn())
+    code = main_fn()
+    if code == 0 and _written_alone:
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -143,6 +143,18 @@ def test_default_output_is_a_short_plan_then_the_progress_bar_then_the_result(tm
         assert after[0] == "== result ==" and len(after) <= 6 and after[1].startswith("test accuracy"), after
         # A first run's choices are timed (the execution trial's line comes during the first epoch).
         assert len(decisions) == 2 and all(("[remembered" in line) == remembered for line in decisions), decisions
+        # The process exits without the interpreter's teardown: every file is written before it does.
+        assert _epoch_steps(run_dir / "logs" / "train", "epoch_loss") == [0, 1, 2]
+        assert len(read_metrics(run_dir)["history"]["loss"]) == 3
+
+
+def _epoch_steps(log_dir, tag: str) -> list:
+    """The steps at which the event files in `log_dir` hold `tag`."""
+    import tensorflow as tf
+
+    return sorted(event.step for path in log_dir.glob("events.out.tfevents.*")
+                  for event in tf.compat.v1.train.summary_iterator(str(path))
+                  for value in event.summary.value if value.tag == tag)
 
 
 def _error_line(r):
