@@ -4,7 +4,7 @@ Each contender is one whole process, timed from its start to its exit by this
 parent, run back to back and alternated, on seeds never used to choose the
 recipe's defaults (those were chosen with seeds 0 and 1):
 
-* tftrain: `python -m tftrain.recipes.mnist --seed S` with every default (MLP,
+* tftrain: the README's `python -m tftrain.recipes.mnist --strategy mirrored --seed S`, every default (MLP,
   its batch size, Adam at its rate with cosine decay to 0, 10 epochs; `--execution auto`,
   `--precision auto`, its tf.data pipeline), writing its whole run directory
   (TensorBoard logs, checkpoint, model, metrics.json);
@@ -75,8 +75,8 @@ def _time(cmd, env, cwd) -> tuple:
 
 def _tftrain(seed, epochs, examples, work: Path, env) -> dict:
     run_dir = work / f"tftrain-{seed}"
-    cmd = [sys.executable, "-m", "tftrain.recipes.mnist", "--seed", str(seed), "--epochs", str(epochs),
-           "--train-examples", str(examples), "--verbose", "2", "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "tftrain.recipes.mnist", "--strategy", "mirrored", "--seed", str(seed),
+           "--epochs", str(epochs), "--train-examples", str(examples), "--run-dir", str(run_dir)]
     seconds, _ = _time(cmd, env, work)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     choice = metrics.get("execution_choice") or {}
