@@ -252,7 +252,9 @@ def _failure_log(trainer, error: BaseException) -> str:
         log = Path(run_dir) / FAILURE_LOG
         try:
             log.write_text(text, encoding="utf-8")
-            return f". Traceback: {log}; logs: {Path(run_dir) / 'logs'}"
+            kept = (f". Its checkpoint is kept. {_resume_hint(str(run_dir))}"
+                    if any((Path(run_dir) / "backup").glob("*.json")) else "")
+            return f". Traceback: {log}; logs: {Path(run_dir) / 'logs'}{kept}"
         except OSError as e:  # a full disk: the line alone, never a half-written log
             log.unlink(missing_ok=True)
             return f" (no {FAILURE_LOG} written: {e.strerror or e})"

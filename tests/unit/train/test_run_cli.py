@@ -94,6 +94,25 @@ def test_a_run_that_fails_exits_1_naming_what_failed_and_the_traceback_file(task
     assert "unlucky width" in (run_dir / "failure.log").read_text()
 
 
+def test_a_run_that_fails_after_a_checkpoint_says_the_same_command_resumes(task_file, tmp_path, capsys):
+    failing = tmp_path / "failing.py"
+    failing.write_text("import keras\n"
+                       "class LostPeer(keras.callbacks.Callback):\n"
+                       "    def on_epoch_begin(self, epoch, logs=None):\n"
+                       "        if epoch == 1:\n"
+                       "            raise ConnectionError('a peer task stopped')\n")
+    run_dir = tmp_path / "run"
+    code = run.main([f"{task_file}:task", "--epochs", "2", "--batch-size", "16", "--verbose", "0", "--execution",
+                     "graph", "--callbacks", f"{failing}:LostPeer", "--run-dir", str(run_dir)])
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and "run failed: ConnectionError: a peer task stopped" in line, line
+    assert line.endswith(f"Its checkpoint is kept. To resume, rerun the same command with --resume (or --run-dir "
+                         f"{run_dir}).")
+    assert run.main([f"{task_file}:task", "--epochs", "2", "--batch-size", "16", "--verbose", "0", "--execution",
+                     "graph", "--run-dir", str(run_dir)]) == 0  # the advice holds
+    assert len(read_metrics(run_dir)["history"]["loss"]) == 2
+
+
 def test_help_lists_the_task_hyperparameters(task_file, capsys):
     with pytest.raises(SystemExit) as e:
         run.main([f"{task_file}:task", "--help"])
