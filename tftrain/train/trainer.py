@@ -169,9 +169,8 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, Expor
             with rundir_lib.task_run_dir(self.run_dir, config_lib.to_yaml(self.config), self.is_chief,
                                          self.task_name) as out:
                 self.out_dir = out
-                if self.is_chief and not (out / TASK_FILE).exists():
+                if self.is_chief:  # the same task's identity (another task's was refused), or a damaged one's
                     rundir_lib.write_text_atomic(out / TASK_FILE, json.dumps(self._task_identity()))
-                if self.is_chief:
                     rundir_lib.note_job(out.path)
                 self.announce_run_dir()
                 self.plan_batch()
@@ -296,8 +295,10 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, Expor
         try:
             theirs = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            theirs = {}
+            theirs = None
         ours = self._task_identity()
+        if not isinstance(theirs, dict):  # damaged: the settings' check still refuses another run; written anew
+            return self.console.warn(f"{path} is damaged; this run writes it again")
         if theirs != ours:
             raise RunDirError(
                 f"Run directory {str(run_dir)!r} holds a run of task {theirs.get('name')!r} "

@@ -348,6 +348,19 @@ def test_an_unfinished_run_of_another_task_is_refused(tmp_path):
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".tftrain.config-sha256", "config.yaml", "task.json"]
 
 
+def test_a_damaged_task_file_is_said_and_written_again(tmp_path, capsys):
+    from tftrain import config as config_lib
+    from tftrain import rundir
+
+    first = _trainer(tmp_path, verbose=1, epochs=1)
+    first.check()  # the run directory as an interrupted run of this config would leave it ...
+    rundir.create_run_dir(first.run_dir, config_lib.to_yaml(first.config))
+    (tmp_path / "run" / "task.json").write_bytes(b"\x00\x00garbage")  # ... with its task file damaged
+    _trainer(tmp_path, verbose=1, epochs=1).fit()
+    assert f"{tmp_path / 'run' / 'task.json'} is damaged; this run writes it again" in capsys.readouterr().err
+    assert json.loads((tmp_path / "run" / "task.json").read_text())["name"] == "tiny"
+
+
 @pytest.mark.slow
 def test_the_run_directory_names_its_task(tmp_path):
     _trainer(tmp_path, epochs=1).fit()
