@@ -34,10 +34,14 @@ def parse(text: str) -> Tuple[str, ...]:
         if name not in FORMATS:
             raise ConfigError(f"--export {text}: unknown format {name!r}. Pass any of {', '.join(FORMATS)}, "
                               "comma-separated.")
-        missing = [m for m in FORMATS[name][2] if importlib.util.find_spec(m) is None]
-        if missing:
-            raise ConfigError(f"--export {name} needs {', '.join(missing)}, which is not installed: "
-                              f"pip install \"tftrain[{EXTRAS[name]}]\" (or drop {name} from --export).")
+    missing = {name: [m for m in FORMATS[name][2] if importlib.util.find_spec(m) is None] for name in formats}
+    missing = {name: modules for name, modules in missing.items() if modules}
+    if missing:  # every format's at once, so that one install serves
+        needs = "; ".join(f"{name} needs {' and '.join(modules)}" for name, modules in missing.items())
+        extras = ",".join(EXTRAS[name] for name in missing)
+        raise ConfigError(f"--export: {needs}, not installed. Install the extra: pip install -e \".[{extras}]\" in a "
+                          f"clone of tftrain (pip install \"tftrain[{extras}]\" from a package), or drop "
+                          f"{' and '.join(missing)} from --export.")
     if not formats:
         raise ConfigError("--export names no format. Pass any of saved_model, onnx, litert, comma-separated.")
     return formats

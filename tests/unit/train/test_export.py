@@ -47,10 +47,11 @@ def test_a_format_whose_converter_is_missing_is_refused_before_training(tmp_path
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tf2onnx" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"--export onnx needs tf2onnx, which is not installed: "
-                                          r"pip install \"tftrain\[onnx\]\""):
-        _fit(tmp_path, export="saved_model,onnx")
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("tf2onnx", "ai_edge_litert") else real(name, *a))
+    with pytest.raises(ConfigError, match=r"--export: onnx needs tf2onnx; litert needs ai_edge_litert, not installed\. "
+                                          r"Install the extra: pip install -e \"\.\[onnx,litert\]\""):
+        _fit(tmp_path, export="saved_model,onnx,litert")  # every missing one named at once
     assert not (tmp_path / "run").exists()
     with pytest.raises(ConfigError, match="unknown format 'pytorch'"):
         _fit(tmp_path, export="pytorch")
