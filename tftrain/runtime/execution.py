@@ -139,8 +139,9 @@ class ExecutionChoice:
     compiled_before_fit_s: Optional[float] = None
 
     def describe(self) -> str:
-        """One line: the choice, each candidate's ms/step and examples/sec, and the reason."""
-        figures = "; ".join(
+        """One line: the choice, each candidate's ms/step and examples/sec (unless the reason quotes its duels'
+        figures), and the reason."""
+        figures = "" if "side by side (" in self.reason else "; ".join(  # the duels' own figures, not two sets
             f"{label} {t.step_time_s * 1e3:.2f} ms/step, {t.examples_per_sec:,.0f} examples/sec"
             for label, t in self.timings.items()
         )

@@ -146,7 +146,7 @@ class AutomaticSettings:
             return
         why = self._why_precision_untimed()
         self._set_policy("float32")
-        choice = PrecisionChoice("float32", {}, f"mixed_bfloat16 is taken on a CPU only when timing finds it faster, "
+        choice = PrecisionChoice("float32", {}, f"mixed_bfloat16 only when timing shows it faster on this CPU, "
                                                 f"and {why}")
         self._say_precision(choice, False, None, None)
 
@@ -158,7 +158,7 @@ class AutomaticSettings:
             return f"--execution {self.config.runtime.execution} is not timed (graph steps are)"
         if not self.loop.times_execution:
             return f"{self.loop.name} cannot time it in one process"
-        return f"it is timed on one replica, and this run has {self.runtime.num_replicas}"
+        return f"timing needs one replica (this run has {self.runtime.num_replicas})"
 
     def _times_precision(self) -> bool:
         """Whether `--precision auto` times float32 against the mixed_bfloat16 its rule picked: one CPU
@@ -301,13 +301,14 @@ class AutomaticSettings:
             examples_per_step=self.batch.global_batch_size, on_settled=settled, planned_steps=planned or None,
             steps_per_epoch=(self.steps_per_epoch or 0) * self.accumulation_steps or None)
         self.execution_trial.install()
-        larger = [str(c) for c in sorted(counts) if c > base]  # the trial times no count below the compiled one
-        timed = " and ".join(modes) + (f" at {base} steps per execution" + (
-            f", then {'the faster' if len(modes) > 1 else modes[0]} at {', '.join(larger)} while each larger count wins"
-            if larger else "") if counts else "")
+        larger = [c for c in sorted(counts) if c > base]  # the trial times no count below the compiled one
+        timed = " or ".join(m + (" (if the run is long enough to repay compiling it)" if m == "xla" and planned
+                                 and len(modes) > 1 else "") for m in modes)
+        if larger:
+            timed += f", at {base} to {larger[-1]} steps per call"
         every = "every step" if model.steps_per_execution == 1 else f"once every {model.steps_per_execution} steps"
-        self.console.line(f"execution: auto: timing {timed}, on the first training steps (they train the model); "
-                          f"Keras batch callbacks fire {every} in this run")
+        self.console.line(f"execution: auto: {timed}, whichever trains faster on the first steps (which train the "
+                          f"model); batch callbacks fire {every}")
 
     def _planned_steps(self) -> int:
         """Training steps (batches, micro-batches under gradient accumulation) of the whole run; 0 when

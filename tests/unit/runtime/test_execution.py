@@ -313,3 +313,14 @@ def test_graph_at_the_model_s_own_count_stays_unless_another_is_more_than_5_perc
     choice = execution_probe.choose_execution(model, _batches(), steps_per_execution=(1, 32))
     assert (choice.execution, choice.steps_per_execution) == ("graph", 8)
     assert model.steps_per_execution == 8 and not model.jit_compile
+
+
+def test_a_choice_line_gives_one_set_of_figures():
+    from tftrain.runtime.execution import ExecutionChoice, StepTiming
+
+    timings = {label: StepTiming(s, 128 / s, s, 128, 8, 64, 0.1, (s,) * 3)
+               for label, s in (("graph", 0.00138), ("xla", 0.00190))}
+    duel = ExecutionChoice("graph", timings, "graph 1.53x faster than xla side by side (graph 1.24, xla 1.90 ms/step)")
+    assert duel.describe() == "graph: graph 1.53x faster than xla side by side (graph 1.24, xla 1.90 ms/step)"
+    alone = ExecutionChoice("graph", {"graph": timings["graph"]}, "only graph was timed")
+    assert alone.describe() == "graph (graph 1.38 ms/step, 92,754 examples/sec): only graph was timed"

@@ -496,8 +496,8 @@ def test_precision_auto_keeps_float32_on_a_cpu_where_it_cannot_time_bfloat16(tmp
     assert record.runtime["precision"] == "float32"
     choice = record.extras["precision_auto"]
     assert choice["policy"] == "float32" and choice["step_time_s"] == {}
-    assert choice["reason"] == f"mixed_bfloat16 is taken on a CPU only when timing finds it faster, and {why}"
-    assert f"precision: auto -> float32: mixed_bfloat16 is taken on a CPU only when timing" in capsys.readouterr().out
+    assert choice["reason"] == f"mixed_bfloat16 only when timing shows it faster on this CPU, and {why}"
+    assert f"precision: auto -> float32: mixed_bfloat16 only when timing shows it faster" in capsys.readouterr().out
 
 
 @pytest.mark.slow
