@@ -272,7 +272,7 @@ class ModelStages:
             loss_scaling=rt.precision.loss_scaling, class_weight=self.task.class_weight,
             monitor=(self.keep_best_monitor(), cfg.train.monitor_mode) if cfg.train.keep_best else None,
             init_from=init, export_formats=export, candidate_build=build if timed else None,
-            candidate_dtype=rt.precision.compute_dtype)
+            candidate_dtype=rt.precision.compute_dtype, graph=cfg.runtime.execution != "eager")
 
     def _plain_outputs(self, model):
         """`model` with float32 outputs under a mixed policy, for a functional or Sequential model; silent."""

@@ -35,6 +35,8 @@ class SanityPlan:
         candidate_build: where `--precision auto` has still to time a mixed policy, builds the model
             under it, to check a subclassed model's outputs for rounding labels. Defaults to None.
         candidate_dtype: the compute dtype of `candidate_build`'s policy. Defaults to `"float32"`.
+        graph: whether the run's steps run in a graph: the training step is then also traced (not run), so
+            that one that works eagerly but not in a graph is refused here. Defaults to True.
     """
 
     build: Callable
@@ -52,6 +54,7 @@ class SanityPlan:
     export_formats: Sequence[str] = ()
     candidate_build: Optional[Callable] = None
     candidate_dtype: str = "float32"
+    graph: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +146,8 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
 
         init_weights.load(_step("float32 build for --init-from", plan.build_float32), *plan.init_from)
         checked.append("--init-from")
+    if plan.graph and _user_code(model):  # traced first, as fit's first graph step builds the loss: what works
+        _step("training step in graph mode", lambda: _traced_train_step(model, train))  # only eagerly fails now
     # Model.fit itself on one batch: the steps get the data as fit passes them; the logs' keys are fit's.
     what = "training and validation step" if validation is not None else "training step"
     history = _step(what, lambda: model.fit(train, validation_data=validation, epochs=1, verbose=0,
@@ -190,6 +195,29 @@ def _one_batch(dataset, size: int):
     return dataset.take(1).map(cut).cache()
 
 
+def _user_code(model) -> bool:
+    """Whether `model`'s step runs code Keras does not own (its class, a layer's, a name it makes a graph
+    name scope of): only then may it work eagerly and fail in a graph, which the pass then traces."""
+    import re
+
+    def own(layer) -> bool:
+        return type(layer).__module__.startswith("keras.") and all(own(inner) for inner in getattr(layer, "layers", ()))
+
+    try:
+        keys = list(model.output) if isinstance(model.output, dict) else []  # a dict's keys name its losses
+    except (AttributeError, ValueError):  # a subclassed model has no symbolic output (and is traced anyway)
+        keys = []
+    names = [f"{name}_loss" for name in [*keys, *(getattr(model, "output_names", None) or ())]]
+    return not own(model) or any(not re.fullmatch(r"[A-Za-z0-9_.\\/>-]*", name) for name in names)
+
+
+def _traced_train_step(model, dataset) -> None:
+    """Traces `model.train_step` on `dataset`'s element spec as a `tf.function`, without running a step."""
+    import tensorflow as tf
+
+    tf.function(model.train_step).get_concrete_function(dataset.element_spec)
+
+
 def _unpacked(dataset):
     """`(x, y, sample_weight)` of the one batch of `dataset` (`keras.utils.unpack_x_y_sample_weight`)."""
     import keras
@@ -232,6 +260,10 @@ def cause_line(error: BaseException) -> str:
 
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
     lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if lines and lines[0] == "in user code:":  # a traced function's error: its own line closes the trace
+        raised = [line for line in lines if re.match(r"[A-Z]\w*(Error|Exception): ", line)]
+        if raised:
+            return raised[-1][:300]
     skip = ("Exception encountered when calling", "Arguments received by", "•")
     cause = [line for line in lines if not line.startswith(skip)]
     return f"{type(error).__name__}: {(cause or lines or [''])[0]}"[:300]

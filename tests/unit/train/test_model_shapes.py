@@ -251,3 +251,42 @@ def test_the_run_s_model_is_named_as_plain_keras_names_it_so_a_per_output_monito
     record = _fit(task, tmp_path, epochs=2, validation_split=0.25, keep_best=1, monitor=monitor, precision="float32")
     assert set(record.history) == keys  # the sanity pass's model did not shift the names
     assert len(record.extras["keep_best"]["kept"]) == 1 and record.extras["keep_best"]["monitor"] == monitor
+
+
+def _numpy_in_call():
+    import keras
+
+    class Peeks(keras.Model):  # a subclassed model runs eagerly; in a graph a symbolic tensor has no value
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x) * float(x.numpy().mean() * 0 + 1)
+
+    return Peeks()
+
+
+def _spaced_output_name():
+    import keras
+
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    return keras.Model(inputs, {"my value": keras.layers.Dense(1, name="value")(hidden),  # a loss each: a graph
+                                "label": keras.layers.Dense(2, activation="softmax", name="label")(hidden)})  # scope each
+
+
+@pytest.mark.parametrize("build, y, match", [
+    (_numpy_in_call, VALUES, "training step in graph mode failed"),
+    (_spaced_output_name, {"my value": VALUES, "label": CLASSES}, "'my value_loss' is not a valid scope name"),
+])
+def test_a_step_that_works_eagerly_but_not_in_a_graph_is_refused_before_the_run_directory(tmp_path, build, y,
+                                                                                            match):
+    loss = {"my value": "mse", "label": "sparse_categorical_crossentropy"} if isinstance(y, dict) else "mse"
+    task = tftrain.ArrayTask(build, X, y, loss=loss, name="graph_only")
+    with pytest.raises(ConfigError, match=match):
+        tftrain.Trainer(task, epochs=1, verbose=0, execution="graph", precision="float32",
+                        run_dir=str(tmp_path / "run")).fit()
+    assert not (tmp_path / "run").exists()
+    record = tftrain.Trainer(task, epochs=1, verbose=0, execution="eager", run_dir=str(tmp_path / "eager")).fit()
+    assert record.test is None or all(np.isfinite(v) for v in record.test.values())  # eagerly it trains
