@@ -252,12 +252,32 @@ def test_tfrecord_task_reads_files_with_the_parse_function(tmp_path):
         task.bind(RecipeConfig().override({"validation_split": 0.1})).validation_data(4)
 
 
-def test_adapters_refuse_a_missing_loss_or_model_function():
+def test_adapters_refuse_a_missing_model_function():
     x, y = _arrays(4)
-    with pytest.raises(ConfigError, match="Pass loss="):
-        tftrain.ArrayTask(_model, x, y, loss=None)
     with pytest.raises(ConfigError, match="build_model must be a function"):
         tftrain.ArrayTask("model", x, y, loss="mse")
+
+
+def test_loss_none_trains_a_model_that_adds_its_own_loss_and_refuses_one_without(tmp_path):
+    import keras
+
+    class Regularised(keras.layers.Layer):  # the only loss: compile(loss=None), as plain Keras allows
+        def call(self, x):
+            self.add_loss(keras.ops.mean(keras.ops.square(x)))
+            return x
+
+    def adds_loss():
+        inputs = keras.Input((3,))
+        return keras.Model(inputs, Regularised()(keras.layers.Dense(1)(inputs)))
+
+    x, y = _arrays(64)
+    record = tftrain.Trainer(tftrain.ArrayTask(adds_loss, x, y, loss=None), epochs=2, verbose=0, batch_size=16,
+                             run_dir=str(tmp_path / "adds")).fit()
+    assert record.history["loss"][1] < record.history["loss"][0]
+    with pytest.raises(ConfigError, match="No loss to compute"):
+        tftrain.Trainer(tftrain.ArrayTask(_model, x, y, loss=None), epochs=1, verbose=0,
+                        run_dir=str(tmp_path / "none")).fit()
+    assert not (tmp_path / "none").exists()
 
 
 def test_base_task_says_what_a_subclass_must_define():

@@ -316,8 +316,6 @@ class FunctionTask(Task):
         self.loss_weights = loss_weights
         if not callable(build_model):
             raise ConfigError(f"build_model must be a function returning a keras.Model. Received: {build_model!r}.")
-        if loss is None:
-            raise ConfigError("Pass loss=... (a Keras loss name or object, e.g. loss='mse').")
         self._build_model = build_model
         check_metrics(metrics)
         self.loss, self.optimizer, self.metrics = loss, optimizer, metrics
