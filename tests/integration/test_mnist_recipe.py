@@ -127,12 +127,13 @@ PROGRESS = re.compile(r"^(Epoch \d+/\d+|\s*\d+/\d+ )")
 
 
 def test_default_output_is_a_short_plan_then_the_progress_bar_then_the_result(tmp_path, fresh_execution_memory):
-    """At the default verbosity a first and a second run print at most 12 lines before Keras's progress
-    bar (the plan, each automatic choice, the run directory) and 6 after it; the second run's lines say
-    its choices are remembered from an earlier run, not timed now."""
+    """At the default verbosity a first and a second run of the README's command print at most 12 lines
+    before Keras's progress bar (the plan, each automatic choice, the run directory) and 6 after it; the
+    second run's lines say its choices are remembered from an earlier run, not timed now."""
     for attempt, remembered in ((1, False), (2, True)):
         run_dir = tmp_path / f"run-{attempt}"
-        r = run_module(MODULE, ["--train-examples", "8192", "--epochs", "3", "--seed", "0", "--run-dir", run_dir],
+        r = run_module(MODULE, ["--strategy", "mirrored", "--train-examples", "8192", "--epochs", "3", "--seed", "0",
+                                "--run-dir", run_dir],
                        cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]
         lines = r.stdout.strip().splitlines()

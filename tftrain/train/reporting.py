@@ -22,7 +22,10 @@ def print_plan(trainer) -> None:
         console.detail(config_lib.to_yaml(_with_starting_rate(cfg, trainer.task)).rstrip())
     console.section(f"{trainer.task.name}: plan (the full configuration: --verbose 2, or config.yaml in the run "
                     "directory)")
-    console.lines(rt.describe())
+    lines = rt.describe()  # threads joined to the devices' line; the malloc detail at --verbose 2
+    threads = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("threads:")), None)
+    console.lines([f"{line}; threads {threads}" if line.startswith("devices:") and threads else line for line in lines
+                   if not line.startswith("threads:") and (console.verbose >= 2 or not line.startswith("memory:"))])
     console.lines(trainer.task.describe_data())
     pipelines = training_workers(trainer.cluster) if cfg.runtime.strategy in config_lib.MULTI_PROCESS_STRATEGIES else 1
     sharding = trainer.task.describe_sharding(pipelines) if pipelines > 1 else None
