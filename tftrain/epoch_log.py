@@ -8,6 +8,15 @@ from typing import Optional
 from tftrain.files import write_text_atomic
 
 
+def _number(text: str) -> bool:
+    """Whether `text` reads as a number (a value where a column name should be)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def tidy_history(path, attempt=None) -> Optional[str]:
     """Rewrites `history.csv` with one row per epoch, in order, each epoch's last row kept (an epoch redone
     after a kill is logged twice); returns None, or one line when the file was damaged and was rebuilt from
@@ -26,7 +35,7 @@ def tidy_history(path, attempt=None) -> Optional[str]:
             header, rows = list(reader.fieldnames or []), list(reader)
     except (OSError, ValueError, csv.Error):
         return None
-    damaged = "epoch" not in header or any(not name or name[0] in "-.0123456789" for name in header) or any(
+    damaged = "epoch" not in header or any(not name or _number(name) for name in header) or any(
         None in row or None in row.values() or not str(row.get("epoch", "")).strip().isdigit() for row in rows)
     if damaged:
         epochs, logs = list(getattr(attempt, "epoch", None) or []), dict(getattr(attempt, "history", None) or {})

@@ -210,3 +210,11 @@ def test_a_damaged_history_is_rebuilt_from_this_attempt_and_said(tmp_path):
     note = tidy_history(path, SimpleNamespace(epoch=[2], history={"loss": [0.3], "val_loss": [0.4]}))
     assert note == f"{path} was damaged; it now holds the 1 epoch(s) this attempt trained"
     assert read_history(path) == {"loss": [0.3], "val_loss": [0.4]}
+
+
+def test_a_metric_named_with_a_leading_digit_is_not_damage(tmp_path):
+    from tftrain.epoch_log import tidy_history
+
+    path = tmp_path / "history.csv"
+    path.write_text("epoch,0_accuracy,loss\n0,0.5,0.9\n1,0.7,0.5\n")
+    assert tidy_history(path) is None and path.read_text() == "epoch,0_accuracy,loss\n0,0.5,0.9\n1,0.7,0.5\n"
