@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from tftrain import cli
+from tftrain.checkpoint_files import read_position
 from tftrain.errors import AlreadyFinished, ConfigError, Preempted, RuntimeStartedError, RuntimeStartedWarning
 from tftrain.rundir import FAILURE_LOG
 from tftrain.train.user_code import import_where, line_of, one_line
@@ -253,7 +254,7 @@ def _failure_log(trainer, error: BaseException) -> str:
         try:
             log.write_text(text, encoding="utf-8")
             kept = (f". Its checkpoint is kept. {_resume_hint(str(run_dir))}"
-                    if any((Path(run_dir) / "backup").glob("*.json")) else "")
+                    if read_position(trainer.run_dir.backup_dir) is not None else "")
             return f". Traceback: {log}; logs: {Path(run_dir) / 'logs'}{kept}"
         except OSError as e:  # a full disk: the line alone, never a half-written log
             log.unlink(missing_ok=True)
