@@ -255,7 +255,7 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
     if p.exists() and not p.is_dir():
         raise RunDirError(f"Run directory {str(p)!r} is a file. Pass --run-dir with a new directory.")
     _check_writable(p)
-    entries = [x.name for x in p.iterdir() if x.name not in (LOCK_FILE, HOLDER_FILE)] if p.exists() else []
+    entries = [x.name for x in p.iterdir() if x.name not in (LOCK_FILE, HOLDER_FILE, DIGEST_FILE)] if p.exists() else []
     if not entries:
         return RunDir(p)
     if not (p / CONFIG_FILE).is_file():
@@ -396,10 +396,12 @@ def create_run_dir(run_dir: RunDir, config_yaml: str) -> None:
     """Creates the directory and writes `config.yaml` and its digest (kept as they are when resuming)."""
     run_dir.path.mkdir(parents=True, exist_ok=True)
     target = run_dir.path / CONFIG_FILE
-    if not target.exists() or run_dir.config_repaired:
+    written = not target.exists() or run_dir.config_repaired
+    if written:
         write_text_atomic(target, config_yaml)
-    if not (run_dir.path / DIGEST_FILE).exists():
-        write_text_atomic(run_dir.path / DIGEST_FILE, config_digest(yaml.safe_load(config_yaml) or {}) + "\n")
+    if written or not (run_dir.path / DIGEST_FILE).exists():  # the digest of what config.yaml holds
+        held = config_yaml if written else target.read_text(encoding="utf-8")
+        write_text_atomic(run_dir.path / DIGEST_FILE, config_digest(yaml.safe_load(held) or {}) + "\n")
 
 
 def _check_unchanged(run_dir: RunDir, config_yaml: str) -> None:

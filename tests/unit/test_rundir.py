@@ -218,3 +218,20 @@ def test_a_metric_named_with_a_leading_digit_is_not_damage(tmp_path):
     path = tmp_path / "history.csv"
     path.write_text("epoch,0_accuracy,loss\n0,0.5,0.9\n1,0.7,0.5\n")
     assert tidy_history(path) is None and path.read_text() == "epoch,0_accuracy,loss\n0,0.5,0.9\n1,0.7,0.5\n"
+
+
+def test_a_run_directory_from_before_the_digest_gets_the_digest_of_its_own_config(tmp_path):
+    started(tmp_path / "run")
+    (tmp_path / "run" / rundir.DIGEST_FILE).unlink()  # written by a version without it
+    (tmp_path / "run" / "config.yaml").write_text(config_lib.to_yaml(CFG).replace("epochs: 10", "epochs: 10.0"))
+    run_dir = rundir.check_run_dir(tmp_path / "run", CFG.to_dict())  # the same settings: resumable
+    rundir.create_run_dir(run_dir, config_lib.to_yaml(CFG))
+    again = rundir.check_run_dir(tmp_path / "run", CFG.to_dict())
+    assert not again.config_repaired and "epochs: 10.0" in (tmp_path / "run" / "config.yaml").read_text()
+
+
+def test_a_folder_left_with_only_the_digest_is_empty(tmp_path):
+    started(tmp_path / "run")
+    for name in ("config.yaml",):
+        (tmp_path / "run" / name).unlink()
+    assert rundir.check_run_dir(tmp_path / "run", CFG.to_dict()).resumed_epochs == 0
