@@ -17,13 +17,21 @@ def _number(text: str) -> bool:
     return True
 
 
+def _csv_logger_keys(logs) -> list:
+    """The columns after `epoch` that Keras's `CSVLogger` writes for these epoch logs (sorted, and the
+    `val_` twins it adds, holding "NA", when the logs have none), so that its later appends line up."""
+    keys = sorted(logs)
+    return keys if any(k.startswith("val_") for k in keys) else keys + [f"val_{k}" for k in keys]
+
+
 def tidy_history(path, attempt=None) -> Optional[str]:
     """Rewrites `history.csv` with one row per epoch, in order, each epoch's last row kept (an epoch redone
-    after a kill is logged twice); returns None, or one line when the file was damaged and was rebuilt from
-    `attempt`, this attempt's `keras.callbacks.History` (its `epoch` and `history`).
+    after a kill is logged twice); returns None, or one line when damage was mended.
 
-    A damaged file (a header without `epoch` or with a number for a name, a row of another length than the
-    header) cannot be merged row by row; it then holds the epochs this attempt trained.
+    A row of another length than the header (cut by a kill or a full disk, the next row glued to it) is
+    dropped; an epoch of this attempt (`attempt`, its `keras.callbacks.History`) that no row holds any more
+    is written from it. A damaged header (without `epoch`, or a number for a name) leaves nothing to merge
+    with: the file then holds this attempt's epochs, in `CSVLogger`'s columns.
     """
     import csv
     import io
@@ -35,22 +43,28 @@ def tidy_history(path, attempt=None) -> Optional[str]:
             header, rows = list(reader.fieldnames or []), list(reader)
     except (OSError, ValueError, csv.Error):
         return None
-    damaged = "epoch" not in header or any(not name or _number(name) for name in header) or any(
-        None in row or None in row.values() or not str(row.get("epoch", "")).strip().isdigit() for row in rows)
-    if damaged:
-        epochs, logs = list(getattr(attempt, "epoch", None) or []), dict(getattr(attempt, "history", None) or {})
+    epochs, logs = list(getattr(attempt, "epoch", None) or []), dict(getattr(attempt, "history", None) or {})
+    header_damaged = "epoch" not in header or any(not name or _number(name) for name in header)
+    if header_damaged:
         if not epochs:
             return None
-        header = ["epoch", *logs]
-        rows = [{"epoch": e, **{k: logs[k][i] for k in logs}} for i, e in enumerate(epochs)]
-    by_epoch = {int(row["epoch"]): row for row in rows}
+        header, rows = ["epoch", *_csv_logger_keys(logs)], []
+    good = [row for row in rows if None not in row and None not in row.values()
+            and str(row.get("epoch", "")).strip().isdigit()]
+    by_epoch = {int(row["epoch"]): row for row in good}
+    for i, epoch in enumerate(epochs):  # this attempt's epochs a damaged row took with it
+        by_epoch.setdefault(epoch, {"epoch": epoch, **{k: logs[k][i] if k in logs else "NA" for k in header[1:]}})
+    dropped = len(rows) - len(good)
+    if not header_damaged and not dropped and [int(row["epoch"]) for row in good] == sorted(by_epoch):
+        return None  # one row per epoch, in order: nothing to rewrite
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=header, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
     writer.writerows(by_epoch[e] for e in sorted(by_epoch))
     write_text_atomic(path, text.getvalue())
-    return (f"{path} was damaged; it now holds the {len(by_epoch)} epoch(s) this attempt trained" if damaged
-            else None)
+    if header_damaged:
+        return f"{path} was damaged; it now holds the {len(by_epoch)} epoch(s) this attempt trained"
+    return f"{path} had {dropped} damaged row(s); dropped, and this attempt's epochs kept" if dropped else None
 
 
 def read_history(path) -> dict:

@@ -235,3 +235,24 @@ def test_a_folder_left_with_only_the_digest_is_empty(tmp_path):
     for name in ("config.yaml",):
         (tmp_path / "run" / name).unlink()
     assert rundir.check_run_dir(tmp_path / "run", CFG.to_dict()).resumed_epochs == 0
+
+
+def test_a_cut_row_is_dropped_and_the_epochs_before_it_and_this_attempt_s_are_kept(tmp_path):
+    from types import SimpleNamespace
+
+    from tftrain.epoch_log import read_history, tidy_history
+
+    path = tmp_path / "history.csv"  # epoch 2's row cut by a kill; the rerun's epoch 2 glued onto it
+    path.write_text("epoch,loss,val_loss\n0,0.9,0.8\n1,0.5,0.6\n2,0.42,2,0.35,0.45\n3,0.3,0.4\n")
+    note = tidy_history(path, SimpleNamespace(epoch=[2, 3], history={"loss": [0.35, 0.3], "val_loss": [0.45, 0.4]}))
+    assert note == f"{path} had 1 damaged row(s); dropped, and this attempt's epochs kept"
+    assert read_history(path) == {"loss": [0.9, 0.5, 0.35, 0.3], "val_loss": [0.8, 0.6, 0.45, 0.4]}
+
+
+def test_a_history_already_one_row_per_epoch_is_not_rewritten(tmp_path):
+    from tftrain.epoch_log import tidy_history
+
+    path = tmp_path / "history.csv"
+    path.write_text("epoch,loss\r\n0,0.9\r\n1,0.5\r\n")  # CSVLogger's own line ends
+    before = path.stat().st_ino
+    assert tidy_history(path) is None and path.stat().st_ino == before and path.read_bytes().count(b"\r\n") == 3
