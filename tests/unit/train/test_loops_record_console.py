@@ -48,6 +48,8 @@ def test_what_each_loop_does_besides_fit():
     with pytest.raises(ConfigError, match="runs its own training step, so this model's train_step would not run"):
         ps.check_model({"loss": "mse"}, ("train_step",))
     ps.check_model({"loss": "mse"}, ("test_step",))
+    with pytest.raises(ConfigError, match="trains on the compiled loss; this task gives none"):
+        ps.check_model({"loss": None}, ())  # a model with only add_loss: refused, not failed in training
     fit.check_model({"loss": {"a": "mse"}}, ("train_step",))  # Model.fit trains any of them
 
 

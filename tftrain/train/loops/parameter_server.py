@@ -87,6 +87,10 @@ class ParameterServerLoop(FitLoop):
     def check_model(self, compile_args: dict, overridden_steps: tuple) -> None:
         """Raises ConfigError for a loss per output or a model with its own `train_step` (never run here)."""
         loss = compile_args.get("loss")
+        if loss is None:  # its own step computes the compiled loss only (ps_training)
+            raise ConfigError("The parameter-server loop trains on the compiled loss; this task gives none (loss=None, "
+                              "a model with its own add_loss). Pass loss=..., or train it with another strategy "
+                              "(e.g. multi_worker_mirrored).")
         if isinstance(loss, (Mapping, list, tuple)) or compile_args.get("loss_weights") is not None:
             raise ConfigError("The parameter-server loop takes one loss for the whole model, not one per output. "
                               "Train a multi-output model with another strategy (e.g. multi_worker_mirrored).")
