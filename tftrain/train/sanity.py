@@ -215,7 +215,9 @@ def _traced_train_step(model, dataset) -> None:
     """Traces `model.train_step` on `dataset`'s element spec as a `tf.function`, without running a step."""
     import tensorflow as tf
 
-    tf.function(model.train_step).get_concrete_function(dataset.element_spec)
+    # Without AutoGraph, as Keras's train function runs the step (keras/src/backend/tensorflow/trainer.py:
+    # `do_not_convert`): a tensor `if` that Keras would refuse is refused here too.
+    tf.function(model.train_step, autograph=False).get_concrete_function(dataset.element_spec)
 
 
 def _unpacked(dataset):
