@@ -6,6 +6,7 @@ run is never lost to one; a rerun of the same command does only the pending ones
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence
@@ -98,7 +99,11 @@ class ExportStages:
             return None
         path = self.run_dir.path
         metrics = json.loads((path / rundir_lib.METRICS_FILE).read_text(encoding="utf-8"))
-        self.bind_task()
+        hparams = self.config.task  # metrics.json holds the values trained (--tune's choice), at its top level
+        tuned = {f.name: metrics[f.name] for f in dataclasses.fields(hparams)
+                 if metrics.get(f.name) is not None} if hparams is not None else {}
+        self.resolved = self.config.override({**tuned, "run_dir": str(path)})
+        self.task = self.task.bind(self.resolved)
         self.setup_runtime()
         with self.loop.job(self.cluster):
             self._redo_export(path, metrics)

@@ -253,16 +253,18 @@ class AutomaticSettings:
                     "--execution xla tries it anyway)")
         return None
 
-    def _keep_batch_hooks_per_step(self, model) -> None:
-        """`--steps-per-execution auto` with a user callback that has per-batch hooks: one step per
-        execution, as plain Keras runs them, so that the hooks see every batch; one line says so."""
+    def _every_step_hooks(self) -> tuple:
+        """The user's callbacks with per-batch hooks (`batch_hooks`) when `--steps-per-execution auto` runs them
+        every batch, as plain Keras does (one step per execution); else ()."""
         if self.config.runtime.steps_per_execution != "auto" or not self.loop.per_step_hooks:
-            return  # a loop without per-step hooks calls batch hooks once an epoch, whatever the count
-        hooks = batch_hooks(self.user_callback_objects())
+            return ()  # a loop without per-step hooks calls batch hooks once an epoch, whatever the count
+        return tuple(batch_hooks(self.user_callback_objects()))
+
+    def _keep_batch_hooks_per_step(self, model) -> None:
+        """One step per execution where `_every_step_hooks` names callbacks; one line says so."""
+        hooks = self._every_step_hooks()
         if not hooks:
             return
-        self.config = self.config.override({"steps_per_execution": 1})
-        self.runtime = dataclasses.replace(self.runtime, config=self.config.runtime)
         model.steps_per_execution, model.train_function = 1, None  # a function traced at 8 (a timing) is dropped
         self.console.line(f"steps/execution: auto -> 1: {', '.join(hooks)} runs every batch, as in plain Keras "
                           "(--steps-per-execution N runs it once every N batches, faster)")
@@ -340,7 +342,7 @@ class AutomaticSettings:
         import math
 
         if (self.config.runtime.steps_per_execution != "auto" or self.runtime.num_replicas > 1
-                or not self.loop.per_step_hooks or not self.loop.times_execution):
+                or not self.loop.per_step_hooks or not self.loop.times_execution or self._every_step_hooks()):
             return ()  # nothing is timed: the rule's count (AUTO_STEPS_PER_EXECUTION) runs
         acc, batches = self.accumulation_steps, (self.steps_per_epoch or 0) * self.accumulation_steps
         counts = [c for c in STEPS_PER_EXECUTION_CANDIDATES if not batches or c <= batches]

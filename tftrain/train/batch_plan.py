@@ -118,23 +118,25 @@ class BatchStages:
         return self.batch.global_batch_size * self.accumulation_steps
 
     def plan_batch(self) -> None:
-        """The batch plan: fixed (already set), tuned (`--tune`), or searched (`--batch-size auto`)."""
+        """The batch plan: fixed (already set), tuned (`--tune`) or searched (`--batch-size auto`); then
+        `resolved`, made once: `config` with the run directory and what the search or the tuner chose."""
+        decided = {}
         if self.config.train.tune:
             from tftrain.train.search import tune
 
-            self.extras["tuning"], best = tune(self)
-            self.config = self.config.override(best)
-            self.task = self.task.bind(self.config)
-            self.plan_fixed_batch(best["batch_size"])
-            self.print_batch()
+            self.extras["tuning"], decided = tune(self)
         elif self.batch is None:
             from tftrain.train.search import search_batch_size
 
             self.extras["batch_size_search"], batch_size = self._resumed_search() or search_batch_size(self)
             rundir_lib.write_text_atomic(self.out_dir / BATCH_PLAN_FILE, json.dumps(
                 {"batch_size_search": self.extras["batch_size_search"], "batch_size": batch_size}))
-            self.config = self.config.override({"batch_size": batch_size})
-            self.plan_fixed_batch(batch_size)
+            decided = {"batch_size": batch_size}
+        self.resolved = self.config.override({**decided, "run_dir": str(self.run_dir.path)})
+        if self.config.train.tune:
+            self.task = self.task.bind(self.resolved)
+        if decided:
+            self.plan_fixed_batch(decided["batch_size"])
             self.print_batch()
 
     def _resumed_search(self):

@@ -166,7 +166,7 @@ def make_record(trainer, history, test, started: float, fit_time: float) -> RunR
 
     from tftrain import reports
 
-    cfg, batch, spe = trainer.config, trainer.batch, trainer.steps_per_epoch
+    cfg, batch, spe = trainer.resolved, trainer.batch, trainer.steps_per_epoch
     epochs_trained = len(history.epoch)
     restored = trainer.backup.restored if trainer.backup is not None else None
     done_before = restored.steps_in_epoch // trainer.accumulation_steps if restored is not None else 0  # mid-epoch
@@ -225,7 +225,7 @@ def report(trainer, record: RunRecord) -> None:
     metrics = write_record(trainer, record)
     if trainer.is_chief:
         if trainer.mlflow is not None:  # after metrics.json and report.md, which it uploads
-            trainer.mlflow.finish(hparams_log.hparam_values(trainer.config, record), hparams_log.final_figures(record),
+            trainer.mlflow.finish(hparams_log.hparam_values(trainer.resolved, record), hparams_log.final_figures(record),
                                   step=record.resumed_from_epoch + record.epochs_trained)
     console = trainer.console
     unit = trainer.task.example_unit
@@ -248,7 +248,7 @@ def report(trainer, record: RunRecord) -> None:
 
 
 def _title(trainer) -> str:
-    hparams = trainer.config.task
+    hparams = trainer.resolved.task
     shown = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(hparams).items() if v is not None) if hparams else ""
     return f"{trainer.task.name} ({shown})" if shown else trainer.task.name
 

@@ -85,6 +85,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, Expor
         elif config.task is None and task.hparams is not None:
             config = dataclasses.replace(config, task=task.hparams)
         self.config = config_lib.deterministic_config(config.override(overrides) if overrides else config)
+        self.resolved = None  # `config` with what the run decided, made once by `plan_batch`
         _check_hparam_names(self.config.task)
         self.task = task
         self.callbacks = list(callbacks)
@@ -166,7 +167,8 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, Expor
             self.console.line("sanity check passed; nothing trained, no run directory written")
             return None
         try:
-            with rundir_lib.task_run_dir(self.run_dir, config_lib.to_yaml(self.config), self.is_chief,
+            written = dataclasses.replace(self.config, run_dir=str(self.run_dir.path))
+            with rundir_lib.task_run_dir(self.run_dir, config_lib.to_yaml(written), self.is_chief,
                                          self.task_name) as out:
                 self.out_dir = out
                 if self.is_chief:  # the same task's identity (another task's was refused), or a damaged one's
@@ -241,8 +243,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, Expor
         self.cluster = resolve_cluster(self.config.runtime.strategy, ps_tasks=self.config.runtime.ps_tasks)
         if self.serves():
             return
-        if self.config.run_dir is None:
-            self.config = dataclasses.replace(self.config, run_dir=str(self._resumed() or self._default_run_dir()))
+        run_dir = self.config.run_dir or str(self._resumed() or self._default_run_dir())
         from tftrain.train import user_callbacks
 
         self._user_callbacks = user_callbacks.resolve(self.config.train.callbacks or "")  # bad names: now
@@ -259,8 +260,8 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, Expor
             from tftrain.train import export
 
             export.parse(self.config.train.export)
-        self._check_same_task(Path(self.config.run_dir))  # first: another task's settings differ too
-        self.run_dir = rundir_lib.check_run_dir(self.config.run_dir, self.config.to_dict(),
+        self._check_same_task(Path(run_dir))  # first: another task's settings differ too
+        self.run_dir = rundir_lib.check_run_dir(run_dir, self.config.to_dict(),
                                                 restart_of=rundir_lib.restarted_job())
         if self.is_chief:  # another process training into it: refused now, not after TensorFlow starts
             rundir_lib.check_not_in_use(self.run_dir.path)

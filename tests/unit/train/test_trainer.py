@@ -217,12 +217,17 @@ def test_batch_size_auto_searches_then_keeps_its_choice_for_a_resumed_run(tmp_pa
     plan = json.loads((tmp_path / "run" / "batch_plan.json").read_text())
     assert plan["batch_size"] == record.global_batch_size
     assert "auto" in (tmp_path / "run" / "config.yaml").read_text()  # the run directory keeps what was asked
+    assert trainer.config.data.batch_size == "auto"  # the input is never replaced: the choice is in `resolved`
+    assert trainer.resolved.data.batch_size == record.global_batch_size
 
 
 @pytest.mark.slow
 def test_tune_runs_trials_on_validation_data_and_trains_the_best(tmp_path):
-    record = _trainer(tmp_path, tune=2, validation_split=0.25, epochs=1).fit()
+    trainer = _trainer(tmp_path, tune=2, validation_split=0.25, epochs=1)
+    record = trainer.fit()
     tuning = record.extras["tuning"]
+    assert trainer.config.train.learning_rate is None and trainer.config.run_dir == str(tmp_path / "run")
+    assert trainer.resolved.train.learning_rate == pytest.approx(tuning["best"]["learning_rate"])
     assert tuning["trials"] == 2 and tuning["objective"] == "val_loss"
     assert record.global_batch_size == tuning["best"]["batch_size"]
     assert record.learning_rate == pytest.approx(tuning["best"]["learning_rate"])
