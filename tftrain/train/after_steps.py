@@ -115,7 +115,7 @@ class ExportStages:
         try:
             with rundir_lib.locked(path):
                 self.out_dir = self.run_dir
-                self._set_policy(metrics.get("precision") or "float32")  # built as the run built it, then float32
+                self.precision.set(metrics.get("precision") or "float32")  # built as the run built it, then float32
                 model = self._plain_outputs(self._built(self.task.build_model()))
                 model.load_weights(str(path / rundir_lib.MODEL_FILE))
                 model = self._float32_twin(model)

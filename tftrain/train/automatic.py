@@ -1,6 +1,6 @@
-"""The Trainer's automatic-settings stages: `--precision auto` on a CPU with native bfloat16,
-`--execution auto` and `--steps-per-execution auto`, each timed on the run's own model and
-batches and remembered (`tftrain.runtime.execution_memory`); a mixin of `Trainer`.
+"""The Trainer's automatic-settings stages: `--execution auto` and `--steps-per-execution auto`, timed
+on the run's own model and batches and remembered (`tftrain.runtime.execution_memory`), and the build
+under `--precision auto`'s choice (decided by `tftrain.train.precision_plan`); a mixin of `Trainer`.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from tftrain.errors import PrecisionError, XlaCompileError
+from tftrain.errors import XlaCompileError
 from tftrain.train.model_facts import batch_hooks, convolution_layers, varying_shape
 
 AUTO_PROBE_BATCHES = 16
@@ -48,107 +48,33 @@ def _cached_if_small(probe):
     return cached
 
 
-def _remembered_precision(entry, planned_steps: int):
-    """The `PrecisionChoice` a memory entry holds, or None (none, of another shape, or a float32 kept
-    untimed by a shorter run than this one: `planned_steps`, 0 when unknown)."""
-    from tftrain.runtime.precision import PrecisionChoice
-
-    try:
-        choice = PrecisionChoice(**{k: entry[k] for k in ("policy", "step_time_s", "reason")},
-                                 complete=entry.get("complete", True),
-                                 time_twin_from_steps=entry.get("time_twin_from_steps"))
-    except (TypeError, KeyError, AttributeError):
-        return None
-    untimed_for = choice.time_twin_from_steps
-    return None if untimed_for and (not planned_steps or planned_steps >= untimed_for) else choice
-
-
 class AutomaticSettings:
     """`Trainer`'s stages that choose settings by measurement (it provides `config`, `runtime`, `task`,
     `batch`, `loop`, `console`, `extras`, `build_model`, ...)."""
 
     def build_chosen_model(self):
-        """The build stage (`build_model`) under `--precision auto`'s choice. On a CPU with native
-        bfloat16 (where the rule picked mixed_bfloat16) the model is built under float32, plain Keras's
-        policy, and its step timed against its mixed_bfloat16 twin's on the run's own batches
-        (`tftrain.runtime.precision.choose_precision`; the twin only when the run is long enough to
-        repay it); float32 is kept unless bfloat16 is more than 5% faster. Remembered per model, batch
-        and machine like the execution choice (an untimed twin's float32 only for runs too short to time it). Where it
-        cannot be timed on a CPU (an explicit `--execution eager` or `xla`, `--deterministic`, several
-        replicas, a multi-process loop) float32 trains, settled before this stage by
-        `settle_untimed_precision`. On a GPU the rule's policy stays, unless the model does not build under
-        it (`build_model`). Returns the model to train."""
-        from tftrain.runtime.execution_memory import ExecutionMemory, execution_key
-        from tftrain.runtime.precision import choose_precision
-
+        """The build stage (`build_model`) under `--precision auto`'s choice: timed where the run can time it
+        (`PrecisionPlanner.choose`), else under the policy settled before. Returns the model to train."""
         if not self._times_precision():
             return self.build_model()
-        model = self._rebuilt_in("float32")
-        compile_args = self.compile_args
-        probe = self._probe()
-        memory = ExecutionMemory() if self.config.runtime.remember_execution else None
-        base = execution_key(model, probe, ("precision: float32 vs mixed_bfloat16",)) if memory else None
-        key = f"precision-{base}" if base else None
-        choice = _remembered_precision(memory.get_entry(key) if key else None, self._planned_steps())
-        remembered, twins = choice is not None, []  # the mixed_bfloat16 twin built for the timing
-        if choice is None:
-            choice = choose_precision(model, lambda: twins.append(self._rebuilt_in("mixed_bfloat16", False))
-                                      or twins[-1], probe, batch_size=self.batch.global_batch_size,
-                                      planned_steps=self._planned_steps() or None)
-        choice = self._say_precision(choice, remembered, memory, key)
-        if choice.policy == "mixed_bfloat16":
-            twin = twins[-1] if twins else self._remembered_twin(memory, key)
-            if twin is not None:
-                return twin
-        self._set_policy("float32")  # the policy, and the arguments, of the model trained
-        self.compile_args = compile_args
+        compile_args = {}
+
+        def build(fall_back: bool):
+            model = self.build_model(fall_back=fall_back)
+            compile_args[self.precision.info.policy] = self.compile_args
+            return model
+
+        model = self.precision.choose(build, self._probe(), self.batch.global_batch_size, self._planned_steps(),
+                                      self.config.runtime.remember_execution)
+        self.compile_args = compile_args[self.precision.info.policy]  # the arguments of the model trained
         return model
-
-    def _say_precision(self, choice, remembered: bool, memory, key):
-        """Records, says and remembers the precision choice (one that left the twin untimed, for runs
-        shorter than `time_twin_from_steps`); returns it."""
-        if memory is not None and key and not remembered and (choice.complete or choice.time_twin_from_steps):
-            memory.put_entry(key, choice.to_dict())
-        self.extras["precision_auto"] = choice.to_dict()
-        self.console.line(f"precision: auto -> {choice.policy} [remembered; --no-remember-execution times it again]; "
-                          f"an earlier run timed {choice.describe()}" if remembered
-                          else f"precision: auto -> {choice.describe()}")
-        return choice
-
-    def _remembered_twin(self, memory, key):
-        """The model built under a remembered mixed_bfloat16, or None (float32 stays) when it no longer
-        builds: one line, and float32 remembered instead."""
-        from tftrain.runtime.execution import failure_line
-        from tftrain.runtime.precision import PrecisionChoice
-
-        try:
-            return self._rebuilt_in("mixed_bfloat16", False)
-        except Exception as error:  # noqa: BLE001 (float32, built and timed-free, trains as plain Keras)
-            choice = PrecisionChoice("float32", {}, f"mixed_bfloat16 fails now ({failure_line(error, 'bfloat16')})")
-            self._say_precision(choice, False, memory, key)
-            return None
 
     def settle_untimed_precision(self) -> None:
         """The precision stage's untimed case, before anything builds a model (the batch-size search,
-        `--tune`): float32 where `--precision auto` cannot time the CPU's bfloat16 (`_untimed_cpu_float32`),
-        so that every model of the run, searched or trained, has the policy the run records."""
+        `--tune`): float32 where `--precision auto` cannot time the CPU's bfloat16, so that every model of
+        the run, searched or trained, has the policy the run records."""
         if not self._times_precision():
-            self._untimed_cpu_float32()
-
-    def _untimed_cpu_float32(self) -> None:
-        """Under `--precision auto`, float32 where the rule picked mixed_bfloat16 on a CPU and this run
-        cannot time it (`_times_precision`): bfloat16 only speeds some models up on a CPU (the zoo's
-        timings), so it is taken only when measured faster, as plain Keras's float32 never is slower."""
-        from tftrain.runtime.precision import PrecisionChoice
-
-        if self.config.runtime.precision != "auto" or self.runtime.devices.kind != "cpu" \
-                or self.runtime.precision.policy != "mixed_bfloat16":
-            return
-        why = self._why_precision_untimed()
-        self._set_policy("float32")
-        choice = PrecisionChoice("float32", {}, f"mixed_bfloat16 only when timing shows it faster on this CPU, "
-                                                f"and {why}")
-        self._say_precision(choice, False, None, None)
+            self.precision.settle_untimed(self._why_precision_untimed())
 
     def _why_precision_untimed(self) -> str:
         """Why `_times_precision` is False here, in words."""
@@ -161,18 +87,9 @@ class AutomaticSettings:
         return f"timing needs one replica (this run has {self.runtime.num_replicas})"
 
     def _times_precision(self) -> bool:
-        """Whether `--precision auto` times float32 against the mixed_bfloat16 its rule picked: one CPU
-        replica, not deterministic, a graph step that the loop can time."""
-        return (self.config.runtime.precision == "auto" and not self.config.deterministic
-                and self.config.runtime.execution in ("auto", "graph") and self.runtime.devices.kind == "cpu"
-                and self.runtime.precision.policy == "mixed_bfloat16" and self.loop.times_execution
-                and self.runtime.num_replicas == 1)
-
-    def _rebuilt_in(self, policy: str, fall_back: bool = True):
-        """The task's model built and compiled again under the dtype policy `policy` (`_set_policy`);
-        `fall_back=False` raises what a mixed policy's build raises (`build_model`)."""
-        self._set_policy(policy)
-        return self.build_model(fall_back=fall_back)
+        """Whether `--precision auto` times float32 against the mixed_bfloat16 its rule picked."""
+        return self.precision.timeable(self.config.deterministic, self.config.runtime.execution,
+                                       self.loop.times_execution, self.runtime.num_replicas)
 
     def choose_execution(self, model) -> None:
         """`--execution auto` and `--steps-per-execution auto`: reuses the choice an earlier run timed
@@ -461,17 +378,3 @@ class AutomaticSettings:
         if reason:
             raise XlaCompileError(f"XLA could not compile a step of this model: {reason}. Try --execution graph.") \
                 from error
-
-    def _raise_if_auto_precision_failed(self, error: Exception, model) -> None:
-        """Raises `PrecisionError` (the error and the fix in one line) when the first training step
-        failed on a dtype clash (`is_dtype_mismatch`) under a mixed policy that `--precision auto` took
-        untimed (a GPU, several replicas, `--deterministic`, an explicit `--execution eager` or `xla`),
-        where no timing ran the step first (`choose_precision` and the build fall back to float32)."""
-        from tftrain.runtime.execution import failure_line
-
-        if model.optimizer is None or not self._auto_policy_clash(error) or int(model.optimizer.iterations.numpy()):
-            return
-        why = failure_line(error, self.runtime.precision.compute_dtype).rstrip(".")
-        raise PrecisionError(f"The model's first training step failed under {self.runtime.precision.policy}, which "
-                             f"--precision auto chose: {why}. Pass --precision float32 (plain Keras's policy), or "
-                             "make the step's dtypes agree (keras.ops casts).") from error

@@ -3,8 +3,6 @@ checked, given float32 outputs under a mixed policy and compiled; a mixin of `Tr
 
 from __future__ import annotations
 
-import dataclasses
-
 
 class ModelStages:
     """`Trainer`'s stages that build and compile the model."""
@@ -17,7 +15,7 @@ class ModelStages:
         with self.runtime.strategy.scope():  # the optimizer too: its variables belong to the strategy
             model = self._check_step_scaling(self._built_or_float32(fall_back))
             self._say_own_compile_is_replaced(model)
-            if self.runtime.precision.compute_dtype != "float32":
+            if self.precision.info.compute_dtype != "float32":
                 model = self._float32_outputs(model)
             if compile_model:
                 self.compile_args = self._with_accumulation(self.task.compile_args(self.steps_per_epoch))
@@ -32,33 +30,10 @@ class ModelStages:
         try:
             return self._built(self._seeded_build())
         except Exception as error:  # noqa: BLE001 (re-raised unless the auto-chosen policy caused it)
-            if not fall_back or not self._auto_policy_clash(error):
+            if not fall_back or not self.precision.clash(error):
                 raise
-            self._use_float32_instead(f"the model does not build under {self.runtime.precision.policy}", error)
+            self.precision.fall_back(f"the model does not build under {self.precision.info.policy}", error)
         return self._built(self._seeded_build())
-
-    def _use_float32_instead(self, why: str, error: BaseException) -> None:
-        """Sets float32 after `--precision auto`'s mixed policy failed: one line, and `precision_auto`."""
-        from tftrain.runtime.execution import failure_line
-
-        policy, dtype = self.runtime.precision.policy, self.runtime.precision.compute_dtype
-        reason = f"{why} ({failure_line(error, dtype)})"
-        self._set_policy("float32")
-        self.extras["precision_auto"] = {"policy": "float32", "step_time_s": {}, "reason": reason, "instead_of": policy}
-        self.console.line(f"precision: auto -> float32: {reason}")
-
-    def _auto_policy_clash(self, error: BaseException) -> bool:
-        """Whether `error` is a dtype clash under a mixed policy that `--precision auto` took."""
-        from tftrain.runtime.precision import is_dtype_mismatch
-
-        dtype = self.runtime.precision.compute_dtype
-        return self.config.runtime.precision == "auto" and dtype != "float32" and is_dtype_mismatch(error, dtype)
-
-    def _set_policy(self, policy: str) -> None:
-        """Makes `policy` Keras's global dtype policy (models built next take it) and the run's."""
-        from tftrain import runtime
-
-        self.runtime = dataclasses.replace(self.runtime, precision=runtime.set_precision(policy))
 
     def _built(self, model):
         """`model`, built from the training data when it has no weights yet, as `Model.fit` would on its
@@ -77,27 +52,14 @@ class ModelStages:
         return model
 
     def _check_step_scaling(self, model):
-        """Under `mixed_float16`, a model's own `train_step` that does not scale its loss does not learn
-        (keras-team/keras#20894): `--precision auto` then takes another policy and rebuilds; an explicit
-        `mixed_float16` is kept, with a warning that says the fix."""
-        from tftrain.runtime.precision import unscaled_step_precision
-
+        """`model`, or under `--precision auto` the model built again under another policy when its own
+        `train_step` does not scale its loss under mixed_float16 (`PrecisionPlanner.for_unscaled_step`)."""
         sanity = getattr(self, "sanity", None)
-        if not self.runtime.precision.loss_scaling or sanity is None or sanity.step_scales_loss is not False:
+        if not self.precision.info.loss_scaling or sanity is None or sanity.step_scales_loss is not False:
             return model
-        why = (f"{type(model).__name__}.train_step does not scale its loss: run under two loss scales, its updates "
-               "shrank with the larger (it does not take the gradients of self.optimizer.scale_loss(loss))")
-        if self.config.runtime.precision != "auto":
-            self.console.warn(f"{why}: under mixed_float16 its gradients are divided by the loss scale and the model "
-                              "does not learn (keras-team/keras#20894). Take the gradients of "
-                              "self.optimizer.scale_loss(loss) in train_step, or pass --precision mixed_bfloat16 "
-                              "or float32.")
-            return model
-        policy = unscaled_step_precision(self.runtime.devices)
-        self._set_policy(policy)
-        self.console.line(f"precision: auto -> {policy}, not mixed_float16: {why}, so loss scaling would divide its "
-                          "gradients by the scale (keras-team/keras#20894)")
-        return self._built(self._seeded_build())
+        if self.precision.for_unscaled_step(type(model).__name__, self.runtime.devices, self.console.warn):
+            return self._built(self._seeded_build())
+        return model
 
     def _say_own_compile_is_replaced(self, model) -> None:
         """Warns once when `build_model` returned a compiled model: tftrain compiles it again."""
@@ -141,7 +103,7 @@ class ModelStages:
             return runtime.ensure_float32_outputs(model)
         outputs = getattr(model, "outputs", None) or []
         if any(str(o.dtype) != "float32" for o in outputs):
-            self.console.warn(f"{type(model).__name__} has outputs in {self.runtime.precision.compute_dtype}; give "
+            self.console.warn(f"{type(model).__name__} has outputs in {self.precision.info.compute_dtype}; give "
                               "its last layer dtype='float32' so the loss is computed in float32.")
         return model
 
@@ -181,7 +143,7 @@ class ModelStages:
 
     def _float32_twin(self, model):
         """`model` itself under float32; under a mixed policy the task's model built in float32 with its weights."""
-        if self.runtime.precision.compute_dtype == "float32":
+        if self.precision.info.compute_dtype == "float32":
             return model
         twin = self._build_in_float32()
         twin.set_weights(model.get_weights())
@@ -215,22 +177,18 @@ class ModelStages:
         try:
             result = sanity.run(plan, say=self.console.warn)
         except (sanity.BuildFailed, sanity.SanityError) as e:
-            if not self._auto_policy_clash(e.error):
+            if not self.precision.clash(e.error):
                 if isinstance(e, sanity.BuildFailed):  # the build stage raises it again, as any failed run
                     return None
                 raise
             what = "build" if isinstance(e, sanity.BuildFailed) else "build or step"
-            self._use_float32_instead(f"the model does not {what} under {self.runtime.precision.policy}", e.error)
+            self.precision.fall_back(f"the model does not {what} under {self.precision.info.policy}", e.error)
             plan = self._sanity_plan()
             result = sanity.run(plan, say=self.console.warn)
         self.loop.check_model(plan.compile_args, result.overridden_steps)
         self._forget_sanity_models()
         if result.float32_needed:  # --precision auto chose the mixed policy: float32 keeps the labels whole
-            from tftrain.runtime.precision import PrecisionChoice
-
-            self._set_policy("float32")
-            self._say_precision(PrecisionChoice("float32", {}, result.float32_needed[0].lower()
-                                                + result.float32_needed[1:]), False, None, None)
+            self.precision.float32_for_labels(result.float32_needed)
         self.sanity = result
         self.extras["sanity"] = {"checked": list(result.checked), "seconds": round(result.seconds, 3)}
         self.console.line(result.line())
@@ -241,15 +199,14 @@ class ModelStages:
         names they would have without it (a `--monitor` names an output by its layer)."""
         import keras
 
-        policy = self.runtime.precision.policy
         keras.backend.clear_session()
-        self._set_policy(policy)
+        self.precision.set(self.precision.info.policy)
 
     def _sanity_plan(self):
         """The `SanityPlan` of this run: the model built as `build_model` builds it, outside the strategy."""
         from tftrain.train import sanity
 
-        cfg, rt = self.config, self.runtime
+        cfg, rt, info = self.config, self.runtime, self.precision.info
         gb = self.batch.global_batch_size if self.batch else (self.task.default_batch_size or 32 * rt.num_replicas)
         validation = self.task.validation_data(gb) if self.loop.validates else None
         init = None
@@ -268,11 +225,11 @@ class ModelStages:
             build=self._build_in_float32 if timed else build, build_float32=self._build_in_float32,
             compile_args=self.task.compile_args(self.steps_per_epoch), train_data=self.task.train_data(gb),
             validation_data=validation, batch_size=max(1, gb // rt.num_replicas),
-            compute_dtype="float32" if timed else rt.precision.compute_dtype, auto_precision=cfg.runtime.precision == "auto",
-            loss_scaling=rt.precision.loss_scaling, class_weight=self.task.class_weight,
+            compute_dtype="float32" if timed else info.compute_dtype, auto_precision=cfg.runtime.precision == "auto",
+            loss_scaling=info.loss_scaling, class_weight=self.task.class_weight,
             monitor=(self.keep_best_monitor(), cfg.train.monitor_mode) if cfg.train.keep_best else None,
             init_from=init, export_formats=export, candidate_build=build if timed else None,
-            candidate_dtype=rt.precision.compute_dtype, graph=cfg.runtime.execution != "eager")
+            candidate_dtype=info.compute_dtype, graph=cfg.runtime.execution != "eager")
 
     def _plain_outputs(self, model):
         """`model` with float32 outputs under a mixed policy, for a functional or Sequential model; silent."""
@@ -280,7 +237,7 @@ class ModelStages:
 
         from tftrain import runtime
 
-        if self.runtime.precision.compute_dtype != "float32" and (
+        if self.precision.info.compute_dtype != "float32" and (
                 type(model) is keras.Sequential or type(model).__name__ == "Functional"):
             return runtime.ensure_float32_outputs(model)
         return model

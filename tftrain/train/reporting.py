@@ -106,8 +106,8 @@ def runtime_facts(trainer, model_loss_scaling: bool = False) -> dict:
         "communication": cfg.runtime.communication if cfg.runtime.strategy == "multi_worker_mirrored" else None,
         "devices": list(rt.devices.devices),
         "device_kind": rt.devices.kind,
-        "precision": rt.precision.policy,
-        "compute_dtype": rt.precision.compute_dtype,
+        "precision": trainer.precision.info.policy,
+        "compute_dtype": trainer.precision.info.compute_dtype,
         "loss_scaling": model_loss_scaling,
         "steps_per_execution": (rt.requested_steps_per_execution if not trainer.loop.per_step_hooks
                                 else rt.steps_per_execution),
@@ -119,6 +119,8 @@ def runtime_facts(trainer, model_loss_scaling: bool = False) -> dict:
 def _extras(trainer) -> dict:
     """Throughput, profile and the searches' sections, where they ran."""
     extras = dict(trainer.extras)
+    if trainer.precision.record is not None:
+        extras["precision_auto"] = trainer.precision.record
     extras["throughput"] = trainer.monitor.result() if trainer.monitor is not None else None
     if trainer.keep_best is not None:
         extras["keep_best"] = trainer.keep_best.summary()
@@ -218,11 +220,9 @@ def write_record(trainer, record: RunRecord, session: bool = False) -> dict:
 
 def report(trainer, record: RunRecord) -> None:
     """Writes `metrics.json` and `report.md` again (chief only; the export's results) and prints the result lines."""
-    from tftrain import reports
-
     from tftrain.train import hparams_log
 
-    metrics = write_record(trainer, record)
+    write_record(trainer, record)
     if trainer.is_chief:
         if trainer.mlflow is not None:  # after metrics.json and report.md, which it uploads
             trainer.mlflow.finish(hparams_log.hparam_values(trainer.resolved, record), hparams_log.final_figures(record),

@@ -53,7 +53,7 @@ def tune(trainer) -> Tuple[dict, dict]:
     def model_fn(values):
         bound = task.bind(cfg.override(values)) if values else task
         model = bound.build_model()
-        return model if rt.precision.compute_dtype == "float32" else runtime.ensure_float32_outputs(model)
+        return model if trainer.precision.info.compute_dtype == "float32" else runtime.ensure_float32_outputs(model)
 
     def compile_args(learning_rate):
         return task.bind(cfg.override({"learning_rate": learning_rate, "lr_schedule": "constant"})).compile_args(None)

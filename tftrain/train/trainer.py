@@ -30,6 +30,7 @@ from tftrain.train.after_steps import AfterStepFailed, ExportStages
 from tftrain.train.console import Console, keras_progress
 from tftrain.train.loops import loop_for
 from tftrain.train.model_stages import ModelStages
+from tftrain.train.precision_plan import PrecisionPlanner
 from tftrain.train.record import RunRecord
 from tftrain.train.tasks import Task
 
@@ -93,6 +94,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, Expor
         self.console = Console(self.config.train.verbose)
         self.loop = loop_for(self.config.runtime.strategy)
         self.cluster = self.runtime = self.run_dir = self.out_dir = self.batch = None
+        self.precision = None  # the PrecisionPlanner: the dtype policy in force and what auto decided
         self.sanity = None  # the SanityResult (sanity_pass)
         self.steps_per_epoch = None
         self.execution, self.execution_choice = self.config.runtime.execution, None
@@ -350,6 +352,8 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, Expor
         from tftrain import runtime
 
         self.runtime = runtime.setup(self.config.runtime, cluster=self.cluster)
+        self.precision = PrecisionPlanner(self.config.runtime.precision, self.runtime.precision,
+                                          self.runtime.devices.kind, self.console.line)
         if self.config.seed is not None:
             keras.utils.set_random_seed(self.config.seed)
         if self.config.deterministic:  # the seed and untimed settings: config_lib.deterministic_config
@@ -409,7 +413,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, Expor
             raise TrainingDiverged(f"{e}; {self._checkpoint_note()}") from e
         except Exception as e:  # noqa: BLE001 (an XLA step that does not compile: one line and the fix)
             self._raise_if_xla_failed(e)
-            self._raise_if_auto_precision_failed(e, model)
+            self.precision.raise_if_first_step_failed(e, model)
             raise
         finally:
             if self.agreed_stop is not None:  # its watcher threads, when fit ended early

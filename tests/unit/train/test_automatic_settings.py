@@ -470,10 +470,10 @@ def test_precision_auto_builds_in_float32_a_model_that_does_not_build_under_the_
     assert re.search(r"mixed_bfloat16 fails \(.*bfloat16", timed.extras["precision_auto"]["reason"])
     # Untimed where the rule's policy stays (a GPU's mixed_float16; here the CPU's, as if it stayed untimed): the
     # build under the rule's policy falls back.
-    from tftrain.train.automatic import AutomaticSettings
+    from tftrain.train.precision_plan import PrecisionPlanner
 
     with monkeypatch.context() as patched:
-        patched.setattr(AutomaticSettings, "_untimed_cpu_float32", lambda self: None)
+        patched.setattr(PrecisionPlanner, "settle_untimed", lambda self, why: None)
         untimed = _fit(tmp_path, _mixes_float32_in_a_layer, "untimed", execution="eager", precision="auto", verbose=1)
     assert untimed.runtime["precision"] == "float32" and np.isfinite(untimed.history["loss"][-1])
     fallback = untimed.extras["precision_auto"]
@@ -512,9 +512,9 @@ def test_precision_auto_trains_in_float32_a_step_that_fails_under_bfloat16(tmp_p
     assert set(choice["step_time_s"]) == {"float32"} and "mixed_bfloat16 fails (" in choice["reason"]
     # Untimed where the rule's policy stays (a GPU's mixed_float16; here the CPU's, as if it stayed untimed): the
     # sanity pass's step fails under it before training, so float32 trains, and one line says why.
-    from tftrain.train.automatic import AutomaticSettings
+    from tftrain.train.precision_plan import PrecisionPlanner
 
-    monkeypatch.setattr(AutomaticSettings, "_untimed_cpu_float32", lambda self: None)
+    monkeypatch.setattr(PrecisionPlanner, "settle_untimed", lambda self, why: None)
     untimed = _fit(tmp_path, _mixes_float32_in_its_step, "untimed", execution="eager", precision="auto")
     assert untimed.runtime["precision"] == "float32" and np.isfinite(untimed.history["loss"][-1])
     fallback = untimed.extras["precision_auto"]

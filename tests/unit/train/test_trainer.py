@@ -281,7 +281,7 @@ def test_mixed_precision_keeps_a_subclassed_model_and_casts_a_functional_one(tmp
         pass
 
     trainer = _trainer(tmp_path)
-    trainer.runtime = types.SimpleNamespace(precision=types.SimpleNamespace(compute_dtype="float16"))
+    trainer.precision = types.SimpleNamespace(info=types.SimpleNamespace(compute_dtype="float16"))
     inputs = keras.Input((4,))
     outputs = keras.layers.Dense(1, dtype="float16")(inputs)
     custom = Custom(inputs, outputs)
