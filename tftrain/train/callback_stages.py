@@ -158,7 +158,8 @@ class CallbackStages:
         import math
 
         spe = self.runtime.steps_per_execution if self.loop.per_step_hooks else 1
-        if self._steps_per_execution_candidates() or self._every_step_hooks():  # auto: 1, or any count it may
+        run = self.run_facts()
+        if self.execution.candidates(run) or self.execution.every_step_hooks(run):  # auto: 1, or any count it may
             spe = 1  # choose, divides the backup interval
         if self.steps_per_epoch:  # as the loop will run it (MultiWorkerLoop may lower it)
             spe = self.loop.steps_per_execution_for(spe, self.steps_per_epoch * self.accumulation_steps)

@@ -3,6 +3,8 @@ checked, given float32 outputs under a mixed policy and compiled; a mixin of `Tr
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 class ModelStages:
     """`Trainer`'s stages that build and compile the model."""
@@ -160,6 +162,46 @@ class ModelStages:
         finally:
             keras.mixed_precision.set_global_policy(policy)
 
+    # -- the precision stage: PrecisionPlanner decides ---------------------------
+    def build_chosen_model(self):
+        """The build stage (`build_model`) under `--precision auto`'s choice: timed where the run can time it
+        (`PrecisionPlanner.choose`), else under the policy settled before. Returns the model to train."""
+        from tftrain.train.execution_plan import probe_batches
+
+        if not self.precision.timeable(self._precision_untimed_because()):
+            return self.build_model()
+        compile_args = {}
+
+        def build(fall_back: bool):
+            model = self.build_model(fall_back=fall_back)
+            compile_args[self.precision.info.policy] = self.compile_args
+            return model
+
+        gb = self.batch.global_batch_size
+        model = self.precision.choose(build, probe_batches(self.task, gb), gb, self.run_facts().planned_steps,
+                                      self.config.runtime.remember_execution)
+        self.compile_args = compile_args[self.precision.info.policy]  # the arguments of the model trained
+        return model
+
+    def settle_untimed_precision(self) -> None:
+        """Before anything builds a model (the sanity pass, the batch-size search, `--tune`): float32 where
+        `--precision auto` cannot time the CPU's bfloat16, so every model of the run has the policy it records."""
+        why = self._precision_untimed_because()
+        if why is not None:
+            self.precision.settle_untimed(why)
+
+    def _precision_untimed_because(self) -> Optional[str]:
+        """Why this run cannot time a policy against another, in words; None where it can."""
+        if self.config.deterministic:
+            return "--deterministic does not time it"
+        if self.config.runtime.execution not in ("auto", "graph"):
+            return f"--execution {self.config.runtime.execution} is not timed (graph steps are)"
+        if not self.loop.times_execution:
+            return f"{self.loop.name} cannot time it in one process"
+        if self.runtime.num_replicas > 1:
+            return f"timing needs one replica (this run has {self.runtime.num_replicas})"
+        return None
+
     # -- the sanity pass ---------------------------------------------------------
     def sanity_pass(self):
         """Tries every asked feature on the real model and data before training (`tftrain.train.sanity`).
@@ -220,7 +262,7 @@ class ModelStages:
 
             export = export_lib.parse(cfg.train.export)
         build = lambda: self._plain_outputs(self._built(self._seeded_build()))  # noqa: E731
-        timed = self._times_precision()  # float32 trains unless timing finds the mixed policy faster
+        timed = self.precision.timeable(self._precision_untimed_because())  # then float32 is built first
         return sanity.SanityPlan(
             build=self._build_in_float32 if timed else build, build_float32=self._build_in_float32,
             compile_args=self.task.compile_args(self.steps_per_epoch), train_data=self.task.train_data(gb),

@@ -112,11 +112,12 @@ class PrecisionPlanner:
         self.set("float32")
         self.decide(PrecisionChoice("float32", {}, why[0].lower() + why[1:]))
 
-    def timeable(self, deterministic: bool, execution: str, loop_times: bool, replicas: int) -> bool:
-        """Whether auto times float32 against the mixed_bfloat16 its rule picked: one CPU replica, not
-        `--deterministic`, a graph step (`execution` auto or graph) the loop can time."""
-        return (self.auto and not deterministic and execution in ("auto", "graph") and self.device_kind == "cpu"
-                and self.info.policy == "mixed_bfloat16" and loop_times and replicas == 1)
+    def timeable(self, untimed_because: Optional[str]) -> bool:
+        """Whether auto times float32 against the mixed_bfloat16 its rule picked on a CPU: where the run
+        gives no reason it cannot (`untimed_because`: `--deterministic`, a mode other than graph, several
+        replicas, a loop that cannot time it)."""
+        return self.auto and self.device_kind == "cpu" and self.info.policy == "mixed_bfloat16" \
+            and untimed_because is None
 
     def settle_untimed(self, why: str) -> None:
         """Under auto, float32 where the rule picked mixed_bfloat16 on a CPU and the run cannot time it

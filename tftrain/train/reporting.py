@@ -173,7 +173,7 @@ def make_record(trainer, history, test, started: float, fit_time: float) -> RunR
     restored = trainer.backup.restored if trainer.backup is not None else None
     done_before = restored.steps_in_epoch // trainer.accumulation_steps if restored is not None else 0  # mid-epoch
     examples = (epochs_trained * spe - done_before) * trainer.effective_global_batch_size if spe else None
-    choice = trainer.execution_choice
+    choice = trainer.execution.choice
     optimizer = getattr(history.model, "optimizer", None) if getattr(history, "model", None) else None
     hparams = dataclasses.asdict(cfg.task) if cfg.task is not None else None
     return RunRecord(
@@ -189,7 +189,7 @@ def make_record(trainer, history, test, started: float, fit_time: float) -> RunR
         global_batch_size=batch.global_batch_size, per_replica_batch_size=batch.per_replica_batch_size,
         wall_time_s=time.perf_counter() - started, fit_time_s=fit_time,
         examples_per_sec=examples / fit_time if examples and fit_time > 0 else None,
-        execution=trainer.execution, execution_requested=cfg.runtime.execution,
+        execution=trainer.execution.execution, execution_requested=cfg.runtime.execution,
         execution_choice=choice.to_dict() if choice is not None else None,
         runtime={**runtime_facts(trainer, isinstance(optimizer, keras.optimizers.LossScaleOptimizer)),
                  **(_steps_per_execution_that_ran(history, choice) if trainer.loop.per_step_hooks else {})},

@@ -23,7 +23,6 @@ from tftrain import config as config_lib
 from tftrain import epoch_log
 from tftrain import rundir as rundir_lib
 from tftrain.errors import AlreadyFinished, ConfigError, Preempted, TrainingDiverged
-from tftrain.train.automatic import AutomaticSettings
 from tftrain.train.batch_plan import BatchStages
 from tftrain.train.callback_stages import CallbackStages
 from tftrain.train.after_steps import AfterStepFailed, ExportStages
@@ -31,6 +30,7 @@ from tftrain.train.console import Console, keras_progress
 from tftrain.train.loops import loop_for
 from tftrain.train.model_stages import ModelStages
 from tftrain.train.precision_plan import PrecisionPlanner
+from tftrain.train.execution_plan import ExecutionPlanner, RunFacts, probe_batches
 from tftrain.train.record import RunRecord
 from tftrain.train.tasks import Task
 
@@ -54,7 +54,7 @@ def _check_hparam_names(hparams) -> None:
                           "task's hparams dataclass.")
 
 
-class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, ExportStages):
+class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
     """Trains a `Task` with tftrain's whole machinery and writes its run directory.
 
     Args:
@@ -97,8 +97,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, Expor
         self.precision = None  # the PrecisionPlanner: the dtype policy in force and what auto decided
         self.sanity = None  # the SanityResult (sanity_pass)
         self.steps_per_epoch = None
-        self.execution, self.execution_choice = self.config.runtime.execution, None
-        self.execution_trial = None  # `--execution auto`'s ExecutionTrial while it times candidates in fit
+        self.execution = None  # the ExecutionPlanner: the mode and steps per execution, and how they were chosen
         self.monitor = self.profiler = None
         self.backup = self.early_stopping = self.keep_best = None  # StepBackup, ResumableEarlyStopping, KeepBest
         self.preemption = None  # PreemptionWatch of a single process or a MultiWorkerMirrored task (make_callbacks)
@@ -181,7 +180,7 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, Expor
                 model = self.build_chosen_model()
                 self.init_weights(model)
                 self.note_custom_steps(model)
-                self.choose_execution(model)
+                self.execution.choose(model, self.run_facts())
                 history, fit_time = self.train(model, self.make_callbacks())
                 self.console.warn(epoch_log.tidy_history(self.out_dir.path / rundir_lib.HISTORY_FILE, history))
                 self.preemption.phase = "evaluation (training's checkpoint is kept)"
@@ -354,6 +353,8 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, Expor
         self.runtime = runtime.setup(self.config.runtime, cluster=self.cluster)
         self.precision = PrecisionPlanner(self.config.runtime.precision, self.runtime.precision,
                                           self.runtime.devices.kind, self.console.line)
+        self.execution = ExecutionPlanner(self.config.runtime, self.config.train.backup_every_steps, self.loop,
+                                          self.runtime.num_replicas, self.runtime.devices.kind, self.console)
         if self.config.seed is not None:
             keras.utils.set_random_seed(self.config.seed)
         if self.config.deterministic:  # the seed and untimed settings: config_lib.deterministic_config
@@ -412,15 +413,25 @@ class Trainer(AutomaticSettings, BatchStages, ModelStages, CallbackStages, Expor
         except TrainingDiverged as e:  # the guard names the step; the run directory knows the checkpoint
             raise TrainingDiverged(f"{e}; {self._checkpoint_note()}") from e
         except Exception as e:  # noqa: BLE001 (an XLA step that does not compile: one line and the fix)
-            self._raise_if_xla_failed(e)
+            self.execution.raise_if_xla_failed(e)
             self.precision.raise_if_first_step_failed(e, model)
             raise
         finally:
             if self.agreed_stop is not None:  # its watcher threads, when fit ended early
                 self.agreed_stop.close()
-        if self.execution_trial is not None:  # a run that ended before every candidate was timed
-            self.execution_trial.finish()
+        if self.execution.trial is not None:  # a run that ended before every candidate was timed
+            self.execution.trial.finish()
         return history, time.perf_counter() - started
+
+    def run_facts(self) -> RunFacts:
+        """What the execution choice needs of this run, as it stands (the batch plan may be to come)."""
+        from tftrain.train.model_facts import batch_hooks
+
+        wants_hooks = self.config.runtime.steps_per_execution == "auto" and self.loop.per_step_hooks
+        gb = self.batch.global_batch_size if self.batch else 0
+        return RunFacts(self.steps_per_epoch, self.accumulation_steps, self.config.train.epochs,
+                        tuple(batch_hooks(self.user_callback_objects())) if wants_hooks else (), gb, self.task,
+                        lambda: probe_batches(self.task, gb))
 
     def _checkpoint_note(self) -> str:
         """Where the last good checkpoint is, and what to do about a diverged run."""

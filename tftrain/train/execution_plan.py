@@ -1,15 +1,15 @@
-"""The Trainer's automatic-settings stages: `--execution auto` and `--steps-per-execution auto`, timed
-on the run's own model and batches and remembered (`tftrain.runtime.execution_memory`), and the build
-under `--precision auto`'s choice (decided by `tftrain.train.precision_plan`); a mixin of `Trainer`.
-"""
+"""The run's execution mode and steps per execution, decided in one place: `--execution auto` and
+`--steps-per-execution auto` timed on the run's own first training steps (`ExecutionTrial`) or
+remembered (`tftrain.runtime.execution_memory`), the counts a run may take, and one step per execution
+for the user's per-batch hooks. The `Trainer` owns one `ExecutionPlanner`."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from tftrain.errors import XlaCompileError
-from tftrain.train.model_facts import batch_hooks, convolution_layers, varying_shape
+from tftrain.train.model_facts import convolution_layers, varying_shape
 
 AUTO_PROBE_BATCHES = 16
 """Batches of the probe data that key the execution memory (their shapes and dtypes) and that a
@@ -48,50 +48,67 @@ def _cached_if_small(probe):
     return cached
 
 
-class AutomaticSettings:
-    """`Trainer`'s stages that choose settings by measurement (it provides `config`, `runtime`, `task`,
-    `batch`, `loop`, `console`, `extras`, `build_model`, ...)."""
+@dataclasses.dataclass(frozen=True)
+class RunFacts:
+    """What the execution choice needs to know of the run.
 
-    def build_chosen_model(self):
-        """The build stage (`build_model`) under `--precision auto`'s choice: timed where the run can time it
-        (`PrecisionPlanner.choose`), else under the policy settled before. Returns the model to train."""
-        if not self._times_precision():
-            return self.build_model()
-        compile_args = {}
+    Attributes:
+        steps_per_epoch: optimizer steps per epoch; None when unknown.
+        accumulation_steps: micro-batches per optimizer step.
+        epochs: `--epochs`.
+        hooks: names of the user's callbacks with per-batch hooks (`model_facts.batch_hooks`).
+        batch_size: the global batch size.
+        task: the bound `Task` (its validation and test data check a compiled test step).
+        probe: returns the first `AUTO_PROBE_BATCHES` training batches (`probe_batches`).
+    """
 
-        def build(fall_back: bool):
-            model = self.build_model(fall_back=fall_back)
-            compile_args[self.precision.info.policy] = self.compile_args
-            return model
+    steps_per_epoch: Optional[int] = None
+    accumulation_steps: int = 1
+    epochs: int = 1
+    hooks: tuple = ()
+    batch_size: int = 0
+    task: Any = None
+    probe: Optional[Callable] = None
 
-        model = self.precision.choose(build, self._probe(), self.batch.global_batch_size, self._planned_steps(),
-                                      self.config.runtime.remember_execution)
-        self.compile_args = compile_args[self.precision.info.policy]  # the arguments of the model trained
-        return model
+    @property
+    def batches_per_epoch(self) -> int:
+        """Batches (micro-batches under accumulation) of an epoch; 0 when unknown."""
+        return (self.steps_per_epoch or 0) * self.accumulation_steps
 
-    def settle_untimed_precision(self) -> None:
-        """The precision stage's untimed case, before anything builds a model (the batch-size search,
-        `--tune`): float32 where `--precision auto` cannot time the CPU's bfloat16, so that every model of
-        the run, searched or trained, has the policy the run records."""
-        if not self._times_precision():
-            self.precision.settle_untimed(self._why_precision_untimed())
+    @property
+    def planned_steps(self) -> int:
+        """Training steps (batches, micro-batches under accumulation) of the whole run; 0 when unknown."""
+        return self.batches_per_epoch * self.epochs
 
-    def _why_precision_untimed(self) -> str:
-        """Why `_times_precision` is False here, in words."""
-        if self.config.deterministic:
-            return "--deterministic does not time it"
-        if self.config.runtime.execution not in ("auto", "graph"):
-            return f"--execution {self.config.runtime.execution} is not timed (graph steps are)"
-        if not self.loop.times_execution:
-            return f"{self.loop.name} cannot time it in one process"
-        return f"timing needs one replica (this run has {self.runtime.num_replicas})"
 
-    def _times_precision(self) -> bool:
-        """Whether `--precision auto` times float32 against the mixed_bfloat16 its rule picked."""
-        return self.precision.timeable(self.config.deterministic, self.config.runtime.execution,
-                                       self.loop.times_execution, self.runtime.num_replicas)
+def probe_batches(task, batch_size: int):
+    """The first `AUTO_PROBE_BATCHES` training batches of `task`, cached when small (`_cached_if_small`)."""
+    return _cached_if_small(task.probe_data(batch_size, AUTO_PROBE_BATCHES))
 
-    def choose_execution(self, model) -> None:
+
+class ExecutionPlanner:
+    """Owns the execution mode and steps per execution of one run.
+
+    Args:
+        asked: the run's `RuntimeConfig` (`execution`, `steps_per_execution`, `remember_execution`).
+        backup_every_steps: `--backup-every-steps` (optimizer steps), or None.
+        loop: the training loop (`times_execution`, `per_step_hooks`, `validates`, `name`).
+        replicas: replicas training in sync.
+        device_kind: `"cpu"` or `"gpu"`.
+        console: the run's `Console`.
+
+    Attributes:
+        execution: the mode that trains (`"graph"` until a trial decides).
+        choice: the `ExecutionChoice` made, or None.
+        trial: the `ExecutionTrial` timing candidates inside `fit`, or None.
+    """
+
+    def __init__(self, asked, backup_every_steps: Optional[int], loop, replicas: int, device_kind: str, console):
+        self.asked, self.backup_every_steps, self.loop = asked, backup_every_steps, loop
+        self.replicas, self.device_kind, self.console = replicas, device_kind, console
+        self.execution, self.choice, self.trial, self.run = asked.execution, None, None, RunFacts()
+
+    def choose(self, model, run: RunFacts) -> None:
         """`--execution auto` and `--steps-per-execution auto`: reuses the choice an earlier run timed
         for the same model, batch and machine (`tftrain.runtime.execution_memory`; an XLA choice is
         compiled once more first, and forgotten and timed again if that fails), unless
@@ -102,10 +119,11 @@ class AutomaticSettings:
         graph at the rule's count."""
         from tftrain.runtime.execution import AUTO_CANDIDATES
 
+        self.run = run
         self._keep_batch_hooks_per_step(model)
-        rt = self.config.runtime
+        rt = self.asked
         modes = AUTO_CANDIDATES if rt.execution == "auto" else (rt.execution,)
-        counts = self._steps_per_execution_candidates()
+        counts = self.candidates(self.run)
         if rt.execution == "xla" and not model.jit_compile:  # Keras's compile turned XLA off for this model
             self.execution, modes = "graph", ("graph",)
             self.console.warn("--execution xla: Keras compiles this model without XLA (one of its layers does not "
@@ -123,11 +141,11 @@ class AutomaticSettings:
             if rt.execution == "auto":
                 self.console.line(f"execution: auto -> graph ({self.loop.name} does not time graph against XLA)")
             return
-        if self.runtime.num_replicas > 1:  # Keras 3 cannot compile a cross-replica step with XLA
-            self._untimed(model, modes, f"XLA does not run across {self.runtime.num_replicas} replicas; graph is "
+        if self.replicas > 1:  # Keras 3 cannot compile a cross-replica step with XLA
+            self._untimed(model, modes, f"XLA does not run across {self.replicas} replicas; graph is "
                                         "the only mode")
             return
-        probe = self._probe()  # for the batches' shapes, the memory's key and a remembered XLA's check
+        probe = self.run.probe()  # for the batches' shapes, the memory's key and a remembered XLA's check
         modes, why = self._auto_modes(modes, probe.element_spec, model)
         if why and not counts:
             self._untimed(model, modes, why)
@@ -141,7 +159,7 @@ class AutomaticSettings:
         key = self._execution_key(model, probe, modes, counts)
         choice = self._remembered(model, key, counts, probe)
         if choice is not None:
-            self.execution, self.execution_choice = choice.execution, choice
+            self.execution, self.choice = choice.execution, choice
             self.console.line(f"execution: auto -> {choice.describe()}")
             self._say_callback_frequency(model.steps_per_execution, counts)
             return
@@ -163,23 +181,23 @@ class AutomaticSettings:
             return (f"xla not timed: the batches' {varying} is not static, and XLA compiles a program for each "
                     "shape it meets (tf.ensure_shape or padding to one length fixes it; --execution xla tries it "
                     "anyway)")
-        convolutions = convolution_layers(model) if self.runtime.devices.kind == "cpu" else []
+        convolutions = convolution_layers(model) if self.device_kind == "cpu" else []
         if convolutions:
             return (f"xla not timed: the model convolves ({', '.join(convolutions)}), and XLA on a CPU runs "
                     "convolutions without the oneDNN kernels graph uses (2.5-10x slower in the zoo; "
                     "--execution xla tries it anyway)")
         return None
 
-    def _every_step_hooks(self) -> tuple:
-        """The user's callbacks with per-batch hooks (`batch_hooks`) when `--steps-per-execution auto` runs them
+    def every_step_hooks(self, run: RunFacts) -> tuple:
+        """The user's callbacks with per-batch hooks (`run.hooks`) when `--steps-per-execution auto` runs them
         every batch, as plain Keras does (one step per execution); else ()."""
-        if self.config.runtime.steps_per_execution != "auto" or not self.loop.per_step_hooks:
+        if self.asked.steps_per_execution != "auto" or not self.loop.per_step_hooks:
             return ()  # a loop without per-step hooks calls batch hooks once an epoch, whatever the count
-        return tuple(batch_hooks(self.user_callback_objects()))
+        return run.hooks
 
     def _keep_batch_hooks_per_step(self, model) -> None:
-        """One step per execution where `_every_step_hooks` names callbacks; one line says so."""
-        hooks = self._every_step_hooks()
+        """One step per execution where `every_step_hooks` names callbacks; one line says so."""
+        hooks = self.every_step_hooks(self.run)
         if not hooks:
             return
         model.steps_per_execution, model.train_function = 1, None  # a function traced at 8 (a timing) is dropped
@@ -195,7 +213,7 @@ class AutomaticSettings:
 
         base = model.steps_per_execution
         needed = steps_to_time(len(modes), base, counts)
-        planned = self._planned_steps()
+        planned = self.run.planned_steps
         if len(modes) == 1 and max(counts, default=0) <= base:
             why = (f"the only candidate: no count above {base} steps per execution fits this run (the batches of "
                    "an epoch, --backup-every-steps)")
@@ -208,18 +226,18 @@ class AutomaticSettings:
             return
 
         def settled(choice):
-            self.execution, self.execution_choice = choice.execution, choice
+            self.execution, self.choice = choice.execution, choice
             self.console.line(f"execution: auto -> {choice.describe()}")
             # A run that ended during a duel of counts has its mode decided: remembered, the count undecided.
-            if key and choice.trial["modes_decided"] and self.config.runtime.remember_execution:
+            if key and choice.trial["modes_decided"] and self.asked.remember_execution:
                 ExecutionMemory().put(key, choice)
 
         self.execution = modes[0] if len(modes) == 1 else "graph"
-        self.execution_trial = ExecutionTrial(
+        self.trial = ExecutionTrial(
             model, modes, tuple(c for c in counts if c != model.steps_per_execution),
-            examples_per_step=self.batch.global_batch_size, on_settled=settled, planned_steps=planned or None,
-            steps_per_epoch=(self.steps_per_epoch or 0) * self.accumulation_steps or None)
-        self.execution_trial.install()
+            examples_per_step=self.run.batch_size, on_settled=settled, planned_steps=planned or None,
+            steps_per_epoch=self.run.batches_per_epoch or None)
+        self.trial.install()
         larger = [c for c in sorted(counts) if c > base]  # the trial times no count below the compiled one
         timed = " or ".join(m + (" (if the run is long enough to repay compiling it)" if m == "xla" and planned
                                  and len(modes) > 1 else "") for m in modes)
@@ -228,11 +246,6 @@ class AutomaticSettings:
         every = "every step" if model.steps_per_execution == 1 else f"once every {model.steps_per_execution} steps"
         self.console.line(f"execution: auto: {timed}, whichever trains faster on the first steps (which train the "
                           f"model); batch callbacks fire {every}")
-
-    def _planned_steps(self) -> int:
-        """Training steps (batches, micro-batches under gradient accumulation) of the whole run; 0 when
-        the epoch's length is unknown."""
-        return (self.steps_per_epoch or 0) * self.accumulation_steps * self.config.train.epochs
 
     def _untimed(self, model, modes, reason: str) -> None:
         """Trains without timing: the one mode asked for, else graph, at the compiled count; one line says why.
@@ -243,7 +256,7 @@ class AutomaticSettings:
         if model.jit_compile != (modes == ("xla",)):  # a graph function traced by the precision timing is kept
             model.jit_compile, model.train_function = modes == ("xla",), None
         self.execution = modes[0] if len(modes) == 1 else "graph"
-        self.execution_choice = ExecutionChoice(self.execution, {}, reason,
+        self.choice = ExecutionChoice(self.execution, {}, reason,
                                                 steps_per_execution=model.steps_per_execution)
         self.console.line(f"execution: auto -> {self.execution}, {model.steps_per_execution} steps/execution: "
                           f"{reason}")
@@ -253,17 +266,17 @@ class AutomaticSettings:
             self.console.line(f"           Keras batch callbacks fire once per execution of "
                               f"{spe} steps (--steps-per-execution 1 for every step)")
 
-    def _steps_per_execution_candidates(self) -> tuple:
+    def candidates(self, run: RunFacts) -> tuple:
         """Counts `--steps-per-execution auto` may time: one replica and per-step hooks only, at most
         an epoch, and dividing `--backup-every-steps` (a checkpoint is written between executions)."""
         import math
 
-        if (self.config.runtime.steps_per_execution != "auto" or self.runtime.num_replicas > 1
-                or not self.loop.per_step_hooks or not self.loop.times_execution or self._every_step_hooks()):
+        if (self.asked.steps_per_execution != "auto" or self.replicas > 1
+                or not self.loop.per_step_hooks or not self.loop.times_execution or self.every_step_hooks(run)):
             return ()  # nothing is timed: the rule's count (AUTO_STEPS_PER_EXECUTION) runs
-        acc, batches = self.accumulation_steps, (self.steps_per_epoch or 0) * self.accumulation_steps
+        acc, batches = run.accumulation_steps, run.batches_per_epoch
         counts = [c for c in STEPS_PER_EXECUTION_CANDIDATES if not batches or c <= batches]
-        backup = self.config.train.backup_every_steps
+        backup = self.backup_every_steps
         if backup is not None:
             counts = [c for c in counts if (backup * acc) % math.lcm(c, acc) == 0]
         return tuple(counts) or (1,)
@@ -274,7 +287,7 @@ class AutomaticSettings:
         choice never stands in for a full run's); None when nothing is remembered (`--no-remember-execution`)."""
         from tftrain.runtime.execution_memory import execution_key
 
-        if not self.config.runtime.remember_execution:  # (several replicas never get here: nothing is timed)
+        if not self.asked.remember_execution:  # (several replicas never get here: nothing is timed)
             return None
         return execution_key(model, probe, (*modes, *(f"steps_per_execution {c}" for c in counts)))
 
@@ -289,13 +302,13 @@ class AutomaticSettings:
         choice = memory.get(key) if memory else None
         if choice is not None and counts and choice.steps_per_execution not in counts:
             return None
-        planned, untimed_for = self._planned_steps(), choice and choice.time_again_from_steps
+        planned, untimed_for = self.run.planned_steps, choice and choice.time_again_from_steps
         if untimed_for and (not planned or planned >= untimed_for):
             self.console.line(f"execution: the remembered choice left a candidate untimed for runs under "
                               f"{untimed_for} steps; this run of {planned or 'unknown'} steps times them again")
             return None
         if choice is not None:
-            choice = weigh_remembered_xla(choice, self._planned_steps())
+            choice = weigh_remembered_xla(choice, self.run.planned_steps)
         if choice is None:
             return None
         choice = self._still_compiles(model, probe, choice)
@@ -303,10 +316,6 @@ class AutomaticSettings:
             memory.forget(key)
             return None
         return self._with_test_step(model, choice)
-
-    def _probe(self):
-        """The first `AUTO_PROBE_BATCHES` training batches, cached when small (`_cached_if_small`)."""
-        return _cached_if_small(self.task.probe_data(self.batch.global_batch_size, AUTO_PROBE_BATCHES))
 
     def _test_step_failure(self, model) -> Optional[str]:
         """XLA's reason when `model`'s test step (validation inside `fit`, the test evaluation) fails in
@@ -316,8 +325,8 @@ class AutomaticSettings:
 
         if not model.jit_compile:
             return None
-        gb = self.batch.global_batch_size
-        data = (self.task.validation_data(gb) if self.loop.validates else None) or self.task.test_data(gb)
+        gb = self.run.batch_size
+        data = (self.run.task.validation_data(gb) if self.loop.validates else None) or self.run.task.test_data(gb)
         if data is None or not hasattr(data, "take"):
             return None
         try:
@@ -361,7 +370,7 @@ class AutomaticSettings:
                 model.train_function = None
             return choice
         try:
-            timing = check_compiles(model, probe, batch_size=self.batch.global_batch_size)
+            timing = check_compiles(model, probe, batch_size=self.run.batch_size)
         except Exception as error:  # noqa: BLE001 (XLA refuses what it compiled before: time again)
             self.console.line(f"execution: the remembered choice xla fails now ({failure_line(error)}); timing again")
             model.jit_compile, model.steps_per_execution = False, compiled_count
@@ -369,7 +378,7 @@ class AutomaticSettings:
             return None
         return dataclasses.replace(choice, compiled_before_fit_s=round(timing.warmup_s, 3))
 
-    def _raise_if_xla_failed(self, error: Exception) -> None:
+    def raise_if_xla_failed(self, error: Exception) -> None:
         """Raises `XlaCompileError` (XLA's reason and the fix in one line) when XLA, asked for or
         chosen, could not compile or run a step (training, or validation inside `fit`)."""
         from tftrain.runtime.execution import xla_failure_reason
