@@ -137,7 +137,9 @@ class BatchStages:
             self.task = self.task.bind(self.resolved)
         if decided:
             self.plan_fixed_batch(decided["batch_size"])
-            self.print_batch()
+            from tftrain.train.reporting import print_batch
+
+            print_batch(self)
 
     def _resumed_search(self):
         """`(search figures, batch size)` an interrupted run chose, or None: a resumed run keeps its batch."""

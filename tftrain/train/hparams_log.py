@@ -56,10 +56,3 @@ def write_session(log_dir: Path, session: str, values: dict, figures: dict, step
         for tag, value in figures.items():
             tf.summary.scalar(tag, value, step=step or 0)
     writer.close()
-
-
-def log_run(trainer, record) -> None:
-    """The chief's HParams session of a finished run, in its `logs/` folder."""
-    run_dir = trainer.run_dir.path
-    write_session(trainer.run_dir.log_dir, run_dir.name, hparam_values(trainer.resolved, record),
-                  final_figures(record), step=record.resumed_from_epoch + record.epochs_trained)

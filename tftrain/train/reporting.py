@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from pathlib import Path
+from typing import Optional
 
 from tftrain import config as config_lib
 from tftrain import epoch_log
@@ -203,32 +205,26 @@ def make_record(trainer, history, test, started: float, fit_time: float) -> RunR
     )
 
 
-def write_record(trainer, record: RunRecord, session: bool = False) -> dict:
-    """Writes `metrics.json` and `report.md` (chief only), after the run's HParams session with `session`
-    (metrics.json marks the run finished, so what the run writes comes before it); returns the metrics."""
+def write_record(record: RunRecord, hparams: Optional[dict] = None) -> None:
+    """Writes `record`'s `metrics.json` and `report.md` into its run directory; with `hparams` (the HParams
+    values, `hparams_log.hparam_values`) the run's HParams session first, in `logs/` (metrics.json marks the
+    run finished, so what the run writes comes before it)."""
     from tftrain import reports
     from tftrain.train import hparams_log
 
     metrics = record.to_dict()
-    if trainer.is_chief:
-        if session:
-            hparams_log.log_run(trainer, record)  # TensorBoard's HParams tab compares the runs of a folder
-        reports.write_metrics(record.run_dir, metrics)
-        reports.write_report(record.run_dir, metrics, title=_title(trainer))
-    return metrics
-
-
-def report(trainer, record: RunRecord) -> None:
-    """Writes `metrics.json` and `report.md` again (chief only; the export's results) and prints the result lines."""
-    from tftrain.train import hparams_log
-
-    write_record(trainer, record)
-    if trainer.is_chief:
-        if trainer.mlflow is not None:  # after metrics.json and report.md, which it uploads
-            trainer.mlflow.finish(hparams_log.hparam_values(trainer.resolved, record), hparams_log.final_figures(record),
+    if hparams is not None:  # TensorBoard's HParams tab compares the runs of a folder
+        hparams_log.write_session(Path(record.run_dir) / rundir_lib.LOG_DIR, Path(record.run_dir).name, hparams,
+                                  hparams_log.final_figures(record),
                                   step=record.resumed_from_epoch + record.epochs_trained)
-    console = trainer.console
-    unit = trainer.task.example_unit
+    reports.write_metrics(record.run_dir, metrics)
+    reports.write_report(record.run_dir, metrics, title=_title(record))
+
+
+def print_result(record: RunRecord, console, unit: str = "examples", input_hint: str = "",
+                 tensorboard: Optional[str] = None) -> None:
+    """Prints `record`'s result lines: test figures and speed, throughput, the input verdict (with
+    `input_hint` when input-bound), then the run directory and the `tensorboard` command where given."""
     console.section("result")
     console.result(_result_line(record, unit))
     throughput = record.extras.get("throughput")
@@ -238,19 +234,16 @@ def report(trainer, record: RunRecord) -> None:
                      f"p90 {throughput['step_time_p90_s'] * 1e3:.2f} ms")
     if throughput and throughput.get("input"):
         console.line(f"input:      {throughput['input']['verdict']}")
-        hint = trainer.task.input_bound_hint() if throughput["input"].get("input_bound") else ""
-        if hint:
-            console.line(f"            {hint}")
-    if trainer.is_chief:
+        if input_hint and throughput["input"].get("input_bound"):
+            console.line(f"            {input_hint}")
+    if tensorboard is not None:
         console.line(f"run directory: {record.run_dir}")
-        console.line(f"TensorBoard:   tensorboard --logdir {trainer.run_dir.log_dir}"
-                     + ("  (profile: Profile tab)" if trainer.profiler else ""))
+        console.line(f"TensorBoard:   {tensorboard}")
 
 
-def _title(trainer) -> str:
-    hparams = trainer.resolved.task
-    shown = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(hparams).items() if v is not None) if hparams else ""
-    return f"{trainer.task.name} ({shown})" if shown else trainer.task.name
+def _title(record: RunRecord) -> str:
+    shown = ", ".join(f"{k}={v}" for k, v in (record.hparams or {}).items() if v is not None)
+    return f"{record.task} ({shown})" if shown else record.task
 
 
 def _result_line(record: RunRecord, unit: str = "examples") -> str:

@@ -31,6 +31,7 @@ from tftrain.train.loops import loop_for
 from tftrain.train.model_stages import ModelStages
 from tftrain.train.precision_plan import PrecisionPlanner
 from tftrain.train.execution_plan import ExecutionPlanner, RunFacts, probe_batches
+from tftrain.train import hparams_log, reporting
 from tftrain.train.record import RunRecord
 from tftrain.train.tasks import Task
 
@@ -160,7 +161,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         """The stages after set-up: batch plan, build, train, evaluate, save, report."""
         self.check_task()
         self.plan_fixed_batch()
-        self.print_plan()
+        reporting.print_plan(self)
         self.settle_untimed_precision()  # before the sanity pass, the batch-size search and --tune build models
         self.sanity_pass()  # before the run directory: what cannot work is refused with nothing written
         if self.config.sanity_check:
@@ -175,7 +176,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
                 if self.is_chief:  # the same task's identity (another task's was refused), or a damaged one's
                     rundir_lib.write_text_atomic(out / TASK_FILE, json.dumps(self._task_identity()))
                     rundir_lib.note_job(out.path)
-                self.announce_run_dir()
+                reporting.announce_run_dir(self)
                 self.plan_batch()
                 model = self.build_chosen_model()
                 self.init_weights(model)
@@ -190,14 +191,14 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
                     self.save(model)
                     if self.config.train.export and self.is_chief:
                         self.extras[rundir_lib.AFTER_STEPS_KEY] = {"export": "pending"}
-                    record = self.make_record(history, test, started, fit_time)
+                    record = reporting.make_record(self, history, test, started, fit_time)
                     self.write_record(record)  # metrics.json beside model.keras: the trained run is safe from here
                     self.finish_run_dir()
                 self._stop_before_after_steps()
                 self.preemption.phase = "the export (the trained run is written; the export is pending)"
                 failure = self.run_after_steps(model)
                 self.preemption.phase = "the report (the run is written)"
-                record = self.make_record(history, test, started, fit_time)
+                record = reporting.make_record(self, history, test, started, fit_time)
         except KeyboardInterrupt:  # the checkpoint (and finished tuner trials) resume the same command
             self._end_mlflow("KILLED")
             raise Interrupted(str(self.run_dir.path)) from None
@@ -478,39 +479,20 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         with saved_with_inner_optimizer(model):
             model.save(self.out_dir / rundir_lib.MODEL_FILE)
 
-    # -- printing, record, report ----------------------------------------------
-    def print_plan(self) -> None:
-        """The effective configuration, the runtime, the data and the batch."""
-        from tftrain.train import reporting
-
-        reporting.print_plan(self)
-
-    def print_batch(self) -> None:
-        """The batch line: global = per-replica x replicas; steps per epoch."""
-        from tftrain.train import reporting
-
-        reporting.print_batch(self)
-
-    def announce_run_dir(self) -> None:
-        """Where this task writes, and whether it resumes."""
-        from tftrain.train import reporting
-
-        reporting.announce_run_dir(self)
-
-    def make_record(self, history, test, started: float, fit_time: float) -> RunRecord:
-        """The `RunRecord` of this run."""
-        from tftrain.train import reporting
-
-        return reporting.make_record(self, history, test, started, fit_time)
-
+    # -- record, report ----------------------------------------------------------
     def write_record(self, record: RunRecord) -> None:
         """Writes the HParams session, then `metrics.json` and `report.md` (chief only)."""
-        from tftrain.train import reporting
-
-        reporting.write_record(self, record, session=True)
+        if self.is_chief:
+            reporting.write_record(record, hparams_log.hparam_values(self.resolved, record))
 
     def report(self, record: RunRecord) -> None:
-        """Writes `metrics.json` and `report.md` (chief only) and prints the result."""
-        from tftrain.train import reporting
-
-        reporting.report(self, record)
+        """Writes `metrics.json` and `report.md` again (chief only; the export's results), ends the MLflow run
+        and prints the result."""
+        if self.is_chief:
+            reporting.write_record(record)
+            if self.mlflow is not None:  # after metrics.json and report.md, which it uploads
+                self.mlflow.finish(hparams_log.hparam_values(self.resolved, record), hparams_log.final_figures(record),
+                                   step=record.resumed_from_epoch + record.epochs_trained)
+        profile = "  (profile: Profile tab)" if self.profiler else ""
+        tensorboard = f"tensorboard --logdir {self.run_dir.log_dir}{profile}" if self.is_chief else None
+        reporting.print_result(record, self.console, self.task.example_unit, self.task.input_bound_hint(), tensorboard)
