@@ -84,7 +84,7 @@ def _fit_to_few_examples(plan: BatchPlan, n: int) -> BatchPlan:
 
 
 class BatchStages:
-    """`Trainer`'s stages that plan the batch; they set `batch` and `steps_per_epoch`."""
+    """`Trainer`'s stages that plan the batch; they set the frozen `batch_plan`."""
 
     def plan_fixed_batch(self, batch_size=None) -> None:
         """Plans a fixed batch, unless a search picks it later (`--batch-size auto`, `--tune`)."""
@@ -98,7 +98,7 @@ class BatchStages:
         per_replica = data.per_replica_batch_size if batch_size is None else None
         plan = plan_batch(batch_size, per_replica, self.runtime.num_replicas, self.task.num_train_examples,
                           self.accumulation_steps)
-        self.batch, self.steps_per_epoch = plan.batch, plan.steps_per_epoch
+        self.batch_plan = plan
         if plan.note:
             self.console.line(plan.note)
         window = self.config.train.profile_window
@@ -106,6 +106,16 @@ class BatchStages:
             from tftrain.callbacks.profile_steps import check_window_fits
 
             check_window_fits(*window, self.config.train.epochs * self.steps_per_epoch)
+
+    @property
+    def batch(self) -> Optional["BatchSize"]:
+        """The planned global and per-replica batch size; None before the plan (a search may make it later)."""
+        return self.batch_plan.batch if self.batch_plan is not None else None
+
+    @property
+    def steps_per_epoch(self) -> Optional[int]:
+        """Optimizer steps per epoch of the plan; None before it or when the examples are not counted."""
+        return self.batch_plan.steps_per_epoch if self.batch_plan is not None else None
 
     @property
     def accumulation_steps(self) -> int:

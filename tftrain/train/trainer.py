@@ -94,10 +94,10 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         self.command = list(command) if command is not None else None
         self.console = Console(self.config.train.verbose)
         self.loop = loop_for(self.config.runtime.strategy)
-        self.cluster = self.runtime = self.run_dir = self.out_dir = self.batch = None
+        self.cluster = self.runtime = self.run_dir = self.out_dir = None
+        self.batch_plan = None  # the frozen BatchPlan (plan_fixed_batch): `batch` and `steps_per_epoch` read it
         self.precision = None  # the PrecisionPlanner: the dtype policy in force and what auto decided
         self.sanity = None  # the SanityResult (sanity_pass)
-        self.steps_per_epoch = None
         self.execution = None  # the ExecutionPlanner: the mode and steps per execution, and how they were chosen
         self.monitor = self.profiler = None
         self.backup = self.early_stopping = self.keep_best = None  # StepBackup, ResumableEarlyStopping, KeepBest
