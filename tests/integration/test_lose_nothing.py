@@ -93,7 +93,7 @@ def test_a_kill_right_after_metrics_json_is_completed_by_the_same_command(tmp_pa
 
 
 _SLOW_RUN = """
-import sys, time
+import dataclasses, sys, time
 import keras, numpy as np
 import tftrain
 
@@ -109,7 +109,7 @@ x = rng.standard_normal((1024, 4)).astype("float32")
 y = x @ np.array([[1.0], [-2.0], [0.5], [0.0]], "float32")
 task = tftrain.ArrayTask(build, x, y, x[:64], y[:64], loss="mse", optimizer="sgd", learning_rate=0.05, name="p")
 make_callbacks = tftrain.Trainer.make_callbacks
-tftrain.Trainer.make_callbacks = lambda self: make_callbacks(self) + [Slow()]
+tftrain.Trainer.make_callbacks = lambda self: dataclasses.replace(made := make_callbacks(self), all=(*made.all, Slow()))
 from tftrain.run import main
 sys.exit(main(["--epochs", sys.argv[2] if len(sys.argv) > 2 else "3", "--batch-size", "32", "--execution", "graph", "--verbose", "0", "--seed", "0",
                "--run-dir", sys.argv[1]], task=task, prog="preempted"))

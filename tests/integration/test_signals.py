@@ -15,7 +15,7 @@ from tests.conftest import REPO, SUBPROCESS_ENV, checkpoint_metadata
 pytestmark = pytest.mark.integration
 
 _SCRIPT = """
-import os, signal, sys
+import dataclasses, os, signal, sys
 import keras, numpy as np
 import tftrain
 from tftrain.train import after_steps
@@ -56,7 +56,7 @@ x = rng.standard_normal((256, 4)).astype("float32")
 y = x @ np.array([[1.0], [-2.0], [0.5], [0.0]], "float32")
 task = tftrain.ArrayTask(build, x, y, x[:64], y[:64], loss="mse", optimizer="sgd", learning_rate=0.05, name="s")
 make_callbacks = Trainer.make_callbacks
-Trainer.make_callbacks = lambda self: make_callbacks(self) + [HangUp()]
+Trainer.make_callbacks = lambda self: dataclasses.replace(made := make_callbacks(self), all=(*made.all, HangUp()))
 from tftrain.run import main
 sys.exit(main(["--epochs", "3", "--batch-size", "32", "--execution", "graph", "--verbose", "0", "--seed", "0",
                "--backup-every-steps", "4", "--run-dir", sys.argv[1], *sys.argv[2:]], task=task, prog="sig"))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+from typing import Any, Optional
 
 from tftrain import rundir as rundir_lib
 from tftrain.errors import ConfigError
@@ -11,10 +12,24 @@ INPUT_CHECK_BATCHES = 50
 """Batches the ThroughputMonitor's input check reads from the training pipeline alone."""
 
 
+@dataclasses.dataclass(frozen=True)
+class RunCallbacks:
+    """The callbacks of one run's `fit` in their order (`all`), and tftrain's own that the run reads after."""
+
+    all: tuple
+    backup: Any  # StepBackup
+    keep_best: Any = None  # KeepBest under --keep-best
+    early_stopping: Any = None  # ResumableEarlyStopping under --early-stopping
+    monitor: Any = None  # ThroughputMonitor where the loop has per-step hooks
+    profiler: Any = None  # ProfilerWindow under --profile
+    agreed_stop: Any = None  # AgreedStop of a MultiWorkerMirrored task
+    mlflow: Any = None  # MlflowLog of the chief under --mlflow
+
+
 class CallbackStages:
     """`Trainer`'s stages that make the callbacks of `fit` and plan the backup interval."""
 
-    def make_callbacks(self) -> list:
+    def make_callbacks(self) -> RunCallbacks:
         """NanGuard, CSVLogger, KeepBest, StepBackup, TensorBoard, ChanceWatch, the per-step monitors,
         EarlyStopping, MLflow, then the user's callbacks.
 
@@ -26,21 +41,21 @@ class CallbackStages:
         import keras
 
         from tftrain.callbacks import ChanceWatch, EpochTensorBoard, NanGuard
+        from tftrain.train import mlflow_log
 
         out = self.out_dir
         agreed = self._agreed_stop()
-        self.backup = self._make_backup(agreed)
+        backup, keep_best = self._make_backup(agreed), self._keep_best()
         history = keras.callbacks.CSVLogger(str(out.path / rundir_lib.HISTORY_FILE), append=True)
-        callbacks = [NanGuard(), history, *self._keep_best(), *([agreed] if agreed else []), self.backup,
+        callbacks = [NanGuard(), history, *([keep_best] if keep_best else []), *([agreed] if agreed else []), backup,
                      EpochTensorBoard(str(out.log_dir)), ChanceWatch(say=self.console.warn)]
-        if self.loop.per_step_hooks:
-            callbacks += self._step_callbacks()
-        callbacks += self._early_stopping()
-        from tftrain.train import mlflow_log
-
-        self.mlflow = mlflow_log.make(self.config.train.mlflow, out.path, self.task.name, self.is_chief,
-                                      warn=self.console.warn)
-        return callbacks + ([self.mlflow] if self.mlflow else []) + self.user_callback_objects()
+        monitor, profiler, nvtx = self._step_callbacks() if self.loop.per_step_hooks else (None, None, [])
+        callbacks += [c for c in (monitor, profiler) if c is not None] + nvtx
+        early_stopping = self._early_stopping()
+        mlflow = mlflow_log.make(self.config.train.mlflow, out.path, self.task.name, self.is_chief,
+                                 warn=self.console.warn)
+        callbacks += [c for c in (early_stopping, mlflow) if c] + self.user_callback_objects()
+        return RunCallbacks(tuple(callbacks), backup, keep_best, early_stopping, monitor, profiler, agreed, mlflow)
 
     def user_callback_objects(self) -> list:
         """The user's callbacks: those passed to the Trainer, then those `--callbacks` names (made once)."""
@@ -57,9 +72,8 @@ class CallbackStages:
             self.preemption = PreemptionWatch()
         if self.cluster is None or not self.loop.per_step_hooks:  # one process, or the coordinator alone
             return None
-        self.agreed_stop = AgreedStop(self.preemption, self.runtime.strategy.cluster_resolver,
-                                      str(self.out_dir.backup_dir / "agreed_stop"))
-        return self.agreed_stop
+        return AgreedStop(self.preemption, self.runtime.strategy.cluster_resolver,
+                          str(self.out_dir.backup_dir / "agreed_stop"))
 
     def _make_backup(self, agreed=None):
         """The `StepBackup`: keeps the previous checkpoint (a task may die mid-save), outlives `fit`
@@ -76,51 +90,48 @@ class CallbackStages:
                               f"and at each epoch end, in {self.run_dir.backup_dir}")
         return backup
 
-    def _early_stopping(self) -> list:
+    def _early_stopping(self):
         """`--early-stopping P`: EarlyStopping on val_loss keeping the best weights, its state in the backup."""
         from tftrain.callbacks import ResumableEarlyStopping
 
         patience = self.config.train.early_stopping
         if patience is None:
-            return []
-        self.early_stopping = ResumableEarlyStopping(
-            self.out_dir.backup_dir, monitor="val_loss", patience=patience, restore_best_weights=True,
-            verbose=min(1, self.config.train.verbose))
-        return [self.early_stopping]
+            return None
+        return ResumableEarlyStopping(self.out_dir.backup_dir, monitor="val_loss", patience=patience,
+                                      restore_best_weights=True, verbose=min(1, self.config.train.verbose))
 
-    def _keep_best(self) -> list:
+    def _keep_best(self):
         """`--keep-best N`: `KeepBest` in `checkpoints/`, before the backup. A worker that is not the
         chief saves the same epochs (saving may take collective ops) to its temporary directory."""
         keep = self.config.train.keep_best
         if not keep:
-            return []
+            return None
         from tftrain.callbacks import KeepBest
         from tftrain.train.init_weights import CHECKPOINTS_DIR
 
         validates = self.loop.validates and self.task.validation_data(self.batch.global_batch_size) is not None
         monitor = self.config.train.monitor or ("val_loss" if validates else "loss")
-        self.keep_best = KeepBest(self.out_dir.path / CHECKPOINTS_DIR, keep, monitor=monitor,
-                                  mode=self.config.train.monitor_mode, say=self.console.line,
-                                  ranking_from=None if self.is_chief else self.run_dir.path / CHECKPOINTS_DIR)
+        keep_best = KeepBest(self.out_dir.path / CHECKPOINTS_DIR, keep, monitor=monitor, mode=self.config.train.monitor_mode,
+                             say=self.console.line, ranking_from=None if self.is_chief else self.run_dir.path / CHECKPOINTS_DIR)
         self.console.line(f"keep-best: the {keep} best epochs by {monitor} and the last, in "
                           f"{self.run_dir.path / CHECKPOINTS_DIR}")
-        return [self.keep_best]
+        return keep_best
 
-    def _step_callbacks(self) -> list:
+    def _step_callbacks(self) -> tuple:
+        """`(ThroughputMonitor, ProfilerWindow or None, [NvtxSteps])` of a loop with per-step hooks."""
         from tftrain.callbacks import ProfilerWindow, ThroughputMonitor
 
         gb = self.batch.global_batch_size
         # The input check times this process's pipeline alone: skipped where a worker reads only its shard.
         input_data = self.task.probe_data(gb, INPUT_CHECK_BATCHES) if self.loop.checks_input else None
-        self.monitor = ThroughputMonitor(gb, log_dir=self.out_dir.log_dir, input_data=input_data)
-        nvtx = self._nvtx_callbacks()
+        monitor = ThroughputMonitor(gb, log_dir=self.out_dir.log_dir, input_data=input_data)
         window = self.config.train.profile_window
         if window is None:
-            return [self.monitor] + nvtx
+            return monitor, None, self._nvtx_callbacks()
         start, stop = (step * self.accumulation_steps for step in window)  # optimizer steps -> micro-batches
-        self.profiler = ProfilerWindow(self.out_dir.log_dir, start, stop, verbose=min(1, self.config.train.verbose),
-                                       say=self.console.line)
-        return [self.monitor, self.profiler] + nvtx
+        profiler = ProfilerWindow(self.out_dir.log_dir, start, stop, verbose=min(1, self.config.train.verbose),
+                                  say=self.console.line)
+        return monitor, profiler, self._nvtx_callbacks()
 
     def _nvtx_callbacks(self) -> list:
         """`NvtxSteps` under `--nvtx` on a GPU (`tftrain.runtime.nvtx`), else none."""

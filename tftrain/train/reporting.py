@@ -123,10 +123,11 @@ def _extras(trainer) -> dict:
     extras = dict(trainer.extras)
     if trainer.precision.record is not None:
         extras["precision_auto"] = trainer.precision.record
-    extras["throughput"] = trainer.monitor.result() if trainer.monitor is not None else None
-    if trainer.keep_best is not None:
-        extras["keep_best"] = trainer.keep_best.summary()
-    profiler = trainer.profiler
+    made = trainer.made
+    extras["throughput"] = made.monitor.result() if made.monitor is not None else None
+    if made.keep_best is not None:
+        extras["keep_best"] = made.keep_best.summary()
+    profiler = made.profiler
     if profiler is not None:
         extras["profile"] = {
             "window": list(trainer.config.train.profile_window),
@@ -141,7 +142,7 @@ def _extras(trainer) -> dict:
 def _checkpoint_extras(trainer, optimizer) -> dict:
     """`optimizer_steps`, and the `backup` and `early_stopping` sections (epochs counted from 1)."""
     out = {"optimizer_steps": int(optimizer.iterations.numpy()) if optimizer is not None else None}
-    backup, stop = trainer.backup, trainer.early_stopping
+    backup, stop = trainer.made.backup, trainer.made.early_stopping
     if backup is not None and backup.every_steps:
         restored = backup.restored
         out["backup"] = {"every_steps": backup.every_steps // trainer.accumulation_steps,
@@ -172,7 +173,7 @@ def make_record(trainer, history, test, started: float, fit_time: float) -> RunR
 
     cfg, batch, spe = trainer.resolved, trainer.batch, trainer.steps_per_epoch
     epochs_trained = len(history.epoch)
-    restored = trainer.backup.restored if trainer.backup is not None else None
+    restored = trainer.made.backup.restored if trainer.made.backup is not None else None
     done_before = restored.steps_in_epoch // trainer.accumulation_steps if restored is not None else 0  # mid-epoch
     examples = (epochs_trained * spe - done_before) * trainer.effective_global_batch_size if spe else None
     choice = trainer.execution.choice

@@ -99,13 +99,10 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         self.precision = None  # the PrecisionPlanner: the dtype policy in force and what auto decided
         self.sanity = None  # the SanityResult (sanity_pass)
         self.execution = None  # the ExecutionPlanner: the mode and steps per execution, and how they were chosen
-        self.monitor = self.profiler = None
-        self.backup = self.early_stopping = self.keep_best = None  # StepBackup, ResumableEarlyStopping, KeepBest
+        self.made = None  # the RunCallbacks of fit (make_callbacks)
         self.preemption = None  # PreemptionWatch of a single process or a MultiWorkerMirrored task (make_callbacks)
-        self.agreed_stop = None  # AgreedStop of a MultiWorkerMirrored task (make_callbacks)
         self._user_callbacks = []  # makers of --callbacks (check)
         self._made_user_callbacks = None  # what they made (user_callback_objects)
-        self.mlflow = None  # MlflowLog of the chief under --mlflow (make_callbacks)
         self.compile_args: dict = {}
         self.extras: dict = {}
 
@@ -182,7 +179,8 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
                 self.init_weights(model)
                 self.note_custom_steps(model)
                 self.execution.choose(model, self.run_facts())
-                history, fit_time = self.train(model, self.make_callbacks())
+                self.made = self.make_callbacks()
+                history, fit_time = self.train(model, self.made)
                 self.console.warn(epoch_log.tidy_history(self.out_dir.path / rundir_lib.HISTORY_FILE, history))
                 self.preemption.phase = "evaluation (training's checkpoint is kept)"
                 test = self.evaluate(model)
@@ -216,8 +214,8 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
 
     def _end_mlflow(self, status: str) -> None:
         """Marks the MLflow run (if one was opened) ended with `status`; a tracking error is only warned of."""
-        if self.mlflow is not None:
-            self.mlflow.end(status)
+        if self.made is not None and self.made.mlflow is not None:
+            self.made.mlflow.end(status)
 
     def finish_run_dir(self) -> None:
         """Removes the backup and a failed attempt's `failure.log` (chief only), once the run is on disk."""
@@ -249,7 +247,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         from tftrain.train import user_callbacks
 
         self._user_callbacks = user_callbacks.resolve(self.config.train.callbacks or "")  # bad names: now
-        self._made_user_callbacks, self.mlflow = None, None  # a second fit() of this Trainer makes its own
+        self._made_user_callbacks, self.made = None, None  # a second fit() of this Trainer makes its own
         if self.config.train.init_from is not None:  # a path that holds no weights: now, not after TF starts
             from tftrain.train import init_weights
 
@@ -394,7 +392,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
 
     # -- callbacks, train, evaluate, save --------------------------------------
     def train(self, model, callbacks):
-        """The loop's fit over `epochs`; returns `(History, seconds)`."""
+        """The loop's fit over `epochs` with `callbacks` (`RunCallbacks`); returns `(History, seconds)`."""
         gb = self.batch.global_batch_size
         validation = self._evenly_first(self.task.validation_data(gb) if self.loop.validates else None)
         micro_steps = self.steps_per_epoch * self.accumulation_steps if self.steps_per_epoch else None
@@ -404,7 +402,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
             with self.preemption.polling() if self.preemption else contextlib.nullcontext():
                 history = self.loop.fit(
                     model, self._train_data, epochs=self.config.train.epochs, steps_per_epoch=micro_steps,
-                    callbacks=[*callbacks, *progress], verbose=verbose, validation_data=validation,
+                    callbacks=[*callbacks.all, *progress], verbose=verbose, validation_data=validation,
                     runtime=self.runtime, metrics=self.compile_args.get("metrics"), say=self.console.line,
                     class_weight=self.task.class_weight,
                 )
@@ -418,8 +416,8 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
             self.precision.raise_if_first_step_failed(e, model)
             raise
         finally:
-            if self.agreed_stop is not None:  # its watcher threads, when fit ended early
-                self.agreed_stop.close()
+            if callbacks.agreed_stop is not None:  # its watcher threads, when fit ended early
+                callbacks.agreed_stop.close()
         if self.execution.trial is not None:  # a run that ended before every candidate was timed
             self.execution.trial.finish()
         return history, time.perf_counter() - started
@@ -490,9 +488,9 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         and prints the result."""
         if self.is_chief:
             reporting.write_record(record)
-            if self.mlflow is not None:  # after metrics.json and report.md, which it uploads
-                self.mlflow.finish(hparams_log.hparam_values(self.resolved, record), hparams_log.final_figures(record),
+            if self.made.mlflow is not None:  # after metrics.json and report.md, which it uploads
+                self.made.mlflow.finish(hparams_log.hparam_values(self.resolved, record), hparams_log.final_figures(record),
                                    step=record.resumed_from_epoch + record.epochs_trained)
-        profile = "  (profile: Profile tab)" if self.profiler else ""
+        profile = "  (profile: Profile tab)" if self.made.profiler else ""
         tensorboard = f"tensorboard --logdir {self.run_dir.log_dir}{profile}" if self.is_chief else None
         reporting.print_result(record, self.console, self.task.example_unit, self.task.input_bound_hint(), tensorboard)

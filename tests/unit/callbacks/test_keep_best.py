@@ -144,5 +144,5 @@ def test_the_trainer_ranks_an_epoch_before_its_backup_commits_it(tmp_path):
     trainer = tftrain.Trainer(task, keep_best=1, verbose=0, run_dir=str(tmp_path / "run"))
     trainer.check(), trainer.setup_runtime(), trainer.bind_task(), trainer.plan_fixed_batch()
     trainer.out_dir = trainer.run_dir
-    kinds = [type(c) for c in trainer.make_callbacks()]
+    kinds = [type(c) for c in trainer.make_callbacks().all]
     assert kinds.index(KeepBest) < kinds.index(StepBackup)
