@@ -15,6 +15,7 @@ training, the run directory's writes).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -204,7 +205,8 @@ def _timed_trainer():
             self.probe_s = time.perf_counter() - start
 
         def make_callbacks(self):
-            return [self.lead] + super().make_callbacks()
+            made = super().make_callbacks()
+            return dataclasses.replace(made, all=(self.lead, *made.all))
 
     return ProbeTimedTrainer
 
@@ -228,7 +230,7 @@ def train(spec: ZooModel, x, y, run_dir: Path, device: str, stop_slower_than: fl
     trainer.lead = _stopwatch()
     trainer.fit()
     figures = _figures(stopwatch, len(x), time.perf_counter() - started, trainer.lead)
-    trial = trainer.execution_trial
+    trial = trainer.execution.trial
     if trial is not None and trial.chosen is not None:  # what trained after the trial (the model stays out of XLA)
         figures.update(trained_jit_compile=trial.chosen.mode == "xla", trained_steps_per_execution=trial.chosen.spe)
     return trainer, figures, json.loads((run_dir / "metrics.json").read_text())

@@ -178,7 +178,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
                 model = self.build_chosen_model()
                 self.init_weights(model)
                 self.note_custom_steps(model)
-                self.execution.choose(model, self.run_facts())
+                self.choose_execution(model)
                 self.made = self.make_callbacks()
                 history, fit_time = self.train(model, self.made)
                 self.console.warn(epoch_log.tidy_history(self.out_dir.path / rundir_lib.HISTORY_FILE, history))
@@ -421,6 +421,10 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         if self.execution.trial is not None:  # a run that ended before every candidate was timed
             self.execution.trial.finish()
         return history, time.perf_counter() - started
+
+    def choose_execution(self, model) -> None:
+        """The execution stage: `ExecutionPlanner.choose` on this run's facts."""
+        self.execution.choose(model, self.run_facts())
 
     def run_facts(self) -> RunFacts:
         """What the execution choice needs of this run, as it stands (the batch plan may be to come)."""
