@@ -83,6 +83,7 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
     started = time.perf_counter()
     argv = list(sys.argv[1:] if argv is None else argv)
     command, trainer, started_by, threads = [*prog.split(), *argv], None, None, []
+    task_file = task is None  # the user's task file, loaded below
     try:
         if task is None:
             task, argv, started_by = _task_from_argv(argv, prog)
@@ -93,8 +94,9 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
             print(f"{prog}: warning: {_started_tensorflow(started_by, task, None, threads)}", file=sys.stderr)
         trainer = Trainer(task, cfg, command=command)
         _fit(trainer, started, quiet_threads=bool(threads))
-        global _written_alone
-        _written_alone = trainer.cluster is None
+        global _written_alone  # no user code that may hold open files or exit hooks: a recipe, no --callbacks
+        _written_alone = (trainer.cluster is None and not task_file and not trainer.config.sanity_check
+                          and not trainer.callbacks and not trainer.config.train.callbacks)
         return 0
     except RuntimeStartedError as e:  # the task file started TensorFlow: name it and the fix
         refused = _refused_setting(e, trainer.config.runtime) if started_by and trainer else None
@@ -268,16 +270,18 @@ def _exit_on_sigterm(signum, frame):
 
 
 _written_alone = False
-"""Set by `main` once a single process (no cluster) has written its whole run."""
+"""Set by `main` once a single process (no cluster) has written its whole run of tftrain's own code only
+(a recipe's task, no user callbacks): nothing of the user's can be left unflushed by a fast exit."""
 
 
 def run_module(main_fn: Callable[[], int] = main) -> None:
     """`if __name__ == "__main__"` helper: runs `main_fn()` and exits with its code. SIGTERM exits 143
     through Python's normal shutdown, so that a worker's temporary directory is removed.
 
-    A single process whose run is written (every file closed, the lock released) exits at once, without
-    the interpreter's teardown: freeing tf.data's iterators and TensorFlow's runtime took seconds after
-    the result was printed, and could abort. Processes of a cluster shut down normally, with their peers.
+    A recipe's single process whose run is written (`_written_alone`: every file closed, the lock released)
+    exits at once, without the interpreter's teardown: freeing tf.data's iterators and TensorFlow's runtime
+    takes seconds after the result is printed. User code (a task file, `--callbacks`) and processes of a
+    cluster shut down normally, so their exit hooks run and their open files are flushed.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

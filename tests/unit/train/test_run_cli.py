@@ -278,3 +278,18 @@ def test_a_full_disk_anywhere_is_one_line_naming_the_file_and_the_fix():
     assert line == ("RuntimeError: no space left on the disk holding runs/r/model.keras; the last checkpoint in the "
                     "run directory is kept: free space on that disk, then rerun the same command to resume")
     assert run._disk_full(ValueError("bad value"), None) == ""
+
+
+@pytest.mark.slow
+def test_a_task_file_s_open_files_and_exit_hooks_are_kept_at_a_successful_exit(task_file, tmp_path):
+    written, hooked = tmp_path / "written.txt", tmp_path / "hooked.txt"
+    task_file.write_text(TASK_FILE + textwrap.dedent(f'''
+        import atexit
+        log = open({str(written)!r}, "w")
+        log.write("buffered, never closed")  # Python flushes it at a normal exit
+        atexit.register(lambda: open({str(hooked)!r}, "w").write("ran"))
+    '''))
+    result = run_module("tftrain.run", [f"{task_file}:task", "--epochs", "1", "--execution", "graph", "--verbose", "0",
+                                        "--run-dir", tmp_path / "run"], cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert written.read_text() == "buffered, never closed" and hooked.read_text() == "ran"
