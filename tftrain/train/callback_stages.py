@@ -165,13 +165,5 @@ class CallbackStages:
         return n * self.accumulation_steps // unit * unit
 
     def _backup_unit(self) -> int:
-        """Batches a checkpoint position must be a multiple of: an execution, and an optimizer step."""
-        import math
-
-        spe = self.runtime.steps_per_execution if self.loop.per_step_hooks else 1
-        run = self.run_facts()
-        if self.execution.candidates(run) or self.execution.every_step_hooks(run):  # auto: 1, or any count it may
-            spe = 1  # choose, divides the backup interval
-        if self.steps_per_epoch:  # as the loop will run it (MultiWorkerLoop may lower it)
-            spe = self.loop.steps_per_execution_for(spe, self.steps_per_epoch * self.accumulation_steps)
-        return math.lcm(spe, self.accumulation_steps)
+        """Batches a checkpoint position must be a multiple of (`ExecutionPlanner.checkpoint_unit`)."""
+        return self.execution.checkpoint_unit(self.run_facts(), self.runtime.steps_per_execution)

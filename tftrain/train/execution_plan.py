@@ -266,6 +266,19 @@ class ExecutionPlanner:
             self.console.line(f"           Keras batch callbacks fire once per execution of "
                               f"{spe} steps (--steps-per-execution 1 for every step)")
 
+    def checkpoint_unit(self, run: RunFacts, compiled: int) -> int:
+        """Batches a checkpoint position must be a multiple of: an execution (of the `compiled` count, 1 where
+        auto may choose any count or runs hooks every step, as the loop runs it: MultiWorkerLoop may lower it)
+        and an optimizer step."""
+        import math
+
+        spe = compiled if self.loop.per_step_hooks else 1
+        if self.candidates(run) or self.every_step_hooks(run):  # any count auto may choose divides the interval
+            spe = 1
+        if run.steps_per_epoch:
+            spe = self.loop.steps_per_execution_for(spe, run.batches_per_epoch)
+        return math.lcm(spe, run.accumulation_steps)
+
     def candidates(self, run: RunFacts) -> tuple:
         """Counts `--steps-per-execution auto` may time: one replica and per-step hooks only, at most
         an epoch, and dividing `--backup-every-steps` (a checkpoint is written between executions)."""
