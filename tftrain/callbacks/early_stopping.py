@@ -25,10 +25,13 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
     """`keras.callbacks.EarlyStopping` that saves and restores its state in `state_dir`.
 
     Place it after the backup callback, in the same directory: that callback removes the directory
-    when training ends, and clears its own `stop_training` before this one may set it.
+    when training ends, and clears its own `stop_training` before this one may set it. A run killed
+    between the backup's epoch-end checkpoint and this state's write resumes with that epoch applied
+    from `history_file` (the epoch log, written before the checkpoint) and the restored weights.
 
     Args:
         state_dir: e.g. the run's backup directory. Defaults to None (in memory, as Keras's).
+        history_file: the `CSVLogger` file of the run, or None. Defaults to None.
         **kwargs: `EarlyStopping`'s arguments.
 
     Example:
@@ -36,19 +39,34 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
         >>> model.fit(train, validation_data=val, epochs=50, callbacks=[StepBackup("run/backup"), stop])
     """
 
-    def __init__(self, state_dir=None, **kwargs):
+    def __init__(self, state_dir=None, history_file=None, **kwargs):
         super().__init__(**kwargs)
         self.state_dir = Path(state_dir) if state_dir is not None else None
+        self.history_file = Path(history_file) if history_file is not None else None
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
         state = self._read(STATE_FILE)
         if state is None:
-            return
+            return self._catch_up(-1)
         self.best, self.best_epoch, self.wait = state["best"], state["best_epoch"], state["wait"]
         weights = self._read(BEST_WEIGHTS_FILE)
         if self.restore_best_weights and weights is not None:
             self.best_weights = weights
+        self._catch_up(state.get("epoch"))
+
+    def _catch_up(self, applied) -> None:
+        """Applies the last epoch the restored checkpoint holds (`fit`'s first epoch less one) when the state
+        stops before it (`applied`, the last epoch it holds), from its row of `history_file`."""
+        from tftrain import _compat
+
+        last = _compat.initial_epoch(self.model, 0) - 1
+        if applied is None or last <= applied or self.history_file is None:
+            return
+        value = _logged(self.history_file, last, self.monitor)
+        if value is not None:
+            self.on_epoch_end(last, {self.monitor: value})
+            self.model.stop_training = False  # fit trains the epoch it starts; the next epoch's end stops it
 
     def on_epoch_end(self, epoch, logs=None):
         before = self.best_epoch
@@ -62,7 +80,7 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
             tmp = self._path(f"tmp-{os.getpid()}-{BEST_WEIGHTS_FILE}")
             np.savez(tmp, *self.best_weights)
             os.replace(tmp, best_file)
-        state = {"best": float(self.best), "best_epoch": int(self.best_epoch), "wait": int(self.wait)}
+        state = {"best": float(self.best), "best_epoch": int(self.best_epoch), "wait": int(self.wait), "epoch": epoch}
         write_text_atomic(self._path(STATE_FILE), json.dumps(state))
 
     def _path(self, name: str) -> Path:
@@ -79,3 +97,15 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
             return json.loads(self._path(name).read_text(encoding="utf-8"))
         except (OSError, ValueError, KeyError):
             return None
+
+
+def _logged(history_file: Path, epoch: int, name: str) -> Optional[float]:
+    """`name`'s value at `epoch` in a `CSVLogger` file; None when the file, the row or the value is missing."""
+    import csv
+
+    try:
+        with open(history_file, newline="", encoding="utf-8") as f:
+            rows = [row for row in csv.DictReader(f) if row.get("epoch", "").strip() == str(epoch)]
+        return float(rows[-1][name]) if rows else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

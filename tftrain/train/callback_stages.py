@@ -97,7 +97,8 @@ class CallbackStages:
         patience = self.config.train.early_stopping
         if patience is None:
             return None
-        return ResumableEarlyStopping(self.out_dir.backup_dir, monitor="val_loss", patience=patience,
+        return ResumableEarlyStopping(self.out_dir.backup_dir, self.out_dir.path / rundir_lib.HISTORY_FILE,
+                                      monitor="val_loss", patience=patience,
                                       restore_best_weights=True, verbose=min(1, self.config.train.verbose))
 
     def _keep_best(self):

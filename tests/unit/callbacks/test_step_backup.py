@@ -241,3 +241,45 @@ def test_a_checkpoint_restores_into_a_model_whose_optimizer_is_not_built_yet(tmp
     assert backup.restored.optimizer_iterations == 10 == int(model.optimizer.iterations)
     for restored, saved in zip(model.optimizer.variables, trained.optimizer.variables):
         np.testing.assert_array_equal(np.asarray(restored), np.asarray(saved))
+
+
+@pytest.mark.slow
+def test_early_stopping_resumed_after_a_kill_between_the_checkpoint_and_its_own_state_keeps_that_epoch(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    from tftrain.callbacks import ResumableEarlyStopping, StepBackup
+
+    losses, at_best = [1.0, 0.5, 0.7, 0.8, 0.9], []  # epoch 1 is the best
+    backup, history = tmp_path / "backup", tmp_path / "history.csv"
+
+    class Scripted(keras.callbacks.Callback):  # first: the later callbacks read its val_loss
+        def on_epoch_end(self, epoch, logs=None):
+            logs["val_loss"] = losses[epoch]
+            if epoch == 1:
+                at_best.append([w.copy() for w in self.model.get_weights()])
+
+    class KillAfterTheCheckpoint(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                raise KeyboardInterrupt
+
+    def fit(kill):
+        keras.utils.set_random_seed(0)
+        x = np.random.default_rng(0).standard_normal((80, 4)).astype("float32")
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+        stop = ResumableEarlyStopping(backup, history, monitor="val_loss", patience=3, restore_best_weights=True)
+        callbacks = [Scripted(), keras.callbacks.CSVLogger(str(history), append=True),
+                     StepBackup(backup, delete_checkpoint=False), *([KillAfterTheCheckpoint()] if kill else []), stop]
+        model.fit(tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8), epochs=5, verbose=0, shuffle=False,
+                  callbacks=callbacks)
+        return stop
+
+    with pytest.raises(KeyboardInterrupt):
+        fit(kill=True)
+    assert read_position(backup).epoch == 2  # epoch 1's checkpoint is written; early stopping's state is not
+    stop = fit(kill=False)
+    assert (stop.best, stop.best_epoch) == (0.5, 1)
+    for kept, best in zip(stop.best_weights, at_best[0]):
+        np.testing.assert_array_equal(kept, best)
