@@ -153,14 +153,10 @@ class ModelStages:
 
     def _build_in_float32(self):
         """The task's model built under float32, outside the strategy; the global policy is put back."""
-        import keras
+        from tftrain.runtime.precision import precision_policy
 
-        policy = keras.mixed_precision.global_policy()
-        keras.mixed_precision.set_global_policy("float32")
-        try:
+        with precision_policy("float32"):
             return self._built(self.task.build_model())
-        finally:
-            keras.mixed_precision.set_global_policy(policy)
 
     # -- the precision stage: PrecisionPlanner decides ---------------------------
     def build_chosen_model(self):
