@@ -134,11 +134,14 @@ class BatchStages:
         if self.config.train.tune:
             from tftrain.train.search import tune
 
-            self.extras["tuning"], decided = tune(self)
+            self.extras["tuning"], decided = tune(self.task, self.config, self.runtime,
+                                                  self.precision.info.compute_dtype, self.out_dir.path / "tuning",
+                                                  self.console, self.is_chief)
         elif self.batch is None:
             from tftrain.train.search import search_batch_size
 
-            self.extras["batch_size_search"], batch_size = self._resumed_search() or search_batch_size(self)
+            self.extras["batch_size_search"], batch_size = self._resumed_search() or search_batch_size(
+                self.task, self.runtime.num_replicas, self.accumulation_steps, self.build_model, self.console)
             rundir_lib.write_text_atomic(self.out_dir / BATCH_PLAN_FILE, json.dumps(
                 {"batch_size_search": self.extras["batch_size_search"], "batch_size": batch_size}))
             decided = {"batch_size": batch_size}

@@ -112,8 +112,9 @@ class CallbackStages:
 
         validates = self.loop.validates and self.task.validation_data(self.batch.global_batch_size) is not None
         monitor = self.config.train.monitor or ("val_loss" if validates else "loss")
-        keep_best = KeepBest(self.out_dir.path / CHECKPOINTS_DIR, keep, monitor=monitor, mode=self.config.train.monitor_mode,
-                             say=self.console.line, ranking_from=None if self.is_chief else self.run_dir.path / CHECKPOINTS_DIR)
+        keep_best = KeepBest(self.out_dir.path / CHECKPOINTS_DIR, keep, monitor=monitor,
+                             mode=self.config.train.monitor_mode, say=self.console.line,
+                             ranking_from=None if self.is_chief else self.run_dir.path / CHECKPOINTS_DIR)
         self.console.line(f"keep-best: the {keep} best epochs by {monitor} and the last, in "
                           f"{self.run_dir.path / CHECKPOINTS_DIR}")
         return keep_best

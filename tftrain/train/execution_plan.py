@@ -115,8 +115,8 @@ class ExecutionPlanner:
         `--no-remember-execution`; else installs an `ExecutionTrial`, which times graph against XLA,
         then the faster at larger steps per execution, on the run's first training steps (a candidate
         XLA cannot compile is skipped with XLA's reason; XLA is not timed over batches whose shape
-        varies, `varying_shape`, nor on CPUs for a model that convolves, `convolution_layers`). A run too short to time them on, or a loop that cannot, trains in
-        graph at the rule's count."""
+        varies, `varying_shape`, nor on CPUs for a model that convolves, `convolution_layers`). A run too
+        short to time them on, or a loop that cannot, trains in graph at the rule's count."""
         from tftrain.runtime.execution import AUTO_CANDIDATES
 
         self.run = run

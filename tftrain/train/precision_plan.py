@@ -49,7 +49,8 @@ class PrecisionPlanner:
             memory.put_entry(key, choice.to_dict())
         self.record = choice.to_dict()
         self.say(f"precision: auto -> {choice.policy} [remembered; --no-remember-execution times it again]; "
-                 f"an earlier run timed {choice.describe()}" if remembered else f"precision: auto -> {choice.describe()}")
+                 f"an earlier run timed {choice.describe()}" if remembered
+                 else f"precision: auto -> {choice.describe()}")
         return choice
 
     def choose(self, build: Callable, probe, batch_size: int, planned_steps: int, remember: bool):

@@ -3,6 +3,7 @@ data, never the test set) and the batch-size search (`--batch-size auto`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Tuple
 
 from tftrain.errors import ConfigError, TuningFailed
@@ -18,8 +19,8 @@ TUNE_LEARNING_RATES = (1e-4, 1e-2)
 with a rate r it searches [r / 10, r * 10]."""
 
 
-def _learning_rate_range(trainer) -> tuple:
-    rate = trainer.config.train.learning_rate or trainer.task.learning_rate
+def _learning_rate_range(config, task) -> tuple:
+    rate = config.train.learning_rate or task.learning_rate
     return (rate / 10, rate * 10) if rate else TUNE_LEARNING_RATES
 
 
@@ -29,9 +30,10 @@ def _objective(compile_args: dict) -> str:
     return "val_accuracy" if any(n in ("accuracy", "acc") for n in names) else "val_loss"
 
 
-def tune(trainer) -> Tuple[dict, dict]:
-    """Runs `--tune N` keras-tuner trials over learning rate, batch size and `task.tune_space()`;
-    trials are kept under `<run_dir>/tuning`, so a resumed run reuses finished ones.
+def tune(task, config, runtime, compute_dtype: str, directory: Path, console, chief: bool) -> Tuple[dict, dict]:
+    """Runs `config`'s `--tune N` keras-tuner trials of the bound `task` over learning rate, batch size and
+    `task.tune_space()` on `runtime`'s strategy, models built under `compute_dtype`; trials are kept in
+    `directory` (`<run_dir>/tuning`), so a resumed run reuses finished ones; the `chief` logs them to HParams.
 
     Returns:
         `(figures for metrics.json, best values as flat config overrides)`.
@@ -40,10 +42,10 @@ def tune(trainer) -> Tuple[dict, dict]:
         ConfigError: when the task has too few examples.
         TuningFailed: when no trial finished.
     """
-    from tftrain import runtime
+    from tftrain.runtime import ensure_float32_outputs
     from tftrain.tuning.keras_tuner import TrainingHyperModel, make_tuner
 
-    task, cfg, rt = trainer.task, trainer.config, trainer.runtime
+    cfg, rt = config, runtime
     n = task.num_train_examples
     batch_sizes = [b for b in TUNE_BATCH_SIZES if b % rt.num_replicas == 0 and (n is None or b <= n)]
     if not batch_sizes:
@@ -53,7 +55,7 @@ def tune(trainer) -> Tuple[dict, dict]:
     def model_fn(values):
         bound = task.bind(cfg.override(values)) if values else task
         model = bound.build_model()
-        return model if trainer.precision.info.compute_dtype == "float32" else runtime.ensure_float32_outputs(model)
+        return model if compute_dtype == "float32" else ensure_float32_outputs(model)
 
     def compile_args(learning_rate):
         return task.bind(cfg.override({"learning_rate": learning_rate, "lr_schedule": "constant"})).compile_args(None)
@@ -62,30 +64,29 @@ def tune(trainer) -> Tuple[dict, dict]:
     # Each trial validates at its own global batch size; the validation data is present (Trainer.check_task).
     hypermodel = TrainingHyperModel(
         model_fn, lambda b: task.train_data(b), lambda b: task.validation_data(b),
-        learning_rate=_learning_rate_range(trainer),
+        learning_rate=_learning_rate_range(cfg, task),
         choices=dict(task.tune_space()), batch_sizes=batch_sizes, compile_args=compile_args,
         compile_options=rt.compile_options(),
     )
-    directory = trainer.out_dir.path / "tuning"
     tuner = make_tuner(hypermodel, directory=directory, algorithm=cfg.train.tuner, max_trials=cfg.train.tune,
                        strategy=rt.strategy, seed=cfg.seed, max_epochs=cfg.train.epochs, objective=objective)
-    trainer.console.section(f"tuning: {cfg.train.tune} {cfg.train.tuner} trial(s) over learning rate, batch size"
+    console.section(f"tuning: {cfg.train.tune} {cfg.train.tuner} trial(s) over learning rate, batch size"
                             + "".join(f", {k}" for k in task.tune_space()) + f" (objective {objective})")
     weights = {"class_weight": task.class_weight} if task.class_weight is not None else {}  # trials as the run
     tuner.search(epochs=cfg.train.epochs, verbose=cfg.train.verbose, **weights)
-    return _tuning_figures(trainer, tuner, directory)
+    return _tuning_figures(tuner, directory, cfg, console, chief)
 
 
-def _tuning_figures(trainer, tuner, directory) -> Tuple[dict, dict]:
+def _tuning_figures(tuner, directory, config, console, chief: bool) -> Tuple[dict, dict]:
     # A failed trial has no score (keras-tuner ranks it among the best when every trial failed).
-    trials = [t for t in tuner.oracle.get_best_trials(trainer.config.train.tune) if t.score is not None]
+    trials = [t for t in tuner.oracle.get_best_trials(config.train.tune) if t.score is not None]
     if not trials:
         raise TuningFailed("keras-tuner finished no trial; see its messages above.")
     values = trials[0].hyperparameters.values
     best = {k: (float(v) if k == "learning_rate" else v) for k, v in values.items()}
-    trainer.console.line(f"tuning:    best {tuner.oracle.objective.name} {trials[0].score:.4f} with {best}")
+    console.line(f"tuning:    best {tuner.oracle.objective.name} {trials[0].score:.4f} with {best}")
     figures = {
-        "algorithm": trainer.config.train.tuner,
+        "algorithm": config.train.tuner,
         "trials": len(tuner.oracle.trials),
         "objective": tuner.oracle.objective.name,
         "best_score": trials[0].score,
@@ -94,7 +95,7 @@ def _tuning_figures(trainer, tuner, directory) -> Tuple[dict, dict]:
         "ranking": [{"trial_id": t.trial_id, "score": t.score, "hyperparameters": dict(t.hyperparameters.values)}
                     for t in trials],
     }
-    if trainer.is_chief:
+    if chief:
         _log_trials(directory, tuner.oracle.objective.name, trials)
     return figures, best
 
@@ -109,18 +110,18 @@ def _log_trials(directory, objective: str, trials) -> None:
                                   {objective: float(t.score)})
 
 
-def search_batch_size(trainer) -> Tuple[dict, int]:
-    """`--batch-size auto`: the global batch size with the best examples/sec, at most one that
-    leaves `AUTO_BATCH_MIN_STEPS` optimizer steps an epoch; returns `(figures, batch size)`."""
+def search_batch_size(task, replicas: int, accumulation_steps: int, build_model, console) -> Tuple[dict, int]:
+    """`--batch-size auto`: the global batch size with the best examples/sec for `build_model()`'s model on
+    `task`'s data over `replicas`, at most one that leaves `AUTO_BATCH_MIN_STEPS` optimizer steps (of
+    `accumulation_steps` micro-batches) an epoch; returns `(figures, batch size)`."""
     from tftrain.tuning.batch_size import find_batch_size
 
-    task, replicas = trainer.task, trainer.runtime.num_replicas
     n = task.num_train_examples
-    per_epoch = AUTO_BATCH_MIN_STEPS * trainer.accumulation_steps  # micro-batches for that many optimizer steps
+    per_epoch = AUTO_BATCH_MIN_STEPS * accumulation_steps  # micro-batches for that many optimizer steps
     max_val = None if n is None else max(replicas, n // per_epoch // replicas * replicas)
     init_val = 32 * replicas if max_val is None else min(32 * replicas, max_val)
-    model = trainer.build_model()  # a constant rate while searching; rebuilt once the steps are known
-    trainer.console.section(f"batch size search (objective: examples/sec, at most {max_val or 'no limit'})")
+    model = build_model()  # a constant rate while searching; rebuilt once the steps are known
+    console.section(f"batch size search (objective: examples/sec, at most {max_val or 'no limit'})")
     search = find_batch_size(model, lambda b: task.train_data(b), objective="throughput", init_val=init_val,
-                             max_val=max_val, verbose=1 if trainer.console.verbose else 0)
+                             max_val=max_val, verbose=1 if console.verbose else 0)
     return search.to_dict(), int(search.batch_size)

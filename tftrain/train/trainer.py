@@ -488,13 +488,13 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
             reporting.write_record(record, hparams_log.hparam_values(self.resolved, record))
 
     def report(self, record: RunRecord) -> None:
-        """Writes `metrics.json` and `report.md` again (chief only; the export's results), ends the MLflow run
-        and prints the result."""
+        """Writes `metrics.json` and `report.md` again (chief: the export's results), ends MLflow, prints the result."""
         if self.is_chief:
             reporting.write_record(record)
             if self.made.mlflow is not None:  # after metrics.json and report.md, which it uploads
-                self.made.mlflow.finish(hparams_log.hparam_values(self.resolved, record), hparams_log.final_figures(record),
-                                   step=record.resumed_from_epoch + record.epochs_trained)
+                self.made.mlflow.finish(hparams_log.hparam_values(self.resolved, record),
+                                        hparams_log.final_figures(record),
+                                        step=record.resumed_from_epoch + record.epochs_trained)
         profile = "  (profile: Profile tab)" if self.made.profiler else ""
         tensorboard = f"tensorboard --logdir {self.run_dir.log_dir}{profile}" if self.is_chief else None
         reporting.print_result(record, self.console, self.task.example_unit, self.task.input_bound_hint(), tensorboard)
