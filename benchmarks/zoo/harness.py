@@ -268,9 +268,9 @@ def time_tftrain(spec: ZooModel, x, y, epochs: int, run_dir: Path, device: str) 
         again_choice = again_metrics.get("execution_choice") or {}
         compiled = again_choice.get("compiled_before_fit_s") or 0.0  # XLA's compile, which fit then reuses
         second = {"probe_s": max(0.0, again.probe_s - compiled), "compiled_before_fit_s": compiled,
-                  "execution": again.execution, "remembered": again_choice.get("remembered")}
+                  "execution": again.execution.execution, "remembered": again_choice.get("remembered")}
     return {**figures, "probe_s": trainer.probe_s + trial.get("cost_s", 0.0), "trial": trial or None,
-            "execution": trainer.execution, "steps_per_execution": metrics.get("steps_per_execution"),
+            "execution": trainer.execution.execution, "steps_per_execution": metrics.get("steps_per_execution"),
             "metrics_execution": metrics["execution"], "metrics_choice": choice.get("execution"),
             "remembered": choice.get("remembered"), "second_run": second}
 

@@ -6,6 +6,8 @@ force is its `info`, what auto decided its `record`."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from typing import Callable, Optional
 
 from tftrain.errors import PrecisionError
@@ -176,3 +178,17 @@ def remembered_choice(entry, planned_steps: int):
         return None
     untimed_for = choice.time_twin_from_steps
     return None if untimed_for and (not planned_steps or planned_steps >= untimed_for) else choice
+
+
+@contextlib.contextmanager
+def global_policy_kept():
+    """Keras's global dtype policy put back after the block as it was before it (float32 when Keras was not
+    imported yet): a run sets its own, which a model the caller builds afterwards must not inherit."""
+    keras = sys.modules.get("keras")
+    previous = keras.mixed_precision.global_policy().name if keras is not None else "float32"
+    try:
+        yield
+    finally:
+        keras = sys.modules.get("keras")
+        if keras is not None:
+            keras.mixed_precision.set_global_policy(previous)

@@ -303,18 +303,19 @@ def label_rounding(labels, outputs, compute_dtype: str) -> Optional[str]:
     return None
 
 
-def _pairs(labels, outputs):
-    """`(name, label, output)` for each output: by key for dicts, by position for lists, else the one."""
+def _pairs(labels, outputs, prefix: str = ""):
+    """`(name, label, output)` for each output: by key for dicts (nested ones too), by position for lists,
+    else the one."""
     import tensorflow as tf
 
     if isinstance(outputs, dict) and isinstance(labels, dict):
-        return [(f"output {k!r}", labels[k], outputs[k]) for k in sorted(outputs) if k in labels]
+        return [pair for k in sorted(outputs) if k in labels for pair in _pairs(labels[k], outputs[k], f"{prefix}{k}/")]
     flat_labels, flat_outputs = tf.nest.flatten(labels), tf.nest.flatten(outputs)
     if len(flat_labels) != len(flat_outputs):
         return []
     if len(flat_outputs) == 1:
-        return [("output", flat_labels[0], flat_outputs[0])]
-    return [(f"output {i}", a, b) for i, (a, b) in enumerate(zip(flat_labels, flat_outputs))]
+        return [(f"output {prefix[:-1]!r}" if prefix else "output", flat_labels[0], flat_outputs[0])]
+    return [(f"output {prefix}{i}", a, b) for i, (a, b) in enumerate(zip(flat_labels, flat_outputs))]
 
 
 def _plain(model) -> bool:

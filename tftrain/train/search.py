@@ -42,6 +42,8 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
         ConfigError: when the task has too few examples.
         TuningFailed: when no trial finished.
     """
+    import keras
+
     from tftrain.runtime import ensure_float32_outputs
     from tftrain.tuning.keras_tuner import TrainingHyperModel, make_tuner
 
@@ -55,7 +57,8 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
     def model_fn(values):
         bound = task.bind(cfg.override(values)) if values else task
         model = bound.build_model()
-        return model if compute_dtype == "float32" else ensure_float32_outputs(model)
+        plain = type(model) is keras.Sequential or type(model).__name__ == "Functional"  # as the run casts them
+        return ensure_float32_outputs(model) if compute_dtype != "float32" and plain else model
 
     def compile_args(learning_rate):
         return task.bind(cfg.override({"learning_rate": learning_rate, "lr_schedule": "constant"})).compile_args(None)

@@ -1,10 +1,10 @@
 """`Trainer(task, config).fit()`: the run as a list of labelled stages.
 
 check (before TensorFlow starts), set-up (threads, devices, precision, strategy), sanity pass,
-run directory, batch plan, build, precision and execution (`automatic`), callbacks, train,
-evaluate, save, record, report. Each stage is a short method a subclass may replace; what a
-loop can do lives in `tftrain.train.loops`, and the stages live in mixins (`automatic`,
-`batch_plan`, `model_stages`, `callback_stages`). Only `tftrain.run` turns errors into exit codes.
+run directory, batch plan, build, precision and execution, callbacks, train, evaluate, save,
+record, report. Each stage is a short method a subclass may replace; the decisions are owned by
+planners (`precision_plan`, `execution_plan`, the frozen `BatchPlan` and `RunCallbacks`), what a
+loop can do lives in `tftrain.train.loops`. Only `tftrain.run` turns errors into exit codes.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tftrain.train.after_steps import AfterStepFailed, ExportStages
 from tftrain.train.console import Console, keras_progress
 from tftrain.train.loops import loop_for
 from tftrain.train.model_stages import ModelStages
-from tftrain.train.precision_plan import PrecisionPlanner
+from tftrain.train.precision_plan import PrecisionPlanner, global_policy_kept
 from tftrain.train.execution_plan import ExecutionPlanner, RunFacts, probe_batches
 from tftrain.train import hparams_log, reporting
 from tftrain.train.record import RunRecord
@@ -127,7 +127,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         self.check()
         if self.serves():
             return self.serve()
-        with PreemptionWatch() as self.preemption:  # SIGTERM, SIGUSR1, SIGHUP: one line and 128 + the signal
+        with PreemptionWatch() as self.preemption, global_policy_kept():  # SIGTERM, SIGUSR1, SIGHUP: one line
             if self.run_dir.after_steps_pending and not self.config.sanity_check:  # trained before: its after-steps
                 self.preemption.phase = "the pending export"
                 return self.redo_after_steps()

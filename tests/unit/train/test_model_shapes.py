@@ -290,3 +290,43 @@ def test_a_step_that_works_eagerly_but_not_in_a_graph_is_refused_before_the_run_
     assert not (tmp_path / "run").exists()
     record = tftrain.Trainer(task, epochs=1, verbose=0, execution="eager", run_dir=str(tmp_path / "eager")).fit()
     assert record.test is None or all(np.isfinite(v) for v in record.test.values())  # eagerly it trains
+
+
+@pytest.mark.slow
+def test_a_dict_output_holding_a_dict_trains_under_a_mixed_policy_which_is_put_back_after_the_run(tmp_path):
+    import keras
+
+    def build():
+        i = keras.Input((8,))
+        h = keras.layers.Dense(16, activation="relu")(i)
+        return keras.Model(i, {"cls": keras.layers.Dense(2, activation="softmax", name="cls")(h),
+                               "reg": {"r1": keras.layers.Dense(1, name="r1")(h), "r2": keras.layers.Dense(1, name="r2")(h)}})
+
+    x = np.random.default_rng(0).standard_normal((128, 8)).astype("float32")
+    y = {"cls": (x[:, 0] > 0).astype("int32"), "reg": {"r1": x[:, 1:2], "r2": x[:, 2:3]}}
+    task = tftrain.ArrayTask(build, x, y, x, y, loss={"cls": "sparse_categorical_crossentropy",
+                                                      "reg": {"r1": "mse", "r2": "mse"}}, name="nested")
+    keras.mixed_precision.set_global_policy("float32")
+    record = _fit(task, tmp_path, precision="mixed_bfloat16")
+    assert record.runtime["precision"] == "mixed_bfloat16" and np.isfinite(record.test["loss"])
+    assert keras.mixed_precision.global_policy().name == "float32"  # a model built next is plain Keras's
+
+
+@pytest.mark.slow
+def test_tune_trains_a_subclassed_model_under_a_mixed_policy(tmp_path):
+    import keras
+
+    class Classifier(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(16, activation="relu")
+            self.head = keras.layers.Dense(2, activation="softmax", dtype="float32")
+
+        def call(self, x):
+            return self.head(self.hidden(x))
+
+    x = np.random.default_rng(0).standard_normal((256, 8)).astype("float32")
+    task = tftrain.ArrayTask(Classifier, x, (x[:, 0] > 0).astype("int32"), loss="sparse_categorical_crossentropy",
+                             metrics=["accuracy"], name="sub")
+    record = _fit(task, tmp_path, precision="mixed_bfloat16", tune=2, validation_split=0.2, batch_size=None)
+    assert record.extras["tuning"]["trials"] == 2 and record.runtime["precision"] == "mixed_bfloat16"
