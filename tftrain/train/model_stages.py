@@ -266,6 +266,7 @@ class ModelStages:
             compute_dtype="float32" if timed else info.compute_dtype, auto_precision=cfg.runtime.precision == "auto",
             loss_scaling=info.loss_scaling, class_weight=self.task.class_weight,
             monitor=(self.keep_best_monitor(), cfg.train.monitor_mode) if cfg.train.keep_best else None,
+            early_stopping=cfg.train.early_stopping is not None,
             init_from=init, export_formats=export, candidate_build=build if timed else None,
             candidate_dtype=info.compute_dtype, graph=cfg.runtime.execution != "eager")
 

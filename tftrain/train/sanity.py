@@ -30,6 +30,7 @@ class SanityPlan:
         auto_precision: whether `--precision auto` chose the policy (a rounding output then takes float32).
         loss_scaling: whether the policy scales the loss (`mixed_float16`).
         monitor: `(metric, mode)` that `--keep-best` ranks by, or None.
+        early_stopping: whether `--early-stopping` watches `val_loss`.
         init_from: `(kind, source)` from `init_weights.resolve`, or None.
         export_formats: the `--export` formats to try (the chief's; empty on other workers).
         candidate_build: where `--precision auto` has still to time a mixed policy, builds the model
@@ -50,6 +51,7 @@ class SanityPlan:
     loss_scaling: bool = False
     class_weight: Optional[dict] = None
     monitor: Optional[Tuple[str, str]] = None
+    early_stopping: bool = False
     init_from: Optional[Tuple[str, str]] = None
     export_formats: Sequence[str] = ()
     candidate_build: Optional[Callable] = None
@@ -161,6 +163,12 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
 
         check_monitor(plan.monitor[0], plan.monitor[1], keys)
         checked.append(f"--monitor {plan.monitor[0]}")
+    if plan.early_stopping and validation is not None:
+        if "val_loss" not in keys:
+            raise ConfigError(f"--early-stopping watches val_loss, which is not among the epoch logs' keys "
+                              f"({', '.join(keys) or 'none'}): the model's test_step reports no 'loss'. Return a "
+                              "'loss' from test_step, or drop --early-stopping.")
+        checked.append("--early-stopping")
     x, y, _ = _unpacked(train)
     float32_needed = label_rounding(y, model(x, training=False), plan.compute_dtype)
     if plan.candidate_build is not None and not _plain(model):

@@ -330,3 +330,33 @@ def test_tune_trains_a_subclassed_model_under_a_mixed_policy(tmp_path):
                              metrics=["accuracy"], name="sub")
     record = _fit(task, tmp_path, precision="mixed_bfloat16", tune=2, validation_split=0.2, batch_size=None)
     assert record.extras["tuning"]["trials"] == 2 and record.runtime["precision"] == "mixed_bfloat16"
+
+
+@pytest.mark.slow
+def test_early_stopping_on_a_model_whose_test_step_reports_no_loss_is_refused_before_training(tmp_path):
+    import keras
+
+    class OwnLoss(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+        def train_step(self, data):
+            x, y = data
+            with __import__("tensorflow").GradientTape() as tape:
+                loss = keras.ops.mean((self(x, training=True) - y) ** 2)
+            self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+            return {"my_loss": loss}
+
+        def test_step(self, data):
+            x, y = data
+            return {"my_loss": keras.ops.mean((self(x) - y) ** 2)}
+
+    x = np.random.default_rng(0).standard_normal((128, 4)).astype("float32")
+    task = tftrain.ArrayTask(OwnLoss, x, x[:, :1], x, x[:, :1], loss=None, name="own")
+    with pytest.raises(ConfigError, match="--early-stopping watches val_loss, which is not among the epoch logs"):
+        _fit(task, tmp_path, early_stopping=1, precision="float32", validation_split=0.25)
+    assert not (tmp_path / "run").exists()
