@@ -52,6 +52,24 @@ def flatten_layers(model) -> list:
     return list(model.layers)
 
 
+def output_structure(model):
+    """The nested structure (dict, list or tensor) of a functional model's outputs as it was built (Keras 3.15's
+    `Functional._outputs_struct`; the public `outputs` is flat), or None."""
+    return getattr(model, "_outputs_struct", None)
+
+
+def input_structure(model):
+    """The nested structure of a functional model's inputs as it was built (Keras 3.15's
+    `Functional._inputs_struct`; the public `inputs` is flat), or None."""
+    return getattr(model, "_inputs_struct", None)
+
+
+def compile_config(model) -> dict:
+    """The arguments `model.compile` was given, which `model.save` serialises (Keras 3.15's
+    `Trainer._compile_config.config`, a live dict); {} before `compile`."""
+    return getattr(getattr(model, "_compile_config", None), "config", {})
+
+
 def make_function(model, step):
     """Keras's compiled function of `step` for `model` (`Trainer._make_function`, Keras 3.15), so that the
     trial runs the very `tf.function` `fit` would (steps_per_execution, jit_compile, strategy)."""

@@ -163,10 +163,12 @@ def ensure_float32_outputs(model: keras.Model) -> keras.Model:
 
     # Keep the outputs' and inputs' structures (dicts keyed as losses and feeds are).
     # A Sequential model in Keras 3.15 has `outputs` but no `output` until it is called.
-    struct = getattr(model, "_outputs_struct", None)
+    from tftrain import _compat
+
+    struct = _compat.output_structure(model)
     if not isinstance(struct, (list, tuple, dict)):
         struct = outputs[0] if len(outputs) == 1 else list(outputs)
-    inputs_struct = getattr(model, "_inputs_struct", None)
+    inputs_struct = _compat.input_structure(model)
     fixed = keras.Model(inputs_struct if isinstance(inputs_struct, dict) else inputs,
                         keras.tree.map_structure(cast, struct), name=model.name)
     if getattr(model, "output_names", None) and not isinstance(struct, dict):  # a loss dict keyed by output name

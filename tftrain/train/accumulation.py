@@ -189,7 +189,9 @@ def saved_with_inner_optimizer(model):
         return
     attribute = "optimizer" if holder is model else "inner_optimizer"
     # Keras serialises the optimizer given to compile() (kept in its compile config).
-    compile_config = getattr(getattr(model, "_compile_config", None), "config", {})
+    from tftrain import _compat
+
+    compile_config = _compat.compile_config(model)
     compiled_with = compile_config.get("optimizer")
     setattr(holder, attribute, optimizer.inner_optimizer)
     if compiled_with is optimizer:
