@@ -1,8 +1,5 @@
-"""Command-line flags for recipes, built from the config dataclasses; the only module that reads argv.
-
-Every config field becomes a flag (`per_replica_batch_size` -> `--per-replica-batch-size`), plus
-`--config FILE`; flags override the file, which overrides the recipe's defaults.
-"""
+"""Recipe flags from the config dataclasses (the only module reading argv): one per field (`per_replica_batch_size`
+-> `--per-replica-batch-size`) plus `--config FILE`; flags override the file, which overrides the defaults."""
 
 from __future__ import annotations
 
@@ -17,8 +14,7 @@ from tftrain.errors import ConfigError
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An `ArgumentParser` whose errors raise one line naming `--help` (`error`, defaults to `ConfigError`:
-    exit 2) instead of printing usage and exiting; every tftrain command parses with it."""
+    """tftrain's `ArgumentParser`: errors raise `error` (default `ConfigError`: exit 2), one line naming `--help`."""
 
     def __init__(self, *args, error: type = ConfigError, **kwargs):
         super().__init__(*args, **kwargs)
@@ -35,8 +31,7 @@ class OneLineParser(argparse.ArgumentParser):
         raise self._error(f"{message}. Run {self.prog} --help for usage.")
 
     def closest_flags(self, typed: str, n: int = 2) -> list:
-        """The flags nearest to a `typed` unknown one (`--learning-rat`, or initials such as `--lr`), at most
-        `n`, closest first; empty when none is near."""
+        """Up to `n` flags nearest an unknown `typed` one (`--learning-rat`, or initials like `--lr`), closest first."""
         name = typed.split("=", 1)[0]
         flags = [f for f in self._option_string_actions if f.startswith("--")]
         initials = [f for f in flags if "".join(w[:1] for w in f[2:].split("-")) == name[2:] and len(name) > 3]
@@ -85,15 +80,12 @@ def build_parser(
     default_config: Optional[str] = None,
     omit: Collection[str] = (),
 ) -> argparse.ArgumentParser:
-    """Builds the recipe's argument parser: unset flags are absent from its namespace (so they do not
-    override the recipe file) and its errors raise `ConfigError`.
+    """The recipe's parser: unset flags stay out of its namespace (not overriding the file); errors: `ConfigError`.
 
     Args:
-        defaults: the task's default config, shown in each flag's help; `defaults.task`'s
-            hyperparameters become flags too.
+        defaults: the default config, shown in the help; `defaults.task`'s hyperparameters become flags too.
         default_config: recipe file named in `--config`'s help. Defaults to None.
-        omit: flat keys (`"data.cache"`) hidden from `--help` but still parsed, so that the task can
-            refuse them with its reason. Defaults to ().
+        omit: flat keys (`"data.cache"`) hidden from `--help` but parsed, for the task to refuse. Defaults to ().
     """
     parser = OneLineParser(
         prog=prog,
@@ -145,8 +137,7 @@ def parse_config(
     default_config: Optional[str] = None,
     omit: Collection[str] = (),
 ) -> config_lib.RecipeConfig:
-    """Parses `argv` (None: `sys.argv[1:]`) into a validated `RecipeConfig`: defaults <- --config file <-
-    flags. The other arguments are `build_parser`'s.
+    """Parses `argv` (None: `sys.argv[1:]`) into a validated `RecipeConfig`: defaults <- --config file <- flags.
 
     Raises:
         ConfigError: an unknown flag, a bad value, an unreadable file or an invalid combination (one line).
@@ -156,5 +147,5 @@ def parse_config(
     path = namespace.pop("config", None)
     if not path:
         return defaults.override(namespace)
-    # One layer, so that combinations are checked on what the run uses (file and flags together).
+    # One layer, so combinations are checked on file and flags together.
     return config_lib.from_yaml(path, base=defaults, overrides=namespace)

@@ -18,20 +18,16 @@ def _number(text: str) -> bool:
 
 
 def _csv_logger_keys(logs) -> list:
-    """The columns after `epoch` that Keras's `CSVLogger` writes for these epoch logs (sorted, and the
-    `val_` twins it adds, holding "NA", when the logs have none), so that its later appends line up."""
+    """`CSVLogger`'s columns after `epoch` for these logs (sorted, plus "NA" `val_` twins if none): appends line up."""
     keys = sorted(logs)
     return keys if any(k.startswith("val_") for k in keys) else keys + [f"val_{k}" for k in keys]
 
 
 def tidy_history(path, attempt=None) -> Optional[str]:
-    """Rewrites `history.csv` with one row per epoch, in order, each epoch's last row kept (an epoch redone
-    after a kill is logged twice); returns None, or one line when damage was mended.
+    """Rewrites `history.csv` as one row per epoch (its last), in order; returns None, or a line if damage was mended.
 
-    A row of another length than the header (cut by a kill or a full disk, the next row glued to it) is
-    dropped; an epoch of this attempt (`attempt`, its `keras.callbacks.History`) that no row holds any more
-    is written from it. A damaged header (without `epoch`, or a number for a name) leaves nothing to merge
-    with: the file then holds this attempt's epochs, in `CSVLogger`'s columns.
+    Rows of the wrong length (cut by a kill or full disk) are dropped and refilled from `attempt` (this attempt's
+    `keras.callbacks.History`). A damaged header leaves only this attempt's epochs, in `CSVLogger`'s columns.
     """
     import csv
     import io
@@ -71,8 +67,8 @@ def read_history(path) -> dict:
     """The run's per-epoch metrics from `history.csv`, across resumes.
 
     Returns:
-        `{metric: [value per epoch]}`: NaN where a row lacks it, an epoch logged twice keeps its last row,
-        all-NaN columns are left out; {} when the file is missing or empty.
+        `{metric: [value per epoch]}`: NaN where a row lacks it, an epoch's last row kept, all-NaN columns
+        left out; {} when the file is missing or empty.
     """
     import csv
     import math
@@ -91,5 +87,5 @@ def read_history(path) -> dict:
             return math.nan
 
     history = {name: [value(rows[e].get(name)) for e in sorted(rows)] for name in names}
-    # Keras's CSVLogger adds val_ columns holding "NA" to a run without validation data: not metrics.
+    # CSVLogger's "NA" val_ columns (no validation data) are not metrics.
     return {name: values for name, values in history.items() if not all(math.isnan(v) for v in values)}

@@ -1,8 +1,5 @@
-"""Typed errors raised by tftrain.
-
-Every error a user can fix by changing their input derives from `ConfigError` (a `ValueError`), so a
-command-line driver catches that one class, prints its one-line message and exits 2.
-"""
+"""Typed errors raised by tftrain. Every error a user fixes by changing their input is a `ConfigError` (a
+`ValueError`), so a command-line driver catches that one class, prints its one-line message and exits 2."""
 
 
 class TftrainError(Exception):
@@ -34,7 +31,7 @@ class RuntimeStartedError(DeviceError):
 
 
 class RuntimeStartedWarning(RuntimeWarning):
-    """Thread counts were not applied: TensorFlow's runtime had started; the run goes on with those in effect."""
+    """Thread counts were not applied (TensorFlow had started); the run goes on with those in effect."""
 
 
 class DataError(ConfigError):
@@ -50,7 +47,7 @@ class LaunchError(ConfigError):
 
 
 class ProfilerError(ConfigError):
-    """A profile cannot be captured as asked (plugin missing, a bad or unreached window, a port): exit 2."""
+    """A profile cannot be captured as asked (plugin missing, bad or unreached window, port): exit 2."""
 
 
 class ProfileNotWritten(TftrainError, RuntimeError):
@@ -62,36 +59,31 @@ class BatchSizeSearchError(ConfigError):
 
 
 class TuningError(ConfigError):
-    """A hyperparameter search cannot run as configured (e.g. a multi-worker strategy): exit code 2."""
+    """A hyperparameter search cannot run as configured (e.g. a multi-worker strategy): exit 2."""
 
 
 class TuningFailed(TftrainError, RuntimeError):
-    """A hyperparameter search ran and finished no trial: a run that failed (exit code 1)."""
+    """A hyperparameter search ran and finished no trial: a failed run (exit 1)."""
 
 
 class TrainingDiverged(TftrainError, RuntimeError):
-    """The training loss became NaN or infinite (`tftrain.callbacks.NanGuard`): a failed run (exit 1);
-    the message names the step and the dtype policy."""
+    """The loss became NaN or infinite (`callbacks.NanGuard`): exit 1; the message names step and dtype policy."""
 
 
 class JobFailed(TftrainError, RuntimeError):
-    """A worker or ps task learned that its parameter-server job failed (the chief reported a failure,
-    never appeared, or left without saying how the job ended): a failed run (exit 1)."""
+    """A worker or ps task's job failed (the chief said so, never appeared, or left without a word): exit 1."""
 
 
 class XlaCompileError(TftrainError, RuntimeError):
-    """XLA could not compile or run a step of the model: a failed run (exit 1); the message has XLA's
-    reason and the fix (`--execution graph`)."""
+    """XLA could not compile or run a model step: exit 1; the message has XLA's reason and `--execution graph`."""
 
 
 class PrecisionError(TftrainError, RuntimeError):
-    """A step failed on a dtype under the mixed policy `--precision auto` chose without timing it: a failed
-    run (exit 1); the message has the step's error and the fix (`--precision float32`)."""
+    """A step failed on a dtype under `--precision auto`'s untimed mixed policy: exit 1; fix: `--precision float32`."""
 
 
 class Preempted(TftrainError):
-    """SIGTERM or SIGUSR1 (`signum`) stopped training after the current execution, whose checkpoint was
-    saved in `run_dir`: the same command resumes there. Exit code 128 + the signal number."""
+    """SIGTERM or SIGUSR1 (`signum`) stopped training after a checkpoint in `run_dir` (rerun resumes): exit 128 + N."""
 
     def __init__(self, message: str, signum: int, run_dir: str = ""):
         super().__init__(message)
@@ -99,9 +91,8 @@ class Preempted(TftrainError):
 
 
 class AlreadyFinished(TftrainError):
-    """A scheduler restarted a job whose run (`run_dir`) an earlier attempt had finished with the same
-    config: the commands print the message and exit 0, so that a restart that came as training ended does
-    not fail the job."""
+    """A scheduler restarted a job whose run (`run_dir`) an earlier attempt finished with the same config:
+    exit 0 with the message, so a restart as training ended does not fail the job."""
 
     def __init__(self, message: str, run_dir: str = ""):
         super().__init__(message)
@@ -109,20 +100,17 @@ class AlreadyFinished(TftrainError):
 
 
 class CheckpointSpaceError(TftrainError, OSError):
-    """No room on the run directory's disk for the next checkpoint: a failed run (exit 1), raised before
-    anything is written; the message names the folder, the bytes needed and the bytes free."""
+    """No room on the run directory's disk for the next checkpoint (raised before writing): exit 1."""
 
 
 def check_int(value, name: str, *, minimum: int = 1, maximum=None, error: type = ValueError,
               none_ok: bool = False):
-    """The one check of an integer argument: returns `value` when it is an `int` (not a `bool`) in
-    `[minimum, maximum]`, or None with `none_ok`.
+    """Returns `value` if it is an `int` (not a `bool`) in `[minimum, maximum]`, or None with `none_ok`.
 
     Args:
         name: the argument's name in the message (`"batch_size"`, `"--workers"`).
-        minimum, maximum: the bounds; `maximum` None for none. Default to 1 and None.
-        error: the exception class raised: `ValueError` for a library argument, a `ConfigError` subclass
-            for command-line input (exit 2). Defaults to `ValueError`.
+        minimum, maximum: the bounds (`maximum` None: no bound). Default to 1 and None.
+        error: the class raised: `ValueError` (default) for library arguments, a `ConfigError` for CLI input.
         none_ok: whether None is allowed. Defaults to False.
 
     Raises:

@@ -1,10 +1,9 @@
 """Training FLOPs per example, counted from a Keras model's layer shapes (no TensorFlow op runs).
 
-Counted: the multiply-adds of `Dense`, `EinsumDense` and the convolutions, 2 FLOPs each, once forward,
-once for the weight gradient and once for the input gradient (not for the first such layer, whose
-input needs no gradient). A deep stack thus costs about 3x its forward pass (Kaplan et al., "Scaling
-Laws for Neural Language Models", 2020, section 2.1: `C ~ 6N`). Elementwise work (activations, pooling,
-normalisation, the optimizer update) is memory-bound and not counted.
+Counted: `Dense`, `EinsumDense` and convolution multiply-adds, 2 FLOPs each, once forward, once for the weight
+gradient and once for the input gradient (not the first such layer's): about 3x forward (Kaplan et al. 2020,
+"Scaling Laws for Neural Language Models", section 2.1: `C ~ 6N`). Memory-bound elementwise work (activations,
+pooling, normalisation, the optimizer update) is not counted.
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ __all__ = ["FlopCount", "LayerFlops", "count_training_flops", "layer_macs"]
 
 @dataclasses.dataclass(frozen=True)
 class LayerFlops:
-    """FLOPs of one layer per example: `macs` forward multiply-accumulates, `forward` (2 * macs) and
-    `backward`: the weight gradient plus, when `input_gradient`, the input gradient."""
+    """One layer's FLOPs per example: `macs`, `forward` (2 * macs), `backward` (weight + input gradient, if any)."""
 
     name: str
     kind: str
@@ -47,7 +45,7 @@ class FlopCount:
 
     @property
     def training(self) -> int:
-        """Forward plus backward FLOPs per example (one training step's work per example)."""
+        """Forward plus backward FLOPs per example."""
         return self.forward + self.backward
 
     def to_dict(self) -> dict:
@@ -76,8 +74,7 @@ def _prod(values) -> int:
 
 
 def layer_macs(layer) -> Optional[int]:
-    """Forward multiply-accumulates per example of one built Keras layer, or None for a layer without
-    matrix work (nested models and wrappers are not descended into).
+    """Forward multiply-accumulates per example of a built Keras layer; None without matrix work (or a wrapper).
 
     Raises:
         ValueError: when the layer's shapes have unknown (None) dimensions.
@@ -117,7 +114,6 @@ def _split_channels(layer, tail) -> tuple:
 
 
 def _flatten_layers(model) -> list:
-    """The model's layers in order, descending into nested models."""
     out = []
     for layer in model.layers:
         if hasattr(layer, "layers") and layer.layers:
@@ -130,9 +126,8 @@ def _flatten_layers(model) -> list:
 def count_training_flops(model, layers: Optional[Sequence] = None) -> FlopCount:
     """Counts a model's training FLOPs per example (`FlopCount.training`) from its layer shapes.
 
-    The first layer with matrix work gets no input-gradient term: exact for a chain of layers, an upper
-    bound for a branching model. `layers` (the layers to count, in order) defaults to all the model's,
-    nested models included.
+    The first layer with matrix work gets no input-gradient term: exact for a chain, an upper bound if branching.
+    `layers` (what to count, in order) defaults to all the model's, nested models included.
 
     Raises:
         ValueError: when a counted layer has unknown dimensions.

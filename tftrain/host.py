@@ -1,7 +1,5 @@
-"""Facts about this machine that need no measurement and no TensorFlow: CPU model, cores, cgroup quota,
-sockets, the instruction-set features that matter for training, memory, and an NVIDIA GPU and driver.
-Linux first (`/proc`, cgroups); elsewhere py-cpuinfo when installed, and psutil.
-"""
+"""Machine facts needing no measurement or TensorFlow: CPU model, cores, cgroup quota, sockets, training-relevant
+instruction sets, memory, NVIDIA GPU and driver. Linux first (`/proc`, cgroups), else py-cpuinfo and psutil."""
 
 from __future__ import annotations
 
@@ -23,9 +21,7 @@ FEATURES = {
     "AVX512-FP16": ("avx512_fp16",),
     "AMX-BF16": ("amx_bf16", "amx_tile"),
 }
-"""Feature -> the `/proc/cpuinfo` flags it needs. oneDNN, TensorFlow's CPU math library, picks its kernels
-by them: AVX2/FMA and AVX512F for float32, AVX512-BF16 and AMX for bfloat16 (emulated and slower than
-float32 without them: https://oneapi-src.github.io/oneDNN/dev_guide_data_types.html)."""
+"""Feature -> its `/proc/cpuinfo` flags, by which oneDNN picks kernels (bfloat16 is emulated without BF16/AMX)."""
 
 BF16_FEATURES = ("AVX512-BF16", "AMX-BF16")
 """Features that give native bfloat16 arithmetic (the one rule: `native_bf16`)."""
@@ -44,8 +40,7 @@ def _cpuinfo_fields(path: str) -> list:
 
 
 def cpu_flags(cpuinfo_path: str = CPUINFO) -> tuple:
-    """`(frozenset of lower-case CPU flags, source)` from `cpuinfo_path` (defaults to `/proc/cpuinfo`), else
-    from py-cpuinfo when installed; source None when no flags are known (every feature then reads absent)."""
+    """`(frozenset of lower-case CPU flags, source)` from `cpuinfo_path`, else py-cpuinfo; source None if unknown."""
     for key, value in _cpuinfo_fields(cpuinfo_path):
         if key in ("flags", "Features"):  # x86, ARM
             return frozenset(value.lower().split()), cpuinfo_path
@@ -63,8 +58,7 @@ def features(flags) -> dict:
 
 
 def native_bf16(flags) -> bool:
-    """Whether flags (as `cpu_flags` returns them) give native bfloat16 arithmetic (`BF16_FEATURES`);
-    the rule `--precision auto` and the doctor share."""
+    """Whether `cpu_flags`' flags give native bfloat16 (`BF16_FEATURES`): `--precision auto`'s and the doctor's rule."""
     found = features(flags)
     return any(found[name] for name in BF16_FEATURES)
 
@@ -78,8 +72,8 @@ def cpu_model(cpuinfo_path: str = CPUINFO) -> str:
 
 
 def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> Optional[float]:
-    """CPUs' worth of time the cgroup allows (e.g. 2.5; v2 `cpu.max`, else v1's CFS quota), or None when
-    unlimited. TensorFlow sizes its thread pools by cores, not by this quota, so a lower quota oversubscribes."""
+    """CPUs' worth of time the cgroup allows (e.g. 2.5; v2 `cpu.max`, else v1's CFS quota), or None if unlimited.
+    TensorFlow sizes its thread pools by cores, not this quota."""
     try:
         quota, period = Path(root, "cpu.max").read_text().split()[:2]
         return None if quota == "max" else int(quota) / int(period)

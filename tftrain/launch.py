@@ -1,15 +1,11 @@
-"""Local multi-process launcher: one process per task, each with its own TF_CONFIG.
-
-Runs a multi-worker job on one machine over loopback, as SLURM or Kubernetes' TFJob would on several::
+"""Local multi-process launcher: one process per task on a free 127.0.0.1 port, each with its own TF_CONFIG::
 
     python -m tftrain.launch --workers 2 -- python -m tftrain.recipes.mnist --strategy multi_worker_mirrored
 
-Each task gets a free 127.0.0.1 port and its output lines are prefixed with it (`[worker:1] ...`). The job
-ends when every chief and worker has exited (with ps tasks: every task, as tftrain's exit once the chief
-says how the job ended). `--max-restarts N` restarts a failed parameter-server worker alone (the chief's
-`ClusterCoordinator` reschedules its steps), else the whole job, which resumes from its checkpoint. On a
-failure beyond that, a signal or `--timeout` (exit 124), every task's process group gets SIGTERM, then
-SIGKILL; on Linux a task also dies with the launcher (`PR_SET_PDEATHSIG`). Bad launcher input exits 2.
+Output lines are prefixed with the task (`[worker:1] ...`). The job ends when every chief and worker (with ps
+tasks: every task) has exited. `--max-restarts N` restarts a failed ps-job worker alone, else the whole job (which
+resumes from its checkpoint). On a failure beyond that, a signal or `--timeout` (exit 124), every task's process
+group gets SIGTERM, then SIGKILL; on Linux tasks also die with the launcher. Bad launcher input exits 2.
 """
 
 from __future__ import annotations
@@ -41,12 +37,10 @@ EXIT_TIMEOUT = 124
 """Exit code when `--timeout` passes (the code coreutils' `timeout` uses)."""
 
 DEFAULT_GRACE_S = 30.0
-"""Seconds between SIGTERM and SIGKILL on teardown: time for MultiWorkerMirrored tasks to agree on a step
-and save it (SLURM's `KillWait` and Kubernetes' `terminationGracePeriodSeconds` default to 30 s too)."""
+"""Seconds from SIGTERM to SIGKILL, for tasks to agree on a step and save it (as SLURM's and Kubernetes' default)."""
 
 FAILURE_GRACE_S = 5.0
-"""The most seconds between SIGTERM and SIGKILL after a task failed: a MultiWorkerMirrored peer of a dead
-task cannot reach a step to save at, so a longer grace only delays the restart or the exit."""
+"""Most seconds from SIGTERM to SIGKILL after a task failed: a dead task's peers cannot reach a step to save."""
 
 DEFAULT_SERVER_WAIT_S = 60.0
 """Seconds a parameter-server job's worker and ps tasks get to exit after the chief finished."""
@@ -74,13 +68,12 @@ def make_cluster(
     Args:
         workers: `worker` tasks, >= 1.
         ps: `ps` tasks, >= 0; needs `chief`. Defaults to 0.
-        chief: add a `chief` task (a parameter-server job's coordinator; under MultiWorkerMirrored it
-            trains and writes the run directory). Defaults to False.
+        chief: add a `chief` task (coordinates a ps job; trains under MultiWorkerMirrored). Defaults to False.
         host: the tasks' address. Defaults to `"127.0.0.1"`.
         pick_port: returns a free TCP port. Defaults to `portpicker.pick_unused_port`.
 
     Returns:
-        `{"chief": [...], "worker": [...], "ps": [...]}` of `host:port` strings, absent types left out.
+        `{"chief": [...], "worker": [...], "ps": [...]}` of `host:port` strings (absent types left out).
 
     Raises:
         LaunchError: a count out of range, or `ps` > 0 without `chief`.
@@ -167,13 +160,12 @@ class _Job:
 
     @property
     def failure_grace_s(self) -> float:
-        """The grace of a teardown after a task failed (`FAILURE_GRACE_S` at most)."""
+        """Teardown grace after a task failed (at most `FAILURE_GRACE_S`)."""
         return min(self.grace_s, FAILURE_GRACE_S)
 
     @property
     def env(self) -> Mapping[str, str]:
-        """The tasks' environment: `base_env`, and on a restart its count (`RESTART_COUNT_ENV`), by
-        which a chief that had finished before the restart exits 0 (`tftrain.rundir.restarted_job`)."""
+        """`base_env`, plus the restart count (`RESTART_COUNT_ENV`) so an already finished chief exits 0."""
         return {**self.base_env, RESTART_COUNT_ENV: str(self.restarts)} if self.restarts else self.base_env
 
     def start(self, info: TaskSpec) -> _Task:
@@ -191,8 +183,7 @@ class _Job:
 
 
 def teardown(tasks: Sequence["_Task"], grace_s: float = DEFAULT_GRACE_S) -> None:
-    """Stops every task's process group: SIGTERM, then SIGKILL after `grace_s` seconds (also groups whose
-    leader exited, so that no process a task started outlives it)."""
+    """SIGTERM, then after `grace_s` seconds SIGKILL, to every task's process group (even if its leader exited)."""
     for task in tasks:
         signal_group(task.proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -232,24 +223,19 @@ def launch(
     Args:
         command: the program and its arguments, run unchanged by every task.
         workers, ps, chief: the tasks, as `make_cluster` takes them.
-        timeout: seconds before every task is stopped; None waits forever. Defaults to None.
-        grace_s: seconds between SIGTERM and SIGKILL on teardown (`FAILURE_GRACE_S` at most after a task
-            failed). Defaults to 30.0.
-        env: the tasks' base environment; each also gets `TF_CONFIG` and `PYTHONUNBUFFERED=1`. Defaults to
-            `os.environ`.
-        out, err: streams for the tasks' prefixed stdout, and for their stderr and the launcher's
-            messages. Defaults to `sys.stdout` and `sys.stderr`.
-        server_wait_s: in a parameter-server job, seconds the worker and ps tasks get to exit after the
-            chief exited 0, before they are stopped. Defaults to 60.0.
+        timeout: seconds before every task is stopped. Defaults to None: no limit.
+        grace_s: seconds from SIGTERM to SIGKILL (after a failure, `FAILURE_GRACE_S` at most). Defaults to 30.
+        env: the base environment, plus `TF_CONFIG` and `PYTHONUNBUFFERED=1`. Defaults to `os.environ`.
+        out, err: for the tasks' prefixed stdout; for their stderr and launcher messages. Default: `sys`'s.
+        server_wait_s: seconds a ps job's worker and ps tasks get to exit after the chief exited 0. Defaults to 60.
         max_restarts: restarts in all, >= 0 (module docstring). Defaults to 0.
 
     Returns:
-        0 on success (a parameter-server job also after losing a worker while another ran); else the failed
-        task's exit code (128 + N for signal N), 124 on timeout, or 128 + N when the launcher got signal N.
+        0 on success (for a ps job also after losing a worker while another ran); else the failed task's exit
+        code (128 + N for signal N), 124 on timeout, or 128 + N when the launcher got signal N.
 
     Raises:
-        LaunchError: bad counts, a non-positive timeout, a negative `max_restarts`, an empty command or a
-            program that cannot be started.
+        LaunchError: bad counts or timeout, negative `max_restarts`, or an empty or unstartable command.
     """
     if not command:
         raise LaunchError(f"No command given. Usage: {PROG} --workers N -- python -m tftrain.recipes.mnist ...")
@@ -283,8 +269,7 @@ def launch(
 
 @contextlib.contextmanager
 def _signals_stop():
-    """While open (main thread only), SIGINT, SIGTERM and SIGHUP raise `_Stop` so that the tasks are torn
-    down; yields the previous handlers, restored on exit."""
+    """While open (main thread only), SIGINT, SIGTERM and SIGHUP raise `_Stop`; yields the previous handlers."""
     def on_signal(signum, frame):
         raise _Stop(signum)
 
@@ -300,7 +285,7 @@ def _signals_stop():
 
 
 def _start_task(command: Sequence[str], info, base_env: Mapping[str, str], output: "TaskOutput") -> _Task:
-    """Starts one task in its own session with its TF_CONFIG; raises `LaunchError` when it cannot start."""
+    """Starts one task in its own session with its TF_CONFIG; `LaunchError` when it cannot start."""
     task_env = {**base_env, "TF_CONFIG": info.to_tf_config(), "PYTHONUNBUFFERED": "1"}
     try:
         proc = subprocess.Popen(list(command), env=task_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -312,7 +297,7 @@ def _start_task(command: Sequence[str], info, base_env: Mapping[str, str], outpu
 
 
 def _pump_output(task: _Task, output: "TaskOutput") -> None:
-    """Copies the task's stdout and stderr, each line prefixed with the task, in reader threads."""
+    """Copies the task's stdout and stderr, prefixed with the task, in reader threads."""
     for pipe, stream in ((task.proc.stdout, output.out), (task.proc.stderr, output.err)):
         reader = threading.Thread(target=pump_lines, args=(pipe, stream, f"[{task.name}] ", output, task), daemon=True)
         reader.start()
@@ -361,8 +346,7 @@ def _wait(job: _Job, timeout: Optional[float], started: float, server_wait_s: fl
 
 
 def _after_failure(job: _Job, task: _Task) -> Optional[int]:
-    """What a task's non-zero exit does: None when the job goes on (a task restarted, or a parameter-server
-    worker left out while another worker runs), else the job's exit code (the job stops)."""
+    """Handles a task's failure: None if the job goes on (restarted, or a ps job's other worker runs), else its code."""
     what = f"{task.name} {describe_exit(task.returncode)}"
     ps_worker = "ps" in job.cluster and task.info.task_type == "worker"
     if job.restarts < job.max_restarts:
@@ -429,7 +413,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             own, command = argv, []
         args, unknown = build_parser().parse_known_args(own)
         if unknown and not command and not unknown[0].startswith("-"):  # the command, without the '--' before it
-            cut = own.index(unknown[0])  # where the command starts: the launcher's own flags are before it
+            cut = own.index(unknown[0])  # the launcher's own flags come before it
             raise LaunchError(f"unrecognized arguments: {' '.join(own[cut:])}. Put '--' before the command every task "
                               f"runs: {PROG} {' '.join(own[:cut])} -- {' '.join(own[cut:])}")
         if unknown:

@@ -1,10 +1,8 @@
 """Throughput and step-time math, free of TensorFlow so it is tested alone (`tftrain.callbacks` feeds it).
 
-`StepMeter` turns timed executions ("N optimizer steps in S seconds") into examples/sec and the median
-and 90th-percentile step time, per window, epoch and run, leaving out the warm-up steps that trace and
-compile. An execution's time is shared evenly by its steps (Keras `steps_per_execution`); examples are
-global (steps x global batch size). `time_batches` and `input_bound_verdict` make the input-bound check:
-the input pipeline alone, timed against the step time.
+`StepMeter` turns timed executions (N steps in S seconds, shared evenly: `steps_per_execution`) into global
+examples/sec and median and p90 step times per window, epoch and run, leaving out warm-up steps.
+`time_batches` and `input_bound_verdict` time the input pipeline alone against the step time.
 """
 
 from __future__ import annotations
@@ -74,10 +72,8 @@ class StepMeter:
     """Collects timed executions and reports throughput and step-time figures.
 
     Args:
-        batch_size: global batch size (all replicas); None reports steps/sec and step times only.
-            Defaults to None.
-        warmup_steps: executions starting before this many steps (from the first recorded) are left out:
-            they trace, compile and fill buffers. Defaults to 3.
+        batch_size: global batch size; None (default) reports steps/sec and step times only.
+        warmup_steps: executions starting within this many steps are left out (they trace). Defaults to 3.
         window: the most recent measured steps `window_stats` uses. Defaults to 100.
 
     Raises:
@@ -103,8 +99,7 @@ class StepMeter:
         self.epoch = int(epoch)
 
     def record(self, steps: int, seconds: float) -> None:
-        """Records one execution of `steps` optimizer steps (0 is ignored) that took `seconds`; raises
-        `ValueError` when either is negative."""
+        """Records one execution of `steps` steps (0: ignored) taking `seconds`; ValueError if either is negative."""
         if steps < 0 or seconds < 0:
             raise ValueError(f"steps and seconds must be >= 0. Received: steps={steps!r}, seconds={seconds!r}.")
         if steps == 0:
@@ -113,9 +108,8 @@ class StepMeter:
         self.total_steps += int(steps)
 
     def reconcile_epoch(self, epoch: int, steps: int) -> int:
-        """Corrects `epoch`'s recorded steps to the true count `steps` on its last execution and returns the
-        correction (true - recorded): hooks that see nominal execution sizes over-count an epoch whose data
-        runs out inside its last execution."""
+        """Sets `epoch`'s recorded steps to the true `steps` (on its last execution); returns true - recorded.
+        Hooks see nominal execution sizes, so they over-count an epoch whose data ends mid-execution."""
         indices = [i for i, e in enumerate(self._executions) if e.epoch == epoch]
         recorded = sum(self._executions[i].steps for i in indices)
         diff = int(steps) - recorded
@@ -187,10 +181,9 @@ def time_batches(
     warmup_batches: int = 1,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Optional[float]:
-    """Mean seconds the input alone takes per batch, or None when it ran out before one timed batch.
+    """Mean seconds per batch of the input alone (`batches`, e.g. a `tf.data.Dataset`), or None if it ran out.
 
-    Iterates `batches` (any iterable, e.g. a `tf.data.Dataset`), drops `warmup_batches` (defaults to 1),
-    then times `num_batches` with `clock` (defaults to `time.perf_counter`).
+    Skips `warmup_batches` (default 1), then times `num_batches` with `clock` (default `time.perf_counter`).
 
     Raises:
         ValueError: when `num_batches` < 1 or `warmup_batches` < 0.
@@ -216,8 +209,7 @@ class InputCheck:
     """Result of the input-bound check (times in seconds per step).
 
     Attributes:
-        input_fraction: input time / step time, capped at 1: an upper bound on the share of a step spent
-            waiting for data (prefetching overlaps the two).
+        input_fraction: input time / step time, capped at 1 (an upper bound: prefetching overlaps them).
         verdict: one plain-words line.
     """
 
@@ -237,17 +229,14 @@ def input_bound_verdict(
     step_time_s: float,
     threshold: float = DEFAULT_INPUT_BOUND_THRESHOLD,
 ) -> InputCheck:
-    """Compares input time with step time and words the verdict.
-
-    A step is input-bound when a large share of it waits for data
-    (https://www.tensorflow.org/guide/data_performance_analysis).
+    """Words whether much of a step waits for data (https://www.tensorflow.org/guide/data_performance_analysis).
 
     Args:
         input_time_per_step_s: seconds per batch for the input alone (`time_batches`).
         threshold: the fraction from which the run is input-bound, in (0, 1]. Defaults to 0.5.
 
     Raises:
-        ValueError: a non-positive `step_time_s`, a negative input time or a threshold outside (0, 1].
+        ValueError: `step_time_s` <= 0, a negative input time, or `threshold` outside (0, 1].
     """
     if step_time_s <= 0 or input_time_per_step_s < 0:
         raise ValueError(

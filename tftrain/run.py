@@ -2,12 +2,11 @@
 
     python -m tftrain.run examples/regression.py:task --epochs 5
 
-NAME is a `tftrain.Task` in the file (or `package.module:NAME`), or a callable returning one. Every
-recipe flag works, plus one per hyperparameter the task declares; `--config FILE` reads a recipe YAML
-whose `task:` section holds those. A task file that starts TensorFlow when imported is named, with the
-fix, when that keeps `--cpu-replicas` (exit 2) or thread counts (a warning) from applying.
-Exit codes: 0 done; 2 bad input; 1 the run failed (one line; the traceback in the run directory); 130
-Ctrl-C; 143 (138) SIGTERM (SIGUSR1) after saving a checkpoint the same command resumes from.
+NAME is a `tftrain.Task` in the file (or `package.module:NAME`), or a callable returning one. Every recipe flag
+works, plus one per task hyperparameter (`--config FILE`: a recipe YAML's `task:` section). A task file that starts
+TensorFlow on import is named with the fix (exit 2 for `--cpu-replicas`, a warning for threads). Exit codes: 0 done;
+2 bad input; 1 the run failed (traceback in the run directory); 130 Ctrl-C; 143 (138) SIGTERM (SIGUSR1) after
+saving a checkpoint the same command resumes from.
 """
 
 from __future__ import annotations
@@ -31,8 +30,7 @@ PROG = "python -m tftrain.run"
 
 
 def load_task(spec: str):
-    """Loads the task named by `path/to/file.py:NAME` or `package.module:NAME` (a `tftrain.Task`, or a
-    function or class returning one).
+    """Loads the `tftrain.Task` (or a function or class returning one) named `FILE.py:NAME` or `MODULE:NAME`.
 
     Raises:
         ConfigError: a malformed spec, an import error (named with its line), a missing NAME, or no Task.
@@ -69,12 +67,10 @@ def _split_task_spec(argv: List[str]) -> Tuple[Optional[str], List[str]]:
 
 def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, description: str = "",
          default_config: Optional[str] = None) -> int:
-    """Parses flags, trains the task, and turns errors into exit codes (module docstring; 0 also when a
-    scheduler's restart finds the run finished).
+    """Parses flags, trains the task, maps errors to exit codes (module docstring; 0 if a restart finds it done).
 
     Args:
-        argv: arguments without the program name (None: `sys.argv[1:]`); without `task`, the first
-            `WHERE:NAME` argument is the task spec.
+        argv: arguments after the program name (None: `sys.argv[1:]`), with a `WHERE:NAME` task spec unless `task`.
         task: a `tftrain.Task` to run (recipes pass theirs). Defaults to None.
         default_config: a recipe file named in `--config`'s help. Defaults to None.
     """
@@ -94,7 +90,7 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
             print(f"{prog}: warning: {_started_tensorflow(started_by, task, None, threads)}", file=sys.stderr)
         trainer = Trainer(task, cfg, command=command)
         _fit(trainer, started, quiet_threads=bool(threads))
-        global _written_alone  # no user code that may hold open files or exit hooks: a recipe, no --callbacks
+        global _written_alone  # a recipe, no user code that may hold open files or exit hooks
         _written_alone = (trainer.cluster is None and not task_file and not trainer.config.sanity_check
                           and not trainer.callbacks and not trainer.config.train.callbacks)
         return 0
@@ -118,15 +114,14 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
     except KeyboardInterrupt:
         print(f"\n{prog}: interrupted before training started.", file=sys.stderr)
         return 130
-    except Exception as e:  # a run that failed after starting: one line, the traceback in the run directory
+    except Exception as e:  # one line; the traceback goes to the run directory
         print(f"{prog}: run failed: {_disk_full(e, trainer) or one_line(e)}{_failure_log(trainer, e)}",
               file=sys.stderr)
         return 1
 
 
 def _disk_full(error: BaseException, trainer) -> str:
-    """For an error caused by a full disk (ENOSPC, also inside HDF5 or TensorFlow errors): one line naming
-    the file or run directory and the fix; else ""."""
+    """For a full-disk error (ENOSPC, also wrapped by HDF5 or TensorFlow): one line with where and the fix; else ""."""
     import errno
 
     chain, seen = [], error
@@ -270,19 +265,13 @@ def _exit_on_sigterm(signum, frame):
 
 
 _written_alone = False
-"""Set by `main` once a single process (no cluster) has written its whole run of tftrain's own code only
-(a recipe's task, no user callbacks): nothing of the user's can be left unflushed by a fast exit."""
+"""Set by `main` when one process ran only tftrain's code (a recipe, no callbacks) to the end: safe to exit fast."""
 
 
 def run_module(main_fn: Callable[[], int] = main) -> None:
-    """`if __name__ == "__main__"` helper: runs `main_fn()` and exits with its code. SIGTERM exits 143
-    through Python's normal shutdown, so that a worker's temporary directory is removed.
-
-    A recipe's single process whose run is written (`_written_alone`: every file closed, the lock released)
-    exits at once, without the interpreter's teardown: freeing tf.data's iterators and TensorFlow's runtime
-    takes seconds after the result is printed. User code (a task file, `--callbacks`) and processes of a
-    cluster shut down normally, so their exit hooks run and their open files are flushed.
-    """
+    """`if __name__ == "__main__"` helper: runs `main_fn()`, exits with its code (SIGTERM: 143 via normal shutdown,
+    so a worker's temporary directory is removed). When `_written_alone`, skips the interpreter's slow teardown;
+    user code and cluster processes shut down normally, so exit hooks run and open files are flushed."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     code = main_fn()

@@ -1,12 +1,9 @@
 """Run directories: one per run, never silently overwritten, resumable.
 
-Layout: config.yaml (the resolved config), logs/ (TensorBoard), backup/ (checkpoints; removed once
-model.keras and metrics.json are written), model.keras, history.csv (one row per epoch, across
-resumes), metrics.json, report.md, failure.log (a failed attempt's traceback; removed when a later
-one finishes), .tftrain.lock and .tftrain.holder (the process writing the directory).
-
-A directory that holds a run is reused only to resume that same unfinished run; anything else raises
-`RunDirError`. In a multi-worker run only the chief writes it (`task_run_dir`).
+Layout: config.yaml (the resolved config), logs/ (TensorBoard), backup/ (checkpoints; removed once model.keras
+and metrics.json are written), model.keras, history.csv, metrics.json, report.md, failure.log, .tftrain.lock and
+.tftrain.holder. A directory holding a run is reused only to resume that same unfinished run, else `RunDirError`.
+In a multi-worker run only the chief writes it (`task_run_dir`).
 """
 
 from __future__ import annotations
@@ -38,11 +35,9 @@ HISTORY_FILE = "history.csv"
 FAILURE_LOG = "failure.log"
 """The traceback of a failed attempt (`tftrain.run`); a later attempt that finishes removes it."""
 DIGEST_FILE = ".tftrain.config-sha256"
-"""The SHA-256 of the settings `config.yaml` was written with: a damaged `config.yaml` that still parses
-is told from another run's, and the same command restores it."""
+"""SHA-256 of the settings `config.yaml` was written with, so a damaged one is told from another run's."""
 LOCK_FILE, HOLDER_FILE = ".tftrain.lock", ".tftrain.holder"
-"""The writer's lock (`filelock`: the OS releases it when the process dies, even by SIGKILL), and the
-file naming that process (pid, host, start time)."""
+"""The writer's `filelock` (released by the OS even on SIGKILL), and the file naming it (pid, host, start)."""
 
 _IGNORED_WHEN_RESUMING = (("train", "verbose"), ("train", "profile"), ("train", "backup_every_steps"),
                           ("train", "callbacks"), ("train", "mlflow"), ("runtime", "nvtx"),
@@ -57,11 +52,10 @@ class RunDir:
 
     Attributes:
         resumed_epochs: epochs an interrupted run of the same config completed; 0 for a new run.
-        resumed_steps: batches of the next epoch done too (a mid-epoch checkpoint; micro-batches under
-            gradient accumulation); 0 otherwise.
+        resumed_steps: batches of the next epoch done (mid-epoch checkpoint; micro-batches if accumulating).
         finished_before: a scheduler's restart found this run finished with the same config.
         after_steps_pending: after-steps (`"export"`) a finished run has not done; a rerun does only these.
-        config_repaired: its `config.yaml` was damaged and this run's settings have its digest: rewritten.
+        config_repaired: its damaged `config.yaml` is rewritten (this run's settings match its digest).
     """
 
     path: Path
@@ -103,12 +97,8 @@ def default_run_dir(recipe: str, root: str = "runs", now: Optional[datetime.date
 
 def newest_unfinished(task: str, config: dict, root: str = "runs", restart_of: Optional[str] = None,
                       in_use_ok: bool = False) -> Optional[Path]:
-    """The newest `root/<task>-*` this run may resume (`--resume`), or None.
-
-    A candidate has the same config, is unfinished (or finished by an earlier attempt of job `restart_of`,
-    see `check_run_dir`) and is not held by another process, unless `in_use_ok` (a worker whose chief
-    holds it). `root` defaults to `"runs"`.
-    """
+    """The newest `root/<task>-*` this run may resume (`--resume`), or None: same config, unfinished (or finished
+    by job `restart_of`: `check_run_dir`), not held by another process unless `in_use_ok` (its chief holds it)."""
     candidates = [p for p in Path(root).glob(f"{task}-*") if (p / CONFIG_FILE).is_file()]
     for path in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
         try:
@@ -125,11 +115,10 @@ RUN_ID_ENV = "TFTRAIN_RUN_ID"
 
 
 def cluster_run_id(cluster_spec: dict, env: Optional[dict] = None) -> str:
-    """One run id every task of a cluster derives alike, for `runs/<task>-<id>`.
+    """A run id every task of a cluster derives alike (not a timestamp: tasks start apart), for `runs/<task>-<id>`.
 
-    Not a timestamp: each task starts at its own moment. `job_id(env)` when set, else `cluster-` and 10 hex
-    digits of the SHA-1 of `cluster_spec` (the same for every pod of a TFJob, so a restarted job resumes
-    its directory). `env` defaults to `os.environ`.
+    `job_id(env)` when set, else `cluster-` + 10 hex digits of the SHA-1 of `cluster_spec` (the same for every
+    pod of a TFJob, so a restarted job resumes its directory). `env` defaults to `os.environ`.
     """
     job = job_id(env)
     if job is not None:
@@ -190,8 +179,7 @@ def _differences(old, new, prefix="") -> list:
 
 
 def _check_writable(p: Path) -> None:
-    """Raises RunDirError unless a directory can be made in `p`'s nearest existing folder (probed by
-    making one: `os.access` says yes to root even on read-only file systems)."""
+    """RunDirError unless a directory can be made in `p`'s nearest existing folder (`os.access` lies for root)."""
     parent = p
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -213,21 +201,19 @@ RESTART_COUNT_ENV = "TFTRAIN_RESTART_COUNT"
 """Set by `tftrain.launch` on the tasks it restarts under `--max-restarts`: the restart's number."""
 
 RESTART_ENVS = ("SLURM_RESTART_COUNT", RESTART_COUNT_ENV)
-"""Variables counting a scheduler's restarts of this job: SLURM's on a requeue
-(https://slurm.schedmd.com/sbatch.html#OPT_SLURM_RESTART_COUNT) and `tftrain.launch --max-restarts`'s."""
+"""Restart counters of this job: SLURM's on a requeue (sbatch's SLURM_RESTART_COUNT) and `tftrain.launch`'s."""
 
 
 def restarted_job(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """This job's id (`job_id`) when a scheduler has restarted it (a count in `RESTART_ENVS` >= 1), else
-    None: a first attempt, a count that is not an integer, or no job id. `env` defaults to `os.environ`."""
+    """`job_id(env)` when a `RESTART_ENVS` count is >= 1 (a restart), else None. `env` defaults to `os.environ`."""
     env = os.environ if env is None else env
     counts = [env.get(name, "").strip() for name in RESTART_ENVS]
     return job_id(env) if any(c.isdigit() and int(c) > 0 for c in counts) else None
 
 
 def note_job(path: Path, env: Optional[Mapping[str, str]] = None) -> None:
-    """Records the job of the attempt starting now (`job_id`) in `path/JOB_FILE`, or removes it outside a
-    job, so that a restart finding the run finished knows it finished it (`check_run_dir`'s `restart_of`)."""
+    """Records this attempt's `job_id` in `path/JOB_FILE` (removed outside a job), so a restart that finds the
+    run finished knows it did (`check_run_dir`'s `restart_of`)."""
     job = job_id(env)
     if job is None:
         (path / JOB_FILE).unlink(missing_ok=True)
@@ -240,16 +226,13 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
 
     Args:
         config: the run's config as nested dicts (`RecipeConfig.to_dict()`).
-        restart_of: this job's id when a scheduler restarted it (`restarted_job()`): a same-config run that
-            an earlier attempt of this job finished is then not refused. Defaults to None.
+        restart_of: this job's id if restarted (`restarted_job()`): its own finished run is not refused.
 
     Returns:
-        A `RunDir`; `resumed_epochs` > 0 when there is a checkpoint to resume, `finished_before` when an
-        attempt of `restart_of` finished the run.
+        A `RunDir`: `resumed_epochs` > 0 with a checkpoint to resume, `finished_before` if `restart_of` did.
 
     Raises:
-        RunDirError: `path` is (inside) a file or not writable, or holds files tftrain did not write, a
-            finished run (unless `restart_of`'s), or another config's run or checkpoint.
+        RunDirError: `path` is (in) a file, unwritable, or holds foreign files, a finished run or another config's.
     """
     p = Path(path)
     if p.exists() and not p.is_dir():
@@ -267,7 +250,7 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
     finished = (p / METRICS_FILE).exists()
     pending = pending_after_steps(p) if finished else ()
     if finished and not pending and not _finished_by(p, restart_of) and not (p / BACKUP_DIR).is_dir():
-        raise _finished_error(p)  # (a backup beside metrics.json: a kill as the run ended, which a rerun completes)
+        raise _finished_error(p)  # a backup beside metrics.json: killed as it ended, which a rerun completes
     previous, repaired = _stored_config(p, config)
     if previous is None:
         kept = [name for name in (BACKUP_DIR, MODEL_FILE) if (p / name).exists()]
@@ -355,8 +338,7 @@ def _in_use(path: Path) -> RunDirError:
 
 
 def check_not_in_use(path) -> None:
-    """Raises `RunDirError` naming the holder when another process holds `path`'s lock (checked before
-    TensorFlow starts; `locked` takes the lock)."""
+    """`RunDirError` naming the holder if another process holds `path`'s lock (`locked` takes it later)."""
     import filelock
 
     path = Path(path)
@@ -371,8 +353,7 @@ def check_not_in_use(path) -> None:
 
 @contextlib.contextmanager
 def locked(path) -> Iterator[None]:
-    """Holds `path`'s lock for the block, naming this process in the holder file; raises `RunDirError`
-    when another process holds it."""
+    """Holds `path`'s lock for the block, named in the holder file; `RunDirError` if another process holds it."""
     import socket
 
     import filelock
@@ -405,8 +386,7 @@ def create_run_dir(run_dir: RunDir, config_yaml: str) -> None:
 
 
 def _check_unchanged(run_dir: RunDir, config_yaml: str) -> None:
-    """Under the lock, raises `RunDirError` when, since `check_run_dir`, another process finished the run
-    (`metrics.json`) or wrote a `config.yaml` of other settings."""
+    """Under the lock: `RunDirError` if another process has since finished the run or written other settings."""
     p = run_dir.path
     if not run_dir.finished_before and (p / METRICS_FILE).exists():
         raise _finished_error(p)
@@ -420,8 +400,7 @@ def _check_unchanged(run_dir: RunDir, config_yaml: str) -> None:
 
 
 def worker_scratch_dir(run_dir, task: str) -> Path:
-    """The temporary directory a non-chief `task` (`worker:1`) of the run in `run_dir` writes to: the same
-    name each time (under `tempfile.gettempdir()`), so a relaunch removes what a killed run left."""
+    """A non-chief `task`'s temporary directory, the same each time so a relaunch removes a killed run's."""
     digest = hashlib.sha1(str(Path(run_dir).resolve()).encode("utf-8")).hexdigest()[:12]
     return Path(tempfile.gettempdir()) / f"tftrain-{task.replace(':', '')}-{digest}"
 
@@ -430,14 +409,14 @@ def worker_scratch_dir(run_dir, task: str) -> Path:
 def task_run_dir(run_dir: RunDir, config_yaml: str, is_chief: bool = True, task: str = "worker") -> Iterator[RunDir]:
     """The directory this task writes its logs, checkpoints and model to.
 
-    The chief gets `run_dir` itself, created with `config.yaml`, and holds its lock for the block. Any other
-    worker runs the same saving code (it may run collective ops every worker joins) into its own emptied
-    `worker_scratch_dir`, seeded with the chief's `backup/` to resume from the same epoch, removed on exit.
+    The chief gets `run_dir`, created with `config.yaml`, and holds its lock for the block. Other workers run the
+    same saving code (it may run collectives) in an emptied `worker_scratch_dir`, seeded with the chief's
+    `backup/` and removed on exit.
     Source: https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras#model_saving_and_loading
 
     Args:
         is_chief: whether this task writes the real run directory. Defaults to True.
-        task: this task's name (`worker:1`), in the temporary directory's name. Defaults to `"worker"`.
+        task: this task's name (`worker:1`), for the temporary directory. Defaults to `"worker"`.
     """
     if is_chief:
         run_dir.path.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,7 @@
-"""`python -m tftrain.doctor`: measure this machine and say how to train on it.
+"""`python -m tftrain.doctor [FILE.py:NAME] [--data-dir DIR] [--json] [--quick]`: measure this machine and advise.
 
-Reports the CPU, memory, GPUs and TensorFlow build, times matmuls, memory, disk,
-copies and all-reduce, and advises device, precision, threads and strategy, with
-the predicted examples/sec upper bound for the task.
-
-    python -m tftrain.doctor [FILE.py:NAME] [--data-dir DIR] [--json] [--quick]
+Reports CPU, memory, GPUs and the TensorFlow build; times matmuls, memory, disk, copies and all-reduce; advises
+device, precision, threads and strategy, with the task's predicted examples/sec upper bound.
 """
 
 from tftrain.doctor.diagnose import diagnose

@@ -1,8 +1,5 @@
-"""`python -m tftrain.doctor [FILE.py:NAME | MODULE:NAME] [--data-dir DIR] [--json] [--quick]`.
-
-Exit codes: 0 report printed (failed measurements are listed as warnings);
-2 bad input; 1 the doctor itself failed.
-"""
+"""`python -m tftrain.doctor [FILE.py:NAME | MODULE:NAME] [--data-dir DIR] [--json] [--quick]`. Exit codes: 0 report
+printed (failed measurements listed as warnings); 2 bad input; 1 the doctor failed."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""From measured figures to advice: predicted examples/sec, device, precision, threads, strategy, input.
-
-Pure functions of the report's plain data (no TensorFlow), so each rule is
-tested with made-up machines. Each item has `say`, `why` and `source`.
-"""
+"""From measured figures to advice (items of `say`, `why`, `source`): predicted examples/sec, device, precision,
+threads, strategy, input. Pure functions of the report's plain data (no TensorFlow), tested on made-up machines."""
 
 from __future__ import annotations
 
@@ -28,7 +25,7 @@ BUSY_LOAD = 0.5
 
 
 KEEP_DEFAULTS_PERCENT = 5
-"""`tftrain.runtime.thread_choice.KEEP_DEFAULTS_WITHIN` in percent, copied to avoid importing TensorFlow."""
+"""`thread_choice.KEEP_DEFAULTS_WITHIN` in percent, copied to avoid importing TensorFlow."""
 
 
 def _item(topic: str, say: str, why: str, source: str, **extra) -> dict:
@@ -207,10 +204,7 @@ def _threads_by_rule(report: dict) -> dict:
 
 
 def _allreduce_step_s(allreduce: dict, gradient_bytes: int, workers: int = 2) -> Optional[float]:
-    """Seconds to all-reduce `gradient_bytes` over the loopback ring; None without a measured ring.
-
-    The measured median at that size for 2 workers, else `fixed_s + 2 (n - 1) / n * bytes / bytes_per_s`.
-    """
+    """Loopback all-reduce seconds (None if unmeasured): 2-worker median, else `fixed_s + 2(n-1)/n * bytes / rate`."""
     if not allreduce or not allreduce.get("bytes_per_s"):
         return None
     row = next((r for r in allreduce.get("rows", ()) if r.get("bytes") == gradient_bytes), None)
@@ -332,10 +326,8 @@ def advise(report: dict) -> dict:
     """All the advice and warnings for a report.
 
     Returns:
-        `{"advice": [items], "warnings": [items], "flags": str}`; each item is
-        `{"topic", "say", "why", "source", ...}`, and the device, precision,
-        strategy and threads items also carry `device`, `precision`,
-        `strategy` and `flags`.
+        `{"advice": [items], "warnings": [items], "flags": str}`; items are `{"topic", "say", "why", "source"}`,
+        plus `device`, `precision`, `strategy` or `flags` on those topics (threads: `flags`).
     """
     items = [advise_device(report), advise_precision(report), advise_threads(report), advise_strategy(report),
              advise_input(report)]

@@ -1,8 +1,6 @@
-"""TensorFlow's ring all-reduce between local processes on 127.0.0.1, timed.
+"""TensorFlow's ring all-reduce between local CPU-only processes on 127.0.0.1 (a CPU multi-worker job's path), timed.
 
-The workers see no GPU, so this measures the loopback path a multi-worker job on
-CPUs takes. `fit_ring` fits `t = a + b * bytes_sent`, bytes_sent = 2(N-1)/N x size
-(ring all-reduce traffic: Patarasuk & Yuan 2009).
+`fit_ring` fits `t = a + b * bytes_sent`, bytes_sent = 2(N-1)/N x size (ring traffic: Patarasuk & Yuan 2009).
 
     python -m tftrain.doctor.allreduce --sizes 262144,2678824 --iterations 10   # one worker (under the launcher)
 """
@@ -30,11 +28,8 @@ _ROW = re.compile(r"^\[worker:0\] (\{.*\})$", re.M)
 
 
 def worker(sizes: Sequence[int], iterations: int, warmup: int = 3) -> None:
-    """One worker (under `tftrain.launch`): times all-reduces of each size in bytes.
-
-    Worker 0 prints one JSON line per size: `{"bytes": size, "median_s": seconds}`.
-    `warmup` untimed all-reduces per size come first. Defaults to 3.
-    """
+    """One worker (under `tftrain.launch`): times all-reduces of each size (bytes) after `warmup` (default 3);
+    worker 0 prints a JSON line per size: `{"bytes": size, "median_s": seconds}`."""
     import tensorflow as tf
 
     options = tf.distribute.experimental.CommunicationOptions(
@@ -98,9 +93,8 @@ def fit_ring(rows: Sequence[dict], workers: int) -> dict:
     """Fits `t = a + b * bytes_sent` to `loopback_allreduce` rows (least squares).
 
     Returns:
-        `{"fixed_s": a, "bytes_per_s": 1/b, "rows": [...]}`, each row with `bytes_sent`
-        and `bytes_per_s`. With one size or a non-positive slope, `fixed_s` is None and
-        `bytes_per_s` the largest size's effective figure.
+        `{"fixed_s": a, "bytes_per_s": 1/b, "rows": [...]}`, rows with `bytes_sent` and `bytes_per_s`. With one
+        size or a non-positive slope, `fixed_s` is None and `bytes_per_s` the largest size's figure.
     """
     out = []
     for r in rows:

@@ -1,8 +1,5 @@
-"""`diagnose`: gather the facts, run the measurements in order, predict, advise.
-
-Bad input fails first; the loopback all-reduce runs before the CPU measurements so
-its workers do not compete with them. A failed measurement goes to `errors`.
-"""
+"""`diagnose`: gather the facts, measure, predict, advise. Bad input fails first; the loopback all-reduce runs
+before the CPU measurements so its workers do not compete with them; a failed measurement goes to `errors`."""
 
 from __future__ import annotations
 
@@ -85,11 +82,7 @@ def _attempt(errors: list, what: str, fn: Callable, *args, **kwargs):
 
 
 def cpu_matmuls(dtypes: tuple, sizes: Sizes) -> dict:
-    """CPU matmul peaks per dtype: `{dtype: matmul_peak's dict plus "repeats"}`.
-
-    Dtypes alternate by round, so a disturbance on a shared machine hits one
-    round, not all of one dtype; each keeps its best call.
-    """
+    """`{dtype: matmul_peak's dict plus "repeats"}`: best of rounds alternating dtypes (a disturbance hits a round)."""
     from tftrain.doctor.measure import matmul_peak
 
     out = {}
@@ -184,14 +177,12 @@ def diagnose(task: Optional[str] = None, data_dir: Optional[str] = None, quick: 
 
     Args:
         task: `FILE.py:NAME` or `MODULE:NAME`. Defaults to None (the MNIST recipe's models).
-        data_dir: path whose disk read is measured. Defaults to None (the task's
-            data folder, else the bundled MNIST's).
+        data_dir: path whose disk read is measured. Defaults to None (the task's data, else bundled MNIST's).
         quick: tiny sizes, rough figures (for tests). Defaults to False.
         say: called with a progress message before each measurement. Defaults to None.
 
     Returns:
-        The report as JSON-ready data: `system`, `cpu`, `gpu`, `tasks`, `advice`,
-        `warnings`, `flags`, `errors` and more.
+        The JSON-ready report: `system`, `cpu`, `gpu`, `tasks`, `advice`, `warnings`, `flags`, `errors`, ...
 
     Raises:
         ConfigError: on an unknown task or a missing data folder, before any measurement.

@@ -1,7 +1,4 @@
-"""What TensorFlow sees: its build (CUDA, cuDNN), its GPUs, other accelerators, and why no GPU.
-
-`why_no_gpu` is a pure function of the facts, so every branch is tested without a GPU.
-"""
+"""What TensorFlow sees: its build (CUDA, cuDNN), GPUs, other accelerators, and why no GPU (`why_no_gpu`: pure)."""
 
 from __future__ import annotations
 
@@ -26,11 +23,8 @@ def build_info() -> dict:
 
 
 def tf_gpus(hardware: Mapping, env: Mapping[str, str]) -> list:
-    """The GPUs TensorFlow sees: `[{"device", "name", "compute_capability", "memory_bytes"}]`.
-
-    Memory comes from `nvidia-smi`, matched by index only when `CUDA_VISIBLE_DEVICES`
-    is unset and the counts agree; else None.
-    """
+    """The GPUs TensorFlow sees: `[{"device", "name", "compute_capability", "memory_bytes"}]`; memory from
+    `nvidia-smi` by index, only if `CUDA_VISIBLE_DEVICES` is unset and the counts agree (else None)."""
     import tensorflow as tf
 
     found = tf.config.list_physical_devices("GPU")
@@ -71,11 +65,8 @@ def _hidden_by_env(env: Mapping[str, str]) -> Optional[str]:
 
 
 def why_no_gpu(build: Mapping, env: Mapping[str, str], hardware: Mapping, platform: str = sys.platform) -> list:
-    """Why TensorFlow sees no GPU: a non-empty list of one-sentence reasons with remedies, likeliest first.
-
-    `build` is `build_info()`, `hardware` is `tftrain.host.nvidia_hardware()`.
-    Source: https://www.tensorflow.org/install/pip
-    """
+    """Why TensorFlow sees no GPU, from `build_info()` and `host.nvidia_hardware()`: one-sentence reasons with
+    remedies, likeliest first, never empty. Source: https://www.tensorflow.org/install/pip"""
     reasons = []
     hidden = _hidden_by_env(env)
     if hidden:

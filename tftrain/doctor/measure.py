@@ -1,8 +1,5 @@
-"""Short, bounded measurements of this machine: matmul FLOP/s, memory and disk bandwidth, copies.
-
-Each runs a fixed amount of work and keeps the best repeat (a disturbance on a
-shared machine slows one repeat, not the hardware). Units: FLOP/s and bytes/s.
-"""
+"""Short, bounded measurements of this machine: matmul FLOP/s, memory and disk bandwidth, copies (bytes/s).
+Each runs fixed work and keeps the best repeat (a disturbance on a shared machine slows one repeat, not all)."""
 
 from __future__ import annotations
 
@@ -59,10 +56,8 @@ def matmul_peak(sizes: Sequence[int], repeats: int, dtype: str = "float32", devi
 
 
 def memory_bandwidth(nbytes: int, repeats: int, threads: int = 1, min_seconds: float = 0.0) -> dict:
-    """Measures main-memory bandwidth with a STREAM "Copy" of `nbytes`, split over `threads` (default 1).
-
-    Bytes moved per copy = 2 x nbytes (read plus write). Use arrays well above the
-    CPU caches. Source: McCalpin, https://www.cs.virginia.edu/stream/
+    """Main-memory bandwidth of a STREAM "Copy" of `nbytes` (2 x nbytes moved; use sizes well above the caches),
+    split over `threads` (default 1). Source: McCalpin, https://www.cs.virginia.edu/stream/
 
     Returns:
         `{"bytes_per_s": float, "array_bytes": int, "threads": int}`.
@@ -121,15 +116,11 @@ def _read_round(files: list, max_bytes: int, buffer: memoryview) -> tuple:
 
 
 def disk_read(path, max_bytes: int, repeats: int = 1, chunk_bytes: int = 8 << 20) -> dict:
-    """Measures the cold read throughput of the disk holding `path` (a folder or file).
-
-    Reads the largest files first, up to `max_bytes` per round, keeping the fastest
-    of `repeats` rounds (default 1); `posix_fadvise(DONTNEED)` drops each file's
-    cached pages first. `chunk_bytes` defaults to 8 MiB.
+    """Cold read throughput of the disk holding `path` (folder or file): the fastest of `repeats` (default 1)
+    rounds of up to `max_bytes`, largest files first, each file's cached pages dropped first (`posix_fadvise`).
 
     Returns:
-        `{"bytes_per_s", "bytes", "files", "folder_bytes", "cache_dropped"}`;
-        `bytes_per_s` is None when there was nothing to read.
+        `{"bytes_per_s", "bytes", "files", "folder_bytes", "cache_dropped"}`; `bytes_per_s` None if nothing read.
     """
     files = _files_largest_first(Path(path))
     buffer = memoryview(bytearray(max(1, min(chunk_bytes, max_bytes))))
@@ -140,10 +131,8 @@ def disk_read(path, max_bytes: int, repeats: int = 1, chunk_bytes: int = 8 << 20
 
 
 def gpu_copies(device: str, nbytes: int, repeats: int) -> dict:
-    """Measures one GPU's copy bandwidth from pageable memory (the path `tf.data` batches take).
-
-    Returns `{"h2d_bytes_per_s": float, "d2h_bytes_per_s": float, "bytes": int}`.
-    """
+    """One GPU's copy bandwidth from pageable memory (`tf.data`'s path): `{"h2d_bytes_per_s", "d2h_bytes_per_s",
+    "bytes"}`."""
     import tensorflow as tf
 
     with tf.device("/CPU:0"):
@@ -166,10 +155,9 @@ def gpu_copies(device: str, nbytes: int, repeats: int) -> dict:
 
 
 def gpu_allreduce(devices: Sequence[str], nbytes: int, repeats: int) -> dict:
-    """Measures all-reduce bandwidth of `nbytes` per GPU between two or more local GPUs (MirroredStrategy).
+    """All-reduce bandwidth of `nbytes` per GPU between two or more local GPUs (MirroredStrategy).
 
-    Bus bandwidth = bytes / time x 2(N-1)/N, comparable with the link's peak.
-    Source: https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md
+    Bus bandwidth = bytes / time x 2(N-1)/N, comparable with the link's peak (NVIDIA/nccl-tests doc/PERFORMANCE.md).
 
     Returns:
         `{"bus_bytes_per_s", "algorithm_bytes_per_s", "bytes", "gpus", "median_s"}`.

@@ -12,10 +12,9 @@ DEFAULT_BATCH_SIZE = 128
 
 
 def load_tasks(spec: Optional[str] = None) -> Tuple[List[tuple], Optional[str]]:
-    """Loads what to advise on without building a model, so TensorFlow's runtime stays unstarted.
+    """`([(name, build function, global batch size), ...], data_dir or None)` for `spec` (`FILE.py:NAME`,
+    `MODULE:NAME`; None: the MNIST recipe), not building models so the runtime stays unstarted.
 
-    `spec` (`FILE.py:NAME` or `MODULE:NAME`) defaults to None: the MNIST recipe's models.
-    Returns `([(name, build function, global batch size), ...], data_dir or None)`.
     Raises ConfigError when the spec is malformed or names no task.
     """
     if spec is None:

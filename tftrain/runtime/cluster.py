@@ -1,11 +1,7 @@
-"""Cluster descriptions: TF_CONFIG and SLURM -> a validated `ClusterInfo`.
+"""Cluster descriptions: TF_CONFIG or a SLURM job step -> a validated `ClusterInfo`.
 
-TensorFlow fails deep inside, with an unhelpful message, on a wrong TF_CONFIG;
-`parse_tf_config` checks it first and names the mistake. Under `srun` the cluster
-comes from the job step's environment through TensorFlow's `SlurmClusterResolver`.
-`resolve_cluster` tries TF_CONFIG first, then SLURM. Only `slurm_cluster` imports
-TensorFlow.
-
+TensorFlow reports a wrong TF_CONFIG obscurely; `parse_tf_config` names the mistake first. `resolve_cluster`
+tries TF_CONFIG, then SLURM (`SlurmClusterResolver`). Only `slurm_cluster` imports TensorFlow.
 Sources: https://www.tensorflow.org/guide/distributed_training#setting_up_the_tf_config_environment_variable,
 https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES
 """
@@ -93,11 +89,7 @@ def _check_address(task_type: str, i: int, address, source: str = "TF_CONFIG") -
 
 
 def drop_blank_tf_config(env: Optional[dict] = None) -> bool:
-    """Removes a set-but-blank `TF_CONFIG` from `env` (defaults to `os.environ`).
-
-    Every `tf.distribute` strategy's `TFConfigClusterResolver` fails on `TF_CONFIG=`.
-    Returns True when one was removed.
-    """
+    """Removes a blank `TF_CONFIG` (`TFConfigClusterResolver` rejects it) from `env` (default environ); True if so."""
     env = os.environ if env is None else env
     if "TF_CONFIG" in env and not env["TF_CONFIG"].strip():
         del env["TF_CONFIG"]
@@ -106,13 +98,10 @@ def drop_blank_tf_config(env: Optional[dict] = None) -> bool:
 
 
 def parse_tf_config(text: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> Optional[ClusterInfo]:
-    """Parses and validates TF_CONFIG; None when it is unset or blank (one process).
-
-    `text` defaults to None: read `env["TF_CONFIG"]` (`env` defaults to `os.environ`).
+    """Parses and validates TF_CONFIG (`text`, else `env`'s, default `os.environ`); None when unset or blank.
 
     Raises:
-        ClusterConfigError: on invalid JSON, no `cluster` or `task`, or what
-            `validate_cluster` rejects.
+        ClusterConfigError: invalid JSON, no `cluster` or `task`, or what `validate_cluster` rejects.
     """
     if text is None:
         text = (os.environ if env is None else env).get("TF_CONFIG", "")
@@ -143,14 +132,10 @@ def parse_tf_config(text: Optional[str] = None, env: Optional[Mapping[str, str]]
 
 
 def validate_cluster(cluster: Mapping, task_type, task_index, source: str = "TF_CONFIG") -> ClusterInfo:
-    """Validates a cluster mapping (task type -> `host:port` list) and this task's place in it.
-
-    `source` (`"TF_CONFIG"` or `"SLURM"`, defaults to `"TF_CONFIG"`) is named in messages.
+    """Validates a cluster (task type -> `host:port` list) and this task's place; `source` names it in errors.
 
     Raises:
-        ClusterConfigError: on an unknown task type, an empty address list, a bad
-            `host:port`, a duplicate address, more than one chief, or a task
-            type/index not in the cluster.
+        ClusterConfigError: unknown task type, empty list, bad or duplicate `host:port`, two chiefs, task not in it.
     """
     if not isinstance(cluster, Mapping) or not cluster:
         raise ClusterConfigError(
@@ -199,14 +184,11 @@ def validate_cluster(cluster: Mapping, task_type, task_index, source: str = "TF_
 
 
 def check_cluster(strategy: str, cluster: Optional[ClusterInfo]) -> None:
-    """Checks that a cluster (None: one process) has the tasks a strategy needs.
-
-    Only `"multi_worker_mirrored"` and `"parameter_server"` are checked.
+    """Checks that a cluster (None: one process) has the tasks `multi_worker_mirrored` or `parameter_server` needs.
 
     Raises:
-        ClusterConfigError: `multi_worker_mirrored` with ps tasks or on a task
-            that is not a chief/worker; `parameter_server` without a cluster, or
-            without exactly one chief, at least one worker and at least one ps.
+        ClusterConfigError: `multi_worker_mirrored` with ps tasks or on a non-chief/worker task;
+            `parameter_server` without a cluster, or without a chief, a worker and a ps task.
     """
     if strategy == "multi_worker_mirrored" and cluster is not None:
         if cluster.num_ps:
@@ -238,7 +220,7 @@ def check_cluster(strategy: str, cluster: Optional[ClusterInfo]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class SlurmStep:
-    """The part of a SLURM job step's environment that lays out a cluster.
+    """The SLURM job-step variables that lay out a cluster.
 
     Attributes:
         rank: `SLURM_PROCID` (0-based).
@@ -275,9 +257,7 @@ def parse_slurm_step(env: Optional[Mapping[str, str]] = None) -> SlurmStep:
     """Reads and checks the SLURM job-step variables of `env` (defaults to `os.environ`).
 
     Raises:
-        ClusterConfigError: when a variable of `SLURM_VARIABLES` is missing or
-            malformed, the rank is out of range, or the tasks per node do not add
-            up to the number of tasks.
+        ClusterConfigError: a `SLURM_VARIABLES` entry missing or malformed, or inconsistent rank or task counts.
     """
     env = os.environ if env is None else env
     missing = [name for name in SLURM_VARIABLES if not env.get(name)]
@@ -317,9 +297,8 @@ def parse_slurm_step(env: Optional[Mapping[str, str]] = None) -> SlurmStep:
 def slurm_jobs(num_tasks: int, strategy: str, ps_tasks: int = 1) -> dict:
     """Splits a SLURM step's tasks into task type -> count (`SlurmClusterResolver`'s `jobs`).
 
-    `multi_worker_mirrored`: all workers. `parameter_server`: the resolver hands out
-    ranks alphabetically, so rank 0 is the chief, then `ps_tasks` (defaults to 1) ps
-    tasks, then workers.
+    All workers, except `parameter_server`: the resolver assigns ranks alphabetically, so rank 0 is
+    the chief, then `ps_tasks` (default 1) ps tasks, then workers.
 
     Raises:
         ClusterConfigError: when a `parameter_server` job leaves no worker.
@@ -337,26 +316,17 @@ def slurm_jobs(num_tasks: int, strategy: str, ps_tasks: int = 1) -> dict:
 
 
 def _slurm_gpu_arguments(env: Mapping[str, str], step: SlurmStep) -> dict:
-    """GPU arguments for `SlurmClusterResolver`, which needs at least one GPU slot per task.
-
-    On CPU nodes, or when SLURM already set `CUDA_VISIBLE_DEVICES`, give it one
-    placeholder slot per task and leave the variable alone; otherwise let it split the GPUs.
-    """
+    """`SlurmClusterResolver` needs GPU slots: placeholders on CPU nodes or under SLURM's `CUDA_VISIBLE_DEVICES`."""
     if "CUDA_VISIBLE_DEVICES" in env or shutil.which("nvidia-smi") is None:
         return {"gpus_per_node": step.max_tasks_per_node, "gpus_per_task": 1, "auto_set_gpu": False}
     return {"auto_set_gpu": True}
 
 
 def slurm_cluster(strategy: str = "multi_worker_mirrored", ps_tasks: int = 1, port_base: int = SLURM_PORT_BASE) -> ClusterInfo:
-    """This SLURM job step's cluster (`source="SLURM"`), from `SlurmClusterResolver`.
-
-    The resolver reads `os.environ` and gives the tasks on each node consecutive
-    ports from `port_base` (defaults to 8888). `strategy` and `ps_tasks` decide the
-    task types (see `slurm_jobs`).
+    """This SLURM step's cluster, from `SlurmClusterResolver` (task types: `slurm_jobs`; ports from `port_base`).
 
     Raises:
-        ClusterConfigError: when the SLURM variables are missing or inconsistent,
-            or the resolver rejects them (e.g. more tasks per node than GPUs).
+        ClusterConfigError: bad SLURM variables, or the resolver rejects them (e.g. more tasks per node than GPUs).
     """
     step = parse_slurm_step()
     jobs = slurm_jobs(step.num_tasks, strategy, ps_tasks)
@@ -376,13 +346,11 @@ def slurm_cluster(strategy: str = "multi_worker_mirrored", ps_tasks: int = 1, po
 def resolve_cluster(strategy: str, env: Optional[Mapping[str, str]] = None, ps_tasks: int = 1) -> Optional[ClusterInfo]:
     """This process's checked cluster (TF_CONFIG, else a SLURM step), or None for one process.
 
-    Only `MULTI_PROCESS_STRATEGIES` look for a cluster. `env` defaults to `os.environ`,
-    and only then is SLURM looked for (`SlurmClusterResolver` reads `os.environ`).
-    `ps_tasks` (defaults to 1) is for a `parameter_server` job under SLURM.
+    Only `MULTI_PROCESS_STRATEGIES` look for one. SLURM is tried only when `env` is None (`os.environ`),
+    as `SlurmClusterResolver` reads `os.environ`. `ps_tasks` (default 1) sizes a SLURM `parameter_server` job.
 
     Raises:
-        ClusterConfigError: when TF_CONFIG or the SLURM step is malformed, or the
-            cluster does not suit the strategy (`check_cluster`).
+        ClusterConfigError: malformed TF_CONFIG or SLURM step, or a cluster unfit for the strategy.
     """
     if strategy not in MULTI_PROCESS_STRATEGIES:
         return None

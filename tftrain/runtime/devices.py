@@ -1,7 +1,4 @@
-"""Device choice: CPU or GPUs, GPU memory growth, and logical CPU devices.
-
-All of these only work before TensorFlow's runtime starts (before the first op).
-"""
+"""Device choice: CPU or GPUs, GPU memory growth, logical CPU devices; all only before TensorFlow's first op."""
 
 from __future__ import annotations
 
@@ -32,27 +29,20 @@ class DeviceInfo:
 
 
 def runtime_started() -> bool:
-    """Whether TensorFlow's runtime has started in this process, found without starting it.
-
-    Once it has, thread counts, logical CPU devices and visible devices are fixed.
-    """
+    """Whether TensorFlow's runtime has started (fixing threads and devices), found without starting it."""
     from tftrain import _compat  # no public query: tf.config's setters raise only when asked to change a value
 
     return _compat.runtime_started()
 
 
 def split_cpu(num_devices: int) -> list:
-    """Splits the physical CPU into `num_devices` (>= 1) logical CPU devices.
-
-    Lets `MirroredStrategy` run several replicas on one CPU, for trying multi-replica
-    code; the devices share the cores, so training is no faster.
+    """Splits the CPU into `num_devices` (>= 1) logical devices, for trying multi-replica code (not faster).
 
     Returns the device names, e.g. `["/device:CPU:0", "/device:CPU:1"]`.
 
     Raises:
         ValueError: when `num_devices` < 1.
-        RuntimeStartedError: when TensorFlow already started with another number
-            of logical CPUs.
+        RuntimeStartedError: when TensorFlow already started with another number of logical CPUs.
     """
     check_int(num_devices, "num_devices")
     (cpu,) = tf.config.list_physical_devices("CPU")[:1]
@@ -69,7 +59,7 @@ def split_cpu(num_devices: int) -> list:
                     f"already initialised with {len(logical)}. Split the CPU before any "
                     "TensorFlow op runs, or start a new process.", setting="cpu_replicas"
                 ) from None
-    # Listing logical devices would start the runtime, which multi-worker strategies configure first.
+    # Not listed: that would start the runtime, which multi-worker strategies must configure first.
     return [f"/device:CPU:{i}" for i in range(num_devices)]
 
 
@@ -78,19 +68,16 @@ def _enable_memory_growth(gpus) -> None:
         try:
             tf.config.experimental.set_memory_growth(gpu, True)
         except RuntimeError:
-            pass  # runtime already initialised: growth is whatever was set before
+            pass  # runtime already started: growth stays as it was
 
 
 def select_devices(device: str = "auto", cpu_replicas: int = 1) -> str:
-    """Applies the device choice without starting TensorFlow's runtime; returns `"gpu"` or `"cpu"`.
-
-    Hides the GPUs for `device="cpu"` and turns on GPU memory growth with physical-device
-    calls only, so `MultiWorkerMirroredStrategy` can still be built afterwards. Arguments
-    as `configure_devices` (`cpu_replicas` is only checked here).
+    """`configure_devices`' choice (GPUs hidden or given memory growth) without starting the runtime, so
+    `MultiWorkerMirroredStrategy` can still be built; returns `"gpu"` or `"cpu"`. `cpu_replicas` is only checked.
 
     Raises:
-        DeviceError: when `device="gpu"` and no GPU is visible, or `cpu_replicas` > 1 on GPUs.
-        RuntimeStartedError: when `device="cpu"` but TensorFlow already started with GPUs.
+        DeviceError: `device="gpu"` and no GPU visible, or `cpu_replicas` > 1 on GPUs.
+        RuntimeStartedError: `device="cpu"` but TensorFlow already started with GPUs.
         ValueError: when `device` is not one of auto, cpu, gpu.
     """
     if device not in ("auto", "cpu", "gpu"):
@@ -128,13 +115,11 @@ def configure_devices(device: str = "auto", cpu_replicas: int = 1) -> DeviceInfo
     """Chooses the devices to train on and configures them (GPUs with memory growth).
 
     Args:
-        device: `"auto"` (all GPUs if any, else the CPU), `"gpu"` or `"cpu"` (hides
-            the GPUs). Defaults to `"auto"`.
+        device: `"auto"` (default: all GPUs if any, else the CPU), `"gpu"` or `"cpu"` (hides the GPUs).
         cpu_replicas: logical devices to split a CPU run into (`split_cpu`). Defaults to 1.
 
     Raises:
-        DeviceError: when `device="gpu"` and no GPU is visible, `cpu_replicas` > 1 on
-            GPUs, or TensorFlow already started with other settings.
+        DeviceError: `device="gpu"` and no GPU, `cpu_replicas` > 1 on GPUs, or TensorFlow already started.
         ValueError: when `device` is not one of auto, cpu, gpu.
     """
     if select_devices(device, cpu_replicas) == "gpu":

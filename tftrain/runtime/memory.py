@@ -1,11 +1,9 @@
-"""glibc malloc thresholds: keep freed step buffers in the heap instead of the OS.
+"""glibc malloc thresholds: keep freed step buffers in the heap instead of returning them to the OS.
 
-TensorFlow's `GeneratorDataset` op, the first time it runs in a process, sets
-`mallopt(M_TRIM_THRESHOLD, 128 KiB)`, which also freezes glibc's dynamic mmap
-threshold; from then on each step's buffers go back to the OS and fault their
-pages in again. Keras feeds `fit` under `MirroredStrategy`, `OneDeviceStrategy` and
-`MultiWorkerMirroredStrategy` through `GeneratorDataset`, as does
-`tf.data.Dataset.from_generator`. Source: glibc's mallopt(3).
+TensorFlow's `GeneratorDataset` op (Keras's `fit` under `MirroredStrategy`, `OneDeviceStrategy` and
+`MultiWorkerMirroredStrategy`; `Dataset.from_generator`) sets `mallopt(M_TRIM_THRESHOLD, 128 KiB)` on its first
+run, which freezes glibc's dynamic mmap threshold: each step's buffers then go back to the OS and fault in again.
+Source: glibc's mallopt(3).
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES
 """64 MiB: twice the mmap threshold, the ratio glibc's dynamic rule keeps."""
 
 USER_MALLOC_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX")
-"""When one is set (or a `glibc.malloc.` tunable in `GLIBC_TUNABLES`), malloc is left alone: the opt-out."""
+"""The opt-out: when one is set (or a `glibc.malloc.` tunable in `GLIBC_TUNABLES`), malloc is left alone."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +59,7 @@ def _user_malloc_setting() -> str:
 
 
 def _glibc():
-    """`(libc, reason)`: glibc when it is the process's allocator, else `(None, why not)`."""
+    """`(libc, "")` when glibc is the process's allocator, else `(None, why not)`."""
     if not sys.platform.startswith("linux"):
         return None, f"no glibc on {sys.platform}"
     try:
@@ -75,7 +73,7 @@ def _glibc():
         process = ctypes.CDLL(None)
     except OSError as e:
         return None, f"cannot load glibc ({e})"
-    # A preloaded allocator (jemalloc, tcmalloc) serves malloc itself; mallopt would change nothing.
+    # A preloaded allocator (jemalloc, tcmalloc) ignores mallopt.
     if ctypes.cast(process.malloc, ctypes.c_void_p).value != ctypes.cast(libc.malloc, ctypes.c_void_p).value:
         return None, "another allocator is preloaded in front of glibc"
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -84,7 +82,7 @@ def _glibc():
 
 
 def _apply_tensorflow_patch_now() -> None:
-    """Runs a one-element `GeneratorDataset`, so TensorFlow's once-per-process malloc patch happens now."""
+    """Runs a one-element `GeneratorDataset`, so TensorFlow's one-time malloc patch happens now."""
     import tensorflow as tf
 
     dataset = tf.data.Dataset.from_generator(lambda: iter((0,)), output_signature=tf.TensorSpec((), tf.int32))
@@ -96,22 +94,16 @@ def restore_malloc_thresholds(
     mmap_threshold_bytes: int = MMAP_THRESHOLD_BYTES,
     trim_threshold_bytes: int = TRIM_THRESHOLD_BYTES,
 ) -> MallocSettings:
-    """Lets glibc malloc reuse freed training buffers instead of re-mapping them.
+    """Lets glibc malloc reuse freed training buffers: triggers TensorFlow's patch now, then sets the thresholds.
 
-    Triggers TensorFlow's one-time `GeneratorDataset` patch now, then sets glibc's
-    mmap and trim thresholds. It starts TensorFlow's runtime, so call it after
-    threads, devices and any `MultiWorkerMirroredStrategy` are set up. The cost: up
-    to `trim_threshold_bytes` of free memory per heap stays with the process.
+    Starts TensorFlow's runtime: call it after threads, devices and any `MultiWorkerMirroredStrategy` are set up.
 
     Args:
-        mmap_threshold_bytes: allocations of at least this many bytes are mmapped.
-            Defaults to `MMAP_THRESHOLD_BYTES` (32 MiB).
-        trim_threshold_bytes: free bytes kept at the top of a heap. Defaults to
-            `TRIM_THRESHOLD_BYTES` (64 MiB).
+        mmap_threshold_bytes: allocations from this size on are mmapped. Defaults to 32 MiB.
+        trim_threshold_bytes: free bytes each heap keeps (the cost). Defaults to 64 MiB.
 
     Returns:
-        A `MallocSettings`; not applied, and nothing changed, where the allocator is
-        not glibc or the user tuned malloc (`USER_MALLOC_SETTINGS`).
+        A `MallocSettings`; not applied without glibc or if the user tuned malloc (`USER_MALLOC_SETTINGS`).
 
     Raises:
         ValueError: when a threshold is not a positive integer below 2**31.

@@ -1,9 +1,7 @@
-"""NVTX ranges for NVIDIA Nsight Systems (`nsys profile -t cuda,nvtx,...`), on a GPU only.
+"""NVTX ranges for NVIDIA Nsight Systems (`nsys profile -t cuda,nvtx,...`), on a GPU only; imports no TensorFlow.
 
-Two kinds: TensorFlow's op ranges, which NVIDIA's TensorFlow builds (NGC containers)
-emit when `TF_ENABLE_NVTX_RANGES=1` is set before the first op (the pip TensorFlow
-2.21 wheel ignores it), and `tftrain.callbacks.NvtxSteps`' one range per execution
-in `NVTX_DOMAIN`, through NVIDIA's `nvtx` package. No TensorFlow is imported here.
+Op ranges come from NVIDIA's TensorFlow builds (NGC) when `TF_ENABLE_NVTX_RANGES=1` is set before the first op
+(pip wheels ignore it); `tftrain.callbacks.NvtxSteps` adds one range per execution via the `nvtx` package.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from typing import MutableMapping, Optional
 from tftrain.errors import ConfigError
 
 NVTX_ENV = "TF_ENABLE_NVTX_RANGES"
-"""The environment variable NVIDIA's TensorFlow builds read to emit NVTX ranges for ops."""
+"""The variable NVIDIA's TensorFlow builds read to emit NVTX ranges for ops."""
 
 NVTX_DOMAIN = "tftrain"
 """The NVTX domain of tftrain's step ranges (Nsight Systems shows one row per domain)."""
@@ -43,10 +41,7 @@ class NvtxSettings:
 
 
 def enable_nvtx_ranges(env: Optional[MutableMapping[str, str]] = None) -> bool:
-    """Sets `TF_ENABLE_NVTX_RANGES=1` in `env` (defaults to `os.environ`) unless already set.
-
-    Call before the runtime starts. Returns True when it set the variable.
-    """
+    """Sets `TF_ENABLE_NVTX_RANGES=1` in `env` (default environ) unless set, before the runtime starts; True if so."""
     env = os.environ if env is None else env
     if NVTX_ENV in env:
         return False
@@ -55,12 +50,9 @@ def enable_nvtx_ranges(env: Optional[MutableMapping[str, str]] = None) -> bool:
 
 
 def settle_nvtx(env_set: bool, device_kind: str, env: Optional[MutableMapping[str, str]] = None) -> NvtxSettings:
-    """Keeps `--nvtx` on a GPU; elsewhere removes the variable `enable_nvtx_ranges` set.
+    """Keeps `--nvtx` on a GPU; elsewhere removes the variable if `env_set` (`enable_nvtx_ranges`' result).
 
-    Args:
-        env_set: what `enable_nvtx_ranges` returned.
-        device_kind: `DeviceInfo.kind`.
-        env: the environment. Defaults to `os.environ`.
+    `device_kind` is `DeviceInfo.kind`; `env` defaults to `os.environ`.
 
     Raises:
         ConfigError: on a GPU when NVIDIA's `nvtx` package is not installed.

@@ -1,13 +1,9 @@
 """Worker and ps tasks of a parameter-server job: serve until the chief says how the job ended.
 
-A `tf.distribute.Server` cannot stop (`join()` blocks forever), so a cluster manager
-that waits for every task would record the job as failed. Each worker and ps task
-therefore waits on a FIFO queue named `STATUS_QUEUE` on its own device (`serve`); the
-chief puts the job's status in every queue when its run ends (`telling_servers`), and
-each task exits as the chief did: 0, 1 (`JobFailed`) or 128 + signal (`Preempted`).
-Serving tasks ignore SIGTERM and SIGUSR1 so the chief can finish its checkpoint. A
-chief that vanishes is caught by watching its gRPC address (`ChiefWatch`).
-
+`Server.join()` never returns (a scheduler would call the job failed), so each task waits on its own
+`STATUS_QUEUE` instead (`serve`); the chief fills every queue when its run ends (`telling_servers`) and each task
+exits as the chief did: 0, 1 (`JobFailed`) or 128 + signal (`Preempted`). Serving tasks ignore SIGTERM and
+SIGUSR1 so the chief can finish its checkpoint; `ChiefWatch` catches a vanished chief.
 Sources: https://www.tensorflow.org/tutorials/distribute/parameter_server_training#clusters_in_the_real_world,
 https://github.com/tensorflow/tensorflow/issues/4713#issuecomment-254238853
 """
@@ -68,9 +64,7 @@ _SERVER_TYPES = ("worker", "ps")
 
 
 def start_server(cluster: ClusterInfo, intra_op_threads: int = 0, inter_op_threads: int = 0) -> tf.distribute.Server:
-    """Starts this worker or ps task's `tf.distribute.Server` on its cluster address.
-
-    Thread counts of 0 (the defaults) keep TensorFlow's defaults.
+    """Starts this worker or ps task's `tf.distribute.Server`; thread counts of 0 keep TensorFlow's defaults.
 
     Raises:
         ClusterConfigError: when this task is not a worker or ps task.
@@ -102,11 +96,8 @@ def _status_queue() -> tf.Tensor:
 
 
 class StatusQueue:
-    """This task's status queue, read through a session on its own server and device only.
-
-    A background thread blocks on one dequeue (a poll with a timeout would log a
-    cancelled step each time); `close` ends it.
-    """
+    """This task's status queue, read on its own server and device by a thread blocked on one dequeue until
+    `close` (a poll with a timeout would log a cancelled step each time)."""
 
     def __init__(self, server: tf.distribute.Server, cluster: ClusterInfo):
         device = _device(cluster.task_type, cluster.task_index)
@@ -162,11 +153,8 @@ def chief_reachable(address: str, timeout_s: float = 1.0) -> bool:
 
 @dataclasses.dataclass
 class ChiefWatch:
-    """Decides when a worker or ps task stops waiting for a silent chief.
-
-    The chief may take `wait_s` seconds (defaults to 600) to appear after `started`
-    (`time.monotonic()`), and stay unreachable `gone_s` (defaults to 30) once seen.
-    """
+    """Decides when a worker or ps task stops waiting for a silent chief: it may take `wait_s` (default 600)
+    seconds to appear after `started` (`time.monotonic()`) and stay unreachable `gone_s` (default 30) once seen."""
 
     address: str
     started: float
@@ -191,10 +179,7 @@ class ChiefWatch:
 def wait_for_status(read: Callable[[float], Optional[int]], watch: ChiefWatch,
                     is_reachable: Callable[[str], bool] = chief_reachable, poll_s: float = POLL_S,
                     clock: Callable[[], float] = time.monotonic) -> int:
-    """Returns the status the chief sends, watching the chief (`watch`) meanwhile.
-
-    `read(timeout_s) -> int | None` is e.g. `StatusQueue.get`; each waits `poll_s`
-    (defaults to 1.0) seconds. `is_reachable` and `clock` are replaceable for tests.
+    """Returns the chief's status, calling `read(poll_s)` (e.g. `StatusQueue.get`) until `watch` gives up.
 
     Raises:
         JobFailed: when the chief never appeared or went away without a status.
@@ -253,18 +238,14 @@ def serve(cluster: ClusterInfo, intra_op_threads: int = 0, inter_op_threads: int
 
 
 def _let_the_chief_exit_first(chief: str, limit_s: float, poll_s: float = POLL_S) -> None:
-    """Waits (at most `limit_s`) until the chief's server stops answering, so the chief's exit code
-    and error line, not a worker's, end the job (launchers stop at the first failing task)."""
+    """Waits up to `limit_s` for the chief to stop, so its exit ends the job (launchers stop at the first failure)."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline and chief_reachable(chief):
         time.sleep(poll_s)
 
 
 def tell_servers(cluster: ClusterInfo, status: int) -> List[str]:
-    """Sends `status` to every worker and ps task; returns the tasks (`worker:1`, ...) not reached.
-
-    Run on the chief after everything that uses the servers: each task exits on receipt.
-    """
+    """Sends `status` to every worker and ps task, which then exits (so call it last); returns those not reached."""
     missed = []
     for task_type in _SERVER_TYPES:
         for index in range(len(cluster.cluster.get(task_type, ()))):
@@ -278,11 +259,8 @@ def tell_servers(cluster: ClusterInfo, status: int) -> List[str]:
 
 @contextlib.contextmanager
 def telling_servers(cluster: Optional[ClusterInfo], log: Optional[object] = None) -> Iterator[None]:
-    """Context manager for the chief's run: tells the servers how the block ended.
-
-    `JOB_FINISHED` normally, a stop status on `Preempted`, else `JOB_FAILED`. Without
-    ps tasks (or `cluster` None) it tells nobody. `log` defaults to `sys.stderr`.
-    """
+    """Around the chief's run, tells the servers `JOB_FINISHED`, a stop status on `Preempted`, else `JOB_FAILED`
+    (nobody without ps tasks or `cluster`). `log` defaults to `sys.stderr`."""
     if cluster is None or "ps" not in cluster.cluster:
         yield
         return

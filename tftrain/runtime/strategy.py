@@ -1,7 +1,4 @@
-"""Building `tf.distribute` strategies by name.
-
-Source: https://www.tensorflow.org/guide/distributed_training
-"""
+"""Building `tf.distribute` strategies by name. Source: https://www.tensorflow.org/guide/distributed_training"""
 
 from __future__ import annotations
 
@@ -23,9 +20,8 @@ _COMMUNICATION = {
 
 
 class _KerasReduce:
-    """A `reduce` that Keras 3's `fit` can use: per element of a nested structure, scalars across
-    replicas, narrow integers via int32, strings and booleans as this worker's first value
-    (Keras reduces those only in the first batch, for their shapes)."""
+    """A `reduce` Keras 3's `fit` can use: per nested element, scalars across replicas, narrow ints via int32,
+    strings and booleans as this worker's first value (Keras reduces those only in the first batch)."""
 
     def reduce(self, reduce_op, value, axis):
         """Reduces every element of the (possibly nested) `value`."""
@@ -48,36 +44,22 @@ class _KerasReduce:
 
 
 class KerasMultiWorkerMirroredStrategy(_KerasReduce, tf.distribute.MultiWorkerMirroredStrategy):
-    """`MultiWorkerMirroredStrategy` with a `reduce` that Keras 3's `fit` can use.
+    """`MultiWorkerMirroredStrategy` with a `reduce` that Keras 3's `fit` can use; otherwise its parent.
 
-    With several workers, TensorFlow's collective reduce rejects what Keras 3's `fit`
-    and `evaluate` pass it: the first `(x, y)` batch as a structure, and scalar logs
-    with `axis=0` (https://github.com/keras-team/keras/issues/20585). This subclass
-    reduces per element (see `_KerasReduce`); the constructor, TF_CONFIG reading and
-    `scope()` are its parent's. Use it wherever you would build
-    `tf.distribute.MultiWorkerMirroredStrategy()`.
+    With several workers the collective reduce rejects the first `(x, y)` batch and scalar logs with `axis=0`
+    from `fit`/`evaluate` (keras-team/keras#20585). Use it wherever you would build the parent.
 
     Example:
-        >>> import tftrain.runtime
         >>> strategy = tftrain.runtime.KerasMultiWorkerMirroredStrategy()
-        >>> with strategy.scope():
-        ...     model = build_and_compile_model()
-        >>> model.fit(dataset, epochs=3, steps_per_epoch=70)
     """
 
 
 _MIRRORED: dict = {}
-"""`make_strategy("mirrored")`'s one strategy per device list and process: two MirroredStrategy objects on
-the same devices number their collectives alike, so a second one's all-reduces clash with the first's
-("Shape mismatch in the collective instance")."""
+"""One mirrored strategy per device list: a second one's collectives clash with the first's ("Shape mismatch")."""
 
 
 class KerasMirroredStrategy(_KerasReduce, tf.distribute.MirroredStrategy):
-    """`MirroredStrategy` whose `reduce` accepts a first batch holding strings.
-
-    `MirroredStrategy.reduce` adds the replicas' values (`AddN`), which takes no strings,
-    so Keras 3's `fit` fails on a table's categorical column. The constructor is the parent's.
-    """
+    """`MirroredStrategy` whose `reduce` accepts strings (its `AddN` fails Keras 3's `fit` on a string column)."""
 
 
 _NARROW_INTEGERS = (tf.uint8, tf.int8, tf.uint16, tf.int16)
@@ -88,10 +70,7 @@ _UNREDUCIBLE = (tf.string, tf.bool)
 
 
 def cluster_resolver(cluster: ClusterInfo, devices: Optional[DeviceInfo] = None):
-    """A gRPC `SimpleClusterResolver` for a validated cluster.
-
-    On a GPU run it reports the visible GPUs as this task's accelerators (one replica each).
-    """
+    """A gRPC `SimpleClusterResolver` for a validated cluster; on GPUs, one replica per visible GPU."""
     gpus = len(tf.config.get_visible_devices("GPU")) if devices is not None and devices.kind == "gpu" else 0
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec({k: list(v) for k, v in cluster.cluster.items()}),
@@ -103,7 +82,7 @@ def cluster_resolver(cluster: ClusterInfo, devices: Optional[DeviceInfo] = None)
 
 
 class _EagerOverheadFilter(logging.Filter):
-    """Drops TensorFlow's "eagerly has significant overhead" warning: only Keras's variable set-up runs eagerly."""
+    """Drops TensorFlow's "eagerly has significant overhead" warning (only Keras's variable set-up is eager)."""
 
     def filter(self, record: logging.LogRecord) -> bool:  # noqa: A003 (logging API)
         return "eagerly has significant overhead" not in record.getMessage()
@@ -124,18 +103,13 @@ def make_strategy(
     """Builds a `tf.distribute.Strategy` by name.
 
     Args:
-        name: `"default"` (`tf.distribute.get_strategy()`), `"one_device"`, `"mirrored"`
-            (one replica per device), `"multi_worker_mirrored"` (alias `"multi_worker"`)
-            or `"parameter_server"` (alias `"ps"`; built on the chief only).
-        cluster: the resolved cluster. Defaults to None: one worker for
-            `multi_worker_mirrored` (TensorFlow reads TF_CONFIG), an error for
-            `parameter_server`.
-        communication: `multi_worker_mirrored`'s all-reduce: `"auto"`, `"ring"` or
-            `"nccl"` (GPUs only). Defaults to `"auto"`.
+        name: `"default"`, `"one_device"`, `"mirrored"` (one replica per device), `"multi_worker_mirrored"`
+            (alias `"multi_worker"`) or `"parameter_server"` (alias `"ps"`; chief only).
+        cluster: the resolved cluster. Defaults to None: TF_CONFIG for `multi_worker_mirrored`, an error for ps.
+        communication: `multi_worker_mirrored`'s all-reduce: `"auto"` (default), `"ring"` or `"nccl"` (GPUs).
 
     Raises:
-        ConfigError: on an unknown name or communication, `nccl` without GPUs, or
-            `parameter_server` on a task other than the chief.
+        ConfigError: an unknown name or communication, `nccl` without GPUs, or ps on a non-chief task.
         ClusterConfigError: when `cluster` does not suit the strategy (`check_cluster`).
     """
     name = STRATEGY_ALIASES.get(name, name)
@@ -154,7 +128,7 @@ def make_strategy(
         return tf.distribute.get_strategy()
     if name == "one_device":
         return tf.distribute.OneDeviceStrategy(devices.devices[0])
-    if name == "mirrored":  # one a process per device list: see _MIRRORED
+    if name == "mirrored":  # one per device list: see _MIRRORED
         key = tuple(devices.devices)
         if key not in _MIRRORED:
             _MIRRORED[key] = KerasMirroredStrategy(list(key))

@@ -1,13 +1,9 @@
 """This machine's best CPU thread counts, measured in child processes and remembered.
 
-TensorFlow fixes its thread pools when its runtime starts, so each candidate is
-timed in its own child process (`python -m tftrain.runtime.thread_choice --intra N
---inter M`) on two small reference models. `python -m tftrain.doctor` runs
-`measure_threads` and remembers the answer under this machine's key; `runtime.setup`
-applies it when `threads` is `"auto"`. A run never measures threads itself (too slow).
-Figures: `benchmarks/results/threads.md`.
-
-Source: https://www.tensorflow.org/api_docs/python/tf/config/threading
+TensorFlow fixes its thread pools at start-up, so each candidate trains two small reference models in its own
+child (`python -m tftrain.runtime.thread_choice --intra N --inter M`). `python -m tftrain.doctor` measures and
+remembers; `runtime.setup` applies it for `threads="auto"` (runs never measure: too slow).
+Source: https://www.tensorflow.org/api_docs/python/tf/config/threading; figures: `benchmarks/results/threads.md`.
 """
 
 from __future__ import annotations
@@ -36,16 +32,13 @@ BATCH_SIZE, BATCHES = 128, 32
 
 
 def candidates(cores: Optional[int] = None) -> list:
-    """Distinct (intra-op, inter-op) candidates: the defaults (0, 0), then (cores, 1) and (cores // 2, 1).
-
-    `cores` defaults to None: this process's usable cores.
-    """
+    """Distinct (intra, inter) candidates: (0, 0), (cores, 1), (cores // 2, 1); `cores` defaults to usable cores."""
     cores = cores or cpu_count()
     return list(dict.fromkeys([(0, 0), (cores, 1), (max(1, cores // 2), 1)]))
 
 
 def machine_key() -> str:
-    """The memory key of this machine's measurement: a hash of CPU model, usable cores and TensorFlow version."""
+    """The execution-memory key of this machine: a hash of CPU model, usable cores and TensorFlow version."""
     import tensorflow as tf
 
     from tftrain.host import cpu_model
@@ -85,11 +78,8 @@ def _geometric_mean(values) -> float:
 
 
 def pick(rates: dict) -> tuple:
-    """`((intra, inter), speedup)` of the fastest candidate in `rates`, judged against `(0, 0)`.
-
-    `((0, 0), 1.0)` when the defaults did not run or nothing beat them by more than
-    `KEEP_DEFAULTS_WITHIN`.
-    """
+    """`((intra, inter), speedup)` of the fastest of `rates` against `(0, 0)`; `((0, 0), 1.0)` when the defaults
+    did not run or nothing beat them by more than `KEEP_DEFAULTS_WITHIN`."""
     if (0, 0) not in rates:
         return (0, 0), 1.0
     base = rates[(0, 0)]
@@ -101,7 +91,7 @@ def pick(rates: dict) -> tuple:
 
 
 def _child(intra: int, inter: int, batches: int) -> dict:
-    """Runs one candidate's child; returns `{reference model: examples/sec}`; RuntimeError on failure."""
+    """`{reference model: examples/sec}` from one candidate's child; RuntimeError on failure."""
     cmd = [sys.executable, "-m", "tftrain.runtime.thread_choice", "--intra", str(intra), "--inter", str(inter),
            "--batches", str(batches)]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"}
@@ -117,9 +107,7 @@ def _child(intra: int, inter: int, batches: int) -> dict:
 
 
 def measure_threads(cores: Optional[int] = None, batches: int = BATCHES, most: Optional[int] = None) -> ThreadChoice:
-    """Times every `candidates(cores)` setting in its own child process and picks one (`pick`).
-
-    Candidates run one after another, so nothing else should load the machine meanwhile.
+    """Times each `candidates(cores)` setting in a child process, one after another, and `pick`s one.
 
     Args:
         batches: batches per timed epoch, >= 8. Defaults to `BATCHES`.
@@ -139,7 +127,7 @@ def measure_threads(cores: Optional[int] = None, batches: int = BATCHES, most: O
 
 
 def remember(choice: ThreadChoice, memory=None) -> ThreadChoice:
-    """Writes `choice` into the execution memory under `machine_key()`; returns it with `measured_at` set."""
+    """Stores `choice` in the execution memory under `machine_key()`; returns it with `measured_at` set."""
     import datetime
 
     from tftrain.runtime.execution_memory import ExecutionMemory
@@ -162,10 +150,10 @@ def remembered(memory=None) -> Optional[ThreadChoice]:
     return choice if ok else None
 
 
-# --- The child: one candidate ------------------------------------------------------------
+# --- The child: one candidate ---
 
 def _reference_models():
-    """The two reference models, compiled: a dense MLP and a small CNN on MNIST-shaped input."""
+    """The reference models, compiled: a dense MLP and a small CNN on MNIST-shaped input."""
     import keras
     from keras import layers
 

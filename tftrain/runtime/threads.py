@@ -1,10 +1,5 @@
-"""CPU thread settings: intra-op and inter-op parallelism.
-
-TensorFlow reads these once, when its runtime starts; `set_threads` turns a late
-call's `RuntimeError` into one warning, so it never crashes a user's program.
-
-Source: https://www.tensorflow.org/api_docs/python/tf/config/threading
-"""
+"""CPU thread settings (intra-op, inter-op), which TensorFlow reads once at start-up; `set_threads` turns a late
+call's `RuntimeError` into one warning. Source: https://www.tensorflow.org/api_docs/python/tf/config/threading"""
 
 from __future__ import annotations
 
@@ -29,7 +24,7 @@ class ThreadSettings:
 
     Attributes:
         applied: False when TensorFlow had already started and the request was not applied.
-        source: where the counts come from, e.g. the doctor's measurement. Defaults to "".
+        source: where the counts come from, e.g. the doctor's measurement; "" by default.
     """
 
     intra_op: int
@@ -46,7 +41,7 @@ class ThreadSettings:
 
 
 def current_threads(applied: bool = True) -> ThreadSettings:
-    """Returns the thread counts TensorFlow will use (0 = its default)."""
+    """The thread counts TensorFlow will use (0 = its default)."""
     return ThreadSettings(
         intra_op=tf.config.threading.get_intra_op_parallelism_threads(),
         inter_op=tf.config.threading.get_inter_op_parallelism_threads(),
@@ -59,12 +54,11 @@ def set_threads(intra_op: int = 0, inter_op: int = 0) -> ThreadSettings:
     """Sets intra-op and inter-op parallelism, if TensorFlow has not started yet.
 
     Args:
-        intra_op: threads per op; 0 keeps TensorFlow's default (one per core). Defaults to 0.
-        inter_op: concurrent ops; 0 keeps TensorFlow's default. Defaults to 0.
+        intra_op: threads per op; 0 (default) keeps TensorFlow's (one per core).
+        inter_op: concurrent ops; 0 (default) keeps TensorFlow's.
 
     Returns:
-        The `ThreadSettings` in effect. If TensorFlow already started with other
-        values, `applied` is False and a `RuntimeStartedWarning` is issued once per process.
+        The `ThreadSettings` in effect (if TensorFlow had started: `applied` False, one `RuntimeStartedWarning`).
 
     Raises:
         ValueError: when a count is negative.
@@ -77,7 +71,7 @@ def set_threads(intra_op: int = 0, inter_op: int = 0) -> ThreadSettings:
     except RuntimeError:
         if (tf.config.threading.get_intra_op_parallelism_threads(),
                 tf.config.threading.get_inter_op_parallelism_threads()) == (intra_op, inter_op):
-            return current_threads(applied=True)  # already what was asked: nothing to warn about
+            return current_threads(applied=True)  # already as asked
         in_effect = current_threads(applied=False)
         global _warned
         if not _warned:
