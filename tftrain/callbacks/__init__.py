@@ -1,8 +1,5 @@
-"""Callbacks that drop into any Keras 3 `model.fit`, with or without a strategy.
-
-Each only wires Keras hooks; the algorithms are plain code tested alone (`tftrain.metering`,
-`profile_steps.StepWindow`, `tftrain.tuning`). Names are imported on first use.
-"""
+"""Callbacks for any Keras 3 `model.fit`, with or without a strategy; names are imported on first use. Each only
+wires Keras hooks; the algorithms are plain code tested alone (`tftrain.metering`, `StepWindow`, `tftrain.tuning`)."""
 
 __all__ = ["BatchSizeFinder", "ChanceWatch", "EpochTensorBoard", "KeepBest", "NanGuard", "NvtxSteps", "PreemptionWatch", "ProfileSteps", "ProfilerServer",
            "ProfilerWindow", "ResumableEarlyStopping", "StepBackup", "ThroughputMonitor", "start_profiler_server"]

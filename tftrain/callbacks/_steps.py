@@ -1,9 +1,6 @@
-"""Counting real optimizer steps from inside Keras callbacks.
-
-Keras 3 calls the batch hooks once per execution (up to `steps_per_execution` steps). The optimizer's
-`iterations` is the ground truth, except for steps dynamic loss scaling skips (`skips_steps`); reading
-it waits for the execution to finish, so a clock read right after it times finished work.
-"""
+"""Counting real optimizer steps in Keras callbacks, whose batch hooks run once per execution. The optimizer's
+`iterations` is the truth, except steps dynamic loss scaling skips (`skips_steps`); reading it waits for the
+execution to finish, so a clock read right after it times finished work."""
 
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ def optimizer_steps(model) -> int:
     """`model.optimizer.iterations` (steps skipped by dynamic loss scaling not counted).
 
     Raises:
-        ConfigError: when the model is not compiled with an optimizer.
+        ConfigError: the model is not compiled with an optimizer.
     """
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
@@ -23,11 +20,10 @@ def optimizer_steps(model) -> int:
 
 
 def train_steps(model) -> int:
-    """Training steps (batches) run so far: `optimizer_steps`, or the micro-batch counter under
-    gradient accumulation (`GradientAccumulationOptimizer.micro_steps`, or Keras's own accumulation).
+    """Batches run so far: `optimizer_steps`, or the micro-batch count under gradient accumulation (ours or Keras's).
 
     Raises:
-        ConfigError: when the model is not compiled with an optimizer.
+        ConfigError: the model is not compiled with an optimizer.
     """
     optimizer = getattr(model, "optimizer", None)
     while optimizer is not None:
@@ -36,7 +32,7 @@ def train_steps(model) -> int:
         if getattr(optimizer, "gradient_accumulation_steps", None):
             from tftrain import _compat
 
-            return _compat.micro_batches_seen(optimizer)  # Keras's own accumulation: `iterations` is floor-divided
+            return _compat.micro_batches_seen(optimizer)  # Keras's: `iterations` is floor-divided
         optimizer = getattr(optimizer, "inner_optimizer", None)
     return optimizer_steps(model)
 

@@ -1,10 +1,9 @@
-"""Step markers that TensorBoard's Profile tab can use, under `steps_per_execution` too.
+"""Step markers TensorBoard's Profile tab can use under `steps_per_execution` too.
 
-The Profile tab measures step time between `Trace("train", step_num=N, _r=1)` markers
-(https://www.tensorflow.org/guide/profiler). Under `steps_per_execution` > 1 (a `tf.while_loop`),
-xprof groups by loop iterations instead and ignores the markers (`group_events.cc` in xla/tsl), so the
-Overview shows no step time. `group_steps_by_markers` zeroes the `iter_num` statistics so xprof
-groups by the markers: one step per execution.
+The Profile tab times steps between `Trace("train", step_num=N, _r=1)` markers
+(https://www.tensorflow.org/guide/profiler); under `steps_per_execution` > 1 xprof groups by `tf.while_loop`
+iterations instead (`group_events.cc` in xla/tsl), so the Overview shows no step time. `group_steps_by_markers`
+zeroes `iter_num` so xprof groups by the markers.
 """
 
 from __future__ import annotations
@@ -13,12 +12,11 @@ import warnings
 from pathlib import Path
 
 ITER_NUM_STAT = "iter_num"
-"""The XPlane statistic TensorFlow's executor writes with the `tf.while_loop` iteration of an event."""
+"""The XPlane statistic holding an event's `tf.while_loop` iteration."""
 
 
 def step_marker_name(num_steps: int) -> str:
-    """`"train"` for one step, `"train(N steps)"` for N; the Profile tab takes any name starting with
-    "train" and holding no "/" as a step marker."""
+    """`"train"` or `"train(N steps)"`: the Profile tab takes any name starting "train" without "/" as a marker."""
     return "train" if num_steps <= 1 else f"train({int(num_steps)} steps)"
 
 
@@ -26,8 +24,7 @@ def group_steps_by_markers(path) -> int:
     """Zeroes the nonzero `iter_num` statistics of a `.xplane.pb` trace, in place.
 
     Returns:
-        The number rewritten (0: the file is untouched, also when this TensorFlow lacks the schema,
-        with a warning).
+        The number rewritten (0: untouched, also when this TensorFlow lacks the schema, with a warning).
     """
     # TensorFlow ships the XSpace schema; no public API reads or writes the file.
     try:

@@ -1,11 +1,9 @@
 """StepBackup: checkpoints at each epoch end and every N optimizer steps; a rerun resumes at the step.
 
-Keras 3's `BackupAndRestore(save_freq=N)` restores the epoch but not the step within it, so it reruns
-the epoch's first steps on weights that already hold them. `StepBackup` restores weights, optimizer
-state, epoch and step; keeps numbered checkpoints committed by their metadata
-(`tftrain.checkpoint_files`), so a kill at any moment leaves a complete one; falls back to the
-previous checkpoint when the newest does not load; and ends the resumed epoch once its steps are
-done. The resumed epoch reads data from the start of a pass (steps are not redone; batches not replayed).
+Keras 3's `BackupAndRestore(save_freq=N)` restores the epoch, not the step, so it reruns steps already in the weights.
+`StepBackup` restores weights, optimizer state, epoch and step from numbered checkpoints committed by their metadata
+(`tftrain.checkpoint_files`: a kill leaves a complete one), falls back to the previous one if the newest does not
+load, and ends the resumed epoch once its steps are done (its data restart at a pass's start; no batch is replayed).
 """
 
 from __future__ import annotations
@@ -25,30 +23,26 @@ from tftrain.checkpoint_files import BackupPosition
 from tftrain.errors import check_int
 
 SPACE_MARGIN = 1 << 20
-"""Bytes of room a save needs beyond the checkpoint's own size (HDF5 structure, metadata)."""
+"""Bytes a save needs beyond the checkpoint's size (HDF5 structure, metadata)."""
 
 
 class StepBackup(keras.callbacks.Callback):
-    """Backs up the training state at each epoch end and every `every_steps` optimizer steps;
-    a rerun resumes at the step it was saved at.
-
-    Saves happen between executions, so a kill loses at most `every_steps` steps when it is a multiple
-    of `steps_per_execution`. Place it after `NanGuard` and before `EarlyStopping`.
+    """Backs up the training state at each epoch end and every `every_steps` optimizer steps; a rerun resumes at
+    that step. Saves fall between executions, so a kill loses at most `every_steps` steps when it is a multiple of
+    `steps_per_execution`. Place it after `NanGuard` and before `EarlyStopping`.
 
     Args:
         backup_dir: its own directory (deleted at the end with `delete_checkpoint`).
-        every_steps: batches (micro-batches under gradient accumulation) between checkpoints
-            within an epoch, >= 1. Defaults to None (epoch ends only).
+        every_steps: batches (micro-batches under accumulation) between checkpoints. Defaults to None (epoch ends).
         steps_per_epoch: used when `params["steps"]` is None (unknown cardinality). Defaults to None.
-        delete_checkpoint: delete `backup_dir` when training ends, as `BackupAndRestore` does
-            (the Trainer deletes it later, once its outputs are written). Defaults to True.
+        delete_checkpoint: delete `backup_dir` when training ends, as `BackupAndRestore` (the Trainer passes False
+            and deletes it once its outputs are written). Defaults to True.
         stop_requested: `() -> signal number or None`, read after each execution and epoch
-            (`PreemptionWatch.requested`); a signal saves the state and raises `Preempted`.
-            Defaults to None.
+            (`PreemptionWatch.requested`); a signal saves and raises `Preempted`. Defaults to None.
         say: prints a skipped checkpoint's line. Defaults to stderr.
 
     Raises:
-        ValueError: when `every_steps` is not a positive integer.
+        ValueError: `every_steps` is not a positive integer.
         tftrain.errors.RunDirError: at `on_train_begin`, when checkpoints exist and none can be read.
 
     Example:
@@ -72,7 +66,7 @@ class StepBackup(keras.callbacks.Callback):
         self._last_batch = -1
         self._ended_early = False
         self._number = 0  # the next checkpoint's number
-        self._size: Optional[int] = None  # bytes of the newest weights file this process wrote
+        self._size: Optional[int] = None  # bytes of the newest weights file written here
 
     def on_train_begin(self, logs=None):
         """Restores the newest usable checkpoint (`restore`)."""
@@ -86,7 +80,7 @@ class StepBackup(keras.callbacks.Callback):
         """Loads the newest usable checkpoint and sets `fit`'s first epoch; returns its position or None.
 
         Raises:
-            tftrain.errors.RunDirError: when checkpoints exist and none can be read.
+            tftrain.errors.RunDirError: checkpoints exist and none can be read.
         """
         from tftrain import _compat
 
@@ -109,23 +103,22 @@ class StepBackup(keras.callbacks.Callback):
         return None
 
     def _load(self, checkpoint) -> Optional[str]:
-        """Loads `checkpoint`; returns why it cannot be used, or None once it is loaded."""
+        """Loads `checkpoint`; returns why it cannot be used, or None once loaded."""
         if checkpoint.position is None:
             return "its metadata cannot be read"
         optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is not None and not optimizer.built:  # its state must exist to be loaded (as Keras's own does)
+        if optimizer is not None and not optimizer.built:  # its state must exist to be loaded (as in Keras)
             optimizer.build(self.model.trainable_variables)
         try:
             self.model.load_weights(checkpoint.weights)
-        except Exception as error:  # noqa: BLE001 (a missing, truncated or corrupt file: h5py, Keras raise many)
+        except Exception as error:  # noqa: BLE001 (h5py and Keras raise many kinds on a bad file)
             return f"{checkpoint.weights.name} cannot be read: {(str(error).splitlines() or [''])[0][:160]}"
         if checkpoint.position.optimizer_iterations not in (None, optimizer_steps(self.model)):
             return f"{checkpoint.weights.name} does not match its metadata"
         return None
 
     def steps_done_in(self, epoch: int) -> int:
-        """Batches of `epoch` (0-based) the restored checkpoint had done, else 0 (for loops that run
-        an epoch's steps themselves, `tftrain.train.loops.ps_training.fit`)."""
+        """Batches of `epoch` (0-based) the restored checkpoint had done, else 0 (for `ps_training.fit`'s loop)."""
         resumed = self._resume is not None and self._resume.epoch == epoch
         return self._resume.steps_in_epoch if resumed else 0
 
@@ -139,8 +132,8 @@ class StepBackup(keras.callbacks.Callback):
         self._steps += ran
         self._since_save += ran
         epoch_steps = (self.params or {}).get("steps") or self.steps_per_epoch
-        if epoch_steps and self._steps >= epoch_steps:  # the epoch's last execution: on_epoch_end saves
-            if self._resume is not None:  # the resumed epoch reads a whole pass: end it here
+        if epoch_steps and self._steps >= epoch_steps:  # last execution: on_epoch_end saves
+            if self._resume is not None:  # the resumed epoch would read a whole pass
                 self.model.stop_training = self._ended_early = True
             return
         if self.every_steps and self._since_save >= self.every_steps:
@@ -159,7 +152,7 @@ class StepBackup(keras.callbacks.Callback):
             shutil.rmtree(self.backup_dir, ignore_errors=True)
 
     def _stop_if_requested(self, epoch: int, steps_in_epoch: int) -> None:
-        """Saves this step's state (unless just saved) and raises `Preempted` when a stop was requested."""
+        """On a requested stop: saves this step (unless just saved) and raises `Preempted`."""
         signum = self.stop_requested() if self.stop_requested else None
         if signum is None:
             return
@@ -173,15 +166,14 @@ class StepBackup(keras.callbacks.Callback):
         raise Preempted(f"stopped by {signal.Signals(signum).name}: checkpoint saved at {at}", signum)
 
     def _needed_bytes(self) -> int:
-        """Bytes the next save writes (the last checkpoint's size, else the variables'), plus `SPACE_MARGIN`."""
+        """Bytes the next save needs: the last checkpoint's size, else the variables', plus `SPACE_MARGIN`."""
         if self._size is not None:
             return self._size + SPACE_MARGIN
         variables = [*self.model.weights, *getattr(self.model.optimizer, "variables", [])]
         return sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in variables) + SPACE_MARGIN
 
     def _check_space(self) -> None:
-        """Raises `CheckpointSpaceError` when the disk cannot hold the next checkpoint (HDF5 can crash on a
-        full disk)."""
+        """Raises `CheckpointSpaceError` if the next checkpoint will not fit (HDF5 can crash on a full disk)."""
         from tftrain.errors import CheckpointSpaceError
 
         need, free = self._needed_bytes(), shutil.disk_usage(self.backup_dir).free

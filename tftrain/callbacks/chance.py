@@ -1,8 +1,5 @@
-"""ChanceWatch: says once when validation accuracy sits at chance while training accuracy climbs.
-
-The usual causes: BatchNormalization moving statistics that a momentum near 1 leaves near their initial
-values when training from random weights, or training and evaluation that preprocess differently.
-"""
+"""ChanceWatch: says once when validation accuracy sits at chance while training accuracy climbs. Usual causes:
+BatchNormalization statistics a momentum near 1 leaves near their initial values, or preprocessing that differs."""
 
 from __future__ import annotations
 
@@ -11,18 +8,15 @@ from typing import Callable, Optional
 import keras
 
 CHANCE_MARGIN = 0.05
-"""Validation accuracy within this much of chance (1 / classes) counts as chance."""
+"""Validation accuracy within this much of chance (1 / classes) is at chance."""
 
 LEARNED_MARGIN = 0.25
 """Training accuracy this much above chance counts as learning."""
 
 
 class ChanceWatch(keras.callbacks.Callback):
-    """Warns once, from the second epoch, when `val_accuracy` is within `CHANCE_MARGIN` of chance while
-    `accuracy` is more than `LEARNED_MARGIN` above it.
-
-    Chance is 1 / the output's last dimension; a model with one output unit, or logs without both
-    metrics, are left alone.
+    """Warns once, from the second epoch, when `val_accuracy` is within `CHANCE_MARGIN` of chance (1 / the output's
+    last dimension) while `accuracy` is over `LEARNED_MARGIN` above it. Silent for one output unit or missing metrics.
 
     Args:
         say: prints the one-line warning. Defaults to `print`.

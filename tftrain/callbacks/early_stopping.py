@@ -1,9 +1,5 @@
-"""ResumableEarlyStopping: Keras's `EarlyStopping` whose state survives an interrupted run.
-
-Keras keeps the best value, the patience count and the best weights in memory, so a resumed run
-starts them afresh. This subclass saves them at each epoch end (best weights as an `.npz` of
-`model.get_weights()`) and reads them back when training starts.
-"""
+"""ResumableEarlyStopping: Keras's `EarlyStopping` whose state (best value, patience count, best weights, kept in
+memory by Keras) is saved at each epoch end and read back when a resumed run starts."""
 
 from __future__ import annotations
 
@@ -24,14 +20,13 @@ BEST_WEIGHTS_FILE = "early_stopping_best.npz"
 class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
     """`keras.callbacks.EarlyStopping` that saves and restores its state in `state_dir`.
 
-    Place it after the backup callback, in the same directory: that callback removes the directory
-    when training ends, and clears its own `stop_training` before this one may set it. A run killed
-    between the backup's epoch-end checkpoint and this state's write resumes with that epoch applied
-    from `history_file` (the epoch log, written before the checkpoint) and the restored weights.
+    Place it after the backup callback, in its directory: that callback removes the directory at the end, and
+    clears its own `stop_training` before this one may set it. A kill between the backup's epoch-end checkpoint and
+    this state's write is caught up from `history_file` (written before the checkpoint).
 
     Args:
         state_dir: e.g. the run's backup directory. Defaults to None (in memory, as Keras's).
-        history_file: the `CSVLogger` file of the run, or None. Defaults to None.
+        history_file: the run's `CSVLogger` file. Defaults to None.
         **kwargs: `EarlyStopping`'s arguments.
 
     Example:
@@ -56,8 +51,7 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
         self._catch_up(state.get("epoch"))
 
     def _catch_up(self, applied) -> None:
-        """Applies the last epoch the restored checkpoint holds (`fit`'s first epoch less one) when the state
-        stops before it (`applied`, the last epoch it holds), from its row of `history_file`."""
+        """Applies, from `history_file`, the checkpoint's last epoch if the state's last (`applied`) is older."""
         from tftrain import _compat
 
         last = _compat.initial_epoch(self.model, 0) - 1
@@ -66,7 +60,7 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
         value = _logged(self.history_file, last, self.monitor)
         if value is not None:
             self.on_epoch_end(last, {self.monitor: value})
-            self.model.stop_training = False  # fit trains the epoch it starts; the next epoch's end stops it
+            self.model.stop_training = False  # fit trains its first epoch anyway; that epoch's end stops it
 
     def on_epoch_end(self, epoch, logs=None):
         before = self.best_epoch
@@ -100,7 +94,7 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
 
 
 def _logged(history_file: Path, epoch: int, name: str) -> Optional[float]:
-    """`name`'s value at `epoch` in a `CSVLogger` file; None when the file, the row or the value is missing."""
+    """`name`'s value at `epoch` in a `CSVLogger` file; None if the file, row or value is missing."""
     import csv
 
     try:

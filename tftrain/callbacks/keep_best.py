@@ -1,13 +1,8 @@
-"""KeepBest: the N best epochs' weights by a monitored metric, and the last epoch's, as TensorFlow
-checkpoints that survive the run and its resumptions (`--keep-best N --monitor METRIC`).
-
-Layout: `last/` (a `CheckpointManager`), `best/epoch-<E>.*`, and the ranking `keep_best.json`. Read one
-with `tf.train.Checkpoint(model=model).read(path).expect_partial()`. The metric's direction comes from
-its name (`monitor_direction`), so it works for multi-output models and can be checked before the first
-step. Under `multi_worker_mirrored` every worker saves (saving may use collectives); non-chiefs to a
-temporary directory, ranking from the chief's (`ranking_from`).
-
-Source: https://www.tensorflow.org/guide/checkpoint
+"""KeepBest (`--keep-best N --monitor METRIC`): the N best epochs' and the last epoch's weights as TensorFlow
+checkpoints that survive resumptions: `last/`, `best/epoch-<E>.*` and the ranking `keep_best.json`. Read one with
+`tf.train.Checkpoint(model=model).read(path).expect_partial()` (https://www.tensorflow.org/guide/checkpoint).
+The direction comes from the metric's name, so it is checked before the first step. Under `multi_worker_mirrored`
+every worker saves (saving may use collectives); non-chiefs to a temporary directory, ranking from the chief's.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ import tensorflow as tf
 from tftrain.errors import ConfigError, check_int
 
 STATE_FILE = "keep_best.json"
-"""The ranking of the kept checkpoints (best first), in the checkpoints directory."""
+"""The kept checkpoints' ranking (best first), in the checkpoints directory."""
 
 MODES = ("auto", "min", "max")
 """`mode` values: `"auto"` takes the direction from the metric's name (`monitor_direction`)."""
@@ -40,7 +35,7 @@ RISING = frozenset({
     "cosine_similarity", "pearson_correlation", "concordance_correlation",
     "true_positives", "true_negatives",
 })
-"""Keras's built-in metrics (default names and `compile` aliases) that improve as they rise."""
+"""Keras's built-in metrics (names and `compile` aliases) that improve as they rise."""
 
 FALLING = frozenset({
     "mae", "mse", "rmse", "msle", "mape",
@@ -58,17 +53,15 @@ _FALLING_PATTERN = re.compile(r"(mean_\w+_error|\w*crossentropy)")
 
 
 def monitor_direction(monitor: str, mode: str = "auto") -> Optional[str]:
-    """Whether `monitor` improves as it falls (`"min"`) or rises (`"max"`).
-
-    `mode` `"min"` / `"max"` is returned as is. Under `"auto"`, a leading `val_` is dropped; a name
-    ending in `loss` falls; else the longest suffix (after an output's `<output>_` prefix) found in
-    `RISING`, `FALLING`, `mean_*_error` or `*crossentropy` decides.
+    """Whether `monitor` improves as it falls (`"min"`) or rises (`"max"`); `mode` `"min"` / `"max"` is returned
+    as is. Under `"auto"`, without a leading `val_`: `*loss` falls, else the longest suffix in `RISING`, `FALLING`,
+    `mean_*_error` or `*crossentropy` decides (so `<output>_accuracy` rises).
 
     Returns:
         `"min"`, `"max"`, or None when `"auto"` does not know the name.
 
     Raises:
-        ConfigError: when `mode` is not one of `MODES`.
+        ConfigError: `mode` is not one of `MODES`.
 
     Example:
         >>> monitor_direction("val_label_sparse_categorical_accuracy")
@@ -83,7 +76,7 @@ def monitor_direction(monitor: str, mode: str = "auto") -> Optional[str]:
     if name.endswith("loss"):
         return "min"
     parts = name.split("_")
-    for suffix in ("_".join(parts[i:]) for i in range(len(parts))):  # the whole name first: the longest part
+    for suffix in ("_".join(parts[i:]) for i in range(len(parts))):  # longest first
         if suffix in RISING:
             return "max"
         if suffix in FALLING or _FALLING_PATTERN.fullmatch(suffix):
@@ -113,17 +106,16 @@ class KeepBest(keras.callbacks.Callback):
         keep: how many best epochs to keep, >= 1.
         monitor: the epoch log's metric. Defaults to `"val_loss"`.
         mode: `"min"`, `"max"` or `"auto"` (`monitor_direction`). Defaults to `"auto"`.
-        say: prints one line (a missing metric's warning). Defaults to `print`.
-        ranking_from: the directory whose `keep_best.json` a resumed non-chief worker ranks from.
-            Defaults to None (`directory`).
+        say: prints a missing metric's one-line warning. Defaults to `print`.
+        ranking_from: where a resumed non-chief reads `keep_best.json`. Defaults to None (`directory`).
 
     Attributes:
         kept: `[{"epoch": 1-based, "value": float, "checkpoint": path}]`, best first.
         last: the last epoch's checkpoint path, or None.
 
     Raises:
-        ValueError: when `keep` < 1.
-        ConfigError: when `mode` is invalid, or `"auto"` and the direction of `monitor` is unknown.
+        ValueError: `keep` < 1.
+        ConfigError: `mode` is invalid, or `"auto"` and `monitor`'s direction is unknown.
 
     Example:
         >>> best = KeepBest("run/checkpoints", keep=3, monitor="val_accuracy")
@@ -158,7 +150,7 @@ class KeepBest(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.last = self._last.save(checkpoint_number=epoch + 1)
-        redone = [k for k in self.kept if k["epoch"] >= epoch + 1]  # logged before a kill, then trained again
+        redone = [k for k in self.kept if k["epoch"] >= epoch + 1]  # ranked before a kill, trained again
         if redone:
             for k in redone:
                 _delete(k["checkpoint"])

@@ -1,9 +1,5 @@
-"""NanGuard: stop training with one line when the loss turns NaN or infinite.
-
-Unlike Keras's `TerminateOnNaN`, the line says where in the run, the dtype policy and the loss scale.
-The loss is judged, not the gradients: dynamic loss scaling skips overflowing gradients by design,
-while a non-finite loss means the forward pass broke.
-"""
+"""NanGuard: stop training with one line (where, dtype policy, loss scale) when the loss turns NaN or infinite.
+It judges the loss, not gradients: loss scaling skips overflowing gradients by design; a bad loss is a broken pass."""
 
 from __future__ import annotations
 
@@ -18,9 +14,8 @@ from tftrain.errors import TrainingDiverged
 class NanGuard(keras.callbacks.Callback):
     """Raises `TrainingDiverged` at the first execution whose `logs["loss"]` is NaN or infinite.
 
-    Keras's `loss` is the epoch's running mean, so one bad step keeps it bad. Raising (rather than
-    setting `stop_training`) stops later callbacks for that batch: placed before `BackupAndRestore`
-    or `StepBackup`, the last checkpoint stays finite. Models that log no `"loss"` are not checked.
+    Keras's `loss` is the epoch's running mean, so one bad step keeps it bad. Raising skips later callbacks for the
+    batch: placed before `BackupAndRestore` or `StepBackup`, the last checkpoint stays finite. No `"loss"`: no check.
 
     Raises:
         TrainingDiverged: from `on_train_batch_end`, with `describe_divergence`'s line.
@@ -45,8 +40,7 @@ class NanGuard(keras.callbacks.Callback):
 
 
 def describe_divergence(model, loss: float, batches: tuple = (1, 1), epoch: int = 0) -> str:
-    """The line `NanGuard` raises, e.g.
-    `"loss became nan at epoch 1, batch 8 (optimizer step 8; dtype policy float32)"`.
+    """`NanGuard`'s line, e.g. `"loss became nan at epoch 1, batch 8 (optimizer step 8; dtype policy float32)"`.
 
     Args:
         batches: `(first, last)` batch of the epoch (from 1) the execution ran. Defaults to (1, 1).

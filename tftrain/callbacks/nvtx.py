@@ -1,8 +1,5 @@
-"""NvtxSteps: each training execution as a named NVTX range, for NVIDIA Nsight Systems.
-
-Ranges are named like `ProfilerWindow`'s step markers: `"train 16"`, or `"train(8 steps) 16"` for
-steps 16..23. Uses NVIDIA's `nvtx` package.
-"""
+"""NvtxSteps: each training execution as an NVTX range for Nsight Systems (NVIDIA's `nvtx` package), named like
+`ProfilerWindow`'s markers: `"train 16"`, or `"train(8 steps) 16"` for steps 16..23."""
 
 from __future__ import annotations
 
@@ -15,16 +12,14 @@ from tftrain.runtime.nvtx import NVTX_DOMAIN, NVTX_INSTALL
 
 
 class NvtxSteps(keras.callbacks.Callback):
-    """Names each training execution of `fit` as an NVTX range.
-
-    Steps are counted as executions x `steps_per_execution` from the start of `fit`, without
-    reading the optimizer's counter, so no device round trip is added.
+    """Names each training execution of `fit` as an NVTX range. Steps count executions x `steps_per_execution`
+    from `fit`'s start, not the optimizer's counter (no device round trip).
 
     Args:
         domain: the NVTX domain (one row in Nsight Systems). Defaults to `"tftrain"`.
 
     Raises:
-        ConfigError: when NVIDIA's `nvtx` package is not installed.
+        ConfigError: NVIDIA's `nvtx` package is not installed.
 
     Example:
         >>> model.fit(ds, epochs=2, callbacks=[NvtxSteps()])

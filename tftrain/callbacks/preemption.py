@@ -1,12 +1,8 @@
-"""Stop signals: SIGTERM, SIGUSR1 and SIGHUP become a request to checkpoint and stop.
+"""SIGTERM (schedulers), SIGUSR1 (SLURM's `--signal=USR1@SECONDS`) and SIGHUP become a request to checkpoint and stop.
 
-Schedulers send SIGTERM (SLURM, Kubernetes eviction), SLURM's `--signal=USR1@SECONDS` sends SIGUSR1
-before the time limit, and a closed terminal sends SIGHUP. While training (`polling()`), a signal is
-only recorded and `StepBackup` saves and raises `Preempted`; while a file is written (`holding()`), it
-waits for the write; elsewhere it raises `Preempted` at once, naming `phase`. After a signal, the watch
-leaves the signals ignored on close, so a second notice cannot kill the exiting process. Only works
-from the main thread.
-
+While training (`polling()`) a signal is only recorded, and `StepBackup` saves and raises `Preempted`; while a file
+is written (`holding()`) it waits; elsewhere it raises `Preempted` at once, naming `phase`. After a signal, closing
+leaves the signals ignored so a second one cannot kill the exiting process. Main thread only.
 Source: https://slurm.schedmd.com/sbatch.html#OPT_signal
 """
 
@@ -24,7 +20,7 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 
 
 class PreemptionWatch:
-    """A context manager that, while open, turns `SIGNALS` into a request to stop (see the module).
+    """While open, turns `SIGNALS` into a request to stop (see the module).
 
     Attributes:
         phase: what the run is doing, named by `Preempted` outside training. Defaults to `"start-up"`.
@@ -81,8 +77,7 @@ class PreemptionWatch:
             self._raise()
 
     def install(self) -> None:
-        """(Re)installs the handlers; again after a multi-worker strategy starts, whose coordination service
-        takes SIGTERM at the C level."""
+        """(Re)installs the handlers; call again after a multi-worker strategy starts (it takes SIGTERM in C)."""
         if threading.current_thread() is threading.main_thread():
             for s in SIGNALS:
                 previous = signal.signal(s, self._handle)
@@ -93,19 +88,16 @@ class PreemptionWatch:
         return self
 
     def __exit__(self, *exc) -> None:
-        stopping = self._signum is not None  # the process is ending on that signal: later ones must not kill it
+        stopping = self._signum is not None  # ending on that signal: later ones must not kill it
         for s, handler in self._previous.items():
             signal.signal(s, signal.SIG_IGN if stopping else handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
 
 
 class AgreedStop(keras.callbacks.Callback):
-    """In a MultiWorkerMirrored job, makes all workers stop at one agreed step when any is told to stop
-    (a lone worker's save would hang the others' collectives).
-
-    TensorFlow's `PreemptionCheckpointHandler` polls `watch.requested` and agrees on the step; its own
-    checkpoint is empty. At that step `requested` returns the signal and `StepBackup` (after this
-    callback) saves and raises `Preempted` on every worker.
+    """In a MultiWorkerMirrored job, stops all workers at one agreed step when any is told to stop (a lone worker's
+    save would hang the others' collectives). TensorFlow's `PreemptionCheckpointHandler` (empty checkpoint) agrees on
+    the step; there `requested` returns the signal and `StepBackup`, placed after this, saves and raises `Preempted`.
 
     Args:
         watch: the process's open `PreemptionWatch`.
@@ -150,7 +142,7 @@ class AgreedStop(keras.callbacks.Callback):
         self.close()
 
     def close(self) -> None:
-        """Stops the handler's watcher threads (they keep it alive, so dropping it would not)."""
+        """Stops the handler's watcher threads (they keep it alive)."""
         handler, self.handler = self.handler, None
         if handler is None:
             return

@@ -1,8 +1,5 @@
-"""`ProfileSteps`: a TensorBoard profile of training steps [start, stop) for any loop, `StepWindow`
-(its arithmetic) and the plugin / window checks; `tftrain.callbacks.profiler` builds the callbacks.
-
-Source: https://www.tensorflow.org/guide/profiler
-"""
+"""`ProfileSteps`: a TensorBoard profile of training steps [start, stop) for any loop, with `StepWindow` (its
+arithmetic) and the plugin and window checks; `profiler` builds the callbacks. See tensorflow.org/guide/profiler."""
 
 from __future__ import annotations
 
@@ -20,7 +17,7 @@ from tftrain.callbacks._trace_steps import group_steps_by_markers, step_marker_n
 from tftrain.errors import ProfileNotWritten, ProfilerError
 
 PLUGIN_PACKAGES = ("tensorboard_plugin_profile", "xprof")
-"""Python packages that provide TensorBoard's Profile tab (either one)."""
+"""Packages providing TensorBoard's Profile tab (either one)."""
 
 PLUGIN_INSTALL = "pip install tensorboard-plugin-profile"
 
@@ -32,12 +29,12 @@ _IGNORES_LEVELS = ("2.21.",)
 
 
 def profile_plugin_installed() -> bool:
-    """True when TensorBoard's profile plugin (`tensorboard-plugin-profile`) is importable."""
+    """True when TensorBoard's profile plugin is importable."""
     return any(importlib.util.find_spec(name) is not None for name in PLUGIN_PACKAGES)
 
 
 def check_profile_plugin() -> None:
-    """Raises `ProfilerError`, naming the package, when TensorBoard's profile plugin is not installed."""
+    """Raises `ProfilerError`, naming the package, without TensorBoard's profile plugin."""
     if not profile_plugin_installed():
         raise ProfilerError(
             "TensorBoard's profile plugin is not installed, so TensorBoard would show no Profile tab. "
@@ -46,7 +43,7 @@ def check_profile_plugin() -> None:
 
 
 def tensorboard_command(log_dir) -> str:
-    """The shell command that opens `log_dir` in TensorBoard (Profile tab included)."""
+    """The shell command opening `log_dir` in TensorBoard."""
     return f"tensorboard --logdir {os.fspath(log_dir)}"
 
 
@@ -57,8 +54,7 @@ def xplane_files(log_dir) -> List[Path]:
 
 
 def check_window_fits(start: int, stop: int, total_steps: Optional[int]) -> None:
-    """Raises `ProfilerError`, suggesting a window that fits, when a run of `total_steps` (None:
-    unknown, passes) never reaches step `start`."""
+    """Raises `ProfilerError`, suggesting a window, if `total_steps` (None: unknown, passes) never reaches `start`."""
     if total_steps is not None and start >= total_steps:
         first = min(2, max(0, total_steps - 1))
         raise ProfilerError(
@@ -69,18 +65,8 @@ def check_window_fits(start: int, stop: int, total_steps: Optional[int]) -> None
 
 
 class StepWindow:
-    """Decides when to start and stop tracing, given optimizer steps done (no TensorFlow).
-
-    An execution cannot be split, so the window widens to the executions that overlap it (`captured`).
-
-    Args:
-        start: first step to trace (0-based, from the start of training).
-        stop: first step not traced.
-
-    Raises:
-        ProfilerError: when `start` < 0 or `stop` <= `start`.
-
-    """
+    """When to trace steps `[start, stop)` (0-based; `ProfilerError` unless 0 <= start < stop), given optimizer
+    steps done (no TensorFlow). Executions cannot be split: the window widens to those overlapping it (`captured`)."""
 
     def __init__(self, start: int, stop: int):
         for name, value in (("start", start), ("stop", stop)):
@@ -135,27 +121,22 @@ class StepWindow:
 
 
 class ProfileSteps:
-    """Profiles optimizer steps `[start, stop)` of any training loop.
-
-    `ProfilerWindow` drives it from Keras hooks.
+    """Profiles optimizer steps `[start, stop)` of any training loop (`ProfilerWindow` drives it from Keras hooks).
 
     Args:
         start: first step traced (0-based). Defaults to 10 (past tracing and warm-up).
         stop: first step not traced. Defaults to 15.
         host_tracer_level: 1 annotations, 2 also high-level ops, 3 also low-level ops. Defaults to 2.
         python_tracer_level: 1 traces Python calls (slower), 0 off. Defaults to 0.
-        device_tracer_level: 1 traces GPU/TPU kernels, 0 off. Defaults to 1. TensorFlow 2.21 ignores
-            all three levels in-process (traces at 2, 0, 1); a warning says so.
+        device_tracer_level: 1 traces GPU/TPU kernels, 0 off. Defaults to 1. (TF 2.21 ignores levels in-process.)
         subdir: the TensorBoard run under `log_dir`, as Keras's `TensorBoard`. Defaults to "train".
         require_plugin: raise `ProfilerError` without the profile plugin. Defaults to True.
-        step_markers: wrap each traced execution in a `Trace("train", step_num=..., _r=1)` marker
-            and rewrite loop traces to group by them (`_trace_steps`); one Overview step is then one
-            execution. Defaults to True.
+        step_markers: mark traced executions so the Overview counts one step each (`_trace_steps`). Defaults to True.
         verbose: 1 prints where the trace went and how to open it. Defaults to 1.
-        say: called once when the window does not fall on execution boundaries. Defaults to a warning.
+        say: called once when the window is not on execution boundaries. Defaults to a warning.
 
     Raises:
-        ProfilerError: on an invalid window or level, or a missing plugin.
+        ProfilerError: an invalid window or level, or a missing plugin.
 
     Example:
         >>> with ProfileSteps("logs", start=10, stop=15) as prof:
@@ -194,7 +175,6 @@ class ProfileSteps:
         self.log_dir = Path(log_dir)
         self.trace_dir = self.log_dir / subdir if subdir else self.log_dir
         levels = (host_tracer_level, python_tracer_level, device_tracer_level)
-        # pass options only when they differ from TensorFlow's defaults
         self.options = None if levels == TRACER_DEFAULTS else tf.profiler.experimental.ProfilerOptions(
             host_tracer_level=host_tracer_level,
             python_tracer_level=python_tracer_level,
@@ -228,8 +208,7 @@ class ProfileSteps:
             self._marker.__enter__()
 
     def end(self, steps_done: Optional[int] = None) -> None:
-        """Call after the execution; `steps_done` (e.g. from `optimizer.iterations`) defaults to adding
-        `begin`'s `num_steps`."""
+        """Call after the execution; `steps_done` (e.g. `optimizer.iterations`) defaults to adding `begin`'s."""
         if self._marker is not None:
             self._marker.__exit__(None, None, None)
             self._marker = None
@@ -239,7 +218,7 @@ class ProfileSteps:
 
     @contextlib.contextmanager
     def step(self, num_steps: int = 1):
-        """Context manager around one call that runs `num_steps` training steps."""
+        """Wraps one call that runs `num_steps` training steps."""
         self.begin(num_steps)
         try:
             yield self
@@ -263,7 +242,7 @@ class ProfileSteps:
                 "(e.g. TensorBoard(profile_batch=...)); TensorFlow allows one session at a time."
             ) from None
         self.window.mark_started(self.steps_done)
-        n = self._pending_steps  # executions are assumed the same size through the window
+        n = self._pending_steps  # assumes equal executions through the window
         end = self.steps_done + -(-(self.window.stop - self.steps_done) // n) * n
         if (self.steps_done, end) != (self.window.start, self.window.stop):
             self._told_alignment = True
@@ -312,8 +291,8 @@ class ProfileSteps:
             planned_steps: steps the loop ran, for the message. Defaults to `steps_done`.
 
         Raises:
-            ProfilerError: when training ended before the window's start step.
-            ProfileNotWritten: when the trace wrote no `.xplane.pb` file.
+            ProfilerError: training ended before the window's start step.
+            ProfileNotWritten: the trace wrote no `.xplane.pb` file.
         """
         if self.window.active:
             if self.window.stop > self.steps_done:

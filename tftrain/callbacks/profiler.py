@@ -1,10 +1,6 @@
-"""ProfilerWindow: a TensorBoard profile of training steps [start, stop).
-
-Unlike Keras's `TensorBoard(profile_batch=...)`, it counts optimizer steps, not executions, and fails
-loudly without the plugin or when the window is never reached. Also `ProfilerServer` for TensorBoard's
-"Capture profile".
-
-Source: https://www.tensorflow.org/guide/profiler
+"""ProfilerWindow: a TensorBoard profile of training steps [start, stop); unlike `TensorBoard(profile_batch=...)`
+it counts optimizer steps, not executions, and fails loudly without the plugin or if the window is never reached.
+`ProfilerServer` serves TensorBoard's "Capture profile". Source: https://www.tensorflow.org/guide/profiler
 """
 
 from __future__ import annotations
@@ -21,11 +17,9 @@ from tftrain.errors import ProfilerError, check_int
 
 
 class ProfilerWindow(keras.callbacks.Callback):
-    """Captures a TensorBoard profile of optimizer steps `[start, stop)` of `fit`.
-
-    Steps are counted from the start of this `fit` (micro-batches under gradient accumulation:
-    `_steps.train_steps`); a window not on execution boundaries is widened, with a warning. The trace
-    goes to `<log_dir>/train/plugins/profile/`, next to `keras.callbacks.TensorBoard(log_dir)`'s scalars.
+    """Captures a TensorBoard profile of optimizer steps `[start, stop)` of `fit` into
+    `<log_dir>/train/plugins/profile/`. Steps count from this `fit`'s start (micro-batches under accumulation);
+    a window not on execution boundaries is widened, with a warning.
 
     Args:
         log_dir: TensorBoard log directory. Defaults to "logs".
@@ -34,9 +28,8 @@ class ProfilerWindow(keras.callbacks.Callback):
         **options: `ProfileSteps`'s keyword arguments.
 
     Raises:
-        ProfilerError: at construction on an invalid window or a missing plugin; at `fit`'s start when
-            the run is shorter than `start`; at its end when the window was never reached or no
-            `.xplane.pb` was written.
+        ProfilerError: an invalid window or missing plugin (construction); a run shorter than `start` (`fit`'s
+            start); a window never reached or no `.xplane.pb` written (its end).
 
     Example:
         >>> model.fit(ds, epochs=2, callbacks=[ProfilerWindow("logs", start=10, stop=15)])
@@ -86,10 +79,10 @@ class ProfilerWindow(keras.callbacks.Callback):
 
 class ProfilerServer(keras.callbacks.Callback):
     """Starts TensorFlow's profiler server when `fit` begins, for TensorBoard's "Capture profile"
-    (address `localhost:<port>`); arguments as `start_profiler_server`.
+    (`localhost:<port>`); arguments as `start_profiler_server`.
 
     Raises:
-        ProfilerError: at construction, on a bad port or without `listen_on_all_interfaces`.
+        ProfilerError: at construction, a bad port or no `listen_on_all_interfaces`.
 
     Example:
         >>> model.fit(data, callbacks=[ProfilerServer(6009, listen_on_all_interfaces=True)])
@@ -120,11 +113,8 @@ _SERVERS: dict = {}
 
 
 def start_profiler_server(port: int, *, listen_on_all_interfaces: bool = False, verbose: int = 1) -> str:
-    """Starts TensorFlow's profiler server for on-demand capture from TensorBoard; again on the same
-    port is a no-op.
-
-    TensorFlow's server listens on every interface (`[::]:port`), cannot be bound to 127.0.0.1 nor
-    stopped, hence the required acknowledgement.
+    """Starts TensorFlow's profiler server for on-demand capture from TensorBoard (a no-op again on the same port).
+    It listens on every interface (`[::]:port`) and cannot be bound to 127.0.0.1 nor stopped, hence the flag.
 
     Args:
         listen_on_all_interfaces: must be True. Defaults to False.
@@ -134,7 +124,7 @@ def start_profiler_server(port: int, *, listen_on_all_interfaces: bool = False, 
         The address for TensorBoard's "Capture profile" dialog, e.g. `"localhost:6009"`.
 
     Raises:
-        ProfilerError: on a bad port, without `listen_on_all_interfaces`, or when the port is taken.
+        ProfilerError: a bad port, no `listen_on_all_interfaces`, or a taken port.
     """
     _check_server_request(port, listen_on_all_interfaces)
     address = f"localhost:{port}"

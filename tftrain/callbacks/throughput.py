@@ -1,5 +1,4 @@
-"""ThroughputMonitor: examples/sec, step time and an input-bound check for `fit`; the math is in
-`tftrain.metering`."""
+"""ThroughputMonitor: examples/sec, step time and an input-bound check for `fit` (math: `tftrain.metering`)."""
 
 from __future__ import annotations
 
@@ -17,11 +16,11 @@ from tftrain.callbacks._steps import skips_steps, steps_per_execution, train_ste
 from tftrain.runtime.execution import static_batch_size
 
 SCALAR_PREFIX = "throughput/"
-"""TensorBoard scalar names start with this (e.g. `throughput/examples_per_sec`)."""
+"""Prefix of the TensorBoard scalars (e.g. `throughput/examples_per_sec`)."""
 
 
 def _check_input_data(input_data) -> None:
-    """Refuses in-memory arrays as `input_data`: they have no input pipeline to time."""
+    """Refuses in-memory arrays: no input pipeline to time."""
     if isinstance(input_data, (tuple, list, dict, np.ndarray)):
         raise ConfigError(
             f"ThroughputMonitor input_data is {type(input_data).__name__} of arrays, which has no input pipeline "
@@ -30,19 +29,16 @@ def _check_input_data(input_data) -> None:
 
 
 class ThroughputMonitor(keras.callbacks.Callback):
-    """Measures examples/sec and step time during `fit`, and checks for input-bound.
-
-    Execution sizes come from the hooks' step indices, reconciled once an epoch with the optimizer's
-    count (reading it per step costs a device round trip; not under dynamic loss scaling, whose
-    skipped steps it misses). Executions are timed end to end, overhead included; examples are
-    steps x global batch size. Figures go to `epochs`, `result()` and TensorBoard (`throughput/*`).
+    """Measures examples/sec and step time during `fit`, and checks for input-bound; figures go to `epochs`,
+    `result()` and TensorBoard (`throughput/*`). Executions are timed end to end; examples = steps x global batch.
+    Step counts come from the hooks, reconciled each epoch with the optimizer's (not per step: a device round trip;
+    not under dynamic loss scaling, whose skipped steps it misses).
 
     Args:
-        batch_size: global batch size. Defaults to None (`input_data`'s static batch dimension, else
-            steps/sec and step times only).
+        batch_size: global batch size. Defaults to None (`input_data`'s static batch size, else no examples/sec).
         log_dir: TensorBoard log directory. Defaults to None (no scalars).
-        input_data: the training input, timed alone at the end for the input-bound verdict; in-memory
-            arrays raise `ConfigError`. Defaults to None (no check).
+        input_data: the training input, timed alone at the end for the input-bound verdict; arrays raise
+            `ConfigError`. Defaults to None (no check).
         warmup_steps: steps left out at the start. Defaults to 3.
         window: steps in `window_stats`' sliding window. Defaults to 100.
         input_batches: batches the input check times. Defaults to 50.
@@ -93,7 +89,7 @@ class ThroughputMonitor(keras.callbacks.Callback):
         self._begin = 0
         self._t: Optional[float] = None
         self.hook_seconds = 0.0
-        """Seconds spent inside this callback's batch hooks (its own overhead)."""
+        """Seconds spent in this callback's batch hooks (its overhead)."""
 
     # -- hooks -----------------------------------------------------------------
     def on_train_begin(self, logs=None):
@@ -116,8 +112,7 @@ class ThroughputMonitor(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         now = self.clock()
-        # nominal size from the hook indices (the execution's first and last step; equal indices,
-        # as older Keras passes, mean steps_per_execution); on_epoch_end corrects it
+        # from the hook indices (equal ones, from older Keras, mean steps_per_execution); on_epoch_end corrects it
         nominal = batch - self._begin + 1 if batch > self._begin else steps_per_execution(self.model)
         self.meter.record(nominal, now - self._t)
         self._t = now
@@ -125,7 +120,7 @@ class ThroughputMonitor(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         iterations = train_steps(self.model)
-        if not skips_steps(self.model):  # else keep the hooks' count: every step that ran
+        if not skips_steps(self.model):  # else the hooks' count: every step that ran
             self.meter.reconcile_epoch(epoch, iterations - self._iterations)
         self._iterations = iterations
         stats = self.meter.stats(epoch)
@@ -168,9 +163,8 @@ class ThroughputMonitor(keras.callbacks.Callback):
                     tf.summary.scalar(SCALAR_PREFIX + key, value, step=step)
 
     def result(self) -> dict:
-        """All figures of the last `fit` as JSON-ready data: `batch_size`, `warmup_steps`, `total_steps`,
-        the overall figures (None when every step was warm-up), `window`, `epochs`, `input`,
-        `monitor_overhead_s`."""
+        """The last `fit`'s figures as JSON-ready data: `batch_size`, `warmup_steps`, `total_steps`, overall figures
+        (None if all steps were warm-up), `window`, `epochs`, `input`, `monitor_overhead_s`."""
         overall = self.meter.stats()
         window = self.meter.window_stats()
         keys = ("examples_per_sec", "steps_per_sec", "step_time_median_s", "step_time_p90_s",

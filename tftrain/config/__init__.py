@@ -1,10 +1,9 @@
-"""One validated configuration tree for a training run.
+"""One validated configuration tree for a training run; imports no TensorFlow.
 
-`RecipeConfig` holds the seed, the run directory, `RuntimeConfig`, `DataConfig`, `TrainConfig` and the
-task's own hyperparameters (`task`, declared with `hparam`). Each dataclass validates itself when built;
-bad values raise `tftrain.errors.ConfigError`. A recipe file (YAML) has one mapping per section
-(`runtime: {strategy: mirrored}`); values merge as recipe defaults, then the file, then command-line
-flags. Imports no TensorFlow. Submodules: `fields`, `sections`, `recipe`; every name is importable here.
+`RecipeConfig` holds the seed, run directory, `RuntimeConfig`, `DataConfig`, `TrainConfig` and the task's
+hyperparameters (`task`, fields from `hparam`); each dataclass validates itself (`ConfigError`). A recipe file
+(YAML) has one mapping per section (`runtime: {strategy: mirrored}`); flags override the file, which overrides the
+recipe's defaults. Every name of `fields`, `sections` and `recipe` is importable here.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "par
 """Strategy names accepted by `RuntimeConfig.strategy`."""
 
 STRATEGY_ALIASES = {"multi_worker": "multi_worker_mirrored", "ps": "parameter_server"}
-"""Alternative spellings, mapped to their canonical strategy name."""
+"""Alternative spelling -> canonical strategy name."""
 
 MULTI_PROCESS_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 """Strategies whose processes form a cluster (TF_CONFIG or SLURM)."""
@@ -19,7 +19,7 @@ MULTI_PROCESS_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 DEVICES = ("auto", "cpu", "gpu")
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 THREAD_MODES = ("auto", "default")
-"""`RuntimeConfig.threads`: the doctor's measured counts when there are some, or TensorFlow's defaults."""
+"""`RuntimeConfig.threads`: the doctor's measured counts if any, or TensorFlow's defaults."""
 
 EXECUTIONS = ("auto", "eager", "graph", "xla")
 COMMUNICATIONS = ("auto", "ring", "nccl")
@@ -37,7 +37,7 @@ def hparam(default, help: str = "", choices=None, minimum=None, special=(), meta
 
     Args:
         default: int, float, str, bool or None.
-        help: one line shown by `--help`. Defaults to "".
+        help: one line for `--help`. Defaults to "".
         choices: the allowed values. Defaults to None (any).
         minimum: the smallest allowed number. Defaults to None.
         special: strings accepted besides the field's type (e.g. `"auto"`). Defaults to ().
@@ -106,7 +106,7 @@ def _validate_fields(obj) -> None:
 
 
 def _field_kind(hint):
-    """Returns (base type, is_optional) for `int`, `Optional[int]`, ... hints."""
+    """(base type, is_optional) of an `int`, `Optional[int]`, ... hint."""
     args = typing.get_args(hint)
     if args and type(None) in args:
         rest = [a for a in args if a is not type(None)]

@@ -21,11 +21,10 @@ TASK_SECTION = "task"
 
 
 def check_hparams(hparams) -> None:
-    """Validates a task's hyperparameters: a frozen dataclass instance (fields from `hparam`), or None.
+    """Validates a task's hyperparameters: a frozen dataclass of `hparam` fields, or None.
 
     Raises:
-        ConfigError: on a bad value, a dataclass that is not frozen, or a field named like one of
-            tftrain's (each becomes a flag).
+        ConfigError: a bad value, a dataclass not frozen, or a field named like a tftrain one (both would be flags).
     """
     if hparams is None:
         return
@@ -51,19 +50,15 @@ class RecipeConfig:
 
     Attributes:
         seed: seeds Python, NumPy, TensorFlow and the shuffle order. Defaults to None (random).
-        run_dir: where the config, logs, checkpoints, model and metrics go. Defaults to None
-            (`runs/<task name>-<timestamp>`).
-        resume: without `run_dir`, resume the newest unfinished run of the same task and
-            configuration under `runs/` (none found is an error). Defaults to False.
-        sanity_check: only try every feature the run asks for on the real model and data, then exit
-            (no run directory). Defaults to False.
-        deterministic: op determinism, a seed, and no setting chosen by timing
-            (`deterministic_config`). Defaults to False.
+        run_dir: config, logs, checkpoints, model and metrics. Defaults to None (`runs/<task name>-<timestamp>`).
+        resume: without `run_dir`, resume the newest unfinished run of the same task and configuration under
+            `runs/` (an error if none). Defaults to False.
+        sanity_check: try each requested feature on the real model and data, then exit (no run dir). Defaults to False.
+        deterministic: op determinism, a seed, no setting chosen by timing (`deterministic_config`). Defaults to False.
         task: the task's hyperparameters (frozen dataclass, section `task:`). Defaults to None.
 
     Raises:
-        ConfigError: on a section of the wrong type, an invalid value, or a fixed global
-            `batch_size` that does not divide across `cpu_replicas`.
+        ConfigError: a wrong-type section, an invalid value, or a fixed `batch_size` not dividing over `cpu_replicas`.
     """
 
     runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
@@ -99,7 +94,7 @@ class RecipeConfig:
             check_batch_divides(batch_size, runtime.cpu_replicas)  # before TensorFlow starts
 
     def to_dict(self) -> dict:
-        """Returns the config as nested plain dicts (the recipe-file layout; `task` only when set)."""
+        """The config as nested plain dicts in the recipe-file layout (`task` only when set)."""
         out = dataclasses.asdict(self)
         if self.task is None:
             out.pop(TASK_SECTION)
@@ -115,18 +110,16 @@ class RecipeConfig:
             task: the task's default hyperparameters. Defaults to None.
 
         Raises:
-            ConfigError: on an unknown key, a wrong type or an invalid value.
+            ConfigError: an unknown key, a wrong type or an invalid value.
         """
         return merge(cls(task=task), values, source)
 
     def override(self, flat: Mapping[str, Any]) -> "RecipeConfig":
-        """Returns a copy with flat `{field_name: value}` pairs laid over it.
-
-        Field names are unique across sections, so `{"strategy": "mirrored"}` sets
-        `runtime.strategy`. Setting one batch size clears the other.
+        """A copy with flat `{field_name: value}` pairs laid over it; names are unique across sections
+        (`{"strategy": "mirrored"}` sets `runtime.strategy`). Setting one batch size clears the other.
 
         Raises:
-            ConfigError: on an unknown field name or an invalid value.
+            ConfigError: an unknown field name or an invalid value.
         """
         return merge(self, _flat_over_nested({}, flat, self), "overrides")
 
@@ -155,7 +148,7 @@ _BATCH_FIELDS = ("batch_size", "per_replica_batch_size")
 
 
 def _merge_section(name: str, cls, current: dict, given, source: str):
-    """`cls(**current)` with the mapping `given` laid over it; names the bad key."""
+    """`cls(**current)` with the mapping `given` laid over it; errors name the bad key."""
     given = given or {}
     if not isinstance(given, Mapping):
         raise ConfigError(f"Section {name!r} in {source} must be a mapping. Received: {given!r}.")
@@ -186,13 +179,11 @@ def _merge_task(base: RecipeConfig, given, source: str):
 
 
 def merge(base: RecipeConfig, values: Mapping[str, Any], source: str) -> RecipeConfig:
-    """Returns `base` with the nested `values` laid over it.
-
-    Setting one of `batch_size` / `per_replica_batch_size` clears the other from `base`, so a
-    flag replaces a recipe file's batch size instead of clashing with it.
+    """`base` with the nested `values` laid over it. Setting one batch size clears the other from `base`, so a flag
+    replaces a file's batch size instead of clashing with it.
 
     Raises:
-        ConfigError: on an unknown section or key, naming `source`.
+        ConfigError: an unknown section or key, naming `source`.
     """
     if values is None:
         return base
@@ -221,7 +212,7 @@ def load_yaml(path: str | os.PathLike) -> dict:
     """Reads a recipe file into nested dicts (not validated).
 
     Raises:
-        ConfigError: when the file is missing, a directory, unreadable, not UTF-8, or not YAML.
+        ConfigError: the file is missing, a directory, unreadable, not UTF-8, or not YAML.
     """
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -245,14 +236,11 @@ def load_yaml(path: str | os.PathLike) -> dict:
 
 def from_yaml(path: str | os.PathLike, base: Optional[RecipeConfig] = None,
               overrides: Optional[Mapping[str, Any]] = None) -> RecipeConfig:
-    """Loads a recipe file over `base` (default: `RecipeConfig()`), then flat `overrides` over it.
-
-    File and overrides are validated as one layer, so a combination is judged on what the run
-    uses (a file's `cpu_replicas: 2` with an override `strategy="mirrored"` is valid).
+    """Loads a recipe file over `base` (default `RecipeConfig()`), then flat `overrides`, validated as one layer (a
+    file's `cpu_replicas: 2` with `strategy="mirrored"` overridden is valid).
 
     Raises:
-        ConfigError: when the file is missing, not YAML, or holds bad values, or an override
-            names an unknown field.
+        ConfigError: the file is missing, not YAML or holds bad values, or an override names an unknown field.
     """
     base = base or RecipeConfig()
     values = _flat_over_nested(load_yaml(path), overrides or {}, base)
@@ -284,16 +272,14 @@ def _flat_over_nested(values, flat: Mapping[str, Any], base: RecipeConfig):
 
 
 def to_yaml(config: RecipeConfig) -> str:
-    """Serialises a config to YAML in the recipe-file layout (readable by `from_yaml`)."""
+    """The config as YAML in the recipe-file layout (readable by `from_yaml`)."""
     return yaml.safe_dump(config.to_dict(), sort_keys=False)
 
 
 def deterministic_config(config: "RecipeConfig") -> "RecipeConfig":
-    """`config` as `--deterministic` runs it: a seed (0 when none), `execution` `auto` -> `graph`,
-    `steps_per_execution` `auto` -> `AUTO_STEPS_PER_EXECUTION`; unchanged without `deterministic`.
-
-    Source: https://www.tensorflow.org/api_docs/python/tf/config/experimental/enable_op_determinism
-    """
+    """`config` as `--deterministic` runs it (else unchanged): a seed (0 if none), `execution` `auto` -> `graph`,
+    `steps_per_execution` `auto` -> `AUTO_STEPS_PER_EXECUTION`.
+    Source: https://www.tensorflow.org/api_docs/python/tf/config/experimental/enable_op_determinism"""
     if not config.deterministic:
         return config
     runtime = config.runtime

@@ -18,31 +18,24 @@ class RuntimeConfig:
     Attributes:
         strategy: one of `STRATEGIES` or `STRATEGY_ALIASES`. Defaults to `"default"` (one device).
         device: `"auto"` (GPUs if any, else the CPU), `"cpu"` or `"gpu"`. Defaults to `"auto"`.
-        precision: Keras dtype policy, one of `PRECISIONS`; `"auto"` picks `mixed_float16` on GPUs of
-            compute capability >= 7.0, `mixed_bfloat16` on CPUs with native bfloat16, else `float32`.
-            Defaults to `"auto"`.
-        execution: `"auto"` (time graph and XLA on the run's model, keep the faster:
-            `tftrain.runtime.execution_trial`), `"eager"`, `"graph"` or `"xla"`. Defaults to `"auto"`.
-        remember_execution: reuse `"auto"`'s earlier choice for the same model, batch, devices and
-            versions (`tftrain.runtime.execution_memory`). Defaults to True.
-        steps_per_execution: optimizer steps per `tf.function` call, or `"auto"` (8 on one replica, or
-            32 / 64 where timing finds them more than 5% faster; see `AUTO_STEPS_PER_EXECUTION`).
-            Keras's batch callbacks fire once per execution. Defaults to 1.
+        precision: one of `PRECISIONS`; `"auto"`: `mixed_float16` on GPUs of compute capability >= 7.0,
+            `mixed_bfloat16` on CPUs with native bfloat16, else `float32`. Defaults to `"auto"`.
+        execution: `"auto"` (time graph and XLA, keep the faster: `runtime.execution_trial`), `"eager"`, `"graph"`
+            or `"xla"`. Defaults to `"auto"`.
+        remember_execution: reuse `"auto"`'s choice for the same model, batch, devices, versions. Defaults to True.
+        steps_per_execution: optimizer steps per `tf.function` call, or `"auto"` (`AUTO_STEPS_PER_EXECUTION` on one
+            replica, or 32 / 64 if timed over 5% faster); batch callbacks fire once per execution. Defaults to 1.
         intra_op_threads: threads one op may use; 0 keeps TensorFlow's default. Defaults to 0.
         inter_op_threads: ops run concurrently; 0 keeps TensorFlow's default. Defaults to 0.
-        threads: what counts left at 0 mean: `"auto"` applies those `python -m tftrain.doctor`
-            measured here, if any (`tftrain.runtime.thread_choice`); `"default"` keeps TensorFlow's.
-            Defaults to `"auto"`.
+        threads: counts left at 0: `"auto"` the doctor's measured ones, if any; `"default"` TensorFlow's. Default auto.
         cpu_replicas: logical CPU devices, so `mirrored` can run N replicas without GPUs. Defaults to 1.
         communication: `multi_worker_mirrored`'s collectives (`COMMUNICATIONS`). Defaults to `"auto"`.
-        ps_tasks: ps tasks of a `parameter_server` job under SLURM (rank 0 chief, then `ps_tasks` ps
-            tasks, the rest workers). Defaults to 1.
-        nvtx: NVTX ranges for Nsight Systems: `TF_ENABLE_NVTX_RANGES=1` and named steps
-            (`tftrain.runtime.nvtx`). Defaults to False.
+        ps_tasks: ps tasks of a `parameter_server` job under SLURM (rank 0 chief, then ps, then workers). Defaults to 1.
+        nvtx: NVTX ranges for Nsight Systems (`TF_ENABLE_NVTX_RANGES=1`, named steps). Defaults to False.
 
     Raises:
-        ConfigError: on an unknown name, a count out of range, `communication` / `ps_tasks` set for
-            another strategy, or `cpu_replicas` > 1 without `mirrored` or with `execution="xla"`.
+        ConfigError: an unknown name, a count out of range, `communication` / `ps_tasks` for another strategy, or
+            `cpu_replicas` > 1 without `mirrored` or with `execution="xla"`.
     """
 
     strategy: str = _field("default", "tf.distribute strategy", STRATEGIES + tuple(STRATEGY_ALIASES))
@@ -79,7 +72,7 @@ class RuntimeConfig:
         self._check_cpu_replicas()
 
     def _check_cpu_replicas(self) -> None:
-        """`cpu_replicas` > 1 serves the mirrored strategy only, and never XLA (known before TensorFlow starts)."""
+        """`cpu_replicas` > 1 serves the mirrored strategy only, never XLA (checked before TensorFlow starts)."""
         if self.cpu_replicas == 1:
             return
         if self.strategy in MULTI_PROCESS_STRATEGIES:
@@ -117,17 +110,13 @@ def check_batch_divides(batch_size: int, num_replicas: int) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Input pipeline settings.
-
-    Give at most one of `batch_size` (global) and `per_replica_batch_size`.
+    """Input pipeline settings; give at most one of `batch_size` (global) and `per_replica_batch_size`.
 
     Attributes:
         data_dir: the task's data folder or file. Defaults to None (the task's default).
         train_examples: use only the first N training examples. Defaults to None (all).
-        validation_split: fraction in [0, 1) held out, from the end, as Keras's
-            `fit(validation_split=...)` does. Defaults to 0.
-        batch_size: global batch size, or `"auto"` to search it (`tftrain.tuning.find_batch_size`).
-            Defaults to None (the recipe picks).
+        validation_split: fraction in [0, 1) held out from the end, as Keras's `fit`. Defaults to 0.
+        batch_size: global batch size, or `"auto"` to search it (`find_batch_size`). Defaults to None (the task's).
         per_replica_batch_size: examples per replica per step. Defaults to None.
         shuffle_buffer: shuffle buffer in examples; 0 shuffles the whole set. Defaults to 0.
         cache: cache decoded examples in memory (file sources). Defaults to True.
@@ -136,7 +125,7 @@ class DataConfig:
         private_threads: private tf.data thread pool size; 0 uses the shared pool. Defaults to 0.
 
     Raises:
-        ConfigError: when a size is out of range or both batch sizes are given.
+        ConfigError: a size out of range, or both batch sizes given.
     """
 
     data_dir: Optional[str] = _field(None, "the task's data folder or file (None: the task's own)")
@@ -174,33 +163,24 @@ class TrainConfig:
     Attributes:
         epochs: passes over the training set. Defaults to 10.
         learning_rate: the (peak) learning rate. Defaults to None (the task's or the optimizer's).
-        lr_schedule: `"constant"` or `"cosine"` (half-cosine decay to 0 over the run,
-            `keras.optimizers.schedules.CosineDecay`; Loshchilov & Hutter, "SGDR", 2017).
-            Defaults to `"constant"`.
+        lr_schedule: `"constant"` or `"cosine"` (`CosineDecay` to 0; Loshchilov & Hutter 2017). Defaults to "constant".
         verbose: `fit` verbosity: 0 silent, 1 progress bar, 2 one line per epoch. Defaults to 1.
         profile: `"START,STOP"` optimizer steps to profile (`ProfilerWindow`). Defaults to None.
         tune: keras-tuner trials run first (`Task.tune_space`); 0 is off. Defaults to 0.
         tuner: one of `TUNERS`. Defaults to "random".
-        gradient_accumulation_steps: micro-batches per optimizer step; the effective global batch is
-            global batch x N (`tftrain.train.accumulation`). Defaults to 1.
-        backup_every_steps: also back up every N optimizer steps (`tftrain.callbacks.StepBackup`).
-            Defaults to None (epoch ends only).
+        gradient_accumulation_steps: micro-batches per optimizer step (`tftrain.train.accumulation`). Defaults to 1.
+        backup_every_steps: also back up every N optimizer steps (`StepBackup`). Defaults to None (epoch ends only).
         early_stopping: patience in epochs on `val_loss`, restoring the best weights. Defaults to None.
-        callbacks: `"WHERE:NAME[,...]"`, added after tftrain's own (`tftrain.train.user_callbacks`).
-            Defaults to None.
-        keep_best: checkpoints of the N best epochs by `monitor`, and the last, in `checkpoints/`
-            (`tftrain.callbacks.KeepBest`); 0 keeps none. Defaults to 0.
+        callbacks: `"WHERE:NAME[,...]"`, added after tftrain's own (`tftrain.train.user_callbacks`). Defaults to None.
+        keep_best: keep the N best epochs by `monitor`, and the last, in `checkpoints/` (`KeepBest`). Defaults to 0.
         monitor: the metric `keep_best` ranks by. Defaults to None (`val_loss`, else `loss`).
         monitor_mode: `"min"`, `"max"` or `"auto"` (from the metric's name). Defaults to `"auto"`.
-        init_from: a `.keras` file, a checkpoint, or a run directory (its best checkpoint, else
-            `model.keras`) to start from. Defaults to None.
-        mlflow: MLflow tracking URI (`default`: `$MLFLOW_TRACKING_URI`; `tftrain.train.mlflow_log`).
-            Defaults to None.
-        export: comma-separated `saved_model`, `onnx`, `litert`, each checked after writing
-            (`tftrain.train.export`). Defaults to None.
+        init_from: a `.keras` file, checkpoint or run directory to start from (`init_weights`). Defaults to None.
+        mlflow: MLflow tracking URI (`default`: `$MLFLOW_TRACKING_URI`; `tftrain.train.mlflow_log`). Defaults to None.
+        export: comma-separated `saved_model`, `onnx`, `litert`, each checked (`train.export`). Defaults to None.
 
     Raises:
-        ConfigError: when a value is out of range.
+        ConfigError: a value out of range.
     """
 
     epochs: int = _field(10, "passes over the training set", minimum=1)

@@ -1,8 +1,5 @@
-"""Datasets and the tf.data input pipelines.
-
-Names are imported on first use, so loading data or checking a data folder (`datasets`,
-`image_folder.list_image_files`) does not start TensorFlow; `pipeline` imports it.
-"""
+"""Datasets and the tf.data input pipelines. Names load on first use, so `datasets` and
+`image_folder.list_image_files` do not start TensorFlow; `pipeline` does."""
 
 import importlib
 

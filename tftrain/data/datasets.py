@@ -1,8 +1,5 @@
-"""Real datasets: the bundled MNIST, MNIST-format IDX folders, Keras-layout `.npz`.
-
-MNIST (LeCun, Cortes, Burges; http://yann.lecun.com/exdb/mnist/) ships as `tftrain/data/mnist.npz`,
-sha256-checked on each load, so recipes and tests run offline.
-"""
+"""Real datasets: the bundled MNIST, MNIST-format IDX folders, Keras-layout `.npz`. MNIST (LeCun, Cortes,
+Burges; http://yann.lecun.com/exdb/mnist/) ships as `mnist.npz`, sha256-checked on load, so everything runs offline."""
 
 from __future__ import annotations
 
@@ -51,10 +48,10 @@ def sha256_of(path: Union[str, os.PathLike], chunk_bytes: int = 1 << 20) -> str:
 
 
 def read_idx(path: Union[str, os.PathLike]) -> np.ndarray:
-    """Reads one IDX file (gzip when the name ends in `.gz`) into an array of the file's dtype and shape.
+    """Reads one IDX file (gzip if named `.gz`) into an array of the file's dtype and shape.
 
     Raises:
-        DataError: when the header is not IDX or the data length disagrees with it.
+        DataError: the header is not IDX or the data length disagrees with it.
     """
     path = os.fspath(path)
     opener = gzip.open if path.endswith(".gz") else open
@@ -112,16 +109,14 @@ def load_mnist(path: Optional[Union[str, os.PathLike]] = None) -> ImageClassific
     """Loads MNIST or any MNIST-format dataset (e.g. Fashion-MNIST).
 
     Args:
-        path: a folder of the four IDX files (`IDX_FILES`, `.gz` optional), or a `.npz` with
-            `x_train`, `y_train`, `x_test`, `y_test` (as `keras.datasets.mnist`). Defaults to None
-            (the bundled MNIST).
+        path: a folder of the four `IDX_FILES` (`.gz` optional) or a `.npz` with `x_train`, `y_train`, `x_test`,
+            `y_test` (as `keras.datasets.mnist`). Defaults to None (the bundled MNIST).
 
     Returns:
         `ImageClassificationData`: uint8 images `(N, 28, 28)`, uint8 labels 0..9.
 
     Raises:
-        DataError: when the path is missing, the bundled file fails its sha256 check, a file is not
-            IDX/npz, or the arrays have the wrong shapes.
+        DataError: a missing path, a bundled file failing its sha256, a file not IDX/npz, or wrong shapes.
     """
     if path is None:
         digest = sha256_of(BUNDLED_MNIST)

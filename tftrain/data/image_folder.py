@@ -1,10 +1,5 @@
-"""Training on a folder of images with one sub-folder per class.
-
-The convention is Keras's `image_dataset_from_directory`: classes are the sorted, non-hidden
-sub-folders; every file below one with an extension in `IMAGE_EXTENSIONS` (any case) is an example.
-`list_image_files` imports no TensorFlow, so a driver can check a folder before TensorFlow starts;
-`image_folder_dataset` builds the `tf.data.Dataset`, caching decoded images after the first epoch.
-"""
+"""A folder of images, one sub-folder per class, as Keras's `image_dataset_from_directory` (classes: sorted non-hidden
+sub-folders; examples: files below with an `IMAGE_EXTENSIONS` extension). `list_image_files` imports no TensorFlow."""
 
 from __future__ import annotations
 
@@ -41,7 +36,7 @@ class ImageFiles:
 
 
 def _class_folders(directory: Union[str, os.PathLike]) -> Tuple[Path, Tuple[str, ...]]:
-    """Checks `directory` and returns it as a `Path` with its sorted class names."""
+    """Checks `directory`; returns it as a `Path` with its sorted class names."""
     root = Path(directory)
     if not root.exists():
         raise DataError(
@@ -102,20 +97,16 @@ def list_image_files(
     subset: Optional[str] = None,
     seed: int = 1337,
 ) -> ImageFiles:
-    """Lists the images of a folder with one sub-folder per class, optionally one split.
-
-    The listing is sorted, so the same on every machine. A split shuffles it once with
-    `numpy.random.default_rng(seed)` and holds out the last `validation_split` fraction (rounded
-    down). Imports no TensorFlow.
+    """Lists a class-per-sub-folder folder's images, sorted (the same on every machine); imports no TensorFlow.
+    A split shuffles once with `numpy.random.default_rng(seed)` and holds out the last fraction (rounded down).
 
     Args:
         validation_split: fraction held out, in [0, 1). Defaults to 0.0 (no split).
         subset: `"training"` or `"validation"` with a split, None without. Defaults to None.
-        seed: the split's seed; use the same for both subsets so they are disjoint. Defaults to 1337.
+        seed: the split's seed; the same for both subsets keeps them disjoint. Defaults to 1337.
 
     Raises:
-        DataError: when the folder is missing or a file, has no class folders or images, or the split
-            arguments are invalid, inconsistent or leave the subset empty.
+        DataError: a missing folder, no class folders or images, or split arguments invalid or leaving it empty.
 
     Example:
         >>> train = list_image_files("photos", validation_split=0.2, subset="training")
@@ -168,8 +159,7 @@ def _check_dataset_args(files, image_size, batch_size, num_channels) -> None:
 
 
 def decode_and_resize(path, label, image_size: Tuple[int, int], num_channels: int = 3):
-    """Reads, decodes (first frame of a GIF) and resizes one image to `image_size` (bilinear) with
-    `num_channels`; returns `(float32 image, pixels 0..255, label)`."""
+    """Reads, decodes (a GIF's first frame) and resizes (bilinear) one image: `(float32 image 0..255, label)`."""
     import tensorflow as tf
 
     image = tf.io.decode_image(tf.io.read_file(path), channels=num_channels, expand_animations=False)
@@ -178,8 +168,7 @@ def decode_and_resize(path, label, image_size: Tuple[int, int], num_channels: in
 
 
 def _training_order(files: ImageFiles, seed: Optional[int]):
-    """Paths and labels in one seeded shuffled order (the same in every worker), so a small shuffle
-    buffer still mixes the classes."""
+    """Paths and labels in one seeded order (the same in every worker), so a small shuffle buffer mixes classes."""
     order = np.random.default_rng(0 if seed is None else seed).permutation(len(files))
     return [files.paths[i] for i in order], np.asarray(files.labels, np.int32)[order]
 
@@ -196,30 +185,28 @@ def image_folder_dataset(
     input_context: Optional["tf.distribute.InputContext"] = None,
     num_channels: int = 3,
 ) -> "tf.data.Dataset":
-    """Builds a batched, prefetched `tf.data.Dataset` of decoded images and labels.
-
-    Stages: paths -> shard -> decode and resize -> cache -> shuffle -> batch -> `augment` -> prefetch.
+    """A batched `tf.data.Dataset` of decoded images and labels: paths -> shard -> decode and resize -> cache ->
+    shuffle -> batch -> `augment` -> prefetch.
 
     Args:
         image_size: `(height, width)`, resized bilinearly.
         batch_size: the global batch size, also with `input_context`.
         training: True shuffles, drops the last partial batch and applies `augment`.
-        config: pipeline options; `cache` holds `height x width x num_channels x 4` bytes an image
-            (and a full shuffle buffer as many again). Defaults to `DataConfig()`.
+        config: pipeline options; `cache` takes `height x width x num_channels x 4` bytes an image (a full shuffle
+            buffer as much again). Defaults to `DataConfig()`.
         seed: makes the order (and seeded augmentation) repeatable. Defaults to None.
-        augment: `(images, labels) -> (images, labels)` on float32 training batches, e.g.
-            `random_flip_and_translate()`; sequential when `seed` is given, since Keras's random layers
-            share one seed state. Defaults to None.
+        augment: `(images, labels) -> (images, labels)` on float32 training batches, e.g. `random_flip_and_translate()`;
+            sequential with a `seed` (Keras's random layers share one seed state). Defaults to None.
         input_context: shards the files and batches per replica. Defaults to None.
         num_channels: 1, 3 or 4. Defaults to 3.
 
     Returns:
-        Batches of `(float32 images (batch, height, width, num_channels), pixels 0..255; int32 labels)`
-        with an explicit auto-shard policy (OFF with `input_context`, else DATA).
+        `(float32 images (batch, height, width, num_channels) 0..255, int32 labels)`, auto-shard OFF with
+        `input_context`, else DATA.
 
     Raises:
-        ConfigError: when `files` is not an `ImageFiles`, or a size is out of range.
-        DataError: when `files` is empty.
+        ConfigError: `files` is not an `ImageFiles`, or a size is out of range.
+        DataError: `files` is empty.
 
     Example:
         >>> ds = image_folder_dataset(files, (160, 160), 64, training=True, seed=0,
@@ -262,18 +249,15 @@ def random_flip_and_translate(
     translation: float = 0.1,
     seed: Optional[int] = None,
 ) -> Callable:
-    """A default augmentation for `image_folder_dataset(augment=...)`: Keras random flip and shift layers,
-    run in the tf.data pipeline on float32 batches (labels pass through).
+    """A default `image_folder_dataset(augment=...)`: Keras random flip and shift layers on float32 batches.
 
     Args:
-        flip: `"horizontal"`, `"vertical"`, `"horizontal_and_vertical"`, or None. Defaults to
-            "horizontal".
-        translation: largest shift as a fraction of height and width, in [0, 1); shifted-in pixels
-            reflect the image. Defaults to 0.1.
+        flip: `"horizontal"`, `"vertical"`, `"horizontal_and_vertical"`, or None. Defaults to "horizontal".
+        translation: largest shift, a fraction of height and width in [0, 1); edges reflect. Defaults to 0.1.
         seed: the layers' seed. Defaults to None.
 
     Raises:
-        ConfigError: when `flip` or `translation` is invalid.
+        ConfigError: `flip` or `translation` is invalid.
     """
     import keras
 

@@ -1,10 +1,6 @@
-"""The tf.data input pipeline: global batch size, sharding, shuffling, prefetching.
-
-Stages follow the tf.data performance guide (https://www.tensorflow.org/guide/data_performance): read ->
-shard -> cache -> shuffle -> batch -> vectorised map -> prefetch; mapping whole batches calls the
-preprocessing once per batch. In-memory arrays are batched as example indices (`index_batches`) and
-gathered per batch, so tf.data handles one element per batch, not per example.
-"""
+"""The tf.data input pipeline, staged as https://www.tensorflow.org/guide/data_performance: read -> shard -> cache ->
+shuffle -> batch -> vectorised map -> prefetch. Arrays are batched as example indices (`index_batches`) and gathered
+per batch: one tf.data element per batch, not per example."""
 
 from __future__ import annotations
 
@@ -43,8 +39,7 @@ def resolve_batch_size(
         default_per_replica: used when neither size is given. Defaults to 128.
 
     Raises:
-        ConfigError: when both sizes are given, a size is not positive, or the global size does not
-            divide by `num_replicas`.
+        ConfigError: both sizes given, a size not positive, or a global size not divisible by `num_replicas`.
     """
     if batch_size is not None and per_replica_batch_size is not None:
         raise ConfigError(
@@ -62,11 +57,7 @@ def resolve_batch_size(
 
 
 def num_examples_of(features, labels=None) -> int:
-    """The common first dimension of arrays (or nested dicts / tuples of them).
-
-    Raises:
-        ConfigError: when the arrays disagree in length or there are none.
-    """
+    """The common first dimension of arrays (or nested dicts / tuples of them); `ConfigError` if none or unequal."""
     leaves = [np.shape(a)[0] for a in tf.nest.flatten((features, labels)) if a is not None]
     if not leaves:
         raise ConfigError("No arrays given: pass features (and labels) as NumPy arrays or dicts of arrays.")
@@ -76,8 +67,7 @@ def num_examples_of(features, labels=None) -> int:
 
 
 def integer_labels(features, labels):
-    """Passes features through unchanged and casts labels to int32 (for models that scale their own
-    inputs, e.g. with a `Rescaling` layer)."""
+    """Passes features through and casts labels to int32 (for models that scale inputs, e.g. with `Rescaling`)."""
     return features, tf.cast(labels, tf.int32)
 
 
@@ -102,27 +92,22 @@ def build_dataset(
     """Builds a batched, prefetched `tf.data.Dataset` for training or evaluation.
 
     Args:
-        source: `(features, labels)` arrays (either may be a dict or tuple of arrays), or a list of
-            TFRecord paths (then `parse_fn` is required).
-        batch_size: the global batch size, also with `input_context` (the per-replica size is derived).
+        source: `(features, labels)` arrays (each may be a dict or tuple), or TFRecord paths (with `parse_fn`).
+        batch_size: the global batch size, also with `input_context`.
         training: shuffle and, by default, drop the last partial batch.
-        config: pipeline options (`cache` applies to file sources only). Defaults to `DataConfig()`.
-        seed: shuffle seed; when given, the order is the same on every run. Defaults to None.
-        preprocess: `(features, labels) -> (features, labels)` on whole batches, e.g. `scale_pixels`.
-            Defaults to None.
-        parse_fn: for TFRecord sources, one serialized record -> `(features, labels)`. Defaults to None.
+        config: pipeline options (`cache` applies to files only). Defaults to `DataConfig()`.
+        seed: shuffle seed; the same order on every run. Defaults to None.
+        preprocess: `(features, labels) -> (features, labels)` on whole batches, e.g. `scale_pixels`. Defaults to None.
+        parse_fn: for TFRecords, one serialized record -> `(features, labels)`. Defaults to None.
         input_context: shards by input pipeline and batches per replica. Defaults to None.
         drop_remainder: drop the last partial batch. Defaults to None (True when training).
-        max_examples: for file sources, read only the first N records (before the cache). Defaults
-            to None (all).
+        max_examples: for files, read only the first N records (before the cache). Defaults to None (all).
 
     Returns:
-        A dataset of `(features, labels)` batches with an explicit auto-shard policy (DATA for arrays,
-        FILE for files), so strategies never warn that it cannot be sharded.
+        `(features, labels)` batches, auto-shard policy set (DATA for arrays, FILE for files): no strategy warning.
 
     Raises:
-        ConfigError: when `batch_size` is not positive, the arrays disagree in length, or a file
-            source has no `parse_fn`.
+        ConfigError: `batch_size` not positive, arrays of unequal length, or files without `parse_fn`.
 
     Example:
         >>> ds = build_dataset((x_train, y_train), 256, training=True, seed=0, preprocess=scale_pixels)
@@ -150,8 +135,7 @@ def build_dataset(
 
 
 def _shard_shuffle_batch(ds, batch_size, *, training, config, seed, input_context, drop_remainder, num_examples=None):
-    """Shards (then per-replica batches), shuffles when training (buffer `config.shuffle_buffer`, else
-    `num_examples`, else 10,000) and batches `ds`."""
+    """Shards, shuffles when training (buffer `config.shuffle_buffer`, else `num_examples`, else 10,000), batches."""
     if input_context is not None:
         ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
         batch_size = input_context.get_per_replica_batch_size(batch_size)
@@ -161,7 +145,6 @@ def _shard_shuffle_batch(ds, batch_size, *, training, config, seed, input_contex
 
 
 def _file_batches(files, batch_size, parse_fn, *, config, max_examples, **batching):
-    """TFRecords read, cut to `max_examples`, sharded, parsed, cached, shuffled and batched."""
     if parse_fn is None:
         raise ConfigError("A file source needs parse_fn to decode each record into (features, labels).")
     parallel = AUTOTUNE if config.parallel_map else None
@@ -180,8 +163,7 @@ def _file_batches(files, batch_size, parse_fn, *, config, max_examples, **batchi
 
 
 def _array_batches(source, batch_size, preprocess, *, training, config, seed, input_context, drop_remainder):
-    """Batches gathered from arrays by index batches (`index_batches`, or a shuffle buffer of single
-    indices when `config.shuffle_buffer` is smaller than the data), then `preprocess`."""
+    """Array batches gathered by index batches (single indices if `config.shuffle_buffer` < the data), preprocessed."""
     num_examples = num_examples_of(*source)
     features, labels = (tf.nest.map_structure(lambda a: a if tf.is_tensor(a) else tf.constant(a), lists_as_tuples(part))
                         for part in source)
@@ -202,11 +184,8 @@ def _array_batches(source, batch_size, preprocess, *, training, config, seed, in
 
 
 def lists_as_tuples(structure):
-    """`structure` with every Python list made a tuple (dicts and tuples kept).
-
-    tf.data stacks a returned list into one tensor, which fails for a multi-input model's inputs of
-    different shapes; a tuple keeps them apart, and Keras's `fit` feeds it as it feeds the list.
-    """
+    """`structure` with every list made a tuple: tf.data stacks a list into one tensor, which fails for a
+    multi-input model's differently shaped inputs; Keras's `fit` feeds the tuple as the list."""
     if type(structure) in (list, tuple):  # not a namedtuple: its type is kept
         return tuple(lists_as_tuples(s) for s in structure)
     if isinstance(structure, dict):
@@ -216,25 +195,10 @@ def lists_as_tuples(structure):
 
 def index_batches(num_examples: int, batch_size: int, *, shuffle: bool, seed: Optional[int] = None,
                   drop_remainder: bool = True, input_context=None) -> tf.data.Dataset:
-    """Batches of example indices, one int64 `[batch]` tensor each, from one permutation an epoch.
-
-    Each epoch draws one seed (`Dataset.random`), permutes the indices with one `stateless_shuffle` op
-    and reshapes them into batches: one tf.data element per batch, and no shuffle buffer to refill
-    at each epoch start, unlike `Dataset.range(n).shuffle(n).batch(b)`. The order is a uniform random
-    permutation each epoch; with `seed`, the same on every run.
-
-    Args:
-        batch_size: per replica under `input_context`.
-        shuffle: permute each epoch; False keeps the order.
-        seed: the permutations' seed. Defaults to None (random).
-        drop_remainder: drop the last, smaller batch. Defaults to True.
-        input_context: takes every `num_input_pipelines`-th index from `input_pipeline_id`, as
-            `Dataset.shard` does. Defaults to None.
-
-    Returns:
-        A dataset of known cardinality; the batch dimension is static when `drop_remainder` (or when
-        the batches divide evenly).
-    """
+    """Batches of example indices (int64 `[batch]`, per replica under `input_context`), from one `stateless_shuffle`
+    permutation an epoch if `shuffle` (seeded by `seed`, default None: random), with no shuffle buffer to refill.
+    `input_context` takes every `num_input_pipelines`-th index, as `Dataset.shard`. The result has known cardinality
+    and, with `drop_remainder` (default True) or even batches, a static batch dimension."""
     start, step = (input_context.input_pipeline_id, input_context.num_input_pipelines) if input_context else (0, 1)
     count = len(range(start, num_examples, step))
     full, rest = divmod(count, batch_size)
@@ -253,13 +217,8 @@ def index_batches(num_examples: int, batch_size: int, *, shuffle: bool, seed: Op
 
 
 def dataset_options(shard_policy, deterministic: Optional[bool] = None, private_threads: int = 0) -> tf.data.Options:
-    """The tf.data options every tftrain pipeline sets.
-
-    Args:
-        shard_policy: a `tf.data.experimental.AutoShardPolicy` (OFF where an InputContext shards).
-        deterministic: keep the element order. Defaults to None (tf.data's default, True).
-        private_threads: private thread pool size; 0 uses the shared pool. Defaults to 0.
-    """
+    """Every tftrain pipeline's tf.data options: `shard_policy` (OFF where an InputContext shards), `deterministic`
+    (default None: tf.data's True), `private_threads` (pool size; default 0: the shared pool)."""
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = shard_policy
     if deterministic is not None:

@@ -1,14 +1,10 @@
 """Image-folder recipe: a Keras Applications model trained from scratch on any folder of images.
 
-Launch::
-
     python -m tftrain.recipes.image_folder --data-dir path/to/images
     python -m tftrain.recipes.image_folder --data-dir flowers --model resnet50 --image-size 128 --epochs 20
     python -m tftrain.recipes.image_folder --data-dir flowers --test-dir flowers_test --strategy mirrored
 
-The folder holds one sub-folder per class; 10% of the images are held out for
-validation. Models start from random weights (no download).
-
+One sub-folder per class; 10% of the images held out for validation; random initial weights (no download).
 Smoke size (tests and CI): `--model small_cnn --image-size 32 --epochs 1`.
 """
 
@@ -37,14 +33,12 @@ class ImageFolderHParams:
 
 
 BATCH_NORM_MOMENTUM = 0.9
-"""BatchNormalization momentum of the Keras Applications models here, trained from random weights.
-
-MobileNetV2's 0.999 leaves the moving statistics near their initial 0 and 1 in short runs,
-so evaluation scores at chance; Keras's own default is 0.99."""
+"""BatchNormalization momentum of the models here: from random weights, MobileNetV2's 0.999 leaves evaluation at
+chance in short runs (Keras's default: 0.99)."""
 
 
 def build_model(hp: ImageFolderHParams, num_classes: int):
-    """The chosen model for `(size, size, channels)` images with pixels 0..255, scaled inside the model."""
+    """The chosen model for `(size, size, channels)` images, pixels 0..255 scaled inside the model."""
     import keras
 
     shape = (hp.image_size, hp.image_size, hp.channels)
@@ -84,7 +78,7 @@ class ImageFolderRecipe(ImageFolderTask):
         return build_model(self.hparams, len(self.class_names))
 
     def bind(self, config):
-        """Needs `--data-dir` (ConfigError otherwise); applies the recipe's hyperparameters."""
+        """Needs `--data-dir` (else `ConfigError`); applies the recipe's hyperparameters."""
         from tftrain.data.image_folder import random_flip_and_translate
 
         if not config.data.data_dir:
@@ -96,7 +90,7 @@ class ImageFolderRecipe(ImageFolderTask):
         if hp.channels == 1 and hp.model == "efficientnet_b0":
             raise ConfigError("--channels 1: EfficientNet normalises 3 channels. Pass --model small_cnn, "
                               "mobilenet_v2 or resnet50, or --channels 3.")
-        bound = super().bind(config)  # lists the files of --data-dir
+        bound = super().bind(config)
         bound.image_size = (hp.image_size, hp.image_size)
         bound.num_channels = hp.channels
         bound.augment = random_flip_and_translate(seed=config.seed) if hp.augment else None

@@ -1,15 +1,11 @@
 """MNIST recipe: train an MLP or a small CNN on the real MNIST digits.
 
-Launch::
-
     python -m tftrain.recipes.mnist --strategy mirrored
     python -m tftrain.recipes.mnist --model cnn --epochs 3 --config recipes/mnist.yaml
     python -m tftrain.recipes.mnist --strategy mirrored --cpu-replicas 2   # 2 replicas, no GPU
 
-Smoke size (tests and CI): `--train-examples 2048 --epochs 1`.
-
-Data: the MNIST database (LeCun, Cortes, Burges), bundled with tftrain; `--data-dir`
-takes any MNIST-format folder (e.g. Fashion-MNIST) or a Keras-layout `.npz`.
+Smoke size (tests and CI): `--train-examples 2048 --epochs 1`. Data: MNIST (LeCun, Cortes, Burges), bundled;
+`--data-dir` takes any MNIST-format folder (e.g. Fashion-MNIST) or a Keras-layout `.npz`.
 """
 
 from __future__ import annotations
@@ -26,11 +22,8 @@ IMAGE_SHAPE = (28, 28)
 
 
 def mlp(width: Optional[int] = None):
-    """784-512-512-10 multilayer perceptron with ReLU and dropout 0.2, uncompiled.
-
-    Input: `(batch, 28, 28)` raw pixels 0..255; output: float32 class probabilities.
-    `width` (hidden units) defaults to None (512).
-    """
+    """Uncompiled 784-512-512-10 MLP (`width` hidden units, default None: 512), ReLU, dropout 0.2: `(batch, 28, 28)`
+    pixels 0..255 in, float32 class probabilities out."""
     import keras
 
     inputs = keras.Input(IMAGE_SHAPE, name="image")
@@ -45,10 +38,8 @@ def mlp(width: Optional[int] = None):
 
 
 def cnn(width: Optional[int] = None):
-    """Two 3x3 conv layers (`width`, 2 x `width` filters; width defaults to 32), uncompiled.
-
-    Inputs and outputs as `mlp`. Source: https://keras.io/examples/vision/mnist_convnet/
-    """
+    """Uncompiled two 3x3 conv layers (`width`, 2 x `width` filters; default None: 32), inputs and outputs as `mlp`.
+    Source: https://keras.io/examples/vision/mnist_convnet/"""
     import keras
 
     inputs = keras.Input(IMAGE_SHAPE, name="image")
@@ -66,7 +57,7 @@ def cnn(width: Optional[int] = None):
 
 
 def _rescale(inputs):
-    """Pixels 0..255 -> [0, 1] inside the model, so the input pipeline moves uint8 batches."""
+    """Pixels 0..255 -> [0, 1] in the model, so the pipeline moves uint8 batches."""
     import keras
 
     return keras.layers.Rescaling(1.0 / 255, name="rescale_pixels")(inputs)
@@ -104,10 +95,7 @@ def _integer_labels(images, labels):
 
 
 class MnistTask(ArrayTask):
-    """MNIST digits (or any MNIST-format data via `--data-dir`) with the MLP or the CNN.
-
-    The 10,000 test images are evaluated after training.
-    """
+    """MNIST digits (or any MNIST-format data via `--data-dir`) with the MLP or the CNN; test images evaluated last."""
 
     name = "mnist"
     hparams = MnistHParams()
@@ -115,7 +103,7 @@ class MnistTask(ArrayTask):
     defaults = {"execution": "auto", "steps_per_execution": 8, "epochs": 10, "learning_rate": 2e-3,
                 "lr_schedule": "cosine"}
 
-    def __init__(self):  # the arrays are loaded by bind(), once --data-dir is known
+    def __init__(self):  # bind() loads the arrays, once --data-dir is known
         self.loss, self.optimizer, self.metrics = "sparse_categorical_crossentropy", "adam", ["accuracy"]
         self.preprocess, self.validation, self.test = _integer_labels, None, None
         self.x = self.y = None
@@ -150,11 +138,8 @@ DESCRIPTION = "Train an MLP or CNN on the real MNIST digits and evaluate on the 
 
 
 def train(config: Optional[RecipeConfig] = None, **overrides) -> dict:
-    """Trains from Python (notebooks, scripts) instead of the command line.
-
-    `config` defaults to `DEFAULTS`; `**overrides` are config fields by flag name
-    (`epochs=2`). Returns the run's metrics dict (as in `metrics.json`, with `run_dir`).
-    Raises ConfigError on any bad input the command line would exit 2 for.
+    """Trains from Python (notebooks, scripts): `config` defaults to `DEFAULTS`; `**overrides` are config fields
+    (`epochs=2`). Returns the metrics dict (as `metrics.json`, with `run_dir`); `ConfigError` where the CLI exits 2.
 
     Example:
         >>> metrics = mnist.train(epochs=1, train_examples=4096, run_dir="runs/try")

@@ -1,10 +1,7 @@
-"""Gradient accumulation: one optimizer step per N micro-batches, under any `tf.distribute` strategy.
-
-Keras's own `gradient_accumulation_steps` fails under two or more replicas: its update branch
-runs in the replica context, where the all-reduce's `merge_call` is not allowed
-(keras-team/keras#20582). This wrapper takes the branch in the cross-replica context, as
-`LossScaleOptimizer` does, so gradients are all-reduced once per optimizer step.
-"""
+"""Gradient accumulation: one optimizer step per N micro-batches, under any `tf.distribute` strategy. Keras's own
+`gradient_accumulation_steps` fails on 2+ replicas (its update branch runs in the replica context, where `merge_call`
+is not allowed: keras-team/keras#20582); this one branches cross-replica, as `LossScaleOptimizer`, all-reducing once
+per optimizer step."""
 
 from __future__ import annotations
 
@@ -18,13 +15,10 @@ from tftrain.errors import ConfigError, check_int
 
 @keras.saving.register_keras_serializable(package="tftrain")
 class GradientAccumulationOptimizer(keras.optimizers.Optimizer):
-    """Updates the weights once every `accumulation_steps` calls, with the mean gradient.
-
-    Each `apply(grads)` is one micro-batch; with a loss that averages over the batch (the Keras
-    default), N micro-batches of B examples give the update of one batch of N x B. The inner
-    optimizer's `iterations` (its schedule, weight decay, clipping) count optimizer steps;
-    `micro_steps` counts micro-batches. Checkpoints keep the first replica's accumulators, so
-    save at whole optimizer steps.
+    """Updates the weights once every `accumulation_steps` calls (`apply`: one micro-batch), with the mean gradient:
+    with a batch-mean loss (Keras's default), N micro-batches of B give one update of N x B. The inner optimizer's
+    `iterations` (schedule, weight decay, clipping) count optimizer steps; `micro_steps` counts micro-batches.
+    Checkpoints keep the first replica's accumulators, so save at whole optimizer steps.
 
     Args:
         inner_optimizer: the Keras optimizer that makes each update.
@@ -32,7 +26,7 @@ class GradientAccumulationOptimizer(keras.optimizers.Optimizer):
         name: the optimizer's name. Defaults to None (Keras names it).
 
     Raises:
-        ConfigError: when `accumulation_steps` is not an int >= 1, or the inner optimizer accumulates itself.
+        ConfigError: `accumulation_steps` is not an int >= 1, or the inner optimizer accumulates itself.
 
     Example:
         >>> optimizer = GradientAccumulationOptimizer(keras.optimizers.Adam(1e-3), accumulation_steps=4)
@@ -61,7 +55,7 @@ class GradientAccumulationOptimizer(keras.optimizers.Optimizer):
 
     @property
     def iterations(self):
-        """Optimizer steps (updates) taken: the inner optimizer's `iterations`."""
+        """Optimizer steps taken: the inner optimizer's `iterations`."""
         return self.inner_optimizer.iterations
 
     @property
@@ -89,7 +83,7 @@ class GradientAccumulationOptimizer(keras.optimizers.Optimizer):
         variables = list(self._trainable_variables if trainable_variables is None else trainable_variables)
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         accumulators = [self._accumulators[self._get_variable_index(v)] for v in variables]
-        # Keras's own test: True without a strategy, and under XLA on GPUs (collectives, no merge_call).
+        # Keras's test: True without a strategy, and under XLA on GPUs.
         if tf.__internal__.distribute.strategy_supports_no_merge_call():
             self._replica_step(grads, accumulators, variables)
         else:
@@ -99,7 +93,7 @@ class GradientAccumulationOptimizer(keras.optimizers.Optimizer):
         return tf.equal((self.micro_steps.value + 1) % self.accumulation_steps, 0)
 
     def _replica_step(self, grads, accumulators, variables):
-        """Replica context, where nothing calls merge_call: update on the N-th micro-batch, else accumulate."""
+        """Without merge_call: update on the N-th micro-batch, else accumulate."""
 
         def update():
             self._apply_mean(grads, accumulators, variables)
@@ -109,7 +103,7 @@ class GradientAccumulationOptimizer(keras.optimizers.Optimizer):
         def accumulate():
             for grad, acc in zip(grads, accumulators):
                 if grad is not None:
-                    _add(acc, grad)  # a per-replica accumulator (aggregation none) updates locally
+                    _add(acc, grad)  # per-replica accumulator: updates locally
 
         tf.cond(self._is_update_step(), update, accumulate)
         self.micro_steps.assign_add(1)
@@ -157,11 +151,8 @@ def check_accumulation_steps(steps) -> None:
 
 
 def accumulate_gradients(optimizer, steps: int):
-    """`optimizer` (or its name) made to update once every `steps` micro-batches (itself when 1).
-
-    A `LossScaleOptimizer` stays outermost, so each micro-batch's gradients are unscaled first.
-    Raises `ConfigError` on `steps` < 1, or an optimizer that accumulates itself.
-    """
+    """`optimizer` (or its name) updating once every `steps` micro-batches (itself when 1); a `LossScaleOptimizer`
+    stays outermost, unscaling each micro-batch first. `ConfigError` on `steps` < 1 or one that accumulates itself."""
     check_accumulation_steps(steps)
     if steps == 1:
         return optimizer
@@ -175,11 +166,8 @@ def accumulate_gradients(optimizer, steps: int):
 
 @contextlib.contextmanager
 def saved_with_inner_optimizer(model):
-    """Within the block, `model`'s optimizer is the one the accumulation wraps.
-
-    So `model.save` writes a `model.keras` that plain Keras loads, without the accumulators
-    (zero after each optimizer step). A `LossScaleOptimizer` around the wrapper is kept.
-    """
+    """Within the block, `model`'s optimizer is the wrapped one (a `LossScaleOptimizer` around it kept), so
+    `model.save` writes a `model.keras` plain Keras loads, without the accumulators (zero after each step)."""
     holder = model
     optimizer = getattr(model, "optimizer", None)
     if isinstance(getattr(optimizer, "inner_optimizer", None), GradientAccumulationOptimizer):
@@ -188,7 +176,7 @@ def saved_with_inner_optimizer(model):
         yield model
         return
     attribute = "optimizer" if holder is model else "inner_optimizer"
-    # Keras serialises the optimizer given to compile() (kept in its compile config).
+    # Keras saves the optimizer given to compile(), from its compile config.
     from tftrain import _compat
 
     compile_config = _compat.compile_config(model)

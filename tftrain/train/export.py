@@ -1,11 +1,7 @@
-"""`--export saved_model,onnx,litert`: the trained model for serving, each artifact checked.
-
-Each format is written with Keras's `model.export`, loaded by the runtime that serves it and
-run on a batch of test data; the largest difference from the model goes into `metrics.json`.
-A mixed-precision model is exported in float32 (ONNX export needs it, keras-team/keras#20710).
-
-Source: https://keras.io/api/models/model_saving_apis/model_export/
-"""
+"""`--export saved_model,onnx,litert`: each format written with Keras's `model.export`
+(https://keras.io/api/models/model_saving_apis/model_export/), loaded by its serving runtime and run on a test batch;
+the largest difference from the model goes into `metrics.json`. Mixed-precision models export in float32 (ONNX needs
+it, keras-team/keras#20710)."""
 
 from __future__ import annotations
 
@@ -24,7 +20,7 @@ FORMATS = {
 """Format -> (Keras's `model.export` format, its path under `export/`, the modules it needs)."""
 
 EXTRAS = {"onnx": "onnx", "litert": "litert"}
-"""Format -> the pip extra that installs what it needs (`pip install "tftrain[onnx]"`)."""
+"""Format -> the pip extra installing what it needs (`pip install "tftrain[onnx]"`)."""
 
 
 def parse(text: str) -> Tuple[str, ...]:
@@ -36,7 +32,7 @@ def parse(text: str) -> Tuple[str, ...]:
                               "comma-separated.")
     missing = {name: [m for m in FORMATS[name][2] if importlib.util.find_spec(m) is None] for name in formats}
     missing = {name: modules for name, modules in missing.items() if modules}
-    if missing:  # every format's at once, so that one install serves
+    if missing:  # all formats' at once, so one install serves
         needs = "; ".join(f"{name} needs {' and '.join(modules)}" for name, modules in missing.items())
         extras = ",".join(EXTRAS[name] for name in missing)
         raise ConfigError(f"--export: {needs}, not installed. Install the extra: pip install -e \".[{extras}]\" in a "
@@ -48,15 +44,9 @@ def parse(text: str) -> Tuple[str, ...]:
 
 
 def export_all(model, formats: Sequence[str], directory: Path, features) -> Dict[str, dict]:
-    """Writes `model` (built, float32) in each format under `directory` and checks each artifact
-    on `features` (one batch of inputs as NumPy arrays, in the structure the model takes).
-
-    Returns:
-        `{format: {"path": str, "max_abs_difference": float, "outputs": [name, ...]}}`.
-
-    Raises:
-        ExportCheckFailed: when an artifact's outputs differ from the model's in names or shapes.
-    """
+    """Writes `model` (built, float32) in each format under `directory` and checks each artifact on `features` (one
+    NumPy batch in the model's input structure): `{format: {"path", "max_abs_difference", "outputs": [name, ...]}}`.
+    `ExportCheckFailed` if an artifact's outputs differ from the model's in names or shapes."""
     import numpy as np
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -66,7 +56,7 @@ def export_all(model, formats: Sequence[str], directory: Path, features) -> Dict
     for name in formats:
         keras_format, filename, _ = FORMATS[name]
         path = directory / filename
-        with warnings.catch_warnings():  # Keras's ONNX path asks NumPy for `np.object` (a FutureWarning, Keras 3.15)
+        with warnings.catch_warnings():  # Keras 3.15's ONNX path uses `np.object` (a FutureWarning)
             warnings.filterwarnings("ignore", message=".*np.object.*", category=FutureWarning)
             model.export(str(path), format=keras_format, verbose=False)
         got = _match_outputs(name, _RUNNERS[name](path)(feeds), expected)
@@ -76,7 +66,7 @@ def export_all(model, formats: Sequence[str], directory: Path, features) -> Dict
 
 
 class ExportCheckFailed(RuntimeError):
-    """An exported artifact whose outputs do not match the model's (names, count or shapes)."""
+    """An exported artifact's outputs do not match the model's (names, count or shapes)."""
 
 
 def output_arrays(outputs) -> Dict[str, "object"]:
@@ -90,8 +80,8 @@ def output_arrays(outputs) -> Dict[str, "object"]:
 
 
 def input_feeds(model, features) -> Dict[str, "object"]:
-    """`features` as `{serving input name: array}`: by dict key, else by the model's input names in order
-    (`"inputs"` for a model without symbolic inputs)."""
+    """`features` as `{serving input name: array}`: by dict key, else the model's input names in order, else
+    `"inputs"` (`"inputs_<i>"` for several)."""
     import numpy as np
 
     if isinstance(features, dict):
@@ -104,7 +94,7 @@ def input_feeds(model, features) -> Dict[str, "object"]:
 
 
 def _match_outputs(fmt: str, got: Dict[str, "object"], expected: Dict[str, "object"]) -> Dict[str, "object"]:
-    """`got` keyed like `expected` (by name, else by position); `ExportCheckFailed` on another count or shape."""
+    """`got` keyed like `expected` (by name, else position); `ExportCheckFailed` on another count or shape."""
     import numpy as np
 
     if set(got) != set(expected):
@@ -160,13 +150,13 @@ def _onnx(path: Path) -> Callable:
 
 _ONNX_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(int32)": "int32",
                 "tensor(int64)": "int64", "tensor(float16)": "float16", "tensor(bool)": "bool"}
-"""ONNX Runtime's input type names -> NumPy dtypes (strings are left as they are)."""
+"""ONNX Runtime's input type names -> NumPy dtypes (strings left as they are)."""
 
 
 def _litert(path: Path) -> Callable:
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    def run(feeds):  # LiteRT's built-in kernels, without its default XNNPACK delegate (which announces itself)
+    def run(feeds):  # built-in kernels, without the default XNNPACK delegate (which announces itself)
         interpreter = Interpreter(model_path=str(path),
                                   experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
         runner = interpreter.get_signature_runner("serving_default")
@@ -178,7 +168,7 @@ def _litert(path: Path) -> Callable:
 
 
 def _by_names(feeds: Dict[str, "object"], names: Sequence[str]) -> Dict[str, "object"]:
-    """`feeds` keyed by the artifact's input `names` (by name, else position); `ExportCheckFailed` on another count."""
+    """`feeds` keyed by the artifact's input `names` (by name, else position); `ExportCheckFailed` if counts differ."""
     if set(feeds) == set(names):
         return feeds
     if len(feeds) != len(names):

@@ -1,8 +1,5 @@
-"""A run's settings and final figures in TensorBoard's HParams dashboard, so that
-`tensorboard --logdir runs/` compares every run under `runs/` (one session per run, in its `logs/`).
-
-Source: https://www.tensorflow.org/tensorboard/hyperparameter_tuning_with_hparams
-"""
+"""A run's settings and final figures in TensorBoard's HParams dashboard (one session per run, in its `logs/`), so
+`tensorboard --logdir runs/` compares runs. https://www.tensorflow.org/tensorboard/hyperparameter_tuning_with_hparams"""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 RESOLVED = ("execution", "precision", "steps_per_execution", "replicas", "global_batch_size")
-"""What each run settled on (`run.<name>` in the dashboard), next to what was asked (`runtime.*`)."""
+"""What the run settled on (`run.<name>`), next to what was asked (`runtime.*`)."""
 
 
 def _flat(prefix: str, value, out: dict) -> None:
@@ -25,8 +22,8 @@ def _flat(prefix: str, value, out: dict) -> None:
 
 
 def hparam_values(config, record) -> dict:
-    """The dashboard's hyperparameters: `{section.field: value}` of the config (`task.<name>` for the
-    task's), and `run.<name>` for `RESOLVED`; None fields left out."""
+    """The dashboard's hyperparameters: the config's `{section.field: value}` (`task.<name>` for the task's) and
+    `run.<name>` for `RESOLVED`; None fields left out."""
     values: dict = {}
     _flat("", dataclasses.asdict(config), values)
     _flat("task", record.hparams or {}, values)
@@ -45,8 +42,8 @@ def final_figures(record) -> dict:
 
 
 def write_session(log_dir: Path, session: str, values: dict, figures: dict, step: Optional[int] = None) -> None:
-    """Writes one HParams session into `log_dir` (created): `values` as its hyperparameters,
-    `figures` as scalars at `step` (defaults to 0), named `session` in the dashboard."""
+    """Writes HParams session `session` into `log_dir` (created): `values` as hyperparameters, `figures` as
+    scalars at `step` (default 0)."""
     import tensorflow as tf
     from tensorboard.plugins.hparams import api as hp
 

@@ -1,8 +1,5 @@
-"""`--init-from PATH`: start training from saved weights, for fine-tuning.
-
-PATH is a `.keras` file, a TensorFlow checkpoint (the path before `.index`), or a run
-directory (its best kept checkpoint, else its `model.keras`).
-
+"""`--init-from PATH`: start from saved weights (fine-tuning). PATH: a `.keras` file, a TensorFlow checkpoint (the
+path before `.index`), or a run directory (its best kept checkpoint, else `model.keras`).
 Source: https://www.tensorflow.org/guide/checkpoint, https://keras.io/api/models/model_saving_apis/
 """
 
@@ -14,7 +11,7 @@ from typing import Tuple
 from tftrain.errors import ConfigError
 
 CHECKPOINTS_DIR = "checkpoints"
-"""The folder of a run directory where `--keep-best` keeps its checkpoints."""
+"""The run-directory folder of `--keep-best`'s checkpoints."""
 
 
 def resolve(path: str) -> Tuple[str, str]:
@@ -41,7 +38,7 @@ def resolve(path: str) -> Tuple[str, str]:
 
 
 def load(model, kind: str, path: str) -> None:
-    """Sets `model`'s weights from `resolve`'s `(kind, path)`; `ConfigError` names the first that does not fit."""
+    """Sets `model`'s weights from `resolve`'s `(kind, path)`; `ConfigError` names the first misfit."""
     if kind == "keras":
         _load_keras(model, path)
     else:
@@ -53,7 +50,7 @@ def _load_keras(model, path: str) -> None:
 
     try:
         source = keras.models.load_model(path, compile=False)
-    except (TypeError, ValueError):  # a class the file names that is not registered here (a subclassed model)
+    except (TypeError, ValueError):  # a class not registered here (a subclassed model)
         _load_weights_only(model, path)
         return
     mine, theirs = model.weights, source.weights
@@ -69,7 +66,7 @@ def _load_keras(model, path: str) -> None:
 
 
 def _load_weights_only(model, path: str) -> None:
-    """`model.load_weights(path)`, for a `.keras` file whose model cannot be rebuilt here."""
+    """`model.load_weights(path)`, for a `.keras` file whose model cannot be rebuilt."""
     try:
         model.load_weights(path)
     except (ValueError, TypeError, KeyError) as error:
@@ -84,7 +81,7 @@ def _load_checkpoint(model, path: str) -> None:
     try:
         status = tf.train.Checkpoint(model=model).read(path)
         status.assert_existing_objects_matched()  # every weight of this model is in it
-        status.expect_partial()  # what it holds beyond the model (its save counter) is not wanted: no warnings
+        status.expect_partial()  # no warnings for the rest (its save counter)
     except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as error:
         first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
         raise ConfigError(f"--init-from {path}: the checkpoint does not fit this model ({first[:300]}). Pass "

@@ -1,8 +1,6 @@
-"""`--mlflow TRACKING_URI`: the run in MLflow (an optional extra, `pip install "tftrain[mlflow]"`).
-
-The chief logs each epoch's metrics, then the settings, final figures and run directory files;
-a resumed run continues the same MLflow run. `MlflowClient` with explicit run ids leaves a
-notebook's own `mlflow.start_run()` alone. Source: https://mlflow.org/docs/latest/python_api/mlflow.client.html
+"""`--mlflow TRACKING_URI` (extra `tftrain[mlflow]`): the chief logs epoch metrics, then settings, final figures and
+run files; a resumed run continues its MLflow run. `MlflowClient` with explicit run ids leaves a notebook's own
+`mlflow.start_run()` alone. Source: https://mlflow.org/docs/latest/python_api/mlflow.client.html
 """
 
 from __future__ import annotations
@@ -17,17 +15,17 @@ import keras
 from tftrain.errors import ConfigError
 
 RUN_ID_FILE = "mlflow_run_id"
-"""The file in the run directory that holds the MLflow run id, so a resumed run logs into the same run."""
+"""The run-directory file holding the MLflow run id, for a resumed run."""
 
 ARTIFACTS = ("model.keras", "metrics.json", "report.md", "config.yaml", "history.csv")
-"""The run directory's files logged as the MLflow run's artifacts, those that exist."""
+"""Run-directory files logged as artifacts, if they exist."""
 
 DEFAULT = "default"
 """`--mlflow default`: MLflow's own choice (`$MLFLOW_TRACKING_URI`, else its local default)."""
 
 
 def check(uri: str) -> None:
-    """Raises `ConfigError` (naming the pip extra) when MLflow is not installed."""
+    """Raises `ConfigError` (naming the pip extra) without MLflow."""
     try:
         import mlflow  # noqa: F401
     except ImportError:
@@ -41,15 +39,14 @@ def _client(uri: str):
 
 
 class MlflowLog(keras.callbacks.Callback):
-    """A Keras callback that logs a run to MLflow (chief only); `finish` logs what the run wrote.
-
-    Best effort: a tracking error is one warning and stops the logging, never the training.
+    """Logs a run to MLflow (chief only); `finish` logs what the run wrote. A tracking error is one warning and
+    stops the logging, never the training.
 
     Args:
         uri: the tracking URI (`http://127.0.0.1:5000`, `sqlite:///mlflow.db`, ...), or `"default"`.
         run_dir: the run directory (its name names the MLflow run).
-        experiment: the MLflow experiment's name (created when missing).
-        warn: prints one warning line. Defaults to printing on stderr.
+        experiment: the MLflow experiment's name (created if missing).
+        warn: prints one warning line. Defaults to stderr.
     """
 
     def __init__(self, uri: str, run_dir: Path, experiment: str, warn: Optional[Callable[[str], None]] = None):
@@ -59,7 +56,7 @@ class MlflowLog(keras.callbacks.Callback):
         self.client, self.run_id, self.broken = None, None, False
 
     def _safely(self, what: str, action: Callable) -> None:
-        """Runs `action()` unless logging already failed; a failure is one warning and ends the logging."""
+        """Runs `action()` unless logging failed before; a failure warns once and ends the logging."""
         if self.broken:
             return
         try:
@@ -71,7 +68,7 @@ class MlflowLog(keras.callbacks.Callback):
                       "without MLflow logging")
 
     def start(self) -> Optional[str]:
-        """Opens (or, on a resumed run, reopens) the MLflow run; returns its id (None when MLflow failed)."""
+        """Opens (on resume, reopens) the MLflow run; returns its id (None if MLflow failed)."""
         if self.run_id is None:
             self._safely("open the MLflow run", self._open)
         return self.run_id
@@ -79,7 +76,7 @@ class MlflowLog(keras.callbacks.Callback):
     def _open(self) -> None:
         self.client = _client(self.uri)
         id_file = self.run_dir / RUN_ID_FILE
-        if id_file.is_file():  # a resumed run: the same MLflow run, if this server has it
+        if id_file.is_file():  # resumed: the same MLflow run, if this server has it
             from mlflow.exceptions import MlflowException
 
             kept = id_file.read_text().strip()
@@ -87,7 +84,7 @@ class MlflowLog(keras.callbacks.Callback):
                 self.client.update_run(kept, status="RUNNING")
                 self.run_id = kept
                 return
-            except MlflowException:  # another server (the flag changed on resume): a new run there
+            except MlflowException:  # another server: a new run there
                 pass
         found = self.client.get_experiment_by_name(self.experiment)
         experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment)
@@ -109,8 +106,8 @@ class MlflowLog(keras.callbacks.Callback):
             self._safely(f"log epoch {epoch}'s metrics", lambda: self.client.log_batch(self.run_id, metrics=metrics))
 
     def finish(self, params: dict, figures: dict, step: int = 0, status: str = "FINISHED") -> None:
-        """Logs the settings (as text, at most 6,000 characters each), the final figures at `step`
-        and `ARTIFACTS`, then ends the MLflow run with `status`."""
+        """Logs settings (text, up to 6,000 characters each), final figures at `step` and `ARTIFACTS`; ends the
+        MLflow run with `status`."""
         if self.start() is not None:
             self._safely("log the run's settings, figures and files", lambda: self._finish(params, figures, step))
         self.end(status)
@@ -120,7 +117,7 @@ class MlflowLog(keras.callbacks.Callback):
 
         now = int(time.time() * 1000)
         logged = self.client.get_run(self.run_id).data.params  # {key: value}
-        new = [Param(k, str(v)[:6000]) for k, v in sorted(params.items()) if k not in logged]  # a resume: once
+        new = [Param(k, str(v)[:6000]) for k, v in sorted(params.items()) if k not in logged]  # once per run
         for start in range(0, len(new), 100):  # MLflow takes at most 100 params a batch
             self.client.log_batch(self.run_id, params=new[start:start + 100])
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in figures.items()])
@@ -129,9 +126,9 @@ class MlflowLog(keras.callbacks.Callback):
                 self.client.log_artifact(self.run_id, str(self.run_dir / name))
 
     def end(self, status: str) -> None:
-        """Ends the MLflow run (if one was opened) with `status` (FINISHED, FAILED, KILLED)."""
+        """Ends the MLflow run, if opened, with `status` (FINISHED, FAILED, KILLED)."""
         if self.run_id is not None and self.client is not None:
-            self.broken = False  # the end is worth trying even after a failed upload
+            self.broken = False  # try the end even after a failed upload
             self._safely(f"mark the MLflow run {status}", lambda: self.client.set_terminated(self.run_id, status))
 
 

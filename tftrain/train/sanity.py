@@ -1,9 +1,7 @@
-"""The sanity pass: every feature a run asked for, tried on the real model and data before the
-first real step, so what cannot work is refused in one line (`ConfigError`, exit 2) before any
-training, timing or run directory. `--sanity-check` runs only this pass. It checks the data's
-shapes, `class_weight`, one eager training and validation step, `--monitor`, labels the outputs'
-dtype would round, a `train_step`'s loss scaling, `--init-from` and each `--export` format.
-As Lightning's sanity steps (`num_sanity_val_steps`)."""
+"""The sanity pass (as Lightning's `num_sanity_val_steps`): each requested feature tried on the real model and data
+before any training, timing or run directory, refusing what cannot work in one line (`ConfigError`, exit 2). Checks
+data shapes, `class_weight`, an eager training and validation step, `--monitor`, labels the outputs' dtype would
+round, a `train_step`'s loss scaling, `--init-from` and each `--export`. `--sanity-check` runs only this."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from typing import Callable, Optional, Sequence, Tuple
 from tftrain.errors import ConfigError
 
 EXACT_INTEGERS = {"bfloat16": 256, "float16": 2048}
-"""The largest integer up to which every integer is exact in each low-precision float (8 and 11 significant bits)."""
+"""Up to these, every integer is exact in each low-precision float (8 and 11 significant bits)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,8 +22,7 @@ class SanityPlan:
     """What the run asked for, as the pass checks it.
 
     Attributes:
-        build: returns the task's model, built (uncompiled), under the current dtype policy.
-        build_float32: returns the task's model built under float32 (the one export writes).
+        build, build_float32: return the task's model, built uncompiled, under the current policy / float32 (export's).
         batch_size: examples of the first batch the steps run on (the per-replica batch size).
         auto_precision: whether `--precision auto` chose the policy (a rounding output then takes float32).
         loss_scaling: whether the policy scales the loss (`mixed_float16`).
@@ -33,11 +30,10 @@ class SanityPlan:
         early_stopping: whether `--early-stopping` watches `val_loss`.
         init_from: `(kind, source)` from `init_weights.resolve`, or None.
         export_formats: the `--export` formats to try (the chief's; empty on other workers).
-        candidate_build: where `--precision auto` has still to time a mixed policy, builds the model
-            under it, to check a subclassed model's outputs for rounding labels. Defaults to None.
+        candidate_build: builds the model under a mixed policy `--precision auto` has still to time, to check a
+            subclassed model's outputs for rounding labels. Defaults to None.
         candidate_dtype: the compute dtype of `candidate_build`'s policy. Defaults to `"float32"`.
-        graph: whether the run's steps run in a graph: the training step is then also traced (not run), so
-            that one that works eagerly but not in a graph is refused here. Defaults to True.
+        graph: the run's steps run in a graph, so the training step is also traced (not run). Defaults to True.
     """
 
     build: Callable
@@ -66,8 +62,7 @@ class SanityResult:
     Attributes:
         train_keys, validation_keys: the epoch logs' keys (`val_...`; () without validation data).
         checked: what was checked, in words, in order.
-        step_scales_loss: under loss scaling, whether the model's own `train_step` scales its loss
-            (None: not checked, or the step updated no weight).
+        step_scales_loss: whether the model's own `train_step` scales its loss (None: not checked, or no update).
         float32_needed: why the outputs must be float32 (labels that would round), else None.
         overridden_steps: the Keras step methods the model's class replaces (`"train_step"`, ...).
     """
@@ -81,13 +76,13 @@ class SanityResult:
     overridden_steps: Tuple[str, ...] = ()
 
     def line(self) -> str:
-        """One line for the console: what was checked and how long it took."""
+        """One console line: what was checked, in how long."""
         return f"sanity:    {', '.join(self.checked)} checked in {self.seconds:.1f} s"
 
 
 # -- data, before any model ------------------------------------------------------
 def check_element_spec(dataset, what: str) -> None:
-    """Raises `ConfigError` (with the fix) when a dataset's features or labels have an unknown rank."""
+    """Raises `ConfigError` (with the fix) if a dataset's features or labels have an unknown rank."""
     if dataset is None:
         return
     import tensorflow as tf
@@ -140,17 +135,17 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
     validation = _one_batch(plan.validation_data, plan.batch_size)
     try:
         model = plan.build()
-    except Exception as error:  # noqa: BLE001 (the run's own build stage raises it, with its traceback file)
+    except Exception as error:  # noqa: BLE001 (the run's build stage reports it, with its traceback file)
         raise BuildFailed(error) from error
-    model.compile(**plan.compile_args, run_eagerly=True)  # one step: tracing it would cost more than it runs
-    if plan.init_from is not None:  # into the float32 model: a policy still to be timed may wrap the outputs
+    model.compile(**plan.compile_args, run_eagerly=True)  # one step: tracing costs more than it saves
+    if plan.init_from is not None:  # float32: a policy still to be timed may wrap the outputs
         from tftrain.train import init_weights
 
         init_weights.load(_step("float32 build for --init-from", plan.build_float32), *plan.init_from)
         checked.append("--init-from")
-    if plan.graph and _user_code(model):  # traced first, as fit's first graph step builds the loss: what works
-        _step("training step in graph mode", lambda: _traced_train_step(model, train))  # only eagerly fails now
-    # Model.fit itself on one batch: the steps get the data as fit passes them; the logs' keys are fit's.
+    if plan.graph and _user_code(model):  # first: a graph run's first step builds the loss in the graph
+        _step("training step in graph mode", lambda: _traced_train_step(model, train))
+    # Model.fit itself on one batch: the data as fit passes it; the logs' keys are fit's.
     what = "training and validation step" if validation is not None else "training step"
     history = _step(what, lambda: model.fit(train, validation_data=validation, epochs=1, verbose=0,
                                              class_weight=plan.class_weight, shuffle=False))  # a Dataset: no warning
@@ -192,7 +187,7 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
 
 
 def _one_batch(dataset, size: int):
-    """`dataset`'s first batch, cut to at most `size` examples, as a dataset of that one batch (None for None)."""
+    """A dataset of `dataset`'s first batch cut to at most `size` examples (None for None)."""
     if dataset is None:
         return None
     import tensorflow as tf
@@ -204,8 +199,8 @@ def _one_batch(dataset, size: int):
 
 
 def _user_code(model) -> bool:
-    """Whether `model`'s step runs code Keras does not own (its class, a layer's, a name it makes a graph
-    name scope of): only then may it work eagerly and fail in a graph, which the pass then traces."""
+    """Whether `model`'s step runs code Keras does not own (its class, a layer's, a name made a graph name scope):
+    only then may it work eagerly and fail in a graph."""
     import re
 
     def own(layer) -> bool:
@@ -213,7 +208,7 @@ def _user_code(model) -> bool:
 
     try:
         keys = list(model.output) if isinstance(model.output, dict) else []  # a dict's keys name its losses
-    except (AttributeError, ValueError):  # a subclassed model has no symbolic output (and is traced anyway)
+    except (AttributeError, ValueError):  # subclassed: no symbolic output (and traced anyway)
         keys = []
     names = [f"{name}_loss" for name in [*keys, *(getattr(model, "output_names", None) or ())]]
     return not own(model) or any(not re.fullmatch(r"[A-Za-z0-9_.\\/>-]*", name) for name in names)
@@ -223,13 +218,12 @@ def _traced_train_step(model, dataset) -> None:
     """Traces `model.train_step` on `dataset`'s element spec as a `tf.function`, without running a step."""
     import tensorflow as tf
 
-    # Without AutoGraph, as Keras's train function runs the step (keras/src/backend/tensorflow/trainer.py:
-    # `do_not_convert`): a tensor `if` that Keras would refuse is refused here too.
+    # Without AutoGraph, as Keras runs the step (`do_not_convert` in keras/src/backend/tensorflow/trainer.py).
     tf.function(model.train_step, autograph=False).get_concrete_function(dataset.element_spec)
 
 
 def _unpacked(dataset):
-    """`(x, y, sample_weight)` of the one batch of `dataset` (`keras.utils.unpack_x_y_sample_weight`)."""
+    """`(x, y, sample_weight)` of `dataset`'s one batch."""
     import keras
 
     element = next(iter(dataset))
@@ -237,18 +231,18 @@ def _unpacked(dataset):
 
 
 def _step(what: str, fn: Callable):
-    """`fn()`; an error becomes a `SanityError` naming the step and Keras's own cause (`cause_line`)."""
+    """`fn()`; an error becomes a `SanityError` naming the step and the cause (`cause_line`)."""
     try:
         return fn()
     except ConfigError:
         raise
-    except Exception as error:  # noqa: BLE001 (the model's own error, said in one line before training)
+    except Exception as error:  # noqa: BLE001 (the model's own error, in one line)
         raise SanityError(f"The sanity check's {what} failed on the first batch, before training: "
                           f"{cause_line(error)}", error) from error
 
 
 class BuildFailed(Exception):
-    """The task's model did not build (`error`): the run's build stage reports it as any run that fails."""
+    """The task's model did not build (`error`); the run's build stage reports it."""
 
     def __init__(self, error: BaseException):
         super().__init__(str(error))
@@ -256,7 +250,7 @@ class BuildFailed(Exception):
 
 
 class SanityError(ConfigError):
-    """A step of the sanity pass that failed on the user's model or data (`error`: the original)."""
+    """A sanity step failed on the user's model or data (`error`: the original)."""
 
     def __init__(self, message: str, error: BaseException):
         super().__init__(message)
@@ -264,13 +258,13 @@ class SanityError(ConfigError):
 
 
 def cause_line(error: BaseException) -> str:
-    """`Type: line` of `error` (at most 300 characters), the line being its cause: the first after
-    Keras's "Exception encountered when calling" header; colour codes removed."""
+    """`Type: cause` of `error` (at most 300 characters): the first line after Keras's "Exception encountered
+    when calling" header, colour codes removed."""
     import re
 
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if lines and lines[0] == "in user code:":  # a traced function's error: its own line closes the trace
+    if lines and lines[0] == "in user code:":  # traced: the error's own line closes the trace
         raised = [line for line in lines if re.match(r"[A-Z]\w*(Error|Exception): ", line)]
         if raised:
             return raised[-1][:300]
@@ -280,11 +274,8 @@ def cause_line(error: BaseException) -> str:
 
 
 def label_rounding(labels, outputs, compute_dtype: str) -> Optional[str]:
-    """Why the labels would round when Keras casts them to the outputs' dtype, else None.
-
-    Keras casts `y_true` to the output's dtype (keras-team/keras#15014): bfloat16 holds integers
-    exactly only up to 256 (float16: 2048), so larger labels or class indices become other values.
-    """
+    """Why the labels would round when Keras casts `y_true` to the outputs' dtype (keras-team/keras#15014), else
+    None: bfloat16 holds integers exactly up to 256 (float16: 2048)."""
     import numpy as np
     import tensorflow as tf
 
@@ -312,8 +303,7 @@ def label_rounding(labels, outputs, compute_dtype: str) -> Optional[str]:
 
 
 def _pairs(labels, outputs, prefix: str = ""):
-    """`(name, label, output)` for each output: by key for dicts (nested ones too), by position for lists,
-    else the one."""
+    """`(name, label, output)` per output: by key for (nested) dicts, by position for lists, else the one."""
     import tensorflow as tf
 
     if isinstance(outputs, dict) and isinstance(labels, dict):
@@ -327,14 +317,14 @@ def _pairs(labels, outputs, prefix: str = ""):
 
 
 def _plain(model) -> bool:
-    """Whether `model` is a plain functional or Sequential model (the run casts its outputs to float32)."""
+    """Whether `model` is functional or Sequential (the run casts its outputs to float32)."""
     import keras
 
     return type(model) is keras.Sequential or type(model).__name__ == "Functional"
 
 
 def _candidate_rounding(plan: SanityPlan, x, y) -> Optional[str]:
-    """`label_rounding` under the mixed policy still to be timed; None when that model fails there."""
+    """`label_rounding` under the mixed policy still to be timed; None if the model fails there."""
     try:
         return label_rounding(y, plan.candidate_build()(x, training=False), plan.candidate_dtype)
     except Exception:  # noqa: BLE001 (see above)
@@ -348,13 +338,13 @@ def _overridden(model) -> tuple:
 
 
 def _compiled(plan: SanityPlan):
-    """A fresh model and a function that compiles it with another optimizer (`step_scales_loss`)."""
+    """A fresh model and a function compiling it with another optimizer (`step_scales_loss`)."""
     model = plan.build()
     return model, lambda optimizer: model.compile(**{**plan.compile_args, "optimizer": optimizer}, run_eagerly=True)
 
 
 def _try_exports(plan: SanityPlan, x) -> None:
-    """Writes and serves each `--export` format from a float32 model; `ConfigError` names one that fails."""
+    """Writes and serves each `--export` format from a float32 model; `ConfigError` names a failing one."""
     import tensorflow as tf
 
     from tftrain.train import export
@@ -365,6 +355,6 @@ def _try_exports(plan: SanityPlan, x) -> None:
         with tempfile.TemporaryDirectory(prefix="tftrain-sanity-export-") as tmp:
             try:
                 export.export_all(model, (name,), Path(tmp), features)
-            except Exception as error:  # noqa: BLE001 (the converter's own error, said before training)
+            except Exception as error:  # noqa: BLE001 (the converter's own error)
                 raise ConfigError(f"--export {name} cannot write or serve this model (tried before training on a "
                                   f"few examples): {cause_line(error)}. Drop {name} from --export.") from error

@@ -1,11 +1,5 @@
-"""A thin adapter between tftrain and keras-tuner.
-
-The strategy goes through keras-tuner's `distribution_strategy` argument, so
-keras-tuner opens the scope for each trial and tftrain never nests one around it.
-keras-tuner runs a trial on one worker only, so multi-worker strategies are refused.
-
-Source: https://keras.io/keras_tuner/api/tuners/
-"""
+"""A thin adapter to keras-tuner (https://keras.io/keras_tuner/api/tuners/). The strategy goes through its
+`distribution_strategy`, so keras-tuner opens each trial's scope (never nested); multi-worker strategies are refused."""
 
 from __future__ import annotations
 
@@ -23,7 +17,7 @@ ALGORITHMS = ("random", "hyperband", "bayesian")
 
 
 def check_strategy(strategy: Optional[tf.distribute.Strategy]) -> Optional[tf.distribute.Strategy]:
-    """What to pass as `distribution_strategy` (None for the default); TuningError for multi-worker or in a scope."""
+    """The `distribution_strategy` to pass (None for the default); `TuningError` if multi-worker or in a scope."""
     if tf.distribute.has_strategy():
         raise TuningError(
             "Build and run the tuner outside strategy.scope(): keras-tuner opens the scope for each trial "
@@ -64,8 +58,7 @@ def make_tuner(
     """Builds a keras-tuner tuner that trains under the tftrain strategy.
 
     Args:
-        directory: where keras-tuner keeps trials; an existing search there is
-            resumed unless `overwrite=True`.
+        directory: keras-tuner's trials; a search there is resumed unless `overwrite=True`.
         algorithm: `"random"`, `"hyperband"` or `"bayesian"`. Defaults to "random".
         objective: metric to optimise (keras-tuner infers the direction). Defaults to "val_accuracy".
         strategy: a single-worker `tf.distribute.Strategy`. Defaults to None.
@@ -76,7 +69,7 @@ def make_tuner(
         The tuner; call `tuner.search(...)` outside any strategy scope.
 
     Raises:
-        TuningError: on an unknown algorithm, a multi-worker strategy, or inside a strategy scope.
+        TuningError: an unknown algorithm, a multi-worker strategy, or called inside a strategy scope.
 
     Example:
         >>> tuner = make_tuner(TrainingHyperModel(mlp, make_ds, val_ds), directory="runs/x/tuning",
@@ -109,7 +102,7 @@ def make_tuner(
                 "(or `pip install tftrain[bayesian]`), or use --tuner random."
             ) from None
     tuner = kt.Hyperband(hypermodel, max_epochs=max_epochs, **common)
-    tuner.oracle.max_trials = max_trials  # Oracle stops creating trials at this count
+    tuner.oracle.max_trials = max_trials
     return tuner
 
 
@@ -117,19 +110,17 @@ class TrainingHyperModel(kt.HyperModel):
     """Searches learning rate, global batch size and the model's own choices.
 
     Args:
-        model_fn: `width -> keras.Model` (uncompiled; width None when `widths` is
-            None), or `{name: value} -> keras.Model` with `choices`.
+        model_fn: `width -> keras.Model` (uncompiled; width None without `widths`), or `{name: value} -> keras.Model`
+            with `choices`.
         make_dataset: `global_batch_size -> tf.data.Dataset` of training batches.
-        validation_data: dataset or arrays, or a function `global_batch_size ->
-            tf.data.Dataset`; its first batch is cut to split evenly over the
-            replicas. Defaults to None.
-        metrics: metric names (strings, so each trial gets fresh objects). Defaults to ("accuracy",).
+        validation_data: dataset, arrays, or `global_batch_size -> tf.data.Dataset`; its first batch is cut to split
+            evenly over the replicas. Defaults to None.
+        metrics: metric names (strings: fresh objects each trial). Defaults to ("accuracy",).
         learning_rate: `(low, high)` searched on a log scale, or one float. Defaults to (1e-4, 1e-2).
-        widths: widths to choose from. Defaults to None (width not searched).
+        widths: widths to choose from. Defaults to None (not searched).
         batch_sizes: global batch sizes to choose from. Defaults to None (`default_batch_size`, 128).
         choices: `{name: values}` searched besides learning rate and batch size. Defaults to None.
-        compile_args: `learning_rate -> dict` of `compile()` arguments, replacing
-            Adam with `loss` and `metrics`. Defaults to None.
+        compile_args: `learning_rate -> dict` of `compile()` arguments replacing Adam, `loss`, `metrics`. Default None.
 
     Example:
         >>> hm = TrainingHyperModel(lambda w: mlp(width=w), make_ds, val_ds,
@@ -207,7 +198,7 @@ class TrainingHyperModel(kt.HyperModel):
 
 
 def evenly_first(validation, batch_size: int, num_replicas: int):
-    """`validation_data` (arrays batched) with a first batch that splits evenly; unchanged when it does."""
+    """`validation_data` (arrays batched) with a first batch that splits evenly over the replicas."""
     if num_replicas <= 1 or validation is None or isinstance(validation, tf.distribute.DistributedDataset):
         return validation
     if not isinstance(validation, tf.data.Dataset):
@@ -220,17 +211,14 @@ def evenly_first(validation, batch_size: int, num_replicas: int):
 
 
 def _rows(batch):
-    """The batch dimension of a batch, as an int64 tensor."""
+    """A batch's batch dimension (int64 tensor)."""
     return tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
 
 
 def even_first_batch(dataset: "tf.data.Dataset", num_replicas: int) -> "tf.data.Dataset":
-    """`dataset` with a first batch that splits evenly over `num_replicas` replicas.
-
-    Keras 3 under a `tf.distribute` strategy averages the replicas' parts of the first
-    batch, which fails ("Inputs to operation AddN ... must have the same size") when
-    they differ; later batches may split unevenly. The first batch is cut into its
-    largest divisible part (possibly empty) and the rest; cardinality becomes unknown.
+    """`dataset` with its first batch cut into its largest part divisible by `num_replicas` (maybe empty) and the
+    rest; cardinality becomes unknown. Keras 3 under a strategy fails on an uneven first batch ("Inputs to operation
+    AddN ... must have the same size"); later batches may be uneven.
 
     Example:
         >>> ds = tf.data.Dataset.range(5).batch(8)   # one batch of 5
@@ -249,7 +237,7 @@ def even_first_batch(dataset: "tf.data.Dataset", num_replicas: int) -> "tf.data.
         head = tf.nest.map_structure(lambda t: t[:at], batch)
         tail = tf.nest.map_structure(lambda t: t[at:], batch)
         parts = tf.data.Dataset.from_tensors(head).concatenate(tf.data.Dataset.from_tensors(tail)).enumerate()
-        # The head always (the first one may be empty: it still splits evenly); the tail when it has rows.
+        # The head always (an empty first head still splits evenly); the tail when it has rows.
         return parts.filter(lambda i, part: (i == 0) | (_rows(part) > 0)).map(lambda i, part: part)
 
     return dataset.enumerate().flat_map(cut)

@@ -1,8 +1,5 @@
-"""The batch-size search algorithm, free of TensorFlow (tested with fake trials).
-
-The caller supplies `run_trial(batch_size) -> Trial`. After PyTorch Lightning's
-`tuner/batch_size_scaling.py`.
-"""
+"""The batch-size search over a caller's `run_trial(batch_size) -> Trial`, free of TensorFlow (tested with fake
+trials). After PyTorch Lightning's `tuner/batch_size_scaling.py`."""
 
 from __future__ import annotations
 
@@ -25,10 +22,7 @@ STATUSES = (OK, OOM, OVER_BUDGET, TIMEOUT, NO_DATA)
 
 @dataclasses.dataclass(frozen=True)
 class Trial:
-    """One global batch size tried; rates and memory are None unless measured.
-
-    `peak_memory_bytes` is measured above the search's baseline; `note` is free text.
-    """
+    """One global batch size tried; rates and memory (`peak_memory_bytes`: above the baseline) None unless measured."""
 
     batch_size: int
     status: str
@@ -52,8 +46,7 @@ class SearchResult:
 
     Attributes:
         batch_size: `best_throughput` or `largest_fitting`, by objective.
-        largest_fitting: less the margin in binsearch mode; None when growth
-            stopped on a throughput plateau.
+        largest_fitting: less the margin in binsearch mode; None when growth stopped on a throughput plateau.
         best_throughput: see `best_throughput_trial`.
         limit: what ended growth: "failure", "max_val", "plateau" or "max_trials".
     """
@@ -79,11 +72,8 @@ def _round_down(value: int, multiple: int) -> int:
 
 
 def propose_accumulation(target: int, largest_fitting: int, multiple_of: int = 1) -> Tuple[int, int]:
-    """A micro-batch that fits and the gradient accumulation steps that make up `target`.
-
-    Returns `(target, 1)` when `target` fits. Prefers the fewest steps that divide
-    `target` into multiples of `multiple_of` (default 1); else the product exceeds
-    `target` a little.
+    """`(micro-batch that fits, accumulation steps)` making up `target`; `(target, 1)` if it fits. Prefers the fewest
+    steps dividing `target` into multiples of `multiple_of` (default 1); else the product exceeds `target` a little.
 
     Example:
         >>> propose_accumulation(1024, 200, multiple_of=8)
@@ -103,10 +93,8 @@ def propose_accumulation(target: int, largest_fitting: int, multiple_of: int = 1
 
 
 def best_throughput_trial(trials: List[Trial], min_gain: float = 0.05) -> Trial:
-    """The smallest fitting trial whose examples/sec is within `min_gain` (relative) of the best.
-
-    Smaller gains are within timing noise and cost updates per epoch and memory.
-    `min_gain` defaults to 0.05. Without measured rates: the largest batch.
+    """The smallest trial within `min_gain` (relative, default 0.05) of the best examples/sec: smaller gains are
+    timing noise and cost updates and memory. Without measured rates: the largest batch.
 
     Example:
         >>> rates = {256: 900.0, 512: 1000.0, 1024: 1030.0}
@@ -157,17 +145,14 @@ def search_batch_size(
     multiple_of: int = 1,
     patience: int = 2,
 ) -> SearchResult:
-    """Searches the global batch size with caller-supplied trials.
-
-    Doubles from `init_val` (halving first if it does not fit) while trials fit,
-    up to `max_val`; a throughput search also stops after `patience` trials in a
-    row without a `min_gain` gain. `binsearch` mode (objective `"largest"` only)
-    then bisects to within `multiple_of` and takes `margin` off, as Lightning does.
-    Arguments and defaults as `find_batch_size`'s, except `multiple_of` (default 1).
+    """Searches the global batch size with caller-supplied trials: doubles from `init_val` (halving first if it
+    does not fit) while trials fit, up to `max_val`; a throughput search also stops after `patience` trials in a row
+    without a `min_gain` gain. `binsearch` (objective `"largest"` only) then bisects to within `multiple_of` and takes
+    `margin` off, as Lightning. Arguments as `find_batch_size`'s, except `multiple_of` (default 1).
 
     Raises:
-        ConfigError: on an invalid argument.
-        BatchSizeSearchError: when not even a batch of `multiple_of` fits.
+        ConfigError: an invalid argument.
+        BatchSizeSearchError: not even a batch of `multiple_of` fits.
 
     Example:
         >>> fits = lambda b: Trial(b, "ok" if b <= 1000 else "oom", examples_per_sec=float(b))
@@ -186,7 +171,6 @@ def search_batch_size(
 
 
 class _Search:
-    """The state of one `search_batch_size`."""
 
     def __init__(self, run_trial: Callable[[int], Trial], max_trials: int, multiple_of: int, min_gain: float):
         self.run_trial, self.max_trials, self.multiple_of, self.min_gain = run_trial, max_trials, multiple_of, min_gain
@@ -205,7 +189,7 @@ class _Search:
         return len(self.trials) < self.max_trials
 
     def shrink(self, size: int) -> None:
-        """Tries `size`, halving while it does not fit; BatchSizeSearchError when none fits."""
+        """Tries `size`, halving while it does not fit; `BatchSizeSearchError` if none fits."""
         while self._trials_left:
             if self._attempt(size).fits:
                 self.low_ok = size

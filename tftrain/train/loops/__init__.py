@@ -1,7 +1,5 @@
-"""Training loops, each saying in one place what it supports and why it refuses what it refuses.
-
-The `Trainer` asks the loop (`loop_for(strategy)`) instead of branching on the strategy's name.
-"""
+"""Training loops, each stating in one place what it supports and why it refuses the rest; the `Trainer` asks
+`loop_for(strategy)` instead of branching on the strategy's name."""
 
 from tftrain.train.loops.fit import FitLoop
 from tftrain.train.loops.multi_worker import MultiWorkerLoop

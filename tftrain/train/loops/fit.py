@@ -52,13 +52,11 @@ class FitLoop:
         return requested
 
     def check_model(self, compile_args: dict, overridden_steps: tuple) -> None:
-        """Refuses, before the run directory, a model this loop cannot train (`Model.fit` trains any).
-
-        `overridden_steps` names the Keras step methods the model's class replaces (`"train_step"`, ...).
-        """
+        """Refuses, before the run directory, a model this loop cannot train (`Model.fit` trains any);
+        `overridden_steps` names the Keras step methods the model's class replaces (`"train_step"`, ...)."""
 
     def check(self, cfg: config_lib.RecipeConfig) -> None:
-        """Raises ConfigError for flags this loop cannot honour, before any work."""
+        """Raises `ConfigError` for flags this loop cannot honour, before any work."""
         auto_batch = cfg.data.batch_size == config_lib.AUTO_BATCH
         if cfg.train.tune and auto_batch:
             raise ConfigError("--tune searches the batch size itself; drop --batch-size auto "
@@ -118,9 +116,9 @@ class FitLoop:
 
         Args:
             train_data: `(input_context=None) -> tf.data.Dataset`.
-            epochs: last epoch (BackupAndRestore resumes where it stopped).
+            epochs: last epoch (a backup resumes where it stopped).
             steps_per_epoch: used when the dataset repeats forever.
-            metrics: the task's metrics, for loops that update them themselves. Defaults to None.
+            metrics: the task's metrics, for loops that update them. Defaults to None.
             say: prints a line about a setting the loop changed. Defaults to `print`.
         """
         from tftrain.runtime.epoch_ends import EpochEnds
@@ -153,22 +151,22 @@ def _steps_per_execution(model) -> int:
 
 
 def _epoch_ender(model, dataset):
-    """The train function when it ends each epoch itself, else an `EpochEnds` installed for finite data
-    whose epoch ends inside an execution, else None."""
+    """The train function if it ends epochs itself, else an `EpochEnds` installed for finite data whose epoch
+    ends inside an execution, else None."""
     import tensorflow as tf
 
     from tftrain.runtime.epoch_ends import EpochEnds
 
     function, batches = model.train_function, int(dataset.cardinality())
     if getattr(function, "ends_epochs", False):
-        if batches != tf.data.INFINITE_CARDINALITY:  # endless data: its epoch is the run's steps_per_epoch
+        if batches != tf.data.INFINITE_CARDINALITY:  # endless: the epoch is steps_per_epoch
             _at_the_data_s_length(function, batches)
         return function if function.ends_epochs else None
     return EpochEnds(model, batches).install() if EpochEnds.applies(model, batches) else None
 
 
 def _at_the_data_s_length(function, batches: int) -> None:
-    """Sets the epoch length `function` ends epochs at to the data's pass, or None when unknown."""
+    """Sets `function`'s epoch length to the data's pass (None if unknown)."""
     function.steps_per_epoch = batches if batches > 0 else None
 
 
@@ -181,17 +179,10 @@ def _validation_iterator(validation_data, steps_per_execution: int) -> tuple:
 
 def one_iterator(dataset, steps_per_epoch: Optional[int], steps_per_execution: int,
                  epoch_ends_at: Optional[int] = None):
-    """`(dataset, steps_per_epoch)` for `Model.fit` such that Keras keeps one iterator for the whole run.
-
-    On finite data Keras rebuilds the pipeline's iterator every epoch. Data whose epoch is
-    a whole number of executions, or is `epoch_ends_at` (the train function ends epochs
-    itself), is repeated and run one pass per epoch. Other finite data is left as it is:
-    on endless data Keras would run the last execution whole, past the epoch's end.
-    A run resumed inside an epoch leaves later epochs starting mid-pass.
-
-    Returns:
-        The dataset and the `steps_per_epoch` to pass to `fit` (None for data left finite).
-    """
+    """`(dataset, steps_per_epoch)` for `Model.fit` so that Keras keeps one iterator for the run (on finite data
+    it rebuilds it every epoch). Data whose pass is a whole number of executions, or `epoch_ends_at`, is repeated,
+    one pass an epoch; other finite data is left (on endless data Keras would run past the epoch's end). After a
+    resume inside an epoch, later epochs start mid-pass. `steps_per_epoch` is None for data left finite."""
     import tensorflow as tf
 
     batches = int(dataset.cardinality())

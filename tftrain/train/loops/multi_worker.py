@@ -11,37 +11,29 @@ from tftrain.train.loops.fit import FitLoop
 
 @dataclasses.dataclass(frozen=True)
 class MultiWorkerLoop(FitLoop):
-    """`Model.fit` in every task of a `multi_worker_mirrored` job.
-
-    Each worker repeats its own input shard and runs exactly `steps_per_epoch`
-    steps per epoch, so none waits for a step another never takes.
-    """
+    """`Model.fit` in every task of a `multi_worker_mirrored` job. Each worker repeats its shard and runs exactly
+    `steps_per_epoch` steps an epoch, so none waits for a step another never takes."""
 
     name: str = "Model.fit (multi-worker)"
     times_execution: bool = False
     in_process_search: bool = False
     checks_input: bool = False  # each worker reads only its shard
     needs_steps_per_epoch: bool = True
-    weighs_classes: bool = True  # on each worker's dataset, with Keras's own map (`class_weighted`)
+    weighs_classes: bool = True  # on each worker's dataset (`class_weighted`)
     executions: tuple = ("auto", "graph", "eager")
     no_search_reason: str = ("every worker runs the same steps in lockstep (collective all-reduce), so one task "
                              "cannot try settings alone")
 
     def steps_per_execution_for(self, requested: int, batches_per_epoch: Optional[int]) -> int:
-        """The largest count <= `requested` that divides `batches_per_epoch`.
-
-        On endless data Keras runs whole executions, past an epoch's end otherwise.
-        """
+        """The largest count <= `requested` dividing `batches_per_epoch` (else Keras runs past the epoch's end)."""
         if not batches_per_epoch or batches_per_epoch % requested == 0:
             return requested
         return max(d for d in range(1, requested + 1) if batches_per_epoch % d == 0)
 
     def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
             runtime=None, metrics=None, say=print, class_weight=None):
-        """`Model.fit` on `strategy.distribute_datasets_from_function`; see `FitLoop.fit`.
-
-        `steps_per_epoch` must be known; `steps_per_execution` is lowered to divide it.
-        """
+        """`Model.fit` on `distribute_datasets_from_function` (see `FitLoop.fit`); `steps_per_epoch` must be known,
+        and `steps_per_execution` is lowered to divide it."""
         spe = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
         if steps_per_epoch % spe:
             model.steps_per_execution = self.steps_per_execution_for(spe, steps_per_epoch)
@@ -56,12 +48,8 @@ class MultiWorkerLoop(FitLoop):
 
 
 def class_weighted(class_weight):
-    """`dataset -> dataset` whose `(x, y)` batches carry `class_weight[y]` as sample weights (identity for None).
-
-    `fit` refuses `class_weight` with a distributed dataset, so each worker's dataset is
-    weighed first, by Keras's own map.
-    Source: keras/src/trainers/data_adapters/tf_dataset_adapter.py (`make_class_weight_map_fn`).
-    """
+    """`dataset -> dataset` adding `class_weight[y]` sample weights (identity for None): `fit` refuses `class_weight`
+    with a distributed dataset. Keras's map: `make_class_weight_map_fn` in `data_adapters/tf_dataset_adapter.py`."""
     if class_weight is None:
         return lambda dataset: dataset
     from tftrain import _compat

@@ -16,11 +16,8 @@ _ACCURACY_BY_LOSS = (("sparse_categorical", "SparseCategoricalAccuracy"), ("cate
 
 
 def metric_objects(metrics, loss) -> list:
-    """Fresh Keras metric objects for loops that update metrics themselves.
-
-    `metrics` is a flat list as `compile` takes; `"accuracy"` resolves by `loss`,
-    as `compile` does. Raises ConfigError for a per-output dict.
-    """
+    """Fresh Keras metrics from a flat `compile`-style list, `"accuracy"` resolved by `loss` as `compile` does;
+    `ConfigError` for a per-output dict."""
     import keras
 
     if isinstance(metrics, Mapping):
@@ -31,7 +28,7 @@ def metric_objects(metrics, loss) -> list:
     out = []
     for given in metrics or ():
         m = build_metrics(given)
-        if m is not given:  # a metric class or factory: a new metric already
+        if m is not given:  # built from a metric class or factory
             out.append(m)
         elif isinstance(m, str) and m in ("accuracy", "acc"):
             cls = next((c for key, c in _ACCURACY_BY_LOSS if key in loss_name), "Accuracy")
@@ -46,7 +43,7 @@ def metric_objects(metrics, loss) -> list:
 
 
 def _backup_every(callbacks) -> Optional[int]:
-    """The `StepBackup`'s steps between checkpoints (None: at epoch ends only)."""
+    """The `StepBackup`'s steps between checkpoints (None: epoch ends only)."""
     from tftrain.callbacks.backup import StepBackup
 
     return next((c.every_steps for c in callbacks if isinstance(c, StepBackup) and c.every_steps), None)
@@ -54,11 +51,8 @@ def _backup_every(callbacks) -> Optional[int]:
 
 @dataclasses.dataclass(frozen=True)
 class ParameterServerLoop(FitLoop):
-    """The coordinator loop of a `parameter_server` job (`tftrain.train.loops.ps_training`).
-
-    Steps run asynchronously on the workers, so there are no per-step hooks and no
-    in-process search; graph mode only.
-    """
+    """The coordinator loop of a `parameter_server` job (`ps_training`): steps run asynchronously on the workers,
+    so no per-step hooks, no in-process search, graph mode only."""
 
     name: str = "the parameter-server coordinator loop"
     per_step_hooks: bool = False
@@ -79,15 +73,15 @@ class ParameterServerLoop(FitLoop):
         return cluster is not None and cluster.task_type in ("worker", "ps")
 
     def job(self, cluster):
-        """On the chief: tells every worker and ps task at the end whether the run failed, for their exit code."""
+        """On the chief: tells every worker and ps task at the end whether the run failed (their exit code)."""
         from tftrain.runtime.server import telling_servers
 
         return telling_servers(cluster)
 
     def check_model(self, compile_args: dict, overridden_steps: tuple) -> None:
-        """Raises ConfigError for a loss per output or a model with its own `train_step` (never run here)."""
+        """Raises `ConfigError` for no loss, a loss per output, or a model's own `train_step` (never run here)."""
         loss = compile_args.get("loss")
-        if loss is None:  # its own step computes the compiled loss only (ps_training)
+        if loss is None:  # ps_training's step computes the compiled loss only
             raise ConfigError("The parameter-server loop trains on the compiled loss; this task gives none (loss=None, "
                               "a model with its own add_loss). Pass loss=..., or train it with another strategy "
                               "(e.g. multi_worker_mirrored).")
@@ -106,11 +100,8 @@ class ParameterServerLoop(FitLoop):
 
     def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
             runtime=None, metrics=None, say=print, class_weight=None):
-        """`ps_training.fit` on per-worker datasets; see `FitLoop.fit`.
-
-        `class_weight` weighs the loss, not the metrics, as `Model.fit` does. Under
-        `--backup-every-steps N` the coordinator joins every N steps for the backup.
-        """
+        """`ps_training.fit` on per-worker datasets (see `FitLoop.fit`); `class_weight` weighs the loss, not the
+        metrics, as `Model.fit`. Under `--backup-every-steps N` the coordinator joins every N steps for the backup."""
         from tftrain.train.loops import ps_training
         from tftrain.train.loops.multi_worker import class_weighted
 

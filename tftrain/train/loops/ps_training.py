@@ -1,15 +1,8 @@
-"""A Keras training loop for `ParameterServerStrategy`, driven by `ClusterCoordinator`.
-
-Keras 3's `Model.fit` does not drive `ParameterServerStrategy`, so this is the loop
-TensorFlow's tutorial prescribes. Batch-level hooks fire once per epoch (or every
-`sync_every` steps), since steps run asynchronously on the workers.
-
-No `variable_partitioner`: Keras 3's optimizer colocates slot variables, which a
-`ShardedVariable` refuses. Keras 3's `assign_add` is read-then-assign, which loses
-concurrent updates from workers, so the scheduled function is traced under
-`atomic_assign_add`.
-
-Source: https://www.tensorflow.org/tutorials/distribute/parameter_server_training
+"""A Keras training loop for `ParameterServerStrategy` (which Keras 3's `fit` does not drive) with `ClusterCoordinator`,
+as https://www.tensorflow.org/tutorials/distribute/parameter_server_training. Steps run asynchronously, so batch
+hooks fire once an epoch (or every `sync_every` steps). No `variable_partitioner`: Keras 3 colocates slot variables,
+which a `ShardedVariable` refuses. Keras 3's `assign_add` reads then assigns, losing concurrent worker updates, so
+the scheduled function is traced under `atomic_assign_add`.
 """
 
 from __future__ import annotations
@@ -43,9 +36,9 @@ def atomic_assign_add():
 
 
 def _loss(model: keras.Model, y, y_pred, sample_weight=None):
-    """The compiled loss, averaged over the batch and weighed by `sample_weight`, plus regularization losses."""
+    """The compiled loss, batch mean weighed by `sample_weight`, plus regularization losses."""
     loss_fn = keras.losses.get(model.loss) if isinstance(model.loss, str) else model.loss
-    if isinstance(loss_fn, keras.losses.Loss):  # the mean: a reduction of "none" gives one value per example
+    if isinstance(loss_fn, keras.losses.Loss):  # mean: reduction "none" gives one value per example
         loss = keras.ops.mean(loss_fn(y, y_pred, sample_weight=sample_weight))
     else:
         values = loss_fn(y, y_pred)  # one value per example (per time step, ...)
@@ -78,27 +71,22 @@ def fit(
     """Trains a compiled Keras model with `ParameterServerStrategy`.
 
     Args:
-        model: built and compiled inside the strategy's scope; its loss must average
-            over the batch (the Keras default).
-        per_worker_dataset_fn: `(InputContext) -> tf.data.Dataset` run on every
-            worker; shard, batch per replica and repeat forever.
+        model: built and compiled in the strategy's scope; its loss must average over the batch (Keras's default).
+        per_worker_dataset_fn: `(InputContext) -> tf.data.Dataset` on every worker: shard, batch per replica, repeat.
         steps_per_epoch: optimizer steps per epoch, all workers together.
         metrics: Keras metrics created inside `strategy.scope()`. Defaults to none (only `"loss"`).
-        initial_epoch: `BackupAndRestore` may move it further. Defaults to 0.
+        initial_epoch: a restoring callback may move it further. Defaults to 0.
         verbose: 0 silent, else one progress line per epoch. Defaults to 1.
         steps_per_execution: training steps per scheduled function. Defaults to 1.
         strategy, coordinator: Default to the model's strategy and a new `ClusterCoordinator`.
-        sync_every: steps between the joins at which batch-level hooks fire; each
-            join idles the workers. A callback's `steps_done_in(epoch)` shortens a
-            resumed epoch. Defaults to None (once an epoch).
+        sync_every: steps between the joins (each idles the workers) where batch hooks fire; a callback's
+            `steps_done_in(epoch)` shortens a resumed epoch. Defaults to None (once an epoch).
 
     Returns:
         The `keras.callbacks.History` of the epochs trained here.
 
     Raises:
-        ValueError: when the model is not compiled, the strategy is not a
-            `ParameterServerStrategy`, or a count is not positive.
-
+        ValueError: an uncompiled model, a strategy not `ParameterServerStrategy`, or a count not positive.
     """
     _check_model(model)
     strategy = strategy or model.distribute_strategy
@@ -114,8 +102,7 @@ def fit(
     coordinator = coordinator or tf.distribute.coordinator.ClusterCoordinator(strategy)
     metrics = list(metrics)
     with strategy.scope():
-        # Slot variables must exist on the ps tasks before a callback (BackupAndRestore)
-        # restores them, and cannot be created inside the scheduled function.
+        # Slot variables must exist before a callback restores them, and cannot be made in the scheduled function.
         model.optimizer.build(model.trainable_variables)
         loss_tracker = keras.metrics.Mean(name="loss")
     iterator = iter(coordinator.create_per_worker_dataset(
@@ -149,7 +136,7 @@ def _worker_function(model, strategy, loss_tracker, metrics):
     optimizer = model.optimizer
 
     def train_step(batch):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)  # sample weights: a class_weight map
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)  # weights from a class_weight map
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
             loss = _loss(model, y, y_pred, sample_weight)
@@ -193,7 +180,7 @@ def _run_steps(coordinator, worker_fn, iterator, steps_per_execution: int, steps
 
 
 def evaluate(model: keras.Model, dataset: tf.data.Dataset, metrics: Sequence[keras.metrics.Metric] = ()) -> dict:
-    """Evaluates a parameter-server model on the chief, so every example counts exactly once.
+    """Evaluates a parameter-server model on the chief, so every example counts once.
 
     Args:
         dataset: batches of `(x, y)` or `(x, y, sample_weight)`, not distributed.
@@ -203,7 +190,7 @@ def evaluate(model: keras.Model, dataset: tf.data.Dataset, metrics: Sequence[ker
         `{"loss": float, <metric name>: float, ...}`, averaged over all examples.
 
     Raises:
-        ValueError: when the model is not compiled.
+        ValueError: the model is not compiled.
     """
     _check_model(model)
     loss_tracker = keras.metrics.Mean(name="loss")

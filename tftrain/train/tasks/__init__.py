@@ -1,9 +1,6 @@
-"""What a user supplies: a `Task` (model, compile arguments, data), and adapters, one a module.
-
-A task builds the model and reads its data for a global batch size (and an
-`InputContext` when multi-worker); everything else is the `Trainer`'s. After TF
-Model Garden's `official/core/base_task.py`, in Keras terms.
-"""
+"""What a user supplies: a `Task` builds the model and reads its data for a global batch size (and an
+`InputContext` when multi-worker); the rest is the `Trainer`'s. Adapters, one a module. After TF Model Garden's
+`official/core/base_task.py`."""
 
 from tftrain.train.tasks.arrays import ArrayTask
 from tftrain.train.tasks.base import FunctionTask, Task, build_metrics, check_metrics, metric_class_name

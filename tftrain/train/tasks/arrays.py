@@ -9,7 +9,7 @@ from tftrain.train.tasks.base import FunctionTask
 
 
 def _slice(structure, start: int, stop: Optional[int]):
-    """`array[start:stop]` for every array of a nested structure (dicts, tuples)."""
+    """`array[start:stop]` for every array of a nested structure."""
     import tensorflow as tf
 
     return tf.nest.map_structure(lambda a: a[start:stop], structure)
@@ -18,8 +18,8 @@ def _slice(structure, start: int, stop: Optional[int]):
 class ArrayTask(FunctionTask):
     """A task over in-memory NumPy arrays (or dicts of arrays for multi-input models).
 
-    `--validation-split F` holds out the last F of the training examples (as Keras's
-    `fit(validation_split=...)`), unless `validation_data` is given.
+    `--validation-split F` holds out the last F of the training examples, as Keras's `fit`, unless `validation_data`
+    is given.
 
     Args:
         build_model: `() -> keras.Model` or `(hparams) -> keras.Model`, uncompiled.
@@ -28,14 +28,13 @@ class ArrayTask(FunctionTask):
         x_test, y_test: test arrays, evaluated after training. Defaults to None.
         validation_data: `(x_val, y_val)`. Defaults to None (`--validation-split`).
         loss: a Keras loss (name, object, or a dict per output). Required.
-        metrics: as `Model.compile`'s, plus metric classes and factories (see
-            `build_metrics`), which keep TensorFlow unstarted on import. Defaults to None.
+        metrics: as `Model.compile`'s, plus metric classes and factories (`build_metrics`). Defaults to None.
         preprocess: `(features, labels) -> (features, labels)` on whole batches. Defaults to None.
         optimizer, learning_rate, hparams, default_batch_size, defaults, class_weight,
         loss_weights: see `Task`. `name` defaults to `"arrays"`.
 
     Raises:
-        ConfigError: when the arrays differ in length or `loss` is missing.
+        ConfigError: the arrays differ in length or `loss` is missing.
 
     Example:
         >>> task = tftrain.ArrayTask(build_model, x, y, x_test, y_test, loss="mse", optimizer="sgd")
@@ -92,24 +91,20 @@ class ArrayTask(FunctionTask):
         return None if self.test is None else num_examples_of(*self.test)
 
     def bind(self, config):
-        """A bound copy with its own, empty memo of the arrays as tensors."""
+        """A bound copy with its own, empty tensor memo."""
         bound = super().bind(config)
         bound._tensor_memo = {}
         return bound
 
     def _tensors(self, arrays):
-        """`arrays` as tensors, each NumPy array converted once per bound task (eagerly only).
-
-        A run builds its pipeline several times and `tf.constant` copies each time.
-        Arrays are keyed by memory (address, shape, strides, dtype) and kept alive
-        until `release`, so an address is not reused. Other leaves pass through.
-        """
+        """`arrays` as tensors, each NumPy array converted (copied) once per bound task, eagerly only. Keyed by
+        (address, shape, strides, dtype) and kept alive until `release`, so an address is not reused."""
         import numpy as np
         import tensorflow as tf
 
         memo = getattr(self, "_tensor_memo", None)
-        if memo is None or not tf.executing_eagerly():  # unbound, or traced (a parameter-server worker's
-            return arrays  # dataset function): build_dataset converts them in that graph
+        if memo is None or not tf.executing_eagerly():  # unbound, or traced (a parameter-server dataset
+            return arrays  # function): build_dataset converts them in that graph
 
         def convert(array):
             if not isinstance(array, np.ndarray):
@@ -135,7 +130,7 @@ class ArrayTask(FunctionTask):
     def train_data(self, global_batch_size, input_context=None):
         """Shuffled, batched training arrays (whole global batches only when sharded)."""
         arrays = self._splits()[0]
-        if input_context is not None:  # every worker must run the same number of steps
+        if input_context is not None:  # every worker must run the same steps
             used = self.num_train_examples // global_batch_size * global_batch_size
             arrays = (_slice(arrays[0], 0, used), _slice(arrays[1], 0, used))
         return self._dataset(arrays, global_batch_size, True, input_context)

@@ -1,4 +1,4 @@
-"""The `Task` base, the metric helpers, and the function-task base the adapters share."""
+"""The `Task` base, the metric helpers, and `FunctionTask`, the adapters' base."""
 
 from __future__ import annotations
 
@@ -16,22 +16,15 @@ class Task:
 
     Class attributes a subclass may set:
         name: short name for run directories and reports. Defaults to `"task"`.
-        hparams: a frozen dataclass instance of `tftrain.hparam` fields; each
-            becomes a flag and a key of the recipe file's `task:` section. Defaults to None.
-        loss, metrics, loss_weights: passed to `Model.compile`; `metrics` may also
-            hold metric classes and factories (see `build_metrics`). Defaults to None.
-        optimizer: a Keras optimizer name, an instance (cloned per compile), or a
-            function `(learning_rate) -> Optimizer`. Defaults to `"adam"`.
-        learning_rate: overridden by `--learning-rate`; None keeps the optimizer's
-            default. Defaults to None.
-        example_unit: the unit of printed rates (`"images"` gives images/sec). Defaults to `"examples"`.
-        default_batch_size: global batch size when the config sets none. Defaults
-            to None (128 per replica).
-        defaults: flat config overrides, applied under the recipe file and the flags. Defaults to {}.
-        class_weight: `{class index: weight}`, as `Model.fit(class_weight=...)`;
-            refused by the multi-worker and parameter-server loops. Defaults to None.
-        unused_fields: `{flat config key: why}` the task's data ignores; their flags
-            are hidden and setting one is refused. Defaults to {}.
+        hparams: frozen dataclass of `tftrain.hparam` fields, each a flag and a `task:` key. Defaults to None.
+        loss, metrics, loss_weights: for `Model.compile` (`metrics` may hold classes: `build_metrics`). Default None.
+        optimizer: an optimizer name, instance (cloned per compile) or `(learning_rate) -> Optimizer`. Default "adam".
+        learning_rate: overridden by `--learning-rate`; None keeps the optimizer's default. Defaults to None.
+        example_unit: the unit of printed rates (`"images"`: images/sec). Defaults to `"examples"`.
+        default_batch_size: global batch size when the config sets none. Defaults to None (128 per replica).
+        defaults: flat config overrides, under the recipe file and the flags. Defaults to {}.
+        class_weight: `{class index: weight}`, as `Model.fit(class_weight=...)`. Defaults to None.
+        unused_fields: `{flat config key: why}` the task ignores; flags hidden, setting one refused. Defaults to {}.
 
     Set by `bind`:
         config: the run's `RecipeConfig`.
@@ -39,10 +32,8 @@ class Task:
     Example:
         >>> class Regression(tftrain.Task):
         ...     name, loss = "regression", "mse"
-        ...     def build_model(self):
-        ...         return keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
-        ...     def train_data(self, global_batch_size, input_context=None):
-        ...         return make_dataset(global_batch_size, input_context)
+        ...     def build_model(self): ...  # a new, uncompiled keras.Model
+        ...     def train_data(self, global_batch_size, input_context=None): ...  # a tf.data.Dataset
     """
 
     name: str = "task"
@@ -61,7 +52,7 @@ class Task:
 
     # -- what the Trainer calls ------------------------------------------------
     def check_unused_fields(self, config: config_lib.RecipeConfig) -> None:
-        """Raises ConfigError when a field in `unused_fields` is set to other than tftrain's default."""
+        """Raises `ConfigError` when a field in `unused_fields` is not at tftrain's default."""
         given, default = config.to_dict(), config_lib.RecipeConfig().to_dict()
         for key, why in self.unused_fields.items():
             section, name = key.split(".")
@@ -74,13 +65,11 @@ class Task:
         return config_lib.RecipeConfig(task=self.hparams).override(dict(self.defaults))
 
     def bind(self, config: config_lib.RecipeConfig) -> "Task":
-        """Returns a shallow copy of this task bound to `config` (its `hparams` from `config.task`).
-
-        Runs before TensorFlow starts: an override may read and check files, but
-        must build no dataset and run no TensorFlow op.
+        """A shallow copy bound to `config` (`hparams` from `config.task`). Runs before TensorFlow starts: an
+        override may check files but must build no dataset and run no TensorFlow op.
 
         Raises:
-            ConfigError: when `config.task` is not the task's hyperparameter type.
+            ConfigError: `config.task` is not the task's hyperparameter type.
         """
         if self.hparams is not None and not isinstance(config.task, type(self.hparams)):
             raise ConfigError(
@@ -93,18 +82,15 @@ class Task:
         return bound
 
     def release(self) -> None:
-        """Drops what the bound task keeps for its pipelines; called at the end of the run. Defaults to nothing."""
+        """Drops what the bound task keeps for its pipelines, at the end of the run. Defaults to nothing."""
 
     def build_model(self):
         """Returns a new, uncompiled `keras.Model`; called inside `strategy.scope()`."""
         raise NotImplementedError(f"{type(self).__name__} must define build_model(self) -> keras.Model.")
 
     def compile_args(self, steps_per_epoch: Optional[int]) -> dict:
-        """Keyword arguments for `Model.compile`: `optimizer`, `loss`, `metrics` (and `loss_weights` when set).
-
-        Called inside the strategy's scope, where the metrics' variables belong.
-        `steps_per_epoch` None (unknown) keeps a learning-rate schedule constant.
-        """
+        """`Model.compile` arguments: `optimizer`, `loss`, `metrics` (and `loss_weights` if set). Called inside the
+        strategy's scope (the metrics' variables); `steps_per_epoch` None keeps a learning-rate schedule constant."""
         args = {"optimizer": self.make_optimizer(steps_per_epoch), "loss": self.loss,
                 "metrics": build_metrics(self.metrics)}
         if self.loss_weights is not None:
@@ -112,7 +98,7 @@ class Task:
         return args
 
     def make_optimizer(self, steps_per_epoch: Optional[int]):
-        """A fresh optimizer at `run_learning_rate(steps_per_epoch)`; ConfigError on an unknown `optimizer`."""
+        """A fresh optimizer at `run_learning_rate(steps_per_epoch)`; `ConfigError` on an unknown `optimizer`."""
         return self._optimizer_from_spec(self.run_learning_rate(steps_per_epoch))
 
     def _optimizer_from_spec(self, rate):
@@ -138,11 +124,8 @@ class Task:
         raise ConfigError(f"optimizer must be a name, an optimizer or a function. Received: {spec!r}.")
 
     def run_learning_rate(self, steps_per_epoch: Optional[int]):
-        """The run's learning rate: `--learning-rate`, else the task's (None when neither sets one).
-
-        Under `--lr-schedule cosine` with known steps, a `CosineDecay` from
-        `starting_learning_rate()` to 0 over the run.
-        """
+        """`--learning-rate`, else the task's, else None; under `--lr-schedule cosine` with known steps, a
+        `CosineDecay` from `starting_learning_rate()` to 0 over the run."""
         import keras
 
         train = self.config.train if self.config is not None else config_lib.TrainConfig()
@@ -164,10 +147,8 @@ class Task:
 
     def train_data(self, global_batch_size: int, input_context=None):
         """One epoch of training batches: a `tf.data.Dataset` of `(features, labels)`, last partial batch dropped.
-
-        In multi-worker runs `input_context` is a `tf.distribute.InputContext`: shard by
-        its `input_pipeline_id` and batch by `get_per_replica_batch_size`. Defaults to None.
-        """
+        Multi-worker, `input_context` (default None) is an `InputContext`: shard by its `input_pipeline_id` and
+        batch by `get_per_replica_batch_size`."""
         raise NotImplementedError(f"{type(self).__name__} must define train_data(self, global_batch_size, input_context=None).")
 
     def validation_data(self, global_batch_size: int):
@@ -189,14 +170,11 @@ class Task:
         return None
 
     def probe_data(self, global_batch_size: int, num_batches: int):
-        """The first `num_batches` training batches, for timing (`--execution auto`).
-
-        A task whose pipeline caches should skip the cache (tf.data warns about a partly read cache).
-        """
+        """The first `num_batches` training batches, for timing; skip any cache (tf.data warns on a partly read one)."""
         return self.train_data(global_batch_size).take(num_batches)
 
     def input_bound_hint(self) -> str:
-        """What to try when training waits for this task's input; "" for none (default)."""
+        """What to try when training waits for input; "" (default) for nothing."""
         return ""
 
     def tune_space(self) -> Mapping[str, Sequence]:
@@ -208,12 +186,12 @@ class Task:
         return []
 
     def describe_sharding(self, num_input_pipelines: int) -> Optional[str]:
-        """One line on how `num_input_pipelines` split the training data; None (default) for one fixed rule."""
+        """One line on how `num_input_pipelines` split the training data; None (default): the general rule."""
         return None
 
 
 def _call_builder(build_model: Callable, hparams):
-    """`build_model(hparams)` when it requires an argument, or takes one and hparams exist; else `build_model()`."""
+    """`build_model(hparams)` if it requires an argument, or takes one and hparams exist; else `build_model()`."""
     try:
         params = [p for p in inspect.signature(build_model).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
@@ -256,7 +234,7 @@ def _is_metric_class(item) -> bool:
 
 
 def check_metrics(metrics) -> None:
-    """Raises ConfigError for a metric class in `metrics` that cannot be built without arguments."""
+    """Raises `ConfigError` for a metric class in `metrics` that needs arguments."""
     if isinstance(metrics, Mapping):
         metrics = list(metrics.values())
     if isinstance(metrics, (list, tuple)):
@@ -269,14 +247,11 @@ def check_metrics(metrics) -> None:
 
 
 def build_metrics(metrics):
-    """`metrics` with each metric class and no-argument factory replaced by a new metric.
-
-    Call it inside the strategy's scope. Classes and factories let a task file avoid
-    starting TensorFlow on import. Lists and tuples come back as lists; names, metric
-    objects and functions `(y_true, y_pred)` unchanged.
+    """`metrics` with each metric class and no-argument factory replaced by a new metric (so a task file need not
+    start TensorFlow on import); call in the strategy's scope. Lists and tuples become lists; the rest unchanged.
 
     Raises:
-        ConfigError: when a class needs arguments, or a factory returns no `keras.metrics.Metric`.
+        ConfigError: a class needs arguments, or a factory returns no `keras.metrics.Metric`.
 
     Example:
         >>> build_metrics([keras.metrics.MeanAbsoluteError, "mse"])
@@ -337,7 +312,7 @@ class FunctionTask(Task):
 
 
 def check_class_weight(class_weight) -> Optional[dict]:
-    """`class_weight` as `{int: float}`, or None; ConfigError unless it maps ints >= 0 to numbers >= 0."""
+    """`class_weight` as `{int: float}`, or None; `ConfigError` unless it maps ints >= 0 to numbers >= 0."""
     if class_weight is None:
         return None
     example = "e.g. class_weight={0: 1.0, 1: 5.0}"
@@ -355,7 +330,7 @@ def check_class_weight(class_weight) -> Optional[dict]:
 
 
 def with_shard_policy(ds, input_context, private_threads: int = 0):
-    """`ds` with auto-shard OFF when sharded by an InputContext, else DATA; a private pool when `private_threads` > 0."""
+    """`ds` with auto-shard OFF if sharded by an InputContext, else DATA; a private pool if `private_threads` > 0."""
     import tensorflow as tf
 
     from tftrain.data.pipeline import dataset_options

@@ -9,29 +9,24 @@ from tftrain.train.tasks.base import FunctionTask, with_shard_policy
 
 
 class DatasetTask(FunctionTask):
-    """A task over the user's own `tf.data` pipelines.
-
-    tftrain adds only what is asked: sharding, batching, prefetching, shuffling.
+    """A task over the user's own `tf.data` pipelines, which tftrain only shards, batches, shuffles and prefetches.
 
     Args:
         build_model: `() -> keras.Model` or `(hparams) -> keras.Model`.
-        train: with `batch`, `train()` returns unbatched `(features, labels)`
-            examples; without, `train(batch_size)` returns batches of this input
-            pipeline's size (per replica under multi-worker training).
+        train: with `batch`, `train()` returns unbatched `(features, labels)`; without, `train(batch_size)` returns
+            batches of this pipeline's size (per replica under multi-worker training).
         validation, test: the same for validation and test data. Defaults to None.
         batch: batch the examples (training drops the remainder). Defaults to True.
         shard: shard across input pipelines in multi-worker runs. Defaults to True.
         prefetch: prefetch batches unless `--no-prefetch`. Defaults to True.
-        shuffle: shuffle training examples each epoch (`--shuffle-buffer`, 0: 10,000)
-            after `--validation-split` holds out the last examples of `train()`;
-            a `train()` that shuffles itself would leak validation examples. Defaults to False.
-        num_train_examples: needed for `--validation-split`, schedules and
-            multi-process strategies. Defaults to None (the cardinality when known).
+        shuffle: shuffle training examples each epoch (`--shuffle-buffer`, 0: 10,000) after `--validation-split`
+            holds out `train()`'s last examples (a self-shuffling `train()` would leak them). Defaults to False.
+        num_train_examples: for `--validation-split`, schedules, multi-process runs. Defaults to None (cardinality).
         loss, optimizer, metrics, learning_rate, hparams, default_batch_size, defaults,
         class_weight, loss_weights: see `ArrayTask`. `name` defaults to `"dataset"`.
 
     Raises:
-        ConfigError: when `loss` is missing or a function is not callable.
+        ConfigError: `loss` is missing or a function is not callable.
 
     Example:
         >>> task = tftrain.DatasetTask(build_model, lambda: tf.data.Dataset.from_tensor_slices((x, y)),
@@ -78,7 +73,7 @@ class DatasetTask(FunctionTask):
         return super().bind(config)
 
     def _known_count(self) -> Optional[int]:
-        """`num_train_examples`, else the training dataset's cardinality when known."""
+        """`num_train_examples`, else the training dataset's cardinality if known."""
         if self._num_train_examples is not None:
             return self._num_train_examples
         if not self.batch:
@@ -158,8 +153,7 @@ class DatasetTask(FunctionTask):
                 f"{held_out}); tftrain adds: {', '.join(added) or 'nothing'}"] + self._batched_already()
 
     def _batched_already(self) -> list:
-        """A warning line when `batch=True` but every leaf's first dimension is unknown, as `Dataset.batch`
-        leaves it; else []."""
+        """A warning line if `batch=True` but every leaf's first dimension is unknown (as after `batch`); else []."""
         if not self.batch:
             return []
         import tensorflow as tf

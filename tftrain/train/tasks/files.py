@@ -23,6 +23,6 @@ class FileSplitTask(FunctionTask):
         return self._dataset("test", global_batch_size, False)
 
     def probe_data(self, global_batch_size, num_batches):
-        """The first training batches without the cache (a partly read cache makes tf.data warn)."""
+        """The first training batches, without the cache (a partly read one makes tf.data warn)."""
         config = dataclasses.replace(self._data, cache=False)
         return self._dataset("train", global_batch_size, True, config=config).take(num_batches)

@@ -9,7 +9,7 @@ from tftrain.train.tasks.files import FileSplitTask
 
 
 def _random_subset(files, count: int, seed: int):
-    """`count` files drawn at random (seeded), so a small subset still holds every class."""
+    """`count` seeded random files, so a small subset still holds every class."""
     import numpy as np
 
     if count >= len(files):
@@ -22,12 +22,11 @@ def _random_subset(files, count: int, seed: int):
 class ImageFolderTask(FileSplitTask):
     """A task over a folder of images with one sub-folder per class.
 
-    As `keras.utils.image_dataset_from_directory`. `--validation-split` and
-    `--train-examples` pick seeded random files.
+    As `keras.utils.image_dataset_from_directory`; `--validation-split` and `--train-examples` pick seeded random files.
 
     Args:
-        build_model: `() -> keras.Model` or `(hparams) -> ...`, taking float32 images
-            `(batch, height, width, num_channels)` with pixels 0..255.
+        build_model: `() -> keras.Model` or `(hparams) -> ...`, taking float32 images `(batch, height, width,
+            num_channels)`, pixels 0..255.
         directory: the training folder; `--data-dir` replaces it.
         image_size: `(height, width)` every image is resized to.
         test_directory: a folder of the same classes, evaluated after training. Defaults to None.
@@ -40,7 +39,7 @@ class ImageFolderTask(FileSplitTask):
         loss_weights: see `ArrayTask`. `name` defaults to `"image_folder"`.
 
     Raises:
-        DataError: when bound, if a folder is missing or holds no images.
+        DataError: when bound, a folder is missing or holds no images.
     """
 
     def __init__(self, build_model, directory, *, image_size, test_directory=None, augment=None, num_channels=3,
@@ -75,7 +74,7 @@ class ImageFolderTask(FileSplitTask):
         return bound
 
     def set_test_directory(self, directory) -> None:
-        """Lists a test folder on a bound task; DataError unless its classes are the training folder's."""
+        """Lists a test folder on a bound task; `DataError` unless its classes are the training folder's."""
         from tftrain.data.image_folder import list_image_files
         from tftrain.errors import DataError
 

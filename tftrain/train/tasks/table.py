@@ -1,10 +1,6 @@
-"""`TableTask`: CSV and Parquet tables, one file or a glob, with label and feature columns.
-
-CSV is streamed with `CsvDataset`; Parquet is read into memory with `pyarrow`. An
-example is `(features, label)`: a dict of float32 (numeric) or string (categorical)
-scalars, and a float32 label (a vector for several label columns).
-
-Source: https://www.tensorflow.org/api_docs/python/tf/data/experimental/CsvDataset
+"""`TableTask`: CSV (streamed with `CsvDataset`) or Parquet (read into memory with `pyarrow`) tables, a file or a glob.
+An example is `(features, label)`: a dict of float32 (numeric) or string (categorical) scalars, and a float32 label
+(a vector for several label columns). Source: https://www.tensorflow.org/api_docs/python/tf/data/experimental/CsvDataset
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 
 
 def expand(files: Union[str, Sequence[str]], what: str = "files") -> list:
-    """The sorted paths `files` (a path, a glob, or a list) names; ConfigError on none, or mixed or unknown formats."""
+    """The sorted paths `files` (a path, glob or list) names; `ConfigError` on none, or mixed or unknown formats."""
     patterns = [files] if isinstance(files, (str, Path)) else list(files)
     paths = sorted({p for pattern in patterns for p in glob.glob(str(Path(pattern).expanduser()))})
     if not paths:
@@ -35,14 +31,12 @@ def expand(files: Union[str, Sequence[str]], what: str = "files") -> list:
 
 
 class TableTask(DatasetTask):
-    """A task over tables of examples: CSV or Parquet files with a label column (or several).
+    """A task over CSV or Parquet tables with a label column (or several).
 
-    A multi-worker pipeline reads only its own files when there are enough of them,
-    else keeps its share of every file's examples.
+    A multi-worker pipeline reads only its own files when there are enough, else its share of every file's examples.
 
     Args:
-        build_model: its inputs are named after the feature columns (`dtype="string"`
-            for a categorical one).
+        build_model: its inputs are named after the feature columns (`dtype="string"` for a categorical one).
         files: the training table: a path, a glob or a list.
         label: the label column, or a list of them (stacked into a vector).
         numeric: Defaults to None (every column not a label or categorical).
@@ -53,7 +47,7 @@ class TableTask(DatasetTask):
         class_weight: see `ArrayTask`. `name` defaults to `"table"`.
 
     Raises:
-        ConfigError: when no file matches, on a missing column, or Parquet without `pyarrow`.
+        ConfigError: no file matches, a column is missing, or Parquet without `pyarrow`.
 
     Example:
         >>> task = tftrain.TableTask(build_model, "data/train-*.csv", label="price", categorical=["city"],
@@ -124,7 +118,7 @@ class TableTask(DatasetTask):
         return self._finish(self.read(mine), global_batch_size, True, input_context, shard=False)
 
     def _not_by_file(self, num_input_pipelines: int) -> Optional[str]:
-        """Why `num_input_pipelines` pipelines do not each read their own files, or None when they do."""
+        """Why the pipelines do not each read their own files, or None when they do."""
         if num_input_pipelines <= 1:
             return "one input pipeline"
         if len(self.files) < num_input_pipelines:

@@ -9,9 +9,7 @@ from tftrain.train.tasks.files import FileSplitTask
 
 
 class TFRecordTask(FileSplitTask):
-    """A task over TFRecord files and the user's parse function.
-
-    Multi-worker input is sharded by record: every worker reads every file.
+    """A task over TFRecord files and the user's parse function; multi-worker input is sharded by record.
 
     Args:
         train_files: a list of TFRecord paths.
@@ -23,7 +21,7 @@ class TFRecordTask(FileSplitTask):
         defaults, class_weight, loss_weights: see `ArrayTask`. `name` defaults to `"tfrecord"`.
 
     Raises:
-        ConfigError: when `train_files` is empty or `loss` is missing.
+        ConfigError: `train_files` is empty or `loss` is missing.
     """
 
     def __init__(self, build_model, train_files, parse_fn, *, validation_files=None, test_files=None,
