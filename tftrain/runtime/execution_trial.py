@@ -65,7 +65,9 @@ class ExecutionTrial:
     """Times execution candidates on training steps inside one `Model.fit`, then trains with the winner.
 
     Duels: the first mode at the model's own count against each other mode, then the winner against its
-    mode at each larger count while the larger count wins. A duel ends once each side has
+    mode at each larger count while the larger count wins, then each other mode at the winner's count (the
+    interaction: per-call overhead weighs less at a larger count, so a mode slower at the base can win
+    there), and a mode that wins that grows its count in turn. A duel ends once each side has
     `MIN_TIMED_CALLS` calls of `MIN_TIMED_STEPS` steps (the challenger must be more than 5% faster,
     `tftrain.runtime.execution.best_label`), or earlier once one side is `GIVE_UP_RATIO` slower.
 
@@ -120,7 +122,8 @@ class ExecutionTrial:
         self.challengers = [self._candidate(m, self.base) for m in self.modes[1:]]
         self.challenger: Optional[_Candidate] = None
         self.last: Optional[_Candidate] = None  # the candidate of the latest call
-        self.count_lost = False  # a larger count lost its duel: larger ones are not timed
+        self.count_lost: set = set()  # modes whose larger count lost its duel: their larger ones are not timed
+        self.rematched: set = set()  # modes timed again at the incumbent's larger count
         self.timed: dict = {}  # label -> _Candidate, in the order timed
         self.skipped: list = []
         self.steps: dict = {}  # mode -> its shared step tf.function
@@ -321,8 +324,9 @@ class ExecutionTrial:
         overall = self._slower_over_all_calls() if winner == self.challenger.label else None
         if overall:
             winner = self.incumbent.label
-        if self.challenger.spe != self.base and winner != self.challenger.label:
-            self.count_lost = True
+        if self.challenger.spe != self.base and winner != self.challenger.label \
+                and self.challenger.mode == self.incumbent.mode:
+            self.count_lost.add(self.incumbent.mode)
         self.verdicts.append(overall or duel_verdict(self.incumbent.label, self.challenger.label, 1 / ratio,
                                                      winner == self.challenger.label,
                                                      (step_time(inc), step_time(chal))))
@@ -367,10 +371,25 @@ class ExecutionTrial:
                 self.challenger = challenger
         if self.challenger is not None:
             return
-        if self.larger and not self.count_lost:
-            self.challenger = self._candidate(self.incumbent.mode, self.larger.pop(0))
-        else:
-            self._settle(complete=True)
+        larger = [c for c in self.larger if c > self.incumbent.spe]
+        if larger and self.incumbent.mode not in self.count_lost:
+            self.challenger = self._candidate(self.incumbent.mode, larger[0])
+            return
+        rematch = self._rematch_modes()
+        if rematch:  # mode and count interact: a mode slower per call at the base count can win at a larger one
+            self.rematched.add(rematch[0])
+            self.challenger = self._candidate(rematch[0], self.incumbent.spe)
+            return
+        self._settle(complete=True)
+
+    def _rematch_modes(self) -> list:
+        """The other timed modes that have not met the incumbent at its count, when that count is larger
+        than the base (at the base they have met)."""
+        if self.incumbent.spe == self.base:
+            return []
+        return [c.mode for c in self.timed.values() if c.mode != self.incumbent.mode and not c.failed
+                and c.mode not in self.rematched and c.spe == self.base
+                and label_of(c.mode, self.incumbent.spe, self.base) not in self.timed]
 
     def _not_worth_timing(self, challenger: _Candidate) -> Optional[str]:
         """Why an XLA challenger of a graph incumbent cannot pay for itself in this run, or None: when
@@ -392,6 +411,13 @@ class ExecutionTrial:
         return (f"even {XLA_MAX_SPEEDUP}x faster it would save at most {gain:.1f} s over the run's last {left} "
                 f"steps, less than compiling it may take (about {compile_s:.1f} s, {XLA_COMPILE_RATIO}x graph's "
                 f"first call; a run of {repays_from} steps or more times it)")
+
+    def _rematch_waits(self) -> bool:
+        """Whether another mode timed at the base count may yet meet the incumbent at a larger count."""
+        others = [c for c in self.timed.values() if c.mode != self.incumbent.mode and not c.failed
+                  and c.mode not in self.rematched]
+        grows = any(c > self.incumbent.spe for c in self.larger) and self.incumbent.mode not in self.count_lost
+        return bool(others) and grows
 
     def _settle(self, complete: bool) -> None:
         self.chosen = self.incumbent
@@ -425,8 +451,10 @@ class ExecutionTrial:
         """Steps and seconds since the first compiling call, and `cost_s`: what the run paid beyond a run at
         the chosen setting (those seconds less the same steps at the chosen step time, less the chosen
         candidate's own compile); an upper bound."""
-        # The modes are decided once no other mode waits and the duel left, if any, is one of counts.
-        decided = complete or (not self.challengers and (self.challenger is None or self.challenger.spe != self.base))
+        # The modes are decided once no other mode waits, at the base count or at the incumbent's larger one,
+        # and the duel left, if any, is one of the incumbent's counts.
+        decided = complete or (not self.challengers and not self._rematch_modes() and not self._rematch_waits()
+                               and (self.challenger is None or self.challenger.mode == self.incumbent.mode))
         if self.started is None:
             return {"steps": 0, "seconds": 0.0, "cost_s": 0.0, "complete": complete, "modes_decided": decided}
         seconds, steps = self.clock() - self.started[0], self._step() - self.started[1]

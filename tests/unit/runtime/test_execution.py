@@ -290,9 +290,26 @@ def test_steps_per_execution_is_chosen_by_measurement(monkeypatch):
     choice = execution_probe.choose_execution(model, _batches(), steps_per_execution=(1, 8, 32, 64))
     assert (choice.execution, choice.steps_per_execution) == ("graph", 32)
     assert model.steps_per_execution == 32 and not model.jit_compile
-    assert tried == [(False, 8), (True, 8), (False, 32), (False, 64)]  # 1 only adds per-call cost: not timed
-    assert set(choice.timings) == {"graph", "xla", "graph, 32 steps/execution", "graph, 64 steps/execution"}
-    assert choice.to_dict()["steps_per_execution"] == 32
+    # 1 only adds per-call cost: not timed; xla, which lost at 8, meets graph again at graph's winning count.
+    assert tried == [(False, 8), (True, 8), (False, 32), (False, 64), (True, 32)]
+    assert set(choice.timings) == {"graph", "xla", "graph, 32 steps/execution", "graph, 64 steps/execution",
+                                   "xla, 32 steps/execution"}
+    assert choice.to_dict()["steps_per_execution"] == 32 and choice.trial["complete"]
+
+
+def test_a_mode_slower_at_the_base_count_wins_at_a_larger_one(monkeypatch):
+    from tftrain.runtime import execution_probe
+
+    # Per-call overhead makes xla slower at 8 steps a call; at 32 it amortises and xla's steps are faster.
+    # graph stops at 32 (64 within 5%); xla, timed again at 32, wins and then grows to 64 in turn.
+    per_step = {("graph", 8): 0.002, ("xla", 8): 0.0025, ("graph", 32): 0.0015, ("xla", 32): 0.001,
+                ("graph", 64): 0.00148, ("xla", 64): 0.0008}
+    tried = _fake_step_times(monkeypatch, lambda mode, spe: per_step[mode, spe])
+    model = _tiny_model(steps_per_execution=8)
+    choice = execution_probe.choose_execution(model, _batches(), steps_per_execution=(8, 32, 64))
+    assert tried == [(False, 8), (True, 8), (False, 32), (False, 64), (True, 32), (True, 64)]
+    assert (choice.execution, choice.steps_per_execution) == ("xla", 64) and choice.trial["complete"]
+    assert "xla, 64 steps/execution" in choice.reason and model.jit_compile
 
 
 @pytest.mark.slow
