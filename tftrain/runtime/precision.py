@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import os
 import warnings
+import weakref
 from typing import Callable, Optional
 
 import keras
@@ -129,12 +130,21 @@ def precision_policy(name: str, devices: Optional[DeviceInfo] = None):
         keras.mixed_precision.set_global_policy(previous)
 
 
+_WRAPPED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # float32-output model -> the model it wraps
+
+
+def user_model(model: keras.Model) -> keras.Model:
+    """The model `ensure_float32_outputs` wrapped to make `model` (its own layers, outputs and output
+    names: what `model.keras` holds), else `model`."""
+    return _WRAPPED.get(model, model)
+
+
 def ensure_float32_outputs(model: keras.Model) -> keras.Model:
     """Makes a functional or Sequential model's outputs float32.
 
     When any output is not float32, returns a new functional model (sharing `model`'s
-    weights) that appends a float32 linear `Activation` to those outputs; otherwise
-    returns `model`.
+    weights) that appends a float32 linear `Activation` to those outputs (`user_model`
+    gives `model` back); otherwise returns `model`.
 
     Raises:
         ValueError: when the model has no symbolic outputs (an unbuilt subclassed
@@ -173,6 +183,7 @@ def ensure_float32_outputs(model: keras.Model) -> keras.Model:
                         keras.tree.map_structure(cast, struct), name=model.name)
     if getattr(model, "output_names", None) and not isinstance(struct, dict):  # a loss dict keyed by output name
         fixed.output_names = list(model.output_names)
+    _WRAPPED[fixed] = model
     return fixed
 
 

@@ -227,6 +227,19 @@ def test_python_m_tftrain_export_exports_a_finished_run_of_a_mixed_policy_model(
     assert "unknown format 'pdf'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_model_keras_of_a_mixed_policy_run_holds_the_model_as_built_with_its_output_names(tmp_path):
+    import keras
+
+    # The float32 cast a mixed policy adds is a layer after each output: saved, a list's outputs took its names.
+    record = _fit(_task(LISTS), tmp_path, precision="mixed_bfloat16", epochs=2)
+    loaded = keras.models.load_model(tmp_path / "run" / "model.keras")
+    assert not [layer.name for layer in loaded.layers if layer.name.startswith("float32_output")]
+    again = loaded.evaluate(LISTS["x"], list(LISTS["y"]), batch_size=32, verbose=0, return_dict=True)
+    assert set(again) == set(record.test) and any(name.endswith("_accuracy") for name in again), again
+    assert int(loaded.optimizer.iterations.numpy()) == 2 * 3  # the optimizer's state came along (96 / 32 a epoch)
+
+
 def _unnamed_outputs():
     import keras
 
