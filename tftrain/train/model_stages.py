@@ -26,6 +26,23 @@ class ModelStages:
             model._tftrain_compiled = True  # a build_model that returns this instance again did not compile it
         return model
 
+    def save(self, model) -> None:
+        """Saves `model.keras`: the task's model as built (not the float32-output cast a mixed policy adds, whose
+        layers rename a list's outputs), compiled as `model` is, with the optimizer accumulation wraps."""
+        from tftrain import _compat
+        from tftrain import rundir as rundir_lib
+        from tftrain.runtime.precision import user_model
+        from tftrain.train.accumulation import saved_with_inner_optimizer
+
+        with saved_with_inner_optimizer(model):
+            saved = user_model(model)
+            if saved is not model:  # shares the weights; compiled with the same optimizer, so its state is saved
+                config = _compat.compile_config(model)
+                with self.runtime.strategy.scope():
+                    saved.compile(optimizer=model.optimizer, **{key: config.get(key) for key in (
+                        "loss", "loss_weights", "metrics", "weighted_metrics")})
+            saved.save(self.out_dir / rundir_lib.MODEL_FILE)
+
     def _built_or_float32(self, fall_back: bool = True):
         """The task's model, seeded and built; after a dtype clash under the mixed policy that
         `--precision auto` chose, built again in float32 (one line); any other error is raised."""

@@ -474,22 +474,6 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
 
         return evenly_first(dataset, self.batch.global_batch_size, self.runtime.num_replicas)
 
-    def save(self, model) -> None:
-        """Saves `model.keras`: the task's model as built (not the float32-output cast a mixed policy adds, whose
-        layers rename a list's outputs), compiled as `model` is, with the optimizer accumulation wraps."""
-        from tftrain import _compat
-        from tftrain.runtime.precision import user_model
-        from tftrain.train.accumulation import saved_with_inner_optimizer
-
-        with saved_with_inner_optimizer(model):
-            saved = user_model(model)
-            if saved is not model:  # shares the weights; compiled with the same optimizer, so its state is saved
-                config = _compat.compile_config(model)
-                with self.runtime.strategy.scope():
-                    saved.compile(optimizer=model.optimizer, **{key: config.get(key) for key in (
-                        "loss", "loss_weights", "metrics", "weighted_metrics")})
-            saved.save(self.out_dir / rundir_lib.MODEL_FILE)
-
     # -- record, report ----------------------------------------------------------
     def write_record(self, record: RunRecord) -> None:
         """Writes the HParams session, then `metrics.json` and `report.md` (chief only)."""
