@@ -173,7 +173,7 @@ class TrainConfig:
         early_stopping: patience in epochs on `val_loss`, restoring the best weights. Defaults to None.
         callbacks: `"WHERE:NAME[,...]"`, added after tftrain's own (`tftrain.train.user_callbacks`). Defaults to None.
         keep_best: keep the N best epochs by `monitor`, and the last, in `checkpoints/` (`KeepBest`). Defaults to 0.
-        monitor: the metric `keep_best` ranks by. Defaults to None (`val_loss`, else `loss`).
+        monitor: the metric `keep_best` and `--tune` rank by. Defaults to None (`val_loss`, else `loss`).
         monitor_mode: `"min"`, `"max"` or `"auto"` (from the metric's name). Defaults to `"auto"`.
         init_from: a `.keras` file, checkpoint or run directory to start from (`init_weights`). Defaults to None.
         mlflow: MLflow tracking URI (`default`: `$MLFLOW_TRACKING_URI`; `tftrain.train.mlflow_log`). Defaults to None.
@@ -202,7 +202,8 @@ class TrainConfig:
     keep_best: int = _field(0, "keep the N best epochs' weights by --monitor, and the last, in checkpoints/ (0: off)",
                             minimum=0, metavar="N")
     monitor: Optional[str] = _field(None, "metric --keep-best ranks by (None: val_loss with validation data, else "
-                                          "loss)", metavar="METRIC")
+                                          "loss), and --tune's trials (None: val_accuracy, else val_loss)",
+                                    metavar="METRIC")
     monitor_mode: str = _field("auto", "whether --monitor improves as it falls (min) or rises (max); auto: from its "
                                        "name", ("auto", "min", "max"))
     init_from: Optional[str] = _field(None, "start from these weights: a .keras file, a checkpoint, or a run directory "

@@ -136,7 +136,8 @@ class BatchStages:
 
             self.extras["tuning"], decided = tune(self.task, self.config, self.runtime,
                                                   self.precision.info.compute_dtype, self.out_dir.path / "tuning",
-                                                  self.console, self.is_chief)
+                                                  self.console, self.is_chief,
+                                                  self.sanity.validation_keys if self.sanity else ())
         elif self.batch is None:
             from tftrain.train.search import search_batch_size
 

@@ -282,7 +282,8 @@ class ModelStages:
             validation_data=validation, batch_size=max(1, gb // rt.num_replicas),
             compute_dtype="float32" if timed else info.compute_dtype, auto_precision=cfg.runtime.precision == "auto",
             loss_scaling=info.loss_scaling, class_weight=self.task.class_weight,
-            monitor=(self.keep_best_monitor(), cfg.train.monitor_mode) if cfg.train.keep_best else None,
+            monitor=(self.keep_best_monitor(), cfg.train.monitor_mode)
+            if cfg.train.keep_best or (cfg.train.tune and cfg.train.monitor) else None,  # the trials' objective
             early_stopping=cfg.train.early_stopping is not None,
             init_from=init, export_formats=export, candidate_build=build if timed else None,
             candidate_dtype=info.compute_dtype, graph=cfg.runtime.execution != "eager")

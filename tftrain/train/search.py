@@ -4,7 +4,7 @@ data, never the test set) and the batch-size search (`--batch-size auto`)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Tuple
+from typing import Sequence, Tuple
 
 from tftrain.errors import ConfigError, TuningFailed
 
@@ -24,16 +24,30 @@ def _learning_rate_range(config, task) -> tuple:
     return (rate / 10, rate * 10) if rate else TUNE_LEARNING_RATES
 
 
-def _objective(compile_args: dict) -> str:
-    """`val_accuracy` when the task measures accuracy, else `val_loss`."""
+def _objective(config, compile_args: dict, validation_keys: Sequence[str] = ()):
+    """The trials' objective: `--monitor` (in the direction `--keep-best` reads it, `--monitor-mode`); else
+    `val_accuracy` where the validation logs have it (`validation_keys`, from the sanity pass; without them,
+    where the task measures accuracy), else `val_loss`."""
+    monitor = config.train.monitor
+    if monitor:
+        import keras_tuner as kt
+
+        from tftrain.callbacks.keep_best import monitor_direction
+
+        direction = monitor_direction(monitor, config.train.monitor_mode)
+        return kt.Objective(monitor, direction) if direction else monitor
+    if validation_keys:
+        return "val_accuracy" if "val_accuracy" in validation_keys else "val_loss"
     names = [m if isinstance(m, str) else getattr(m, "name", "") for m in (compile_args.get("metrics") or ())]
     return "val_accuracy" if any(n in ("accuracy", "acc") for n in names) else "val_loss"
 
 
-def tune(task, config, runtime, compute_dtype: str, directory: Path, console, chief: bool) -> Tuple[dict, dict]:
+def tune(task, config, runtime, compute_dtype: str, directory: Path, console, chief: bool,
+         validation_keys: Sequence[str] = ()) -> Tuple[dict, dict]:
     """Runs `config`'s `--tune N` keras-tuner trials of the bound `task` over learning rate, batch size and
     `task.tune_space()` on `runtime`'s strategy, models built under `compute_dtype`; trials are kept in
     `directory` (`<run_dir>/tuning`), so a resumed run reuses finished ones; the `chief` logs them to HParams.
+    The objective is `--monitor`, else `val_accuracy` or `val_loss` (`_objective`, from `validation_keys`).
 
     Returns:
         `(figures for metrics.json, best values as flat config overrides)`.
@@ -63,7 +77,7 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
     def compile_args(learning_rate):
         return task.bind(cfg.override({"learning_rate": learning_rate, "lr_schedule": "constant"})).compile_args(None)
 
-    objective = _objective(task.compile_args(None))
+    objective = _objective(cfg, task.compile_args(None), validation_keys)
     # Each trial validates at its own global batch size; the validation data is present (Trainer.check_task).
     hypermodel = TrainingHyperModel(
         model_fn, lambda b: task.train_data(b), lambda b: task.validation_data(b),
@@ -74,7 +88,7 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
     tuner = make_tuner(hypermodel, directory=directory, algorithm=cfg.train.tuner, max_trials=cfg.train.tune,
                        strategy=rt.strategy, seed=cfg.seed, max_epochs=cfg.train.epochs, objective=objective)
     console.section(f"tuning: {cfg.train.tune} {cfg.train.tuner} trial(s) over learning rate, batch size"
-                            + "".join(f", {k}" for k in task.tune_space()) + f" (objective {objective})")
+                            + "".join(f", {k}" for k in task.tune_space()) + f" (objective {getattr(objective, 'name', objective)})")
     weights = {"class_weight": task.class_weight} if task.class_weight is not None else {}  # trials as the run
     tuner.search(epochs=cfg.train.epochs, verbose=cfg.train.verbose, **weights)
     return _tuning_figures(tuner, directory, cfg, console, chief)
@@ -92,6 +106,7 @@ def _tuning_figures(tuner, directory, config, console, chief: bool) -> Tuple[dic
         "algorithm": config.train.tuner,
         "trials": len(tuner.oracle.trials),
         "objective": tuner.oracle.objective.name,
+        "direction": tuner.oracle.objective.direction,
         "best_score": trials[0].score,
         "best": best,
         "directory": str(directory),

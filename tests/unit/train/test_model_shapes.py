@@ -346,6 +346,22 @@ def test_tune_trains_a_subclassed_model_under_a_mixed_policy(tmp_path):
 
 
 @pytest.mark.slow
+def test_tune_ranks_trials_by_monitor_on_a_model_of_two_outputs_and_refuses_a_monitor_it_lacks(tmp_path):
+    record = _fit(_task(TWO_OUTPUTS), tmp_path, tune=2, monitor="val_label_accuracy", batch_size=None,
+                  validation_split=0.25)
+    tuning = record.extras["tuning"]
+    assert (tuning["objective"], tuning["direction"]) == ("val_label_accuracy", "max")
+    scores = [trial["score"] for trial in tuning["ranking"]]
+    assert len(scores) == 2 and scores == sorted(scores, reverse=True)  # a rising metric: the best is the largest
+    plain = _fit(_task(TWO_OUTPUTS), tmp_path, "plain", tune=2, batch_size=None, validation_split=0.25)
+    assert plain.extras["tuning"]["objective"] == "val_loss"  # no val_accuracy: each output's is named after it
+    with pytest.raises(ConfigError, match="--monitor 'val_accuracy' is not among the epoch logs' keys"):
+        _fit(_task(TWO_OUTPUTS), tmp_path, "wrong", tune=2, monitor="val_accuracy", batch_size=None,
+             validation_split=0.25)
+    assert not (tmp_path / "wrong").exists()
+
+
+@pytest.mark.slow
 def test_early_stopping_on_a_model_whose_test_step_reports_no_loss_is_refused_before_training(tmp_path):
     import keras
 
