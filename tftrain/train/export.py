@@ -5,7 +5,10 @@ it, keras-team/keras#20710)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import logging
+import re
 import warnings
 from pathlib import Path
 from typing import Callable, Dict, Sequence, Tuple
@@ -50,23 +53,71 @@ def export_all(model, formats: Sequence[str], directory: Path, features) -> Dict
     import numpy as np
 
     directory.mkdir(parents=True, exist_ok=True)
-    expected = output_arrays(model(features, training=False))
+    _check_flat("inputs", features)
+    outputs = model(features, training=False)
+    _check_flat("outputs", outputs)
+    expected = output_arrays(outputs)
     feeds = input_feeds(model, features)
     out = {}
     for name in formats:
         keras_format, filename, _ = FORMATS[name]
         path = directory / filename
-        with warnings.catch_warnings():  # Keras 3.15's ONNX path uses `np.object` (a FutureWarning)
+        with warnings.catch_warnings(), _converter_errors() as failed:  # Keras 3.15's ONNX path: `np.object`
             warnings.filterwarnings("ignore", message=".*np.object.*", category=FutureWarning)
-            model.export(str(path), format=keras_format, verbose=False)
-        got = _match_outputs(name, _RUNNERS[name](path)(feeds), expected)
+            try:
+                model.export(str(path), format=keras_format, verbose=False)
+                got = _match_outputs(name, _RUNNERS[name](path)(feeds), expected)
+            except Exception as error:
+                if failed:  # the converter's own account of the first node it could not convert
+                    raise ExportCheckFailed(failed[0]) from error
+                raise
         worst = max(float(np.max(np.abs(got[k] - expected[k]), initial=0.0)) for k in expected)
         out[name] = {"path": str(path), "max_abs_difference": worst, "outputs": list(expected)}
     return out
 
 
+class _Collect(logging.Handler):
+    """Keeps tf2onnx's node conversion errors as one line each (it logs them with a traceback and goes on)."""
+
+    def __init__(self, into: list):
+        super().__init__(logging.ERROR)
+        self.into = into
+
+    def emit(self, record) -> None:
+        node = re.sub(r"\s*\(fct=.*", "", record.getMessage().splitlines()[0])
+        cause = record.exc_info[1] if record.exc_info else None
+        self.into.append(f"tf2onnx: {node}" + (f": {str(cause).removeprefix('make_sure failure: ')}" if cause else ""))
+
+
+@contextlib.contextmanager
+def _converter_errors():
+    """Within the block, tf2onnx's error records are collected into the list it yields instead of printed."""
+    failed: list = []
+    logger = logging.getLogger("tf2onnx")
+    handler, propagate = _Collect(failed), logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield failed
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
 class ExportCheckFailed(RuntimeError):
-    """An exported artifact's outputs do not match the model's (names, count or shapes)."""
+    """An exported artifact's outputs do not match the model's (names, count or shapes), or the model's inputs
+    or outputs nest (a serving signature takes and returns one flat dict or list of tensors)."""
+
+
+def _check_flat(what: str, structure) -> None:
+    """`ExportCheckFailed` naming the first entry of a dict or list `structure` that is itself a dict or list."""
+    items = structure.items() if isinstance(structure, dict) else enumerate(structure) \
+        if isinstance(structure, (list, tuple)) else ()
+    for key, value in items:
+        if isinstance(value, (dict, list, tuple)):
+            raise ExportCheckFailed(f"the model's {what} nest: {key!r} holds a {type(value).__name__}, and a served "
+                                    f"model takes and returns one flat dict or list of tensors; give the model flat "
+                                    f"{what} (e.g. keys joined as '{key}_<name>')")
 
 
 def output_arrays(outputs) -> Dict[str, "object"]:

@@ -65,3 +65,35 @@ def test_python_m_tftrain_export_refuses_a_bad_command_line_in_one_line(capsys):
     assert len(err) == 1 and "--formts: did you mean --formats?" in err[0], err
     assert export.main([]) == 2
     assert "required: RUN_DIR" in capsys.readouterr().err
+
+
+def test_outputs_nested_in_a_dict_are_refused_with_the_entry_that_nests(tmp_path):
+    import keras
+
+    from tftrain.train.export import ExportCheckFailed, export_all
+
+    inputs = keras.Input((4,), name="x")
+    hidden = keras.layers.Dense(4)(inputs)
+    model = keras.Model(inputs, {"a": {"p": keras.layers.Dense(2)(hidden)}, "b": keras.layers.Dense(1)(hidden)})
+    with pytest.raises(ExportCheckFailed, match=r"the model's outputs nest: 'a' holds a dict, and a served model "
+                                                r"takes and returns one flat dict or list of tensors"):
+        export_all(model, ("saved_model",), tmp_path, np.zeros((2, 4), "float32"))
+    assert not list(tmp_path.iterdir())  # refused before any write
+
+
+@pytest.mark.slow
+def test_a_node_tf2onnx_cannot_convert_is_named_in_one_line_without_its_traceback(tmp_path, capfd):
+    import keras
+    import tensorflow as tf
+
+    from tftrain.train.export import ExportCheckFailed, export_all
+
+    class Spectrum(keras.layers.Layer):  # tf2onnx converts RFFT only when ComplexAbs consumes it directly
+        def call(self, x):
+            return tf.abs(tf.signal.rfft(x)[..., :1]) + x[..., :1]
+
+    inputs = keras.Input((8,), name="x")
+    model = keras.Model(inputs, keras.layers.Dense(1)(Spectrum()(inputs)))
+    with pytest.raises(ExportCheckFailed, match=r"^tf2onnx: Failed to convert node '[^']*rfft'"):
+        export_all(model, ("onnx",), tmp_path, np.zeros((2, 8), "float32"))
+    assert "Traceback" not in capfd.readouterr().err
