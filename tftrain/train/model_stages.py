@@ -38,9 +38,14 @@ class ModelStages:
             saved = user_model(model)
             if saved is not model:  # shares the weights; compiled with the same optimizer, so its state is saved
                 config = _compat.compile_config(model)
-                with self.runtime.strategy.scope():
-                    saved.compile(optimizer=model.optimizer, **{key: config.get(key) for key in (
-                        "loss", "loss_weights", "metrics", "weighted_metrics")})
+                try:
+                    with self.runtime.strategy.scope():
+                        saved.compile(optimizer=model.optimizer, **{key: config.get(key) for key in (
+                            "loss", "loss_weights", "metrics", "weighted_metrics")})
+                except Exception as error:  # noqa: BLE001 (the trained run is saved all the same)
+                    self.console.warn(f"model.keras holds the model with its float32 output casts: the model as "
+                                      f"built did not compile again ({type(error).__name__}: {error})")
+                    saved = model
             saved.save(self.out_dir / rundir_lib.MODEL_FILE)
 
     def _built_or_float32(self, fall_back: bool = True):
