@@ -1,5 +1,5 @@
 """`choose_execution` for scripts: the Trainer's own `ExecutionTrial` (graph against XLA, then larger
-steps per execution, in interleaved duels) run on separate probe steps of a model whose weights,
+steps per execution, then the other mode at the winner's count, in interleaved duels) run on separate probe steps of a model whose weights,
 optimizer and metric state are restored after (`ModelState`). `time_training_steps`,
 `time_graph_step` and `check_compiles` time a compiled model's steps.
 
@@ -105,7 +105,8 @@ def choose_execution(
     `dataset` with the Trainer's `ExecutionTrial`, then restores its state; the model is left on the choice.
 
     The first candidate at the model's own `steps_per_execution` meets each other in a duel, their calls
-    interleaved; the winner then meets its mode at each larger count while the larger count wins. A
+    interleaved; the winner then meets its mode at each larger count while the larger count wins, and each
+    other mode again at the winner's count (a mode that wins there grows its count in turn). A
     challenger wins only when more than 5% faster (timing noise), and a duel ends early once one side is
     1.3x slower (`tftrain.runtime.trial_rules`). An XLA candidate that fails to compile or run is skipped
     with XLA's reason; a graph error is the model's own and is raised, as plain Keras would. The
