@@ -255,8 +255,8 @@ def _notes(specs: list, workers: list, quick: bool) -> list:
         "process stops there (it cannot be the best).",
         "tftrain: Trainer(ArrayTask(...), execution='auto', steps_per_execution='auto', precision='float32'), "
         "a fresh memory of choices each round, so its first run times the candidates on its own first training "
-        "steps (tftrain.runtime.execution_trial: graph against XLA, then larger steps per execution, in "
-        "interleaved duels; those steps train the model), then a second one-epoch run of the same model (\"next "
+        "steps (tftrain.runtime.execution_trial: graph against XLA, then larger steps per execution, then "
+        "the other mode at the winner's count, in interleaved duels; those steps train the model), then a second one-epoch run of the same model (\"next "
         "run\") that should reuse the choice; threads: TensorFlow's defaults on a first run (thread pools are "
         "fixed when TensorFlow starts). float32 isolates the execution settings from precision.",
         "Choosing s = what the automatic run paid beyond a run at its chosen setting: the Trainer's "
