@@ -352,6 +352,9 @@ class ExecutionTrial:
                 or candidate is not self.challenger:
             return False
         candidate.failed = True
+        if candidate.spe != self.base and candidate.mode == self.incumbent.mode:
+            self.count_lost.add(candidate.mode)  # its larger counts are not tried again
+        self.rematched.add(candidate.mode)
         self.timed.pop(candidate.label, None)
         self.skipped.append(f"{candidate.label}: {failure_line(error)}")
         self.challenger, self.last = None, self.incumbent

@@ -36,6 +36,9 @@ class ModelStages:
 
         with saved_with_inner_optimizer(model):
             saved = user_model(model)
+            if saved is not model and [id(v) for v in saved.trainable_variables] != [
+                    id(v) for v in model.trainable_variables]:  # the optimizer's slots would load in another order
+                saved = model
             if saved is not model:  # shares the weights; compiled with the same optimizer, so its state is saved
                 config = _compat.compile_config(model)
                 try:
