@@ -390,9 +390,12 @@ class ExecutionTrial:
         than the base (at the base they have met)."""
         if self.incumbent.spe == self.base:
             return []
+        return [mode for mode in self._unmet_modes() if label_of(mode, self.incumbent.spe, self.base) not in self.timed]
+
+    def _unmet_modes(self) -> list:
+        """The other modes timed at the base count (not failed) that have not yet been timed again."""
         return [c.mode for c in self.timed.values() if c.mode != self.incumbent.mode and not c.failed
-                and c.mode not in self.rematched and c.spe == self.base
-                and label_of(c.mode, self.incumbent.spe, self.base) not in self.timed]
+                and c.mode not in self.rematched and c.spe == self.base]
 
     def _not_worth_timing(self, challenger: _Candidate) -> Optional[str]:
         """Why an XLA challenger of a graph incumbent cannot pay for itself in this run, or None: when
@@ -417,10 +420,8 @@ class ExecutionTrial:
 
     def _rematch_waits(self) -> bool:
         """Whether another mode timed at the base count may yet meet the incumbent at a larger count."""
-        others = [c for c in self.timed.values() if c.mode != self.incumbent.mode and not c.failed
-                  and c.mode not in self.rematched]
         grows = any(c > self.incumbent.spe for c in self.larger) and self.incumbent.mode not in self.count_lost
-        return bool(others) and grows
+        return grows and bool(self._unmet_modes())
 
     def _settle(self, complete: bool) -> None:
         self.chosen = self.incumbent

@@ -52,10 +52,10 @@ def export_all(model, formats: Sequence[str], directory: Path, features) -> Dict
     `ExportCheckFailed` if an artifact's outputs differ from the model's in names or shapes."""
     import numpy as np
 
-    directory.mkdir(parents=True, exist_ok=True)
     _check_flat("inputs", features)
     outputs = model(features, training=False)
     _check_flat("outputs", outputs)
+    directory.mkdir(parents=True, exist_ok=True)
     expected = output_arrays(outputs)
     feeds = input_feeds(model, features)
     out = {}
@@ -66,11 +66,12 @@ def export_all(model, formats: Sequence[str], directory: Path, features) -> Dict
             warnings.filterwarnings("ignore", message=".*np.object.*", category=FutureWarning)
             try:
                 model.export(str(path), format=keras_format, verbose=False)
-                got = _match_outputs(name, _RUNNERS[name](path)(feeds), expected)
+                served = _RUNNERS[name](path)(feeds)
             except Exception as error:
                 if failed:  # the converter's own account of the first node it could not convert
                     raise ExportCheckFailed(failed[0]) from error
                 raise
+        got = _match_outputs(name, served, expected)
         worst = max(float(np.max(np.abs(got[k] - expected[k]), initial=0.0)) for k in expected)
         out[name] = {"path": str(path), "max_abs_difference": worst, "outputs": list(expected)}
     return out
@@ -84,7 +85,7 @@ class _Collect(logging.Handler):
         self.into = into
 
     def emit(self, record) -> None:
-        node = re.sub(r"\s*\(fct=.*", "", record.getMessage().splitlines()[0])
+        node = re.sub(r"\s*\(fct=.*", "", (record.getMessage().splitlines() or [""])[0])
         cause = record.exc_info[1] if record.exc_info else None
         self.into.append(f"tf2onnx: {node}" + (f": {str(cause).removeprefix('make_sure failure: ')}" if cause else ""))
 
