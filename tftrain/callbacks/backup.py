@@ -197,11 +197,12 @@ class StepBackup(keras.callbacks.Callback):
 
 
 def _fallback_line(skipped, used) -> str:
-    """`resuming: skipped ckpt-5.json (...); resuming from ckpt-4.json at ...: N optimizer steps earlier`."""
+    """`resuming: skipped the newest checkpoint (...); resuming instead from ckpt-4.json at ...: N optimizer steps
+    earlier than the newest` (it corrects the run's `resuming:` line, read from the newest checkpoint's metadata)."""
     what = "; ".join(f"{c.name}: {why}" for c, why in skipped)
     newest = max((c.position.optimizer_iterations for c, _ in skipped
                   if c.position is not None and c.position.optimizer_iterations is not None), default=None)
     ours = used.position.optimizer_iterations
     cost = f": {newest - ours} optimizer steps earlier than the newest" if None not in (newest, ours) else ""
-    return (f"resuming: skipped the newest checkpoint ({what}); resuming from {used.name} at "
+    return (f"resuming: skipped the newest checkpoint ({what}); resuming instead from {used.name} at "
             f"{used.position.where()}{cost}")

@@ -143,7 +143,7 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_previous_one_resumes_at_it
         victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
     backup, model, said = _resume(tmp_path)
     assert len(said) == 1 and "skipped the newest checkpoint" in said[0] and victim.name in said[0], said
-    assert "resuming from ckpt-1.json at epoch 1, batch 8 (optimizer step 8)" in said[0], said
+    assert "resuming instead from ckpt-1.json at epoch 1, batch 8 (optimizer step 8)" in said[0], said
     assert said[0].endswith("2 optimizer steps earlier than the newest") == (damage != "truncated metadata"), said
     assert backup.restored.optimizer_iterations == 8 and int(model.optimizer.iterations) == 30  # nothing lost twice
 
