@@ -28,7 +28,8 @@ class ModelStages:
 
     def save(self, model) -> None:
         """Saves `model.keras`: the task's model as built (not the float32-output cast a mixed policy adds, whose
-        layers rename a list's outputs), compiled as `model` is, with the optimizer accumulation wraps."""
+        layers rename a list's outputs), compiled as `model` is (the run's optimizer, losses, metrics, execution
+        mode and steps per execution), with the optimizer accumulation wraps."""
         from tftrain import _compat
         from tftrain import rundir as rundir_lib
         from tftrain.runtime.precision import user_model
@@ -44,7 +45,9 @@ class ModelStages:
                 try:
                     with self.runtime.strategy.scope():
                         saved.compile(optimizer=model.optimizer, **{key: config.get(key) for key in (
-                            "loss", "loss_weights", "metrics", "weighted_metrics")})
+                            "loss", "loss_weights", "metrics", "weighted_metrics")},
+                                  steps_per_execution=model.steps_per_execution, jit_compile=model.jit_compile,
+                                  run_eagerly=model.run_eagerly)
                 except Exception as error:  # noqa: BLE001 (the trained run is saved all the same)
                     self.console.warn(f"model.keras holds the model with its float32 output casts: the model as "
                                       f"built did not compile again ({type(error).__name__}: {error})")

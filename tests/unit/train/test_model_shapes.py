@@ -232,8 +232,10 @@ def test_model_keras_of_a_mixed_policy_run_holds_the_model_as_built_with_its_out
     import keras
 
     # The float32 cast a mixed policy adds is a layer after each output: saved, a list's outputs took its names.
-    record = _fit(_task(LISTS), tmp_path, precision="mixed_bfloat16", epochs=2)
+    record = _fit(_task(LISTS), tmp_path, precision="mixed_bfloat16", epochs=2, execution="xla",
+                  steps_per_execution=3)
     loaded = keras.models.load_model(tmp_path / "run" / "model.keras")
+    assert (loaded.steps_per_execution, loaded.jit_compile) == (3, True)  # compiled as the run was, as plain Keras
     assert not [layer.name for layer in loaded.layers if layer.name.startswith("float32_output")]
     again = loaded.evaluate(LISTS["x"], list(LISTS["y"]), batch_size=32, verbose=0, return_dict=True)
     assert set(again) == set(record.test) and any(name.endswith("_accuracy") for name in again), again
