@@ -8,12 +8,18 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
+import os
 import re
+import sys
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Callable, Dict, Sequence, Tuple
 
 from tftrain.errors import ConfigError
+
+CONVERTER_NOISE = re.compile(r"tf_tfl_flatbuffer_helpers\.cc:\d+\] Ignored (output_format|drop_control_dependency)")
+"""TensorFlow's C++ warnings on each LiteRT conversion (TF 2.21) about options Keras's exporter sets; dropped."""
 
 FORMATS = {
     "saved_model": ("tf_saved_model", "saved_model", ()),
@@ -65,7 +71,8 @@ def export_all(model, formats: Sequence[str], directory: Path, features) -> Dict
         with warnings.catch_warnings(), _converter_errors() as failed:  # Keras 3.15's ONNX path: `np.object`
             warnings.filterwarnings("ignore", message=".*np.object.*", category=FutureWarning)
             try:
-                model.export(str(path), format=keras_format, verbose=False)
+                with _native_lines_dropped(CONVERTER_NOISE):
+                    model.export(str(path), format=keras_format, verbose=False)
                 served = _RUNNERS[name](path)(feeds)
             except Exception as error:
                 if failed:  # the converter's own account of the first node it could not convert
@@ -103,6 +110,27 @@ def _converter_errors():
     finally:
         logger.removeHandler(handler)
         logger.propagate = propagate
+
+
+@contextlib.contextmanager
+def _native_lines_dropped(pattern: re.Pattern):
+    """Within the block, the process's stderr (file descriptor 2, where TensorFlow's C++ code logs) is held in a
+    temporary file; after it, its lines that do not match `pattern` are written to stderr in order."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().decode(errors="replace").splitlines(True) if not pattern.search(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
 
 
 class ExportCheckFailed(RuntimeError):

@@ -33,6 +33,7 @@ def test_every_format_is_written_loaded_back_and_matches_the_model(tmp_path, pre
     record = _fit(tmp_path, export="saved_model,onnx,litert", precision=precision)
     printed = capfd.readouterr()  # LiteRT's C++ log and NumPy's warnings reach the file descriptors
     assert "XNNPACK" not in printed.err + printed.out and "FutureWarning" not in printed.err, printed.err[-2000:]
+    assert "Ignored output_format" not in printed.err, printed.err[-2000:]  # the converter's C++ warnings
     exported = record.extras["export"]
     assert set(exported) == {"saved_model", "onnx", "litert"}
     run = tmp_path / "run"
@@ -97,3 +98,15 @@ def test_a_node_tf2onnx_cannot_convert_is_named_in_one_line_without_its_tracebac
     with pytest.raises(ExportCheckFailed, match=r"^tf2onnx: Failed to convert node '[^']*rfft'"):
         export_all(model, ("onnx",), tmp_path, np.zeros((2, 8), "float32"))
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_native_log_lines_matching_a_pattern_are_dropped_and_the_others_kept_in_order(capfd):
+    import os
+    import re
+
+    from tftrain.train.export import _native_lines_dropped
+
+    with _native_lines_dropped(re.compile(r"\] Ignored ")):
+        os.write(2, b"W0 helpers.cc:364] Ignored output_format.\nfirst kept\n")
+        os.write(2, b"W0 helpers.cc:367] Ignored drop_control_dependency.\nsecond kept\n")
+    assert capfd.readouterr().err == "first kept\nsecond kept\n"
