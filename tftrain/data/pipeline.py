@@ -56,13 +56,14 @@ def resolve_batch_size(
     return BatchSize(batch_size, batch_size // num_replicas, num_replicas)
 
 
-def num_examples_of(features, labels=None) -> int:
-    """The common first dimension of arrays (or nested dicts / tuples of them); `ConfigError` if none or unequal."""
-    leaves = [np.shape(a)[0] for a in tf.nest.flatten((features, labels)) if a is not None]
+def num_examples_of(*arrays) -> int:
+    """The common first dimension of `arrays` (features, labels, sample weights; each may be a nested dict / tuple of
+    arrays, or None); `ConfigError` if none or unequal."""
+    leaves = [np.shape(a)[0] for a in tf.nest.flatten(arrays) if a is not None]
     if not leaves:
         raise ConfigError("No arrays given: pass features (and labels) as NumPy arrays or dicts of arrays.")
     if len(set(leaves)) > 1:
-        raise ConfigError(f"features and labels differ in length: {sorted(set(leaves))} examples.")
+        raise ConfigError(f"features, labels and sample weights differ in length: {sorted(set(leaves))} examples.")
     return int(leaves[0])
 
 
@@ -92,7 +93,8 @@ def build_dataset(
     """Builds a batched, prefetched `tf.data.Dataset` for training or evaluation.
 
     Args:
-        source: `(features, labels)` arrays (each may be a dict or tuple), or TFRecord paths (with `parse_fn`).
+        source: `(features, labels)` or `(features, labels, sample_weights)` arrays (each may be a dict or tuple), or
+            TFRecord paths (with `parse_fn`).
         batch_size: the global batch size, also with `input_context`.
         training: shuffle and, by default, drop the last partial batch.
         config: pipeline options (`cache` applies to files only). Defaults to `DataConfig()`.
@@ -104,7 +106,7 @@ def build_dataset(
         max_examples: for files, read only the first N records (before the cache). Defaults to None (all).
 
     Returns:
-        `(features, labels)` batches, auto-shard policy set (DATA for arrays, FILE for files): no strategy warning.
+        `(features, labels[, sample_weights])` batches, auto-shard policy set (DATA for arrays, FILE for files): no strategy warning.
 
     Raises:
         ConfigError: `batch_size` not positive, arrays of unequal length, or files without `parse_fn`.
@@ -114,7 +116,7 @@ def build_dataset(
     """
     config = config or DataConfig()
     check_int(batch_size, "batch_size", error=ConfigError)
-    from_files = not (isinstance(source, tuple) and len(source) == 2 and not isinstance(source[0], str))
+    from_files = not (isinstance(source, tuple) and len(source) in (2, 3) and not isinstance(source[0], str))
     drop_remainder = training if drop_remainder is None else drop_remainder
     parallel = AUTOTUNE if config.parallel_map else None
     files = list(source) if from_files else None  # once: a generator of paths is read once
@@ -165,8 +167,8 @@ def _file_batches(files, batch_size, parse_fn, *, config, max_examples, **batchi
 def _array_batches(source, batch_size, preprocess, *, training, config, seed, input_context, drop_remainder):
     """Array batches gathered by index batches (single indices if `config.shuffle_buffer` < the data), preprocessed."""
     num_examples = num_examples_of(*source)
-    features, labels = (tf.nest.map_structure(lambda a: a if tf.is_tensor(a) else tf.constant(a), lists_as_tuples(part))
-                        for part in source)
+    parts = tuple(tf.nest.map_structure(lambda a: a if tf.is_tensor(a) else tf.constant(a), lists_as_tuples(part))
+                  for part in source)
     if not config.shuffle_buffer or config.shuffle_buffer >= num_examples:  # 0: a whole permutation an epoch
         per_pipeline = input_context.get_per_replica_batch_size(batch_size) if input_context else batch_size
         ds = index_batches(num_examples, per_pipeline, shuffle=training, seed=seed,
@@ -177,8 +179,8 @@ def _array_batches(source, batch_size, preprocess, *, training, config, seed, in
                                   num_examples=num_examples)
 
     def gather(indices):
-        batch = tuple(tf.nest.map_structure(lambda t: tf.gather(t, indices), part) for part in (features, labels))
-        return batch if preprocess is None else preprocess(*batch)
+        batch = tuple(tf.nest.map_structure(lambda t: tf.gather(t, indices), part) for part in parts)
+        return batch if preprocess is None else (*preprocess(*batch[:2]), *batch[2:])
 
     return ds.map(gather, num_parallel_calls=AUTOTUNE if config.parallel_map else None)
 

@@ -114,10 +114,14 @@ def _leaves(structure, path: str = ""):
 
 
 def check_class_weight(dataset, class_weight) -> None:
-    """Raises `ConfigError` on `class_weight` with labels of several outputs (Keras weighs one)."""
+    """Raises `ConfigError` on `class_weight` with labels of several outputs (Keras weighs one) or with batches
+    that carry sample weights (Keras takes one or the other)."""
     if class_weight is None or dataset is None:
         return
     spec = dataset.element_spec
+    if isinstance(spec, tuple) and len(spec) > 2:
+        raise ConfigError("class_weight and sample weights (the third element of each batch) do not go together, as "
+                          "in Model.fit: fold the class weights into the sample weights, or drop class_weight.")
     labels = spec[1] if isinstance(spec, tuple) and len(spec) > 1 else None
     if labels is not None and len(list(_leaves(labels))) > 1:
         raise ConfigError(

@@ -391,3 +391,47 @@ def test_early_stopping_on_a_model_whose_test_step_reports_no_loss_is_refused_be
     with pytest.raises(ConfigError, match="--early-stopping watches val_loss, which is not among the epoch logs"):
         _fit(task, tmp_path, early_stopping=1, precision="float32", validation_split=0.25)
     assert not (tmp_path / "run").exists()
+
+
+def _seeded_two_outputs():
+    import keras
+
+    keras.utils.set_random_seed(1)  # the same initial weights in every build
+    return _two_outputs()
+
+
+@pytest.mark.slow
+def test_sample_weights_per_output_and_weighted_metrics_are_those_of_keras_fit_with_a_split(tmp_path):
+    import keras
+
+    weights = {"label": (X[:, 2] > 0).astype("float32"), "value": np.abs(X[:, 3]).astype("float32")}
+    spec = {**TWO_OUTPUTS, "build_model": _seeded_two_outputs, "weighted_metrics": {"value": ["mae"]}}
+    task = _task(spec, sample_weight=weights, optimizer=keras.optimizers.SGD(learning_rate=0.0))
+    record = _fit(task, tmp_path, validation_split=0.25, precision="float32")
+    plain = _seeded_two_outputs()  # at learning rate 0 the validation metrics are those of the initial weights
+    plain.compile(loss=spec["loss"], metrics=spec["metrics"], weighted_metrics=spec["weighted_metrics"])
+    held_out = {k: v[72:] for k, v in spec["y"].items()}  # the last quarter, with its weights, as Keras's split
+    want = plain.evaluate(X[72:], held_out, sample_weight={k: w[72:] for k, w in weights.items()}, batch_size=24,
+                          verbose=0, return_dict=True)
+    unweighted = plain.evaluate(X[72:], held_out, batch_size=24, verbose=0, return_dict=True)
+    assert want["loss"] != pytest.approx(unweighted["loss"], rel=1e-3)  # the weights change the figures
+    got = {k.removeprefix("val_"): v[-1] for k, v in record.history.items() if k.startswith("val_")}
+    assert set(got) == set(want) and got == pytest.approx(want, rel=1e-4), (got, want)
+
+
+def test_sample_weight_with_class_weight_is_refused_as_keras_refuses_it():
+    with pytest.raises(ConfigError, match="class_weight or sample_weight, not both"):
+        _task(DICT_INPUTS, sample_weight=np.ones(96, "float32"), class_weight={0: 1.0, 1: 2.0})
+    with pytest.raises(ConfigError, match="differ in length"):
+        _task(DICT_INPUTS, sample_weight=np.ones(95, "float32"))
+
+
+def test_class_weight_over_batches_carrying_sample_weights_is_refused_before_training():
+    import tensorflow as tf
+
+    from tftrain.train.sanity import check_class_weight
+
+    weighted = tf.data.Dataset.from_tensor_slices((X, CLASSES, np.ones(96, "float32"))).batch(8)
+    with pytest.raises(ConfigError, match="class_weight and sample weights"):
+        check_class_weight(weighted, {0: 1.0, 1: 2.0})
+    check_class_weight(weighted.map(lambda x, y, w: (x, y)), {0: 1.0, 1: 2.0})  # labels of one output: accepted

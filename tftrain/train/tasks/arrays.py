@@ -26,15 +26,18 @@ class ArrayTask(FunctionTask):
         x: an array `(num_examples, ...)`, or a dict, list or tuple of them, one per input.
         y: labels: an array, or a dict / list / tuple per output.
         x_test, y_test: test arrays, evaluated after training. Defaults to None.
-        validation_data: `(x_val, y_val)`. Defaults to None (`--validation-split`).
-        loss: a Keras loss (name, object, or a dict per output). Required.
-        metrics: as `Model.compile`'s, plus metric classes and factories (`build_metrics`). Defaults to None.
+        validation_data: `(x_val, y_val)` or `(x_val, y_val, sample_weight_val)`. Defaults to None
+            (`--validation-split`).
+        sample_weight: per-example weights of the training examples `(num_examples,)` (a dict / list per output
+            for several), as `Model.fit(sample_weight=...)`; `--validation-split` holds out theirs too. Weighted
+            metrics go in `weighted_metrics`. Defaults to None.
         preprocess: `(features, labels) -> (features, labels)` on whole batches. Defaults to None.
-        optimizer, learning_rate, hparams, default_batch_size, defaults, class_weight,
-        loss_weights: see `Task`. `name` defaults to `"arrays"`.
+        **task_args: `loss` (a Keras loss, name, object, or a dict per output; required), `metrics` (as
+            `Model.compile`'s, plus metric classes and factories: `build_metrics`), `optimizer`, ...: see
+            `FunctionTask`. `name` defaults to `"arrays"`.
 
     Raises:
-        ConfigError: the arrays differ in length or `loss` is missing.
+        ConfigError: the arrays differ in length, or `sample_weight` comes with `class_weight` (as in Keras).
 
     Example:
         >>> task = tftrain.ArrayTask(build_model, x, y, x_test, y_test, loss="mse", optimizer="sgd")
@@ -42,41 +45,44 @@ class ArrayTask(FunctionTask):
     """
 
     unused_fields = {"data.cache": "its arrays are in memory already"}
+    sample_weight = None  # also for a subclass that sets its arrays in `bind`
 
-    def __init__(self, build_model, x, y, x_test=None, y_test=None, *, validation_data=None, loss, optimizer="adam",
-                 metrics=None, preprocess=None, learning_rate=None, name="arrays", hparams=None,
-                 default_batch_size=None, defaults=None, class_weight=None,
-                 loss_weights=None):
-        super().__init__(build_model, loss=loss, optimizer=optimizer, metrics=metrics, learning_rate=learning_rate,
-                         name=name, hparams=hparams, default_batch_size=default_batch_size, defaults=defaults,
-                         class_weight=class_weight, loss_weights=loss_weights)
+    def __init__(self, build_model, x, y, x_test=None, y_test=None, *, validation_data=None, sample_weight=None,
+                 preprocess=None, name="arrays", **task_args):
+        super().__init__(build_model, name=name, **task_args)
         from tftrain.data.pipeline import num_examples_of
 
-        num_examples_of(x, y)
-        for pair in ((x_test, y_test), validation_data):
-            if pair is not None and pair[0] is not None:
-                num_examples_of(*pair)
+        num_examples_of(x, y, sample_weight)
+        for arrays in ((x_test, y_test), validation_data):
+            if arrays is not None and arrays[0] is not None:
+                num_examples_of(*arrays)
+        weighted = sample_weight is not None or (validation_data is not None and len(validation_data) > 2
+                                                 and validation_data[2] is not None)
+        if weighted and self.class_weight is not None:
+            raise ConfigError("ArrayTask takes class_weight or sample_weight, not both (as Model.fit): fold the "
+                              "class weights into sample_weight.")
         self.x, self.y, self.preprocess = x, y, preprocess
+        self.sample_weight = sample_weight
         self.test = (x_test, y_test) if x_test is not None else None
-        self.validation = tuple(validation_data) if validation_data is not None else None
+        self.validation = tuple(a for a in validation_data if a is not None) if validation_data is not None else None
 
     def _splits(self):
-        """`((x, y) for training, (x, y) for validation or None)`."""
+        """`(training arrays, validation arrays or None)`, each `(x, y)` or `(x, y, sample_weight)`."""
         from tftrain.data.pipeline import num_examples_of
 
-        n = num_examples_of(self.x, self.y)
+        arrays = (self.x, self.y) + ((self.sample_weight,) if self.sample_weight is not None else ())
+        n = num_examples_of(*arrays)
         if self._data.train_examples is not None:
             n = min(n, self._data.train_examples)
         if self.validation is not None or not self._data.validation_split:
-            return (_slice(self.x, 0, n), _slice(self.y, 0, n)), self.validation
+            return _slice(arrays, 0, n), self.validation
         n_val = max(1, int(n * self._data.validation_split))
         if n_val >= n:
             raise ConfigError(
                 f"validation_split={self._data.validation_split} of {n} examples leaves none to train on. "
                 "Pass a smaller --validation-split."
             )
-        train = (_slice(self.x, 0, n - n_val), _slice(self.y, 0, n - n_val))
-        return train, (_slice(self.x, n - n_val, n), _slice(self.y, n - n_val, n))
+        return _slice(arrays, 0, n - n_val), _slice(arrays, n - n_val, n)
 
     @property
     def num_train_examples(self) -> int:
@@ -132,7 +138,7 @@ class ArrayTask(FunctionTask):
         arrays = self._splits()[0]
         if input_context is not None:  # every worker must run the same steps
             used = self.num_train_examples // global_batch_size * global_batch_size
-            arrays = (_slice(arrays[0], 0, used), _slice(arrays[1], 0, used))
+            arrays = _slice(arrays, 0, used)
         return self._dataset(arrays, global_batch_size, True, input_context)
 
     def validation_data(self, global_batch_size):
@@ -146,7 +152,7 @@ class ArrayTask(FunctionTask):
         from tftrain.data.pipeline import num_examples_of
 
         train, val = self._splits()
-        parts = [f"{num_examples_of(*train):,} training"]
+        parts = [f"{num_examples_of(*train):,} training" + (" (sample-weighted)" if len(train) > 2 else "")]
         if val is not None:
             how = "its own" if self.validation is not None else f"last {self._data.validation_split:g} held out"
             parts.append(f"{num_examples_of(*val):,} validation ({how})")

@@ -17,7 +17,8 @@ class Task:
     Class attributes a subclass may set:
         name: short name for run directories and reports. Defaults to `"task"`.
         hparams: frozen dataclass of `tftrain.hparam` fields, each a flag and a `task:` key. Defaults to None.
-        loss, metrics, loss_weights: for `Model.compile` (`metrics` may hold classes: `build_metrics`). Default None.
+        loss, metrics, loss_weights, weighted_metrics: for `Model.compile` (`metrics` and `weighted_metrics` may
+            hold classes: `build_metrics`). Default None.
         optimizer: an optimizer name, instance (cloned per compile) or `(learning_rate) -> Optimizer`. Default "adam".
         learning_rate: overridden by `--learning-rate`; None keeps the optimizer's default. Defaults to None.
         example_unit: the unit of printed rates (`"images"`: images/sec). Defaults to `"examples"`.
@@ -48,6 +49,7 @@ class Task:
     unused_fields: Mapping[str, str] = {}
     class_weight: Optional[Mapping[int, float]] = None
     loss_weights: Any = None
+    weighted_metrics: Any = None
     config: Optional[config_lib.RecipeConfig] = None
 
     # -- what the Trainer calls ------------------------------------------------
@@ -89,12 +91,14 @@ class Task:
         raise NotImplementedError(f"{type(self).__name__} must define build_model(self) -> keras.Model.")
 
     def compile_args(self, steps_per_epoch: Optional[int]) -> dict:
-        """`Model.compile` arguments: `optimizer`, `loss`, `metrics` (and `loss_weights` if set). Called inside the
+        """`Model.compile` arguments: `optimizer`, `loss`, `metrics` (`loss_weights`, `weighted_metrics` if set). In the
         strategy's scope (the metrics' variables); `steps_per_epoch` None keeps a learning-rate schedule constant."""
         args = {"optimizer": self.make_optimizer(steps_per_epoch), "loss": self.loss,
                 "metrics": build_metrics(self.metrics)}
         if self.loss_weights is not None:
             args["loss_weights"] = self.loss_weights
+        if self.weighted_metrics is not None:
+            args["weighted_metrics"] = build_metrics(self.weighted_metrics)
         return args
 
     def make_optimizer(self, steps_per_epoch: Optional[int]):
@@ -283,12 +287,17 @@ def _build_metric(item):
 
 
 class FunctionTask(Task):
-    """A task whose model comes from a function and whose compile arguments are given."""
+    """A task whose model comes from a function and whose compile arguments are given (the adapters' keyword
+    arguments `loss` (required), `optimizer`, `metrics`, `learning_rate`, `hparams`, `default_batch_size`, `defaults`,
+    `class_weight`, `loss_weights`, `weighted_metrics`: see `Task`)."""
 
     def __init__(self, build_model, *, loss, optimizer="adam", metrics=None, learning_rate=None, name="task",
-                 hparams=None, default_batch_size=None, defaults=None, class_weight=None, loss_weights=None):
+                 hparams=None, default_batch_size=None, defaults=None, class_weight=None, loss_weights=None,
+                 weighted_metrics=None):
         self.class_weight = check_class_weight(class_weight)
         self.loss_weights = loss_weights
+        check_metrics(weighted_metrics)
+        self.weighted_metrics = weighted_metrics
         if not callable(build_model):
             raise ConfigError(f"build_model must be a function returning a keras.Model. Received: {build_model!r}.")
         self._build_model = build_model

@@ -22,8 +22,7 @@ class DatasetTask(FunctionTask):
         shuffle: shuffle training examples each epoch (`--shuffle-buffer`, 0: 10,000) after `--validation-split`
             holds out `train()`'s last examples (a self-shuffling `train()` would leak them). Defaults to False.
         num_train_examples: for `--validation-split`, schedules, multi-process runs. Defaults to None (cardinality).
-        loss, optimizer, metrics, learning_rate, hparams, default_batch_size, defaults,
-        class_weight, loss_weights: see `ArrayTask`. `name` defaults to `"dataset"`.
+        **task_args: `loss` (required), `optimizer`, ...: see `FunctionTask`. `name` defaults to `"dataset"`.
 
     Raises:
         ConfigError: `loss` is missing or a function is not callable.
@@ -36,12 +35,8 @@ class DatasetTask(FunctionTask):
     unused_fields = {"data.cache": "its tf.data pipeline is the user's own (add .cache() there)"}
 
     def __init__(self, build_model, train, validation=None, test=None, *, batch=True, shard=True, prefetch=True,
-                 shuffle=False, num_train_examples=None, loss, optimizer="adam", metrics=None, learning_rate=None,
-                 name="dataset", hparams=None, default_batch_size=None, defaults=None, class_weight=None,
-                 loss_weights=None):
-        super().__init__(build_model, loss=loss, optimizer=optimizer, metrics=metrics, learning_rate=learning_rate,
-                         name=name, hparams=hparams, default_batch_size=default_batch_size, defaults=defaults,
-                         class_weight=class_weight, loss_weights=loss_weights)
+                 shuffle=False, num_train_examples=None, name="dataset", **task_args):
+        super().__init__(build_model, name=name, **task_args)
         for label, fn in (("train", train), ("validation", validation), ("test", test)):
             if fn is not None and not callable(fn):
                 raise ConfigError(f"{label} must be a function returning a tf.data.Dataset. Received: {fn!r}.")

@@ -35,21 +35,16 @@ class ImageFolderTask(FileSplitTask):
         split_seed: Defaults to 1337.
         loss: Defaults to `"sparse_categorical_crossentropy"`.
         metrics: Defaults to `["accuracy"]`.
-        optimizer, learning_rate, hparams, default_batch_size, defaults, class_weight,
-        loss_weights: see `ArrayTask`. `name` defaults to `"image_folder"`.
+        **task_args: `optimizer`, `learning_rate`, ...: see `FunctionTask`. `name` defaults to `"image_folder"`.
 
     Raises:
         DataError: when bound, a folder is missing or holds no images.
     """
 
     def __init__(self, build_model, directory, *, image_size, test_directory=None, augment=None, num_channels=3,
-                 split_seed=1337, loss="sparse_categorical_crossentropy", optimizer="adam", metrics=("accuracy",),
-                 learning_rate=None, name="image_folder", hparams=None, default_batch_size=None, defaults=None,
-                 class_weight=None, loss_weights=None):
-        super().__init__(build_model, loss=loss, optimizer=optimizer, metrics=list(metrics or ()),
-                         learning_rate=learning_rate, name=name, hparams=hparams,
-                         default_batch_size=default_batch_size, defaults=defaults,
-                         class_weight=class_weight, loss_weights=loss_weights)
+                 split_seed=1337, loss="sparse_categorical_crossentropy", metrics=("accuracy",), name="image_folder",
+                 **task_args):
+        super().__init__(build_model, loss=loss, metrics=list(metrics or ()), name=name, **task_args)
         self.directory, self.test_directory = directory, test_directory
         self.image_size, self.augment, self.num_channels = tuple(image_size), augment, num_channels
         self.split_seed = split_seed

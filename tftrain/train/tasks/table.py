@@ -43,8 +43,7 @@ class TableTask(DatasetTask):
         categorical: feature columns read as strings. Defaults to ().
         validation_files, test_files: tables of the same columns. Defaults to None.
         shuffle: Defaults to True.
-        loss, optimizer, metrics, learning_rate, hparams, default_batch_size, defaults,
-        class_weight: see `ArrayTask`. `name` defaults to `"table"`.
+        **task_args: `loss` (required), `optimizer`, ...: see `FunctionTask`. `name` defaults to `"table"`.
 
     Raises:
         ConfigError: no file matches, a column is missing, or Parquet without `pyarrow`.
@@ -55,8 +54,7 @@ class TableTask(DatasetTask):
     """
 
     def __init__(self, build_model, files, *, label, numeric=None, categorical=(), validation_files=None,
-                 test_files=None, shuffle=True, loss, optimizer="adam", metrics=None, learning_rate=None,
-                 name="table", hparams=None, default_batch_size=None, defaults=None, class_weight=None):
+                 test_files=None, shuffle=True, name="table", **task_args):
         self.files = expand(files)
         self.format = SUFFIXES[Path(self.files[0]).suffix.lower()]
         self.labels = [label] if isinstance(label, str) else list(label)
@@ -68,10 +66,8 @@ class TableTask(DatasetTask):
         super().__init__(build_model, lambda: self.read(self.files),
                          validation=(lambda: self.read(self.validation_files)) if self.validation_files else None,
                          test=(lambda: self.read(self.test_files)) if self.test_files else None,
-                         shuffle=shuffle, num_train_examples=count_rows(self.files, self.format), loss=loss,
-                         optimizer=optimizer, metrics=metrics, learning_rate=learning_rate, name=name,
-                         hparams=hparams, default_batch_size=default_batch_size, defaults=defaults,
-                         class_weight=class_weight)
+                         shuffle=shuffle, num_train_examples=count_rows(self.files, self.format), name=name,
+                         **task_args)
 
     def _numeric(self, numeric) -> list:
         header = columns_of(self.files[0], self.format)

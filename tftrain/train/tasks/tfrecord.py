@@ -17,20 +17,16 @@ class TFRecordTask(FileSplitTask):
         validation_files, test_files: file lists. Default to None.
         num_train_examples: records in `train_files`, when known. Defaults to None.
         preprocess: batch map `(features, labels) -> (features, labels)`. Defaults to None.
-        build_model, loss, optimizer, metrics, learning_rate, hparams, default_batch_size,
-        defaults, class_weight, loss_weights: see `ArrayTask`. `name` defaults to `"tfrecord"`.
+        build_model, **task_args: `loss` (required), `optimizer`, ...: see `FunctionTask`. `name` defaults to
+            `"tfrecord"`.
 
     Raises:
         ConfigError: `train_files` is empty or `loss` is missing.
     """
 
     def __init__(self, build_model, train_files, parse_fn, *, validation_files=None, test_files=None,
-                 num_train_examples=None, preprocess=None, loss, optimizer="adam", metrics=None, learning_rate=None,
-                 name="tfrecord", hparams=None, default_batch_size=None, defaults=None, class_weight=None,
-                 loss_weights=None):
-        super().__init__(build_model, loss=loss, optimizer=optimizer, metrics=metrics, learning_rate=learning_rate,
-                         name=name, hparams=hparams, default_batch_size=default_batch_size, defaults=defaults,
-                         class_weight=class_weight, loss_weights=loss_weights)
+                 num_train_examples=None, preprocess=None, name="tfrecord", **task_args):
+        super().__init__(build_model, name=name, **task_args)
         if not train_files or isinstance(train_files, str):
             raise ConfigError(f"train_files must be a non-empty list of TFRecord paths. Received: {train_files!r}.")
         self.files = {"train": list(train_files), "validation": validation_files, "test": test_files}
