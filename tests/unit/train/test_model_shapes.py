@@ -401,12 +401,12 @@ def _seeded_two_outputs():
 
 
 @pytest.mark.slow
-def test_sample_weights_per_output_and_weighted_metrics_are_those_of_keras_fit_with_a_split(tmp_path):
+def test_sample_weights_per_output_and_weighted_metrics_are_those_of_keras_fit_and_evaluate(tmp_path):
     import keras
 
     weights = {"label": (X[:, 2] > 0).astype("float32"), "value": np.abs(X[:, 3]).astype("float32")}
     spec = {**TWO_OUTPUTS, "build_model": _seeded_two_outputs, "weighted_metrics": {"value": ["mae"]}}
-    task = _task(spec, sample_weight=weights, optimizer=keras.optimizers.SGD(learning_rate=0.0))
+    task = _task(spec, sample_weight=weights, test_sample_weight=weights, optimizer=keras.optimizers.SGD(0.0))
     record = _fit(task, tmp_path, validation_split=0.25, precision="float32")
     plain = _seeded_two_outputs()  # at learning rate 0 the validation metrics are those of the initial weights
     plain.compile(loss=spec["loss"], metrics=spec["metrics"], weighted_metrics=spec["weighted_metrics"])
@@ -417,6 +417,8 @@ def test_sample_weights_per_output_and_weighted_metrics_are_those_of_keras_fit_w
     assert want["loss"] != pytest.approx(unweighted["loss"], rel=1e-3)  # the weights change the figures
     got = {k.removeprefix("val_"): v[-1] for k, v in record.history.items() if k.startswith("val_")}
     assert set(got) == set(want) and got == pytest.approx(want, rel=1e-4), (got, want)
+    tested = plain.evaluate(X, spec["y"], sample_weight=weights, batch_size=32, verbose=0, return_dict=True)
+    assert record.test == pytest.approx(tested, rel=1e-4), (record.test, tested)
 
 
 def test_sample_weight_with_class_weight_is_refused_as_keras_refuses_it():

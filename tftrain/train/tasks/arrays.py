@@ -31,6 +31,7 @@ class ArrayTask(FunctionTask):
         sample_weight: per-example weights of the training examples `(num_examples,)` (a dict / list per output
             for several), as `Model.fit(sample_weight=...)`; `--validation-split` holds out theirs too. Weighted
             metrics go in `weighted_metrics`. Defaults to None.
+        test_sample_weight: the test examples' weights, as `Model.evaluate(sample_weight=...)`. Defaults to None.
         preprocess: `(features, labels) -> (features, labels)` on whole batches. Defaults to None.
         **task_args: `loss` (a Keras loss, name, object, or a dict per output; required), `metrics` (as
             `Model.compile`'s, plus metric classes and factories: `build_metrics`), `optimizer`, ...: see
@@ -48,12 +49,12 @@ class ArrayTask(FunctionTask):
     sample_weight = None  # also for a subclass that sets its arrays in `bind`
 
     def __init__(self, build_model, x, y, x_test=None, y_test=None, *, validation_data=None, sample_weight=None,
-                 preprocess=None, name="arrays", **task_args):
+                 test_sample_weight=None, preprocess=None, name="arrays", **task_args):
         super().__init__(build_model, name=name, **task_args)
         from tftrain.data.pipeline import num_examples_of
 
         num_examples_of(x, y, sample_weight)
-        for arrays in ((x_test, y_test), validation_data):
+        for arrays in ((x_test, y_test, test_sample_weight), validation_data):
             if arrays is not None and arrays[0] is not None:
                 num_examples_of(*arrays)
         weighted = sample_weight is not None or (validation_data is not None and len(validation_data) > 2
@@ -63,7 +64,8 @@ class ArrayTask(FunctionTask):
                               "class weights into sample_weight.")
         self.x, self.y, self.preprocess = x, y, preprocess
         self.sample_weight = sample_weight
-        self.test = (x_test, y_test) if x_test is not None else None
+        self.test = ((x_test, y_test) + ((test_sample_weight,) if test_sample_weight is not None else ())
+                     if x_test is not None else None)
         self.validation = tuple(a for a in validation_data if a is not None) if validation_data is not None else None
 
     def _splits(self):
