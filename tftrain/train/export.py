@@ -14,7 +14,7 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from tftrain.errors import ConfigError
 
@@ -71,7 +71,7 @@ def export_all(model, formats: Sequence[str], directory: Path, features) -> Dict
         with warnings.catch_warnings(), _converter_errors() as failed:  # Keras 3.15's ONNX path: `np.object`
             warnings.filterwarnings("ignore", message=".*np.object.*", category=FutureWarning)
             try:
-                with _native_lines_dropped(CONVERTER_NOISE):
+                with native_lines_dropped(CONVERTER_NOISE):
                     model.export(str(path), format=keras_format, verbose=False)
                 served = _RUNNERS[name](path)(feeds)
             except Exception as error:
@@ -113,24 +113,30 @@ def _converter_errors():
 
 
 @contextlib.contextmanager
-def _native_lines_dropped(pattern: re.Pattern):
-    """Within the block, the process's stderr (file descriptor 2, where TensorFlow's C++ code logs) is held in a
-    temporary file; after it, its lines that do not match `pattern` are written to stderr in order."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
+def native_lines_dropped(pattern: Optional[re.Pattern] = None, fds: Sequence[int] = (2,)):
+    """Within the block, what the process writes to the file descriptors `fds` (2: stderr, where TensorFlow's C++
+    code logs; 1: stdout) is held in temporary files; after it, the lines that do not match `pattern` (None: every
+    line is dropped) are written to their descriptor in order."""
+    streams = {1: sys.stdout, 2: sys.stderr}
+    with contextlib.ExitStack() as stack:
+        saved = {}
+        for fd in fds:
+            streams[fd].flush()
+            saved[fd] = (os.dup(fd), stack.enter_context(tempfile.TemporaryFile()))
+            os.dup2(saved[fd][1].fileno(), fd)
         try:
             yield
         finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            kept = [line for line in held.read().decode(errors="replace").splitlines(True) if not pattern.search(line)]
-            if kept:
-                sys.stderr.write("".join(kept))
-                sys.stderr.flush()
+            for fd, (copy, held) in saved.items():
+                streams[fd].flush()
+                os.dup2(copy, fd)
+                os.close(copy)
+                held.seek(0)
+                lines = held.read().decode(errors="replace").splitlines(True)
+                kept = [line for line in lines if pattern is not None and not pattern.search(line)]
+                if kept:
+                    streams[fd].write("".join(kept))
+                    streams[fd].flush()
 
 
 class ExportCheckFailed(RuntimeError):

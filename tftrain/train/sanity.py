@@ -5,7 +5,9 @@ round, a `train_step`'s loss scaling, `--init-from` and each `--export`. `--sani
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import tempfile
 import time
 from pathlib import Path
@@ -271,10 +273,15 @@ def cause_line(error: BaseException) -> str:
     if lines and lines[0] == "in user code:":  # traced: the error's own line closes the trace
         raised = [line for line in lines if re.match(r"[A-Z]\w*(Error|Exception): ", line)]
         if raised:
-            return raised[-1][:300]
+            return _words_within(raised[-1], 300)
     skip = ("Exception encountered when calling", "Arguments received by", "•")
     cause = [line for line in lines if not line.startswith(skip)]
-    return f"{type(error).__name__}: {(cause or lines or [''])[0]}"[:300]
+    return _words_within(f"{type(error).__name__}: {(cause or lines or [''])[0]}", 300)
+
+
+def _words_within(text: str, most: int) -> str:
+    """`text`, or its whole words within `most` characters followed by ` ...`."""
+    return text if len(text) <= most else text[:most - 4].rsplit(" ", 1)[0] + " ..."
 
 
 def label_rounding(labels, outputs, compute_dtype: str) -> Optional[str]:
@@ -348,7 +355,8 @@ def _compiled(plan: SanityPlan):
 
 
 def _try_exports(plan: SanityPlan, x) -> None:
-    """Writes and serves each `--export` format from a float32 model; `ConfigError` names a failing one."""
+    """Writes and serves each `--export` format from a float32 model; `ConfigError` names a failing one. What the
+    converters print is dropped: the export after training prints it, and a refusal's line names the cause."""
     import tensorflow as tf
 
     from tftrain.train import export
@@ -358,7 +366,9 @@ def _try_exports(plan: SanityPlan, x) -> None:
     for name in plan.export_formats:
         with tempfile.TemporaryDirectory(prefix="tftrain-sanity-export-") as tmp:
             try:
-                export.export_all(model, (name,), Path(tmp), features)
+                with export.native_lines_dropped(fds=(1, 2)), contextlib.redirect_stdout(io.StringIO()), \
+                        contextlib.redirect_stderr(io.StringIO()):
+                    export.export_all(model, (name,), Path(tmp), features)
             except Exception as error:  # noqa: BLE001 (the converter's own error)
                 raise ConfigError(f"--export {name} cannot write or serve this model (tried before training on a "
                                   f"few examples): {cause_line(error)}. Drop {name} from --export.") from error

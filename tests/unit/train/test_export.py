@@ -104,9 +104,35 @@ def test_native_log_lines_matching_a_pattern_are_dropped_and_the_others_kept_in_
     import os
     import re
 
-    from tftrain.train.export import _native_lines_dropped
+    from tftrain.train.export import native_lines_dropped
 
-    with _native_lines_dropped(re.compile(r"\] Ignored ")):
+    with native_lines_dropped(re.compile(r"\] Ignored ")):
         os.write(2, b"W0 helpers.cc:364] Ignored output_format.\nfirst kept\n")
         os.write(2, b"W0 helpers.cc:367] Ignored drop_control_dependency.\nsecond kept\n")
     assert capfd.readouterr().err == "first kept\nsecond kept\n"
+
+
+def _lstm():
+    import keras
+
+    inputs = keras.Input((6, 3))
+    return keras.Model(inputs, keras.layers.Dense(1)(keras.layers.LSTM(4)(inputs)))
+
+
+@pytest.mark.slow
+def test_a_format_that_fails_before_training_is_refused_in_one_line_without_the_converter_s_output(tmp_path, capfd):
+    x = np.random.default_rng(0).standard_normal((64, 6, 3)).astype("float32")
+    task = tftrain.ArrayTask(_lstm, x, x[:, 0, :1], x, x[:, 0, :1], loss="mse", name="lstm")
+    with pytest.raises(ConfigError, match="--export litert cannot write or serve this model") as refused:
+        tftrain.Trainer(task, epochs=1, verbose=0, batch_size=32, execution="graph", export="litert",
+                        run_dir=str(tmp_path / "run")).fit()
+    printed = capfd.readouterr()
+    assert "Flex" not in printed.err + printed.out, printed.err[-2000:]  # the converter's account of the ops
+    assert "Select TensorFlow op" in str(refused.value) and not (tmp_path / "run").exists()
+
+
+def test_a_long_cause_is_cut_at_a_whole_word():
+    from tftrain.train.sanity import cause_line
+
+    line = cause_line(RuntimeError("word " * 100))
+    assert len(line) <= 300 and line.endswith("word ...")
