@@ -28,6 +28,8 @@ CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.json"
 REPORT_FILE = "report.md"
 MODEL_FILE = "model.keras"
+WEIGHTS_FILE = "model.weights.h5"
+"""The trained weights, written instead of `MODEL_FILE` for a model Keras cannot serialize."""
 LOG_DIR = "logs"
 BACKUP_DIR = "backup"
 HISTORY_FILE = "history.csv"
@@ -259,7 +261,7 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
             + (f"started with; its {' and '.join(kept)} may be intact. Write {CONFIG_FILE} back as it was (a copy, or "
                "the YAML the same command prints at start without --run-dir) and rerun to resume, or pass a new "
                "--run-dir." if kept else "started with. Pass a new --run-dir."))
-    if not finished and (p / MODEL_FILE).exists() and not (p / BACKUP_DIR).exists():
+    if not finished and ((p / MODEL_FILE).exists() or (p / WEIGHTS_FILE).exists()) and not (p / BACKUP_DIR).exists():
         raise RunDirError(
             f"Run directory {str(p)!r} holds a trained {MODEL_FILE} but no {METRICS_FILE} and no checkpoint to resume "
             f"from ({METRICS_FILE} was removed, or the run was killed as it finished): training again would "

@@ -117,7 +117,8 @@ class ExportStages:
                 self.out_dir = self.run_dir
                 self.precision.set(metrics.get("precision") or "float32")  # built as the run built it, then float32
                 model = self._plain_outputs(self._built(self.task.build_model()))
-                model.load_weights(str(path / rundir_lib.MODEL_FILE))
+                saved = path / rundir_lib.MODEL_FILE
+                model.load_weights(str(saved if saved.is_file() else path / rundir_lib.WEIGHTS_FILE))
                 model = self._float32_twin(model)
                 failure = None
                 try:

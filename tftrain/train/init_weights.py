@@ -1,5 +1,6 @@
-"""`--init-from PATH`: start from saved weights (fine-tuning). PATH: a `.keras` file, a TensorFlow checkpoint (the
-path before `.index`), or a run directory (its best kept checkpoint, else `model.keras`).
+"""`--init-from PATH`: start from saved weights (fine-tuning). PATH: a `.keras` or `.weights.h5` file, a TensorFlow
+checkpoint (the path before `.index`), or a run directory (its best kept checkpoint, else `model.keras`, else
+`model.weights.h5`).
 Source: https://www.tensorflow.org/guide/checkpoint, https://keras.io/api/models/model_saving_apis/
 """
 
@@ -25,16 +26,17 @@ def resolve(path: str) -> Tuple[str, str]:
             best = best_checkpoint(p / CHECKPOINTS_DIR)
             if best is not None:
                 return "checkpoint", best
-        if (p / "model.keras").is_file():
-            return "keras", str(p / "model.keras")
+        for name in ("model.keras", "model.weights.h5"):  # the second: a model Keras cannot serialize
+            if (p / name).is_file():
+                return "keras", str(p / name)
         raise ConfigError(f"--init-from {path}: the directory holds neither kept checkpoints ({CHECKPOINTS_DIR}/"
                           "keep_best.json) nor model.keras. Pass a run directory that finished, a .keras file or a "
                           "checkpoint path.")
-    if p.suffix == ".keras" and p.is_file():
+    if (p.suffix == ".keras" or p.name.endswith(".weights.h5")) and p.is_file():
         return "keras", str(p)
     if Path(f"{p}.index").is_file():
         return "checkpoint", str(p)
-    raise ConfigError(f"--init-from {path}: no such .keras file, checkpoint (PATH.index) or run directory.")
+    raise ConfigError(f"--init-from {path}: no such .keras or .weights.h5 file, checkpoint (PATH.index) or run directory.")
 
 
 def load(model, kind: str, path: str) -> None:
@@ -48,6 +50,9 @@ def load(model, kind: str, path: str) -> None:
 def _load_keras(model, path: str) -> None:
     import keras
 
+    if path.endswith(".weights.h5"):
+        _load_weights_only(model, path)
+        return
     try:
         source = keras.models.load_model(path, compile=False)
     except (TypeError, ValueError):  # a class not registered here (a subclassed model)

@@ -17,7 +17,7 @@ from tftrain.errors import ConfigError
 RUN_ID_FILE = "mlflow_run_id"
 """The run-directory file holding the MLflow run id, for a resumed run."""
 
-ARTIFACTS = ("model.keras", "metrics.json", "report.md", "config.yaml", "history.csv")
+ARTIFACTS = ("model.keras", "model.weights.h5", "metrics.json", "report.md", "config.yaml", "history.csv")
 """Run-directory files logged as artifacts, if they exist."""
 
 DEFAULT = "default"

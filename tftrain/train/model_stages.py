@@ -3,6 +3,7 @@ checked, given float32 outputs under a mixed policy and compiled; a mixin of `Tr
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 
@@ -52,7 +53,7 @@ class ModelStages:
                     self.console.warn(f"model.keras holds the model with its float32 output casts: the model as "
                                       f"built did not compile again ({type(error).__name__}: {error})")
                     saved = model
-            saved.save(self.out_dir / rundir_lib.MODEL_FILE)
+            write_model(saved, self.out_dir / rundir_lib.MODEL_FILE, self.console.warn)
 
     def _built_or_float32(self, fall_back: bool = True):
         """The task's model, seeded and built; after a dtype clash under the mixed policy that
@@ -317,3 +318,22 @@ class ModelStages:
         gb = self.batch.global_batch_size if self.batch else 32
         validates = self.loop.validates and self.task.validation_data(gb) is not None
         return "val_loss" if validates else "loss"
+
+
+def write_model(model, path, warn) -> None:
+    """Saves `model` to `path` (`model.keras`) through a temporary file (a kill mid-save leaves no part file in its
+    place); a model Keras cannot serialize has its weights saved as `model.weights.h5` beside it, with one line."""
+    from tftrain import rundir as rundir_lib
+    from tftrain.train.sanity import unserializable
+
+    why = unserializable(model)
+    target = path if why is None else path.with_name(rundir_lib.WEIGHTS_FILE)
+    tmp = target.with_name(f".tmp-{os.getpid()}-{target.name}")  # Keras reads the format from the name's ending
+    try:
+        model.save(tmp) if why is None else model.save_weights(tmp)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    if why is not None:
+        warn(f"{path.name} not written: {why}; the trained weights are in {target} (build the model, call it on a "
+             "batch, then model.load_weights)")

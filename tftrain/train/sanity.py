@@ -159,6 +159,10 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
     train_keys = tuple(k for k in keys if not k.startswith("val_"))
     validation_keys = tuple(k for k in keys if k.startswith("val_"))
     checked.append("a training step" + (" and a validation step" if validation is not None else ""))
+    why = unserializable(model)
+    if why is not None:
+        say(f"model.keras: {why}; the run will save its trained weights as model.weights.h5 instead (give the "
+            "model get_config() to save it whole)")
     if plan.monitor is not None:
         from tftrain.callbacks.keep_best import check_monitor
 
@@ -372,3 +376,20 @@ def _try_exports(plan: SanityPlan, x) -> None:
             except Exception as error:  # noqa: BLE001 (the converter's own error)
                 raise ConfigError(f"--export {name} cannot write or serve this model (tried before training on a "
                                   f"few examples): {cause_line(error)}. Drop {name} from --export.") from error
+
+
+def unserializable(model) -> Optional[str]:
+    """Why Keras cannot serialize `model` (its config, build and compile configs), in one sentence; None if it can.
+    A subclassed model whose `__init__` takes arguments needs `get_config`
+    (https://keras.io/guides/serialization_and_saving/)."""
+    import re
+
+    import keras
+
+    try:
+        keras.saving.serialize_keras_object(model)
+    except Exception as error:  # noqa: BLE001 (Keras raises NotImplementedError, TypeError or ValueError)
+        sentence = re.split(r"(?<=[.])\s", " ".join(str(error).split()) or type(error).__name__)[0]
+        return f"{type(model).__name__} cannot be serialized ({sentence[:300]})"
+    return None
+

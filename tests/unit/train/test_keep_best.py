@@ -97,7 +97,7 @@ def test_init_from_weights_of_another_model_names_the_first_weight_that_differs(
 
 
 def test_init_from_a_path_without_weights_is_refused_before_the_run_directory(tmp_path):
-    with pytest.raises(ConfigError, match="no such .keras file, checkpoint"):
+    with pytest.raises(ConfigError, match="no such .keras or .weights.h5 file, checkpoint"):
         _fit(tmp_path, "run", init_from=str(tmp_path / "missing.keras"))
     assert not (tmp_path / "run").exists()
 

@@ -437,3 +437,42 @@ def test_class_weight_over_batches_carrying_sample_weights_is_refused_before_tra
     with pytest.raises(ConfigError, match="class_weight and sample weights"):
         check_class_weight(weighted, {0: 1.0, 1: 2.0})
     check_class_weight(weighted.map(lambda x, y, w: (x, y)), {0: 1.0, 1: 2.0})  # labels of one output: accepted
+
+
+def _subclassed_with_arguments():
+    import keras
+
+    class Net(keras.Model):  # __init__ takes an argument and there is no get_config: Keras cannot serialize it
+        def __init__(self, units, **kwargs):
+            super().__init__(**kwargs)
+            self.hidden, self.out = keras.layers.Dense(units, activation="relu"), keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+    return Net(8)
+
+
+@pytest.mark.slow
+def test_a_model_keras_cannot_serialize_is_said_before_training_and_its_trained_weights_are_saved(tmp_path, capsys):
+    task = tftrain.ArrayTask(_subclassed_with_arguments, X, VALUES, X, VALUES, loss="mse", name="net")
+    record = _fit(task, tmp_path, epochs=2, verbose=2)
+    run_dir = tmp_path / "run"
+    printed = capsys.readouterr()
+    said = printed.out + printed.err
+    assert said.count("Net cannot be serialized") == 2 and "get_config" in said, said  # before training, and after
+    assert not (run_dir / "model.keras").exists() and (run_dir / "metrics.json").is_file()
+    assert not [p.name for p in run_dir.iterdir() if p.name.startswith(".tmp-")]
+    again = _subclassed_with_arguments()
+    again(X[:2])
+    again.load_weights(run_dir / "model.weights.h5")
+    again.compile(loss="mse")
+    assert again.evaluate(X, VALUES, verbose=0) == pytest.approx(record.test["loss"], rel=1e-5)
+    fine_tuned = _fit(task, tmp_path, name="tuned", epochs=1, init_from=str(run_dir))  # --init-from the run reads them
+    assert fine_tuned.history["loss"][0] < record.history["loss"][0]
+    from tftrain import export
+
+    capsys.readouterr()
+    assert export.main([str(run_dir), "--formats", "saved_model"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds the trained weights only" in err[0], err
