@@ -21,6 +21,10 @@ from tftrain.errors import ConfigError
 CONVERTER_NOISE = re.compile(r"tf_tfl_flatbuffer_helpers\.cc:\d+\] Ignored (output_format|drop_control_dependency)")
 """TensorFlow's C++ warnings on each LiteRT conversion (TF 2.21) about options Keras's exporter sets; dropped."""
 
+TOLERANCE = 1e-3
+"""The largest difference an artifact's outputs may have from the float32 model's, relative to 1 + the largest
+output magnitude (float32 kernels of another runtime differ by about 1e-7 to 1e-5)."""
+
 FORMATS = {
     "saved_model": ("tf_saved_model", "saved_model", ()),
     "onnx": ("onnx", "model.onnx", ("tf2onnx", "onnxruntime")),
@@ -55,7 +59,7 @@ def parse(text: str) -> Tuple[str, ...]:
 def export_all(model, formats: Sequence[str], directory: Path, features) -> Dict[str, dict]:
     """Writes `model` (built, float32) in each format under `directory` and checks each artifact on `features` (one
     NumPy batch in the model's input structure): `{format: {"path", "max_abs_difference", "outputs": [name, ...]}}`.
-    `ExportCheckFailed` if an artifact's outputs differ from the model's in names or shapes."""
+    `ExportCheckFailed` if an artifact's outputs differ from the model's in names, shapes or values (`TOLERANCE`)."""
     import numpy as np
 
     _check_flat("inputs", features)
@@ -73,13 +77,18 @@ def export_all(model, formats: Sequence[str], directory: Path, features) -> Dict
             try:
                 with native_lines_dropped(CONVERTER_NOISE):
                     model.export(str(path), format=keras_format, verbose=False)
-                served = _RUNNERS[name](path)(feeds)
+                served = _RUNNERS[name](path)(feeds, features)
             except Exception as error:
                 if failed:  # the converter's own account of the first node it could not convert
                     raise ExportCheckFailed(failed[0]) from error
                 raise
         got = _match_outputs(name, served, expected)
         worst = max(float(np.max(np.abs(got[k] - expected[k]), initial=0.0)) for k in expected)
+        bound = TOLERANCE * (1.0 + max(float(np.max(np.abs(v), initial=0.0)) for v in expected.values()))
+        if not worst <= bound:  # NaN included
+            raise ExportCheckFailed(f"the {name} artifact's outputs differ from the model's by up to {worst:.2e} "
+                                    f"(more than {bound:.1e}) on the same examples: it does not compute what the "
+                                    "model does")
         out[name] = {"path": str(path), "max_abs_difference": worst, "outputs": list(expected)}
     return out
 
@@ -208,14 +217,20 @@ def check_batch(dataset, max_examples: int = 8):
 
 
 def _saved_model(path: Path) -> Callable:
+    """Runs the artifact's `serve` endpoint on the model's input structure (its serving signature names the inputs
+    of a subclassed model `args_0`, `args_0_1`, ..., in no fixed order)."""
     import tensorflow as tf
 
-    serve = tf.saved_model.load(str(path)).signatures["serving_default"]
+    from tftrain.data.pipeline import lists_as_tuples
 
-    def run(feeds):
-        specs = serve.structured_input_signature[1]
-        return {k: v.numpy() for k, v in serve(**{n: tf.constant(x, dtype=specs[n].dtype)
-                                                  for n, x in _by_names(feeds, list(specs)).items()}).items()}
+    loaded = tf.saved_model.load(str(path))  # kept: the endpoint's variables live as long as it does
+
+    def run(feeds, features):
+        serve = loaded.serve
+        specs = serve.concrete_functions[0].structured_input_signature[0][0]
+        inputs = tf.nest.map_structure(lambda spec, x: tf.constant(x, dtype=spec.dtype), lists_as_tuples(specs),
+                                       lists_as_tuples(features))
+        return output_arrays(serve(inputs))
 
     return run
 
@@ -226,7 +241,7 @@ def _onnx(path: Path) -> Callable:
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     types = {i.name: i.type for i in session.get_inputs()}
 
-    def run(feeds):
+    def run(feeds, features=None):
         named = _by_names(feeds, list(types))
         values = session.run(None, {n: x.astype(_ONNX_DTYPES.get(types[n], x.dtype)) for n, x in named.items()})
         return {o.name: v for o, v in zip(session.get_outputs(), values)}
@@ -242,7 +257,7 @@ _ONNX_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor
 def _litert(path: Path) -> Callable:
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    def run(feeds):  # built-in kernels, without the default XNNPACK delegate (which announces itself)
+    def run(feeds, features=None):  # built-in kernels, without the default XNNPACK delegate (which announces itself)
         interpreter = Interpreter(model_path=str(path),
                                   experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
         runner = interpreter.get_signature_runner("serving_default")

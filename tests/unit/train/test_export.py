@@ -136,3 +136,55 @@ def test_a_long_cause_is_cut_at_a_whole_word():
 
     line = cause_line(RuntimeError("word " * 100))
     assert len(line) <= 300 and line.endswith("word ...")
+
+
+_DICT_INPUTS_SUBCLASSED = """
+import sys
+from pathlib import Path
+import keras, numpy as np
+from tftrain.train.export import export_all
+
+class Net(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.out = keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2, activation="softmax")
+
+    def call(self, inputs):
+        return self.out(self.hidden(keras.ops.concatenate([inputs["a"], inputs["b"]], axis=-1)))
+
+x = np.random.default_rng(0).standard_normal((4, 8)).astype("float32")
+features = {"a": x[:, :5], "b": x[:, 5:]}
+model = Net()
+model(features)
+print(export_all(model, ("saved_model",), Path(sys.argv[1]), features)["saved_model"]["max_abs_difference"])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hash_seed", ["1", "2"])
+def test_a_subclassed_model_s_dict_inputs_reach_its_saved_model_by_name_under_any_hash_seed(tmp_path, hash_seed):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, SUBPROCESS_ENV
+
+    # Its serving signature names the inputs args_0, args_0_1 in an order that follows the hash seed.
+    done = subprocess.run([sys.executable, "-c", _DICT_INPUTS_SUBCLASSED, str(tmp_path / "export")], cwd=REPO,
+                          env={**os.environ, **SUBPROCESS_ENV, "PYTHONHASHSEED": hash_seed}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert float(done.stdout.strip().splitlines()[-1]) < 1e-6
+
+
+def test_an_artifact_whose_outputs_differ_from_the_model_s_is_refused(tmp_path, monkeypatch):
+    import keras
+
+    from tftrain.train import export
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    features = np.ones((3, 4), "float32")
+    monkeypatch.setitem(export._RUNNERS, "saved_model", lambda path: lambda feeds, features: {
+        "output_0": np.asarray(model(features)) + 0.5})  # an artifact that computes something else
+    with pytest.raises(export.ExportCheckFailed, match="differ from the model's by up to 5.00e-01"):
+        export.export_all(model, ("saved_model",), tmp_path / "export", features)
