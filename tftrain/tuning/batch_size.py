@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from tftrain.callbacks._steps import steps_per_execution
 from tftrain.callbacks.throughput import ThroughputMonitor
-from tftrain.data.pipeline import lists_as_tuples
+from tftrain.data.pipeline import lists_as_tuples, num_examples_of
 from tftrain.errors import ConfigError
 from tftrain.runtime.execution_probe import ModelState
 from tftrain.tuning.search import (
@@ -134,8 +134,8 @@ def _dataset_source(data, multiple_of: int, max_val: Optional[int]) -> tuple:
     """`(make_dataset, max_val)`; arrays cap `max_val` at their length. Raises ConfigError on other data."""
     if isinstance(data, tuple) and len(data) == 2 and not callable(data[0]):
         x, y = data
-        if max_val is None:
-            max_val = max(multiple_of, (len(x) // multiple_of) * multiple_of)
+        if max_val is None:  # examples, not inputs: x may be a dict or list of arrays
+            max_val = max(multiple_of, (num_examples_of(x, y) // multiple_of) * multiple_of)
         return _arrays_dataset_fn(x, y), max_val
     if callable(data):
         return data, max_val

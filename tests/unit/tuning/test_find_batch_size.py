@@ -177,3 +177,13 @@ def test_largest_objective_proposes_accumulation_when_the_target_does_not_fit():
     assert (fits.batch_size, fits.gradient_accumulation_steps, fits.micro_batch_size) == (64, 1, None)
     with pytest.raises(ConfigError, match="target_batch_size needs objective='largest'"):
         find_batch_size(model, data(), target_batch_size=64, verbose=0)
+
+
+def test_arrays_of_a_dict_input_model_cap_the_search_at_their_examples_not_their_inputs():
+    keras.utils.set_random_seed(0)
+    a, b = keras.Input((5,), name="a"), keras.Input((3,), name="b")
+    model = keras.Model({"a": a, "b": b}, keras.layers.Dense(2)(keras.layers.Concatenate()([a, b])))
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = data(256)
+    result = find_batch_size(model, ({"a": x[:, :5], "b": x[:, 5:]}, y), init_val=16, steps_per_trial=1, verbose=0)
+    assert result.largest_fitting == 256  # nothing runs out of memory here: the search grows to the 256 examples
