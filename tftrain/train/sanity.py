@@ -36,6 +36,7 @@ class SanityPlan:
             subclassed model's outputs for rounding labels. Defaults to None.
         candidate_dtype: the compute dtype of `candidate_build`'s policy. Defaults to `"float32"`.
         graph: the run's steps run in a graph, so the training step is also traced (not run). Defaults to True.
+        test_data: evaluated on one batch, as after training. Defaults to None.
     """
 
     build: Callable
@@ -43,6 +44,7 @@ class SanityPlan:
     compile_args: dict
     train_data: object
     validation_data: object = None
+    test_data: object = None
     batch_size: int = 32
     compute_dtype: str = "float32"
     auto_precision: bool = False
@@ -159,6 +161,10 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
     train_keys = tuple(k for k in keys if not k.startswith("val_"))
     validation_keys = tuple(k for k in keys if k.startswith("val_"))
     checked.append("a training step" + (" and a validation step" if validation is not None else ""))
+    if plan.test_data is not None:  # evaluated after training: its labels' structure, dtypes and shapes
+        test = _one_batch(plan.test_data, plan.batch_size)
+        _step("test step", lambda: model.evaluate(test, verbose=0))
+        checked.append("a test step")
     why = unserializable(model)
     if why is not None:
         say(f"model.keras: {why}; the run will save its trained weights as model.weights.h5 instead (give the "

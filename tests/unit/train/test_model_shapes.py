@@ -204,8 +204,8 @@ def test_sanity_check_runs_only_the_pass_and_writes_nothing(tmp_path, capsys):
                      "--monitor", "val_label_accuracy", "--validation-split", "0.25", "--run-dir", str(run_dir)])
     out = capsys.readouterr().out
     assert code == 0 and not run_dir.exists()
-    assert ("sanity:    data shapes, a training step and a validation step, --monitor val_label_accuracy, "
-            "export saved_model, onnx checked in") in out
+    assert ("sanity:    data shapes, a training step and a validation step, a test step, "
+            "--monitor val_label_accuracy, export saved_model, onnx checked in") in out
     assert "sanity check passed; nothing trained" in out
 
 
@@ -476,3 +476,12 @@ def test_a_model_keras_cannot_serialize_is_said_before_training_and_its_trained_
     assert export.main([str(run_dir), "--formats", "saved_model"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds the trained weights only" in err[0], err
+
+
+def test_test_labels_of_another_structure_are_refused_before_training(tmp_path):
+    spec = dict(LISTS)
+    build, x, y = spec.pop("build_model"), spec.pop("x"), spec.pop("y")
+    task = tftrain.ArrayTask(build, x, y, x, y[0], name="shape", **spec)  # one test label array for two outputs
+    with pytest.raises(ConfigError, match="sanity check's test step failed on the first batch, before training"):
+        _fit(task, tmp_path)
+    assert not (tmp_path / "run").exists()
