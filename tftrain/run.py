@@ -264,6 +264,11 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """A Python warning as the command line prints its own: `warning: <message>`, without its source line."""
+    return f"warning: {' '.join(str(message).split())}\n"
+
+
 _written_alone = False
 """Set by `main` when one process ran only tftrain's code (a recipe, no callbacks) to the end: safe to exit fast."""
 
@@ -274,6 +279,9 @@ def run_module(main_fn: Callable[[], int] = main) -> None:
     user code and cluster processes shut down normally, so exit hooks run and open files are flushed."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    warnings.formatwarning = _one_line_warning
+    # tftrain's own line says it (`--execution xla: Keras compiles this model without XLA ...`).
+    warnings.filterwarnings("ignore", message="Model doesn't support `jit_compile=True`")
     code = main_fn()
     if code == 0 and _written_alone:
         import logging

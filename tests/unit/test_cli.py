@@ -122,3 +122,21 @@ def test_a_flag_near_none_gets_no_suggestion():
     with pytest.raises(ConfigError) as refused:
         cli.parse_config(["--zzzzzz", "1"], RecipeConfig(), "prog")
     assert "did you mean" not in str(refused.value)
+
+
+@pytest.mark.slow
+def test_the_command_line_prints_a_python_warning_as_one_line_without_its_source(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, SUBPROCESS_ENV
+
+    done = subprocess.run([sys.executable, "-m", "tftrain.run", "examples/regression.py:task", "--sanity-check",
+                           "--precision", "mixed_float16", "--train-examples", "256"], cwd=REPO,
+                          env={**os.environ, **SUBPROCESS_ENV, "TFTRAIN_CACHE_DIR": str(tmp_path)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if "mixed_float16 on a CPU-only run" in line]
+    assert lines and all(line.startswith("warning: ") for line in lines), done.stderr[-3000:]
+    assert "UserWarning" not in done.stderr and "set_precision(" not in done.stderr, done.stderr[-3000:]
