@@ -33,21 +33,35 @@ if os.environ.get("KILL_AFTER_METRICS"):  # metrics.json written, the backup not
         os.kill(os.getpid(), signal.SIGKILL)
     tftrain.Trainer.write_record = killed_after
 
+if os.environ.get("KILL_BEFORE_REPORT"):  # metrics.json written, report.md not yet
+    from tftrain import reports
+    def killed_before(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+    reports.write_report = killed_before
+
+if os.environ.get("KILL_IN_SAVE"):  # inside model.keras's save: part of its temporary file written
+    def killed_in(self, path, *args, **kwargs):
+        with open(path, "wb") as f:
+            f.write(b"PK part of a zip")
+        os.kill(os.getpid(), signal.SIGKILL)
+    keras.Model.save = killed_in
+
 rng = np.random.default_rng(0)
 x = rng.standard_normal((256, 4)).astype("float32")
 y = x @ np.array([[1.0], [-2.0], [0.5], [0.0]], "float32")
 task = tftrain.ArrayTask(build, x, y, x[:64], y[:64], loss="mse", optimizer="sgd", learning_rate=0.05, name="k")
 try:
     tftrain.Trainer(task, epochs=3, batch_size=32, execution="graph", verbose=0, seed=0, run_dir=sys.argv[1],
-                    callbacks=[KillAfterTraining()]).fit()
+                    callbacks=[KillAfterTraining()], export=os.environ.get("EXPORT") or None).fit()
 except tftrain.AlreadyFinished as e:
     print(e)
 """
 
 
-def _run(run_dir, kill: bool, after_metrics: bool = False):
+def _run(run_dir, kill: bool, after_metrics: bool = False, **more):
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env.update(SUBPROCESS_ENV, KILL_AFTER_TRAINING="1" if kill else "", KILL_AFTER_METRICS="1" if after_metrics else "")
+    env.update(SUBPROCESS_ENV, KILL_AFTER_TRAINING="1" if kill else "", KILL_AFTER_METRICS="1" if after_metrics else "",
+               **more)
     return subprocess.run([sys.executable, "-c", _SCRIPT, str(run_dir)], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
 
@@ -90,6 +104,30 @@ def test_a_kill_right_after_metrics_json_is_completed_by_the_same_command(tmp_pa
     assert not (run_dir / "backup").exists() and (run_dir / "metrics.json").read_text() == metrics  # untouched
     again = _run(run_dir, kill=False)  # now an ordinary finished run: refused, untouched
     assert again.returncode == 1 and "holds a finished run" in again.stderr, again.stderr[-2000:]
+
+
+def test_a_kill_between_metrics_json_and_report_md_with_an_export_pending_is_completed_by_the_same_command(tmp_path):
+    run_dir = tmp_path / "run"
+    killed = _run(run_dir, kill=False, KILL_BEFORE_REPORT="1", EXPORT="saved_model")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert (run_dir / "metrics.json").is_file() and not (run_dir / "report.md").exists()
+    done = _run(run_dir, kill=False, EXPORT="saved_model")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["after_steps"] == {"export": "done"}
+    assert (run_dir / "report.md").is_file() and not (run_dir / "backup").exists()  # the end the kill cut short
+
+
+def test_a_kill_inside_the_save_of_model_keras_leaves_no_part_file_once_resumed(tmp_path):
+    import keras
+
+    run_dir = tmp_path / "run"
+    killed = _run(run_dir, kill=False, KILL_IN_SAVE="1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert [p.name for p in run_dir.glob(".tmp-*")] and not (run_dir / "model.keras").exists()
+    done = _run(run_dir, kill=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not list(run_dir.glob(".tmp-*")) and not list(run_dir.glob(".*.tmp-*"))
+    assert keras.models.load_model(run_dir / "model.keras").count_params() == 5
 
 
 _SLOW_RUN = """

@@ -132,6 +132,7 @@ class ExportStages:
                     failure = failed_message("export", path, status, self.config.train.export)
         finally:
             self.task.release()
+        self.finish_run_dir()  # a kill after metrics.json left the backup (and maybe no report.md)
         if failure:
             raise AfterStepFailed(failure)
         self.console.line(f"after-steps done; metrics.json updated in {path}")

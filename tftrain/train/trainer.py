@@ -218,13 +218,15 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
             self.made.mlflow.end(status)
 
     def finish_run_dir(self) -> None:
-        """Removes the backup and a failed attempt's `failure.log` (chief only), once the run is on disk."""
+        """Removes the backup, a failed attempt's `failure.log` and a killed write's temporary files (chief only),
+        once the run is on disk; writes `report.md` from `metrics.json` where a kill came between them."""
         if not self.is_chief:
             return
         import shutil
 
         shutil.rmtree(self.run_dir.backup_dir, ignore_errors=True)
         (self.run_dir.path / rundir_lib.FAILURE_LOG).unlink(missing_ok=True)
+        rundir_lib.complete(self.run_dir.path)
 
     # -- check, set-up ---------------------------------------------------------
     def _default_run_dir(self):
