@@ -12,12 +12,16 @@ def write_text_atomic(path, text: str, durable: bool = False) -> None:
     machine crash leaves the old content or the new, never an empty file. Defaults to False."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no part file left beside `path`
+        tmp.unlink(missing_ok=True)
+        raise
     if durable:
         fsync_dir(path.parent)
 

@@ -263,8 +263,9 @@ def test_callbacks_from_the_command_line(task_file, tmp_path, capsys):
     assert not (tmp_path / "bad").exists()  # refused before the run directory
 
 
-def test_a_full_disk_anywhere_is_one_line_naming_the_file_and_the_fix():
+def test_a_full_disk_anywhere_is_one_line_naming_the_file_and_the_fix(tmp_path):
     import errno
+    from types import SimpleNamespace
 
     from tftrain import run
 
@@ -273,11 +274,20 @@ def test_a_full_disk_anywhere_is_one_line_naming_the_file_and_the_fix():
             raise OSError(errno.ENOSPC, "No space left on device", "runs/r/model.keras")
         except OSError as cause:
             raise RuntimeError("Unable to synchronously create file (file write failed)") from cause
-    except RuntimeError as error:
-        line = run._disk_full(error, None)
-    assert line == ("RuntimeError: no space left on the disk holding runs/r/model.keras; the last checkpoint in the "
-                    "run directory is kept: free space on that disk, then rerun the same command to resume")
+    except RuntimeError as raised:
+        error = raised
+    line = run._disk_full(error, None)
+    assert line == ("RuntimeError: no space left on the disk holding runs/r/model.keras; free space on that disk, "
+                    "then rerun the same command (it resumes from a checkpoint, if one was written)")
     assert run._disk_full(ValueError("bad value"), None) == ""
+    trainer = SimpleNamespace(run_dir=SimpleNamespace(path=tmp_path))  # what the line says follows the run's state
+    assert run._disk_full(error, trainer).endswith("no checkpoint was written yet: free space on that disk, then "
+                                                   "rerun the same command")
+    (tmp_path / "backup").mkdir()
+    (tmp_path / "backup" / "ckpt-0.json").write_text("{}")
+    assert "the last checkpoint in the run directory is kept" in run._disk_full(error, trainer)
+    (tmp_path / "metrics.json").write_text("{}")
+    assert "the trained run is written (metrics.json)" in run._disk_full(error, trainer)
 
 
 @pytest.mark.slow
