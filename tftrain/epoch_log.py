@@ -89,3 +89,16 @@ def read_history(path) -> dict:
     history = {name: [value(rows[e].get(name)) for e in sorted(rows)] for name in names}
     # CSVLogger's "NA" val_ columns (no validation data) are not metrics.
     return {name: values for name, values in history.items() if not all(math.isnan(v) for v in values)}
+
+
+def logged_value(history_file, epoch: int, name: str) -> Optional[float]:
+    """`name`'s value at `epoch` (0-based, as `CSVLogger` writes it) in `history_file`; None if the file, row or
+    value is missing."""
+    import csv
+
+    try:
+        with open(history_file, newline="", encoding="utf-8") as f:
+            rows = [row for row in csv.DictReader(f) if row.get("epoch", "").strip() == str(epoch)]
+        return float(rows[-1][name]) if rows else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

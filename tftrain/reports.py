@@ -91,6 +91,14 @@ def write_report(run_dir, metrics: Mapping, title: str = "Run report") -> Path:
     return path
 
 
+def write_missing_report(run_dir) -> None:
+    """Writes `report.md` from `metrics.json` when a kill came between the two."""
+    path = Path(run_dir)
+    if (path / METRICS_FILE).is_file() and not (path / REPORT_FILE).is_file():
+        metrics = json.loads((path / METRICS_FILE).read_text(encoding="utf-8"))
+        write_report(path, metrics, title=str(metrics.get("task") or "Run report"))
+
+
 def _lookup(metrics: Mapping, dotted: str):
     """`metrics["a"]["b"]` for `"a.b"`; None when any part is missing."""
     value = metrics

@@ -438,18 +438,10 @@ def task_run_dir(run_dir: RunDir, config_yaml: str, is_chief: bool = True, task:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def complete(path: Path) -> None:
+def remove_temporaries(path: Path) -> None:
     """Removes the temporary files of writes a kill cut short (`.tmp-<pid>-<name>`, `.<name>.tmp-<pid>`) in the run
-    directory and its `checkpoints/`, and writes `report.md` from `metrics.json` when a kill came between them."""
+    directory `path` and its `checkpoints/`."""
     for folder in (path, path / "checkpoints"):
         for stale in (*folder.glob(".tmp-*"), *folder.glob(".*.tmp-*")):
             if stale.is_file():
                 stale.unlink(missing_ok=True)
-    if (path / METRICS_FILE).is_file() and not (path / REPORT_FILE).is_file():
-        from tftrain import reports
-
-        try:
-            metrics = json.loads((path / METRICS_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return
-        reports.write_report(path, metrics, title=str(metrics.get("task") or "Run report"))

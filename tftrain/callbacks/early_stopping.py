@@ -11,6 +11,7 @@ from typing import Optional
 import keras
 import numpy as np
 
+from tftrain.epoch_log import logged_value
 from tftrain.rundir import write_text_atomic
 
 STATE_FILE = "early_stopping.json"
@@ -57,7 +58,7 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
         last = _compat.initial_epoch(self.model, 0) - 1
         if applied is None or last <= applied or self.history_file is None:
             return
-        value = _logged(self.history_file, last, self.monitor)
+        value = logged_value(self.history_file, last, self.monitor)
         if value is not None:
             self.on_epoch_end(last, {self.monitor: value})
             self.model.stop_training = False  # fit trains its first epoch anyway; that epoch's end stops it
@@ -92,14 +93,3 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
         except (OSError, ValueError, KeyError):
             return None
 
-
-def _logged(history_file: Path, epoch: int, name: str) -> Optional[float]:
-    """`name`'s value at `epoch` in a `CSVLogger` file; None if the file, row or value is missing."""
-    import csv
-
-    try:
-        with open(history_file, newline="", encoding="utf-8") as f:
-            rows = [row for row in csv.DictReader(f) if row.get("epoch", "").strip() == str(epoch)]
-        return float(rows[-1][name]) if rows else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None

@@ -16,6 +16,7 @@ from typing import Iterable, List, Optional
 import keras
 import tensorflow as tf
 
+from tftrain.epoch_log import logged_value
 from tftrain.errors import ConfigError, check_int
 
 STATE_FILE = "keep_best.json"
@@ -108,6 +109,8 @@ class KeepBest(keras.callbacks.Callback):
         mode: `"min"`, `"max"` or `"auto"` (`monitor_direction`). Defaults to `"auto"`.
         say: prints a missing metric's one-line warning. Defaults to `print`.
         ranking_from: where a resumed non-chief reads `keep_best.json`. Defaults to None (`directory`).
+        history_file: the run's `CSVLogger` file, from which a damaged `keep_best.json`'s ranking is rebuilt.
+            Defaults to None (the kept checkpoints are then not ranked again).
 
     Attributes:
         kept: `[{"epoch": 1-based, "value": float, "checkpoint": path}]`, best first.
@@ -123,7 +126,7 @@ class KeepBest(keras.callbacks.Callback):
     """
 
     def __init__(self, directory, keep: int, monitor: str = "val_loss", mode: str = "auto", say=print,
-                 ranking_from=None):
+                 ranking_from=None, history_file=None):
         super().__init__()
         check_int(keep, "keep")
         direction = monitor_direction(monitor, mode)
@@ -131,6 +134,7 @@ class KeepBest(keras.callbacks.Callback):
             raise ConfigError(_unknown_direction(monitor))
         self.directory, self.keep, self.monitor, self.mode, self.say = Path(directory), keep, monitor, direction, say
         self.ranking_from = Path(ranking_from) if ranking_from is not None else None
+        self.history_file = Path(history_file) if history_file is not None else None
         self.kept: List[dict] = []
         self.last: Optional[str] = None
         self._warned = False
@@ -144,9 +148,30 @@ class KeepBest(keras.callbacks.Callback):
     def _read_ranking(self) -> List[dict]:
         """This directory's ranking, or `ranking_from`'s with paths moved into this directory."""
         if self.ranking_from is None or self.ranking_from.resolve() == self.directory.resolve():
-            return read_state(self.directory)
+            return self._repaired_ranking() if _damaged(self.directory) else read_state(self.directory)
         return [{**k, "checkpoint": str(self.directory / "best" / f"epoch-{k['epoch']}")}
                 for k in read_state(self.ranking_from)]
+
+    def _repaired_ranking(self) -> List[dict]:
+        """After a damaged `keep_best.json` (one line): the ranking of the `best/epoch-E` checkpoints by their
+        `monitor` values in `history_file`; those beyond `keep` are deleted, those without a value named."""
+        kept, unranked = [], []
+        for index in sorted(self.directory.glob("best/epoch-*.index")):
+            epoch = int(re.search(r"epoch-(\d+)", index.name).group(1))
+            value = logged_value(self.history_file, epoch - 1, self.monitor) if self.history_file else None
+            (unranked if value is None else kept).append(
+                {"epoch": epoch, "value": value, "checkpoint": str(index.with_suffix(""))})
+        ranked = sorted(kept, key=lambda k: k["value"], reverse=self.mode == "max")
+        for dropped in ranked[self.keep:]:
+            _delete(dropped["checkpoint"])
+        self.kept = ranked[:self.keep]
+        _write_state(self.directory, self.kept)
+        left = f"; not ranked (no {self.monitor} in the epoch log), left in place: " + ", ".join(
+            k["checkpoint"] for k in unranked) if unranked else ""
+        self.say(f"keep-best: {self.directory / STATE_FILE} was damaged; its ranking is rebuilt from the kept "
+                 f"checkpoints and the epoch log: epochs {', '.join(str(k['epoch']) for k in self.kept) or 'none'}"
+                 + left)
+        return self.kept
 
     def on_epoch_end(self, epoch, logs=None):
         self.last = self._last.save(checkpoint_number=epoch + 1)
@@ -190,6 +215,19 @@ def read_state(directory) -> List[dict]:
     except (OSError, ValueError):
         return []
     return [k for k in kept if isinstance(k, dict) and tf.io.gfile.exists(f"{k.get('checkpoint')}.index")]
+
+
+def _damaged(directory) -> bool:
+    """Whether `directory/keep_best.json` exists and does not read as a list of rankings."""
+    path = Path(directory) / STATE_FILE
+    if not path.is_file():
+        return False
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return True
+    return not isinstance(kept, list) or not all(isinstance(k, dict) and {"epoch", "value", "checkpoint"} <= set(k)
+                                                 for k in kept)
 
 
 def best_checkpoint(directory) -> Optional[str]:

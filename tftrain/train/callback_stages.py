@@ -114,7 +114,8 @@ class CallbackStages:
         monitor = self.config.train.monitor or ("val_loss" if validates else "loss")
         keep_best = KeepBest(self.out_dir.path / CHECKPOINTS_DIR, keep, monitor=monitor,
                              mode=self.config.train.monitor_mode, say=self.console.line,
-                             ranking_from=None if self.is_chief else self.run_dir.path / CHECKPOINTS_DIR)
+                             ranking_from=None if self.is_chief else self.run_dir.path / CHECKPOINTS_DIR,
+                             history_file=self.out_dir.path / rundir_lib.HISTORY_FILE)
         self.console.line(f"keep-best: the {keep} best epochs by {monitor} and the last, in "
                           f"{self.run_dir.path / CHECKPOINTS_DIR}")
         return keep_best

@@ -226,7 +226,10 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
 
         shutil.rmtree(self.run_dir.backup_dir, ignore_errors=True)
         (self.run_dir.path / rundir_lib.FAILURE_LOG).unlink(missing_ok=True)
-        rundir_lib.complete(self.run_dir.path)
+        rundir_lib.remove_temporaries(self.run_dir.path)
+        from tftrain import reports
+
+        reports.write_missing_report(self.run_dir.path)
 
     # -- check, set-up ---------------------------------------------------------
     def _default_run_dir(self):

@@ -75,6 +75,34 @@ def test_kept_checkpoints_survive_a_resumed_run_and_higher_is_better_for_accurac
 
 
 @pytest.mark.slow
+def test_a_damaged_ranking_is_rebuilt_from_the_kept_checkpoints_and_the_epoch_log_with_one_line(tmp_path):
+    import keras
+
+    from tftrain.callbacks import KeepBest
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((256, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5, 0.0], "float32"))[:, None]
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    history = tmp_path / "history.csv"
+    logger = keras.callbacks.CSVLogger(str(history), append=True)
+    checkpoints = tmp_path / "checkpoints"
+    model.fit(x, y, epochs=3, verbose=0, callbacks=[logger, KeepBest(checkpoints, keep=2, monitor="loss")])
+    state = checkpoints / "keep_best.json"
+    ranked = json.loads(state.read_text())
+    state.write_text(state.read_text()[:50])  # cut by a kill or a bad disk
+    said = []
+    again = KeepBest(checkpoints, keep=1, monitor="loss", say=said.append, history_file=history)
+    model.fit(x, y, epochs=3, initial_epoch=3, verbose=0, callbacks=[again])  # no epoch: the ranking read back
+    assert len(said) == 1 and "keep_best.json was damaged" in said[0] and "epochs 3" in said[0], said
+    assert [k["epoch"] for k in again.kept] == [ranked[0]["epoch"]] == [3]  # the loss falls: the last is best
+    assert again.kept[0]["value"] == pytest.approx(ranked[0]["value"])
+    assert {p.name.split(".")[0] for p in (checkpoints / "best").glob("*.index")} == {"epoch-3"}  # beyond keep
+    assert json.loads(state.read_text()) == again.kept
+
+
+@pytest.mark.slow
 def test_init_from_a_run_directory_starts_from_its_best_weights(tmp_path):
     first = _fit(tmp_path, "first", keep_best=1)
     again = _fit(tmp_path, "again", epochs=1, init_from=str(tmp_path / "first"))
