@@ -86,12 +86,26 @@ def _committed(names) -> List[int]:
 
 
 def read_position(path) -> Optional[BackupPosition]:
-    """The position of the newest readable checkpoint in backup directory `path` (or of metadata file
-    `path`); None when there is none."""
+    """The position of the newest readable checkpoint in backup directory `path` (its metadata read, its
+    weights file opening as HDF5; a truncated one does not), or of metadata file `path`; None when there is none."""
     path = Path(path)
     if not path.is_dir():
         return _position(path)
-    return next((c.position for c in checkpoints(path) if c.position is not None), None)
+    return next((c.position for c in checkpoints(path) if c.position is not None and _opens(c.weights)), None)
+
+
+def _opens(weights: Path) -> bool:
+    """Whether `weights` opens as an HDF5 file, without TensorFlow (the restore reads it whole later); True when it
+    is not there (the restore names it)."""
+    import h5py
+
+    if not weights.is_file():
+        return True
+    try:
+        with h5py.File(weights, "r"):
+            return True
+    except Exception:  # noqa: BLE001 (h5py raises OSError or others on a damaged file)
+        return False
 
 
 def fsync_file(path) -> None:
