@@ -156,10 +156,14 @@ def _resume_hint(run_dir: str) -> str:
 
 def _fit(trainer, started: float, quiet_threads: bool) -> None:
     """`trainer.fit`; with `quiet_threads`, without the runtime's warning that thread counts were not applied."""
+    global _ran
     with warnings.catch_warnings():
         if quiet_threads:
             warnings.simplefilter("ignore", RuntimeStartedWarning)
-        trainer.fit(started=started)
+        try:
+            trainer.fit(started=started)
+        finally:
+            _ran = True
 
 
 def _task_from_argv(argv: List[str], prog: str):
@@ -271,6 +275,9 @@ def _failure_log(trainer, error: BaseException) -> str:
 
 
 def _exit_on_sigterm(signum, frame):
+    """SIGTERM outside the Trainer's own watch: one line, then exit 143."""
+    when = "after the run ended" if _ran else "before the run started (nothing written): rerun the same command"
+    print(f"tftrain: stopped by {signal.Signals(signum).name} {when}", file=sys.stderr, flush=True)
     raise SystemExit(128 + signum)
 
 
@@ -278,6 +285,9 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     """A Python warning as the command line prints its own: `warning: <message>`, without its source line."""
     return f"warning: {' '.join(str(message).split())}\n"
 
+
+_ran = False
+"""Set by `main` once the Trainer's `fit` returned or raised."""
 
 _written_alone = False
 """Set by `main` when one process ran only tftrain's code (a recipe, no callbacks) to the end: safe to exit fast."""

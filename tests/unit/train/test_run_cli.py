@@ -303,3 +303,16 @@ def test_a_task_file_s_open_files_and_exit_hooks_are_kept_at_a_successful_exit(t
                                         "--run-dir", tmp_path / "run"], cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
     assert written.read_text() == "buffered, never closed" and hooked.read_text() == "ran"
+
+
+def test_sigterm_outside_the_trainer_s_watch_is_one_line_and_exit_143(capsys, monkeypatch):
+    import signal
+
+    from tftrain import run
+
+    monkeypatch.setattr(run, "_ran", False)
+    with pytest.raises(SystemExit) as stopped:
+        run._exit_on_sigterm(signal.SIGTERM, None)
+    assert stopped.value.code == 143
+    assert capsys.readouterr().err == ("tftrain: stopped by SIGTERM before the run started (nothing written): rerun "
+                                       "the same command\n")
