@@ -188,3 +188,31 @@ def test_an_artifact_whose_outputs_differ_from_the_model_s_is_refused(tmp_path, 
         "output_0": np.asarray(model(features)) + 0.5})  # an artifact that computes something else
     with pytest.raises(export.ExportCheckFailed, match="differ from the model's by up to 5.00e-01"):
         export.export_all(model, ("saved_model",), tmp_path / "export", features)
+
+
+@pytest.mark.parametrize("inputs", ["list", "one as a 1-tuple"])
+def test_the_saved_model_check_feeds_list_inputs_and_one_input_in_a_tuple(tmp_path, inputs):
+    import keras
+
+    from tftrain.train.export import export_all
+
+    x = np.random.default_rng(0).standard_normal((4, 5)).astype("float32")
+    if inputs == "list":
+        a, b = keras.Input((3,)), keras.Input((2,))
+        model = keras.Model([a, b], keras.layers.Dense(1)(keras.layers.Concatenate()([a, b])))
+        features = (x[:, :3], x[:, 3:])  # the pipeline hands a list's inputs over as a tuple
+    else:
+        a = keras.Input((5,))
+        model, features = keras.Model(a, keras.layers.Dense(1)(a)), (x,)
+    assert export_all(model, ("saved_model",), tmp_path, features)["saved_model"]["max_abs_difference"] < 1e-6
+
+
+def test_outputs_that_are_nan_in_the_model_and_the_artifact_alike_pass_the_check(tmp_path):
+    import keras
+
+    from tftrain.train.export import export_all
+
+    a = keras.Input((2,))
+    model = keras.Model(a, keras.layers.Lambda(lambda t: keras.ops.sqrt(t))(a))  # NaN for a negative input
+    features = np.array([[-1.0, 4.0], [1.0, 9.0]], "float32")
+    assert export_all(model, ("saved_model",), tmp_path, features)["saved_model"]["max_abs_difference"] == 0.0
