@@ -37,10 +37,10 @@ def check(run_dir: Path, formats_text: str):
     from tftrain.train import export as export_lib
 
     formats = export_lib.parse(formats_text)
-    if (run_dir / rundir_lib.WEIGHTS_FILE).is_file() and (run_dir / rundir_lib.METRICS_FILE).is_file():
+    if not (run_dir / rundir_lib.MODEL_FILE).is_file() and (run_dir / rundir_lib.WEIGHTS_FILE).is_file():
         raise ConfigError(f"{str(run_dir)!r} holds the trained weights only ({rundir_lib.WEIGHTS_FILE}: Keras could "
-                          "not serialize the model). Rerun its training command with --export, or build the model in "
-                          "Python, model.load_weights them and call model.export.")
+                          "not serialize the model). Build the model in Python, call it on a batch, "
+                          "model.load_weights them and call model.export (or train again with --export).")
     if not (run_dir / rundir_lib.MODEL_FILE).is_file() or not (run_dir / rundir_lib.METRICS_FILE).is_file():
         raise ConfigError(f"{str(run_dir)!r} holds no finished run ({rundir_lib.MODEL_FILE} and "
                           f"{rundir_lib.METRICS_FILE}). Pass the directory of a run that finished training.")

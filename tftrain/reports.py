@@ -95,8 +95,14 @@ def write_missing_report(run_dir) -> None:
     """Writes `report.md` from `metrics.json` when a kill came between the two."""
     path = Path(run_dir)
     if (path / METRICS_FILE).is_file() and not (path / REPORT_FILE).is_file():
-        metrics = json.loads((path / METRICS_FILE).read_text(encoding="utf-8"))
-        write_report(path, metrics, title=str(metrics.get("task") or "Run report"))
+        try:
+            metrics = json.loads((path / METRICS_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        if isinstance(metrics, dict):
+            shown = ", ".join(f"{k}={v}" for k, v in (metrics.get("hparams") or {}).items() if v is not None)
+            task = str(metrics.get("task") or "Run report")
+            write_report(path, metrics, title=f"{task} ({shown})" if shown else task)
 
 
 def _lookup(metrics: Mapping, dotted: str):

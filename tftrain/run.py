@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from tftrain import cli
-from tftrain.checkpoint_files import read_position
+from tftrain.checkpoint_files import checkpoints, read_position
 from tftrain.errors import AlreadyFinished, ConfigError, Preempted, RuntimeStartedError, RuntimeStartedWarning
 from tftrain.rundir import BACKUP_DIR, FAILURE_LOG, METRICS_FILE
 from tftrain.train.user_code import import_where, line_of, one_line
@@ -137,13 +137,14 @@ def _disk_full(error: BaseException, trainer) -> str:
     if run_dir is not None and (Path(run_dir) / METRICS_FILE).is_file():
         state = "the trained run is written (metrics.json): free space on that disk, then rerun the same command to " \
                 "finish it"
-    elif run_dir is not None and any((Path(run_dir) / BACKUP_DIR).glob("*.json")):
+    elif run_dir is not None and checkpoints(Path(run_dir) / BACKUP_DIR):
         state = "the last checkpoint in the run directory is kept: free space on that disk, then rerun the same " \
                 "command to resume"
     elif run_dir is not None:
         state = "no checkpoint was written yet: free space on that disk, then rerun the same command"
     else:
-        state = "free space on that disk, then rerun the same command (it resumes from a checkpoint, if one was written)"
+        state = ("free space on that disk, then rerun the same command (it resumes from a checkpoint, if one was "
+                 "written)")
     return f"{type(error).__name__}: no space left on the disk holding {where}; {state}"
 
 

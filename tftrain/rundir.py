@@ -14,6 +14,7 @@ import datetime
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -263,7 +264,8 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
                "--run-dir." if kept else "started with. Pass a new --run-dir."))
     if not finished and ((p / MODEL_FILE).exists() or (p / WEIGHTS_FILE).exists()) and not (p / BACKUP_DIR).exists():
         raise RunDirError(
-            f"Run directory {str(p)!r} holds a trained {MODEL_FILE} but no {METRICS_FILE} and no checkpoint to resume "
+            f"Run directory {str(p)!r} holds a trained model ({MODEL_FILE} or {WEIGHTS_FILE}) but no {METRICS_FILE} "
+            "and no checkpoint to resume "
             f"from ({METRICS_FILE} was removed, or the run was killed as it finished): training again would "
             "overwrite the model. Move the model elsewhere, or pass a new --run-dir.")
     diffs = _differences(_strip(previous), _strip(config))
@@ -441,7 +443,8 @@ def task_run_dir(run_dir: RunDir, config_yaml: str, is_chief: bool = True, task:
 def remove_temporaries(path: Path) -> None:
     """Removes the temporary files of writes a kill cut short (`.tmp-<pid>-<name>`, `.<name>.tmp-<pid>`) in the run
     directory `path` and its `checkpoints/`."""
+    ours = re.compile(r"\.tmp-\d+-(model\.keras|model\.weights\.h5)|\..+\.tmp-\d+")  # only tftrain's own names
     for folder in (path, path / "checkpoints"):
-        for stale in (*folder.glob(".tmp-*"), *folder.glob(".*.tmp-*")):
-            if stale.is_file():
+        for stale in folder.glob(".*"):
+            if ours.fullmatch(stale.name) and stale.is_file():
                 stale.unlink(missing_ok=True)

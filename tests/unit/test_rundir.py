@@ -69,7 +69,8 @@ def test_a_damaged_config_is_written_back_by_the_command_whose_settings_match_it
 def test_a_trained_model_without_metrics_or_checkpoint_is_not_trained_over(tmp_path):
     started(tmp_path / "run")
     (tmp_path / "run" / "model.keras").write_bytes(b"trained")
-    with pytest.raises(RunDirError, match=r"holds a trained model\.keras but no metrics\.json and no checkpoint"):
+    with pytest.raises(RunDirError, match=r"holds a trained model \(model\.keras or model\.weights\.h5\) but no "
+                                          r"metrics\.json and no checkpoint"):
         rundir.check_run_dir(tmp_path / "run", CFG.to_dict())
     assert (tmp_path / "run" / "model.keras").read_bytes() == b"trained"
 

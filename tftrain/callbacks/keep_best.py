@@ -8,6 +8,7 @@ every worker saves (saving may use collectives); non-chiefs to a temporary direc
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -159,7 +160,7 @@ class KeepBest(keras.callbacks.Callback):
         for index in sorted(self.directory.glob("best/epoch-*.index")):
             epoch = int(re.search(r"epoch-(\d+)", index.name).group(1))
             value = logged_value(self.history_file, epoch - 1, self.monitor) if self.history_file else None
-            (unranked if value is None else kept).append(
+            (unranked if value is None or not math.isfinite(value) else kept).append(
                 {"epoch": epoch, "value": value, "checkpoint": str(index.with_suffix(""))})
         ranked = sorted(kept, key=lambda k: k["value"], reverse=self.mode == "max")
         for dropped in ranked[self.keep:]:
@@ -190,6 +191,8 @@ class KeepBest(keras.callbacks.Callback):
                 self._warned = True
             return
         value = float(value)
+        if not math.isfinite(value):  # a diverged epoch ranks nowhere (a NaN would sort first)
+            return
         if len(self.kept) >= self.keep and not self._better(value, self.kept[-1]["value"]):
             return
         path = self._checkpoint.write(str(self.directory / "best" / f"epoch-{epoch + 1}"))

@@ -5,6 +5,7 @@ per batch: one tf.data element per batch, not per example."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Callable, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -59,7 +60,11 @@ def resolve_batch_size(
 def num_examples_of(*arrays) -> int:
     """The common first dimension of `arrays` (features, labels, sample weights; each may be a nested dict / tuple of
     arrays, or None); `ConfigError` if none or unequal."""
-    leaves = [np.shape(a)[0] for a in tf.nest.flatten(arrays) if a is not None]
+    leaves = [a for a in tf.nest.flatten(arrays) if a is not None]
+    if any(np.ndim(a) == 0 for a in leaves):
+        raise ConfigError("Arrays of features, labels and sample weights need one entry per example; one is a "
+                          "scalar. Pass NumPy arrays (or dicts or lists of them).")
+    leaves = [np.shape(a)[0] for a in leaves]
     if not leaves:
         raise ConfigError("No arrays given: pass features (and labels) as NumPy arrays or dicts of arrays.")
     if len(set(leaves)) > 1:
@@ -106,7 +111,8 @@ def build_dataset(
         max_examples: for files, read only the first N records (before the cache). Defaults to None (all).
 
     Returns:
-        `(features, labels[, sample_weights])` batches, auto-shard policy set (DATA for arrays, FILE for files): no strategy warning.
+        `(features, labels[, sample_weights])` batches, auto-shard policy set (DATA for arrays, FILE for files): no
+        strategy warning.
 
     Raises:
         ConfigError: `batch_size` not positive, arrays of unequal length, or files without `parse_fn`.
@@ -116,7 +122,8 @@ def build_dataset(
     """
     config = config or DataConfig()
     check_int(batch_size, "batch_size", error=ConfigError)
-    from_files = not (isinstance(source, tuple) and len(source) in (2, 3) and not isinstance(source[0], str))
+    from_files = not (isinstance(source, tuple) and len(source) in (2, 3)
+                      and not isinstance(source[0], (str, os.PathLike)))
     drop_remainder = training if drop_remainder is None else drop_remainder
     parallel = AUTOTUNE if config.parallel_map else None
     files = list(source) if from_files else None  # once: a generator of paths is read once

@@ -30,13 +30,15 @@ def resolve(path: str) -> Tuple[str, str]:
             if (p / name).is_file():
                 return "keras", str(p / name)
         raise ConfigError(f"--init-from {path}: the directory holds neither kept checkpoints ({CHECKPOINTS_DIR}/"
-                          "keep_best.json) nor model.keras. Pass a run directory that finished, a .keras file or a "
+                          "keep_best.json) nor model.keras (or model.weights.h5). Pass a run directory that finished, "
+                          "a .keras file or a "
                           "checkpoint path.")
     if (p.suffix == ".keras" or p.name.endswith(".weights.h5")) and p.is_file():
         return "keras", str(p)
     if Path(f"{p}.index").is_file():
         return "checkpoint", str(p)
-    raise ConfigError(f"--init-from {path}: no such .keras or .weights.h5 file, checkpoint (PATH.index) or run directory.")
+    raise ConfigError(f"--init-from {path}: no such .keras or .weights.h5 file, checkpoint (PATH.index) or run "
+                      "directory.")
 
 
 def load(model, kind: str, path: str) -> None:
@@ -74,7 +76,7 @@ def _load_weights_only(model, path: str) -> None:
     """`model.load_weights(path)`, for a `.keras` file whose model cannot be rebuilt."""
     try:
         model.load_weights(path)
-    except (ValueError, TypeError, KeyError) as error:
+    except (ValueError, TypeError, KeyError, OSError) as error:  # OSError: h5py on a damaged file
         first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
         raise ConfigError(f"--init-from {path}: its weights do not fit this model ({first[:300]}). Pass weights of "
                           "this task's model.") from None

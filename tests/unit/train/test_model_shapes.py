@@ -485,3 +485,23 @@ def test_test_labels_of_another_structure_are_refused_before_training(tmp_path):
     with pytest.raises(ConfigError, match="sanity check's test step failed on the first batch, before training"):
         _fit(task, tmp_path)
     assert not (tmp_path / "run").exists()
+
+
+def test_array_task_inputs_that_would_shift_or_vanish_are_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"validation_data must be \(x, y\) or \(x, y, sample_weight\)"):
+        _task(DICT_INPUTS, validation_data=(DICT_INPUTS["x"], None, np.ones(96, "float32")))
+    with pytest.raises(ConfigError, match="no x_test is given"):
+        tftrain.ArrayTask(_dict_inputs, DICT_INPUTS["x"], CLASSES, loss="mse", test_sample_weight=np.ones(96))
+    with pytest.raises(ConfigError, match="one is a scalar"):
+        _task(DICT_INPUTS, sample_weight=1.0)
+
+
+def test_only_tftrain_s_own_temporary_files_are_removed_from_a_run_directory(tmp_path):
+    from tftrain import rundir
+
+    ours = [".tmp-123-model.keras", ".tmp-9-model.weights.h5", ".metrics.json.tmp-77"]
+    users = [".tmp-notes.txt", ".plan.tmp-old", "notes.tmp-1"]
+    for name in ours + users:
+        (tmp_path / name).write_text("x")
+    rundir.remove_temporaries(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(users)

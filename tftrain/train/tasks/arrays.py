@@ -15,6 +15,15 @@ def _slice(structure, start: int, stop: Optional[int]):
     return tf.nest.map_structure(lambda a: a[start:stop], structure)
 
 
+def _arrays_of(name: str, given) -> tuple:
+    """`(x, y)` or `(x, y, sample_weight)` of a `validation_data`-like tuple; `ConfigError` on another shape."""
+    given = tuple(given)
+    if len(given) not in (2, 3) or given[0] is None or given[1] is None:
+        raise ConfigError(f"{name} must be (x, y) or (x, y, sample_weight), with x and y given. Received "
+                          f"{len(given)} item(s).")
+    return given[:2] + ((given[2],) if len(given) == 3 and given[2] is not None else ())
+
+
 class ArrayTask(FunctionTask):
     """A task over in-memory NumPy arrays (or dicts of arrays for multi-input models).
 
@@ -54,6 +63,9 @@ class ArrayTask(FunctionTask):
         from tftrain.data.pipeline import num_examples_of
 
         num_examples_of(x, y, sample_weight)
+        if test_sample_weight is not None and x_test is None:
+            raise ConfigError("test_sample_weight weighs test examples, and no x_test is given: pass x_test and "
+                              "y_test, or drop test_sample_weight.")
         for arrays in ((x_test, y_test, test_sample_weight), validation_data):
             if arrays is not None and arrays[0] is not None:
                 num_examples_of(*arrays)
@@ -66,7 +78,7 @@ class ArrayTask(FunctionTask):
         self.sample_weight = sample_weight
         self.test = ((x_test, y_test) + ((test_sample_weight,) if test_sample_weight is not None else ())
                      if x_test is not None else None)
-        self.validation = tuple(a for a in validation_data if a is not None) if validation_data is not None else None
+        self.validation = None if validation_data is None else _arrays_of("validation_data", validation_data)
 
     def _splits(self):
         """`(training arrays, validation arrays or None)`, each `(x, y)` or `(x, y, sample_weight)`."""
