@@ -8,7 +8,7 @@ import platform
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Optional
 
 from tftrain.rundir import METRICS_FILE, REPORT_FILE, write_text_atomic
 
@@ -100,9 +100,14 @@ def write_missing_report(run_dir) -> None:
         except (OSError, ValueError):
             return
         if isinstance(metrics, dict):
-            shown = ", ".join(f"{k}={v}" for k, v in (metrics.get("hparams") or {}).items() if v is not None)
-            task = str(metrics.get("task") or "Run report")
-            write_report(path, metrics, title=f"{task} ({shown})" if shown else task)
+            write_report(path, metrics, title=run_title(str(metrics.get("task") or "Run report"),
+                                                        metrics.get("hparams")))
+
+
+def run_title(task: str, hparams: Optional[Mapping]) -> str:
+    """`report.md`'s title: the task, and the hyperparameters that are set (`mnist (model=cnn, width=64)`)."""
+    shown = ", ".join(f"{k}={v}" for k, v in (hparams or {}).items() if v is not None)
+    return f"{task} ({shown})" if shown else task
 
 
 def _lookup(metrics: Mapping, dotted: str):

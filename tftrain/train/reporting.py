@@ -219,7 +219,7 @@ def write_record(record: RunRecord, hparams: Optional[dict] = None) -> None:
                                   hparams_log.final_figures(record),
                                   step=record.resumed_from_epoch + record.epochs_trained)
     reports.write_metrics(record.run_dir, metrics)
-    reports.write_report(record.run_dir, metrics, title=_title(record))
+    reports.write_report(record.run_dir, metrics, title=reports.run_title(record.task, record.hparams))
 
 
 def print_result(record: RunRecord, console, unit: str = "examples", input_hint: str = "",
@@ -240,11 +240,6 @@ def print_result(record: RunRecord, console, unit: str = "examples", input_hint:
     if tensorboard is not None:
         console.line(f"run directory: {record.run_dir}")
         console.line(f"TensorBoard:   {tensorboard}")
-
-
-def _title(record: RunRecord) -> str:
-    shown = ", ".join(f"{k}={v}" for k, v in (record.hparams or {}).items() if v is not None)
-    return f"{record.task} ({shown})" if shown else record.task
 
 
 def _result_line(record: RunRecord, unit: str = "examples") -> str:

@@ -161,25 +161,7 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
     train_keys = tuple(k for k in keys if not k.startswith("val_"))
     validation_keys = tuple(k for k in keys if k.startswith("val_"))
     checked.append("a training step" + (" and a validation step" if validation is not None else ""))
-    if plan.test_data is not None:  # evaluated after training: its labels' structure, dtypes and shapes
-        test = _one_batch(plan.test_data, plan.batch_size)
-        _step("test step", lambda: model.evaluate(test, verbose=0))
-        checked.append("a test step")
-    why = unserializable(model)
-    if why is not None:
-        say(f"model.keras: {why}; the run will save its trained weights as model.weights.h5 instead (give the "
-            "model get_config() to save it whole)")
-    if plan.monitor is not None:
-        from tftrain.callbacks.keep_best import check_monitor
-
-        check_monitor(plan.monitor[0], plan.monitor[1], keys)
-        checked.append(f"--monitor {plan.monitor[0]}")
-    if plan.early_stopping and validation is not None:
-        if "val_loss" not in keys:
-            raise ConfigError(f"--early-stopping watches val_loss, which is not among the epoch logs' keys "
-                              f"({', '.join(keys) or 'none'}): the model's test_step reports no 'loss'. Return a "
-                              "'loss' from test_step, or drop --early-stopping.")
-        checked.append("--early-stopping")
+    checked += _after_training(plan, model, keys, validation is not None, say)
     x, y, _ = _unpacked(train)
     float32_needed = label_rounding(y, model(x, training=False), plan.compute_dtype)
     if plan.candidate_build is not None and not _plain(model):
@@ -200,6 +182,32 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
         checked.append("export " + ", ".join(plan.export_formats))
     return SanityResult(train_keys, validation_keys, tuple(checked), scales, float32_needed,
                         time.perf_counter() - started, overridden)
+
+
+def _after_training(plan: SanityPlan, model, keys: tuple, validates: bool, say: Callable[[str], None]) -> list:
+    """What the run does once trained, tried on the stepped `model` and the epoch logs' `keys`: the test step,
+    `model.keras` (a line if it cannot be saved whole), `--monitor` and `--early-stopping`; returns what it checked."""
+    checked = []
+    if plan.test_data is not None:  # its labels' structure, dtypes and shapes
+        test = _one_batch(plan.test_data, plan.batch_size)
+        _step("test step", lambda: model.evaluate(test, verbose=0))
+        checked.append("a test step")
+    why = unserializable(model)
+    if why is not None:
+        say(f"model.keras: {why}; the run will save its trained weights as model.weights.h5 instead (give the "
+            "model get_config() to save it whole)")
+    if plan.monitor is not None:
+        from tftrain.callbacks.keep_best import check_monitor
+
+        check_monitor(plan.monitor[0], plan.monitor[1], keys)
+        checked.append(f"--monitor {plan.monitor[0]}")
+    if plan.early_stopping and validates:
+        if "val_loss" not in keys:
+            raise ConfigError(f"--early-stopping watches val_loss, which is not among the epoch logs' keys "
+                              f"({', '.join(keys) or 'none'}): the model's test_step reports no 'loss'. Return a "
+                              "'loss' from test_step, or drop --early-stopping.")
+        checked.append("--early-stopping")
+    return checked
 
 
 def _one_batch(dataset, size: int):
