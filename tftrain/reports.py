@@ -91,17 +91,20 @@ def write_report(run_dir, metrics: Mapping, title: str = "Run report") -> Path:
     return path
 
 
-def write_missing_report(run_dir) -> None:
-    """Writes `report.md` from `metrics.json` when a kill came between the two."""
+def write_missing_report(run_dir, hparams=None) -> None:
+    """Writes `report.md` from `metrics.json` when a kill came between the two; `hparams` is the task's
+    hyperparameter dataclass (None: none), whose fields' trained values `metrics.json` holds at its top level."""
     path = Path(run_dir)
     if (path / METRICS_FILE).is_file() and not (path / REPORT_FILE).is_file():
         try:
             metrics = json.loads((path / METRICS_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return
-        if isinstance(metrics, dict):
-            write_report(path, metrics, title=run_title(str(metrics.get("task") or "Run report"),
-                                                        metrics.get("hparams")))
+        if not isinstance(metrics, dict):
+            return
+        fields = dataclasses.fields(hparams) if hparams is not None else ()
+        title = run_title(str(metrics.get("task") or "Run report"), {f.name: metrics.get(f.name) for f in fields})
+        write_report(path, metrics, title=title)
 
 
 def run_title(task: str, hparams: Optional[Mapping]) -> str:

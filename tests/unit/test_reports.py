@@ -22,3 +22,20 @@ def test_metrics_json_holds_numpy_scalars_and_report_table(tmp_path):
     assert "| Test accuracy | 0.9800 |" in text and "| Training examples/sec | 1,234 |" in text
     assert "| Test mae | 0.2500 |" in text and "| Validation mae (last epoch) | 0.3750 |" in text
     assert "`python -m x`" in text
+
+
+def test_a_report_written_back_after_a_kill_is_titled_as_the_run_s_own(tmp_path):
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class HParams:
+        model: str = "mlp"
+        width: int = 64
+
+    (tmp_path / "metrics.json").write_text(json.dumps({"task": "mnist", "model": "cnn", "width": 32}))
+    reports.write_missing_report(tmp_path, HParams())  # metrics.json holds the trained values at its top level
+    assert (tmp_path / "report.md").read_text().splitlines()[0] == "# " + reports.run_title(
+        "mnist", {"model": "cnn", "width": 32}) == "# mnist (model=cnn, width=32)"
+    (tmp_path / "report.md").write_text("kept")
+    reports.write_missing_report(tmp_path, HParams())  # an existing report is left as it is
+    assert (tmp_path / "report.md").read_text() == "kept"

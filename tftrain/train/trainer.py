@@ -229,7 +229,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         rundir_lib.remove_temporaries(self.run_dir.path)
         from tftrain import reports
 
-        reports.write_missing_report(self.run_dir.path)
+        reports.write_missing_report(self.run_dir.path, self.config.task)
 
     # -- check, set-up ---------------------------------------------------------
     def _default_run_dir(self):
