@@ -131,20 +131,17 @@ def _disk_full(error: BaseException, trainer) -> str:
     full = [e for e in chain if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e)]
     if not full:
         return ""
-    where = next((getattr(e, "filename", None) for e in full if getattr(e, "filename", None)), None) or \
-        getattr(getattr(trainer, "run_dir", None), "path", None)
     run_dir = getattr(getattr(trainer, "run_dir", None), "path", None)
-    if run_dir is not None and (Path(run_dir) / METRICS_FILE).is_file():
-        state = "the trained run is written (metrics.json): free space on that disk, then rerun the same command to " \
-                "finish it"
-    elif run_dir is not None and checkpoints(Path(run_dir) / BACKUP_DIR):
-        state = "the last checkpoint in the run directory is kept: free space on that disk, then rerun the same " \
-                "command to resume"
-    elif run_dir is not None:
-        state = "no checkpoint was written yet: free space on that disk, then rerun the same command"
+    where = next((getattr(e, "filename", None) for e in full if getattr(e, "filename", None)), None) or run_dir
+    fix = "free space on that disk, then rerun the same command"
+    if run_dir is None:
+        state = f"{fix} (it resumes from a checkpoint, if one was written)"
+    elif (Path(run_dir) / METRICS_FILE).is_file():
+        state = f"the trained run is written (metrics.json): {fix} to finish it"
+    elif checkpoints(Path(run_dir) / BACKUP_DIR):
+        state = f"the last checkpoint in the run directory is kept: {fix} to resume"
     else:
-        state = ("free space on that disk, then rerun the same command (it resumes from a checkpoint, if one was "
-                 "written)")
+        state = f"no checkpoint was written yet: {fix}"
     return f"{type(error).__name__}: no space left on the disk holding {where}; {state}"
 
 

@@ -162,11 +162,7 @@ class KeepBest(keras.callbacks.Callback):
             value = logged_value(self.history_file, epoch - 1, self.monitor) if self.history_file else None
             (unranked if value is None or not math.isfinite(value) else kept).append(
                 {"epoch": epoch, "value": value, "checkpoint": str(index.with_suffix(""))})
-        ranked = sorted(kept, key=lambda k: k["value"], reverse=self.mode == "max")
-        for dropped in ranked[self.keep:]:
-            _delete(dropped["checkpoint"])
-        self.kept = ranked[:self.keep]
-        _write_state(self.directory, self.kept)
+        self._rank(kept)
         left = f"; not ranked (no {self.monitor} in the epoch log), left in place: " + ", ".join(
             k["checkpoint"] for k in unranked) if unranked else ""
         self.say(f"keep-best: {self.directory / STATE_FILE} was damaged; its ranking is rebuilt from the kept "
@@ -196,8 +192,11 @@ class KeepBest(keras.callbacks.Callback):
         if len(self.kept) >= self.keep and not self._better(value, self.kept[-1]["value"]):
             return
         path = self._checkpoint.write(str(self.directory / "best" / f"epoch-{epoch + 1}"))
-        ranked = sorted(self.kept + [{"epoch": epoch + 1, "value": value, "checkpoint": path}],
-                        key=lambda k: k["value"], reverse=self.mode == "max")
+        self._rank(self.kept + [{"epoch": epoch + 1, "value": value, "checkpoint": path}])
+
+    def _rank(self, candidates: List[dict]) -> None:
+        """Keeps the `keep` best of `candidates` (best first), deletes the others' checkpoints, writes the ranking."""
+        ranked = sorted(candidates, key=lambda k: k["value"], reverse=self.mode == "max")
         for dropped in ranked[self.keep:]:
             _delete(dropped["checkpoint"])
         self.kept = ranked[:self.keep]

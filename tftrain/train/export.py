@@ -61,10 +61,9 @@ def export_all(model, formats: Sequence[str], directory: Path, features) -> Dict
     NumPy batch in the model's input structure): `{format: {"path", "max_abs_difference", "outputs": [name, ...]}}`.
     `ExportCheckFailed` if an artifact's outputs differ from the model's in names, shapes or values (`TOLERANCE`)."""
     import numpy as np
-
-    _check_flat("inputs", features)
     import tensorflow as tf
 
+    _check_flat("inputs", features)
     tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
     tf.config.experimental.enable_tensor_float_32_execution(False)  # the artifacts' runtimes compute float32
     try:
