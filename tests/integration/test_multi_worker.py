@@ -302,14 +302,17 @@ def test_parameter_server_job_stops_on_sigterm_and_resumes_mid_epoch_after_a_kil
 def test_the_printed_advice_resumes_a_multi_worker_job_started_without_run_dir(tmp_path):
     # The launcher gives each job its own run id, so the rerun's default directory is new: --resume must find the
     # interrupted run (every task the same one) instead of training a new run from step 0.
-    cmd = _launcher(["--workers", "2"], [*MWMS, *FLAGS], 200)
+    # Six epochs: the SIGTERM sent in epoch 2 lands well before the end, however late a loaded machine
+    # relays the worker's "Epoch 2" line.
+    flags = [*MWMS, *FLAGS[:FLAGS.index("--epochs")], "--epochs", "6", *FLAGS[FLAGS.index("--epochs") + 2:]]
+    cmd = _launcher(["--workers", "2"], flags, 200)
     env = _env(tmp_path / "tmp")
     launcher = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines, sent = [], False
     try:
         for line in launcher.stdout:
             lines.append(line)
-            if not sent and line.startswith("[worker:0] Epoch 2/3"):
+            if not sent and line.startswith("[worker:0] Epoch 2/6"):
                 time.sleep(0.5)  # into epoch 2: epoch 1's checkpoint is written
                 launcher.send_signal(signal.SIGTERM)
                 sent = True
