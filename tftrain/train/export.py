@@ -11,7 +11,7 @@ import logging
 import os
 import re
 import sys
-import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence, Tuple
@@ -136,31 +136,53 @@ def _converter_errors():
         logger.propagate = propagate
 
 
+FATAL_LINE = re.compile(r"^(F\d{4} |Fatal Python error|terminate called)")
+"""A native crash's own line (absl's FATAL level, CPython's, C++'s `std::terminate`): passed on even where every
+other line is dropped."""
+
+
 @contextlib.contextmanager
 def native_lines_dropped(pattern: Optional[re.Pattern] = None, fds: Sequence[int] = (2,)):
-    """Within the block, what the process writes to the file descriptors `fds` (2: stderr, where TensorFlow's C++
-    code logs; 1: stdout) is held in temporary files; after it, the lines that do not match `pattern` (None: every
-    line is dropped) are written to their descriptor in order."""
-    streams = {1: sys.stdout, 2: sys.stderr}
-    with contextlib.ExitStack() as stack:
-        saved = {}
+    """Within the block, lines the process writes to the file descriptors `fds` (2: stderr, where TensorFlow's C++
+    code logs; 1: stdout) that match `pattern` are dropped (None: every line but a `FATAL_LINE`); the others pass
+    on as they come, forwarded from a pipe by a thread. The descriptors are restored however the block ends."""
+    def flush(fd):
+        {1: sys.stdout, 2: sys.stderr}.get(fd, sys.stdout).flush()
+
+    restore, readers = [], []
+    try:
         for fd in fds:
-            streams[fd].flush()
-            saved[fd] = (os.dup(fd), stack.enter_context(tempfile.TemporaryFile()))
-            os.dup2(saved[fd][1].fileno(), fd)
-        try:
-            yield
-        finally:
-            for fd, (copy, held) in saved.items():
-                streams[fd].flush()
-                os.dup2(copy, fd)
+            flush(fd)
+            restore.append((fd, os.dup(fd)))
+            read_end, write_end = os.pipe()
+            try:
+                os.dup2(write_end, fd)
+            except OSError:
+                os.close(read_end)
+                raise
+            finally:
+                os.close(write_end)
+            reader = threading.Thread(target=_forward_lines, args=(read_end, restore[-1][1], pattern), daemon=True)
+            reader.start()
+            readers.append(reader)
+        yield
+    finally:
+        for fd, copy in reversed(restore):
+            flush(fd)
+            os.dup2(copy, fd)  # the pipe's last write end closes: its reader reaches the end
+        for reader in readers:
+            reader.join(timeout=10)
+        if not any(reader.is_alive() for reader in readers):  # a child process may still hold a write end
+            for _, copy in restore:
                 os.close(copy)
-                held.seek(0)
-                lines = held.read().decode(errors="replace").splitlines(True)
-                kept = [line for line in lines if pattern is not None and not pattern.search(line)]
-                if kept:
-                    streams[fd].write("".join(kept))
-                    streams[fd].flush()
+
+
+def _forward_lines(read_end: int, out_fd: int, pattern: Optional[re.Pattern]) -> None:
+    with os.fdopen(read_end, "rb") as pipe:
+        for line in pipe:
+            text = line.decode(errors="replace")
+            if FATAL_LINE.match(text) if pattern is None else not pattern.search(text):
+                os.write(out_fd, line)
 
 
 class ExportCheckFailed(RuntimeError):

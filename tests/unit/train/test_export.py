@@ -2,8 +2,10 @@
 (TensorFlow, ONNX Runtime, the LiteRT interpreter); a missing converter is refused before training."""
 
 import json
+import re
 
 import numpy as np
+
 import pytest
 
 import tftrain
@@ -110,6 +112,43 @@ def test_native_log_lines_matching_a_pattern_are_dropped_and_the_others_kept_in_
         os.write(2, b"W0 helpers.cc:364] Ignored output_format.\nfirst kept\n")
         os.write(2, b"W0 helpers.cc:367] Ignored drop_control_dependency.\nsecond kept\n")
     assert capfd.readouterr().err == "first kept\nsecond kept\n"
+
+
+def test_native_lines_pass_on_while_the_block_runs_and_a_crash_line_passes_where_all_are_dropped(capfd):
+    import os
+    import time
+
+    from tftrain.train.export import native_lines_dropped
+
+    with native_lines_dropped(re.compile(r"noise")):
+        os.write(2, b"noise\nkept at once\n")
+        deadline = time.monotonic() + 10
+        seen = ""
+        while "kept at once" not in seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+            seen += capfd.readouterr().err
+        assert seen == "kept at once\n"  # forwarded before the block ends: a crash inside it does not lose it
+    with native_lines_dropped(fds=(1, 2)):
+        os.write(1, b"converter account\n")
+        os.write(2, b"W0 some warning\nF0000 00:00 check.cc:1] Check failed: x\n")
+    assert capfd.readouterr() == ("", "F0000 00:00 check.cc:1] Check failed: x\n")
+
+
+def test_the_descriptors_are_restored_when_redirecting_one_of_them_fails(capfd):
+    import os
+
+    from tftrain.train.export import native_lines_dropped
+
+    import resource
+
+    bad = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 1  # the last descriptor number: not open, dup fails
+    with pytest.raises(OSError):
+        os.fstat(bad)
+    with pytest.raises(OSError):
+        with native_lines_dropped(fds=(1, bad)):
+            pass
+    os.write(1, b"stdout again\n")
+    assert capfd.readouterr().out == "stdout again\n"
 
 
 def _lstm():
