@@ -335,5 +335,5 @@ def write_model(model, path, warn) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     if why is not None:
-        warn(f"{path.name} not written: {why}; the trained weights are in {target} (build the model, call it on a "
+        warn(f"{path.name} not written: {why[0]}; the trained weights are in {target} (build the model, call it on a "
              "batch, then model.load_weights)")

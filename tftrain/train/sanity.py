@@ -194,8 +194,7 @@ def _after_training(plan: SanityPlan, model, keys: tuple, validates: bool, say: 
         checked.append("a test step")
     why = unserializable(model)
     if why is not None:
-        say(f"model.keras: {why}; the run will save its trained weights as model.weights.h5 instead (give the "
-            "model get_config() to save it whole)")
+        say(f"model.keras: {why[0]}; the run will save its trained weights as model.weights.h5 instead ({why[1]})")
     if plan.monitor is not None:
         from tftrain.callbacks.keep_best import check_monitor
 
@@ -392,10 +391,10 @@ def _try_exports(plan: SanityPlan, x) -> None:
                                   f"few examples): {cause_line(error)}. Drop {name} from --export.") from error
 
 
-def unserializable(model) -> Optional[str]:
-    """Why Keras cannot serialize `model` (its config, build and compile configs), in one sentence; None if it can.
-    A subclassed model whose `__init__` takes arguments needs `get_config`
-    (https://keras.io/guides/serialization_and_saving/)."""
+def unserializable(model) -> Optional[Tuple[str, str]]:
+    """Why Keras cannot serialize `model` (its config, build and compile configs), in one sentence, and how to make
+    it serializable; None if it can. A subclassed model whose `__init__` takes arguments needs `get_config`; a loss
+    or metric that is not a Keras name or class needs registering (https://keras.io/guides/serialization_and_saving/)."""
     import re
 
     import keras
@@ -404,6 +403,12 @@ def unserializable(model) -> Optional[str]:
         keras.saving.serialize_keras_object(model)
     except Exception as error:  # noqa: BLE001 (Keras raises NotImplementedError, TypeError or ValueError)
         sentence = re.split(r"(?<=[.])\s", " ".join(str(error).split()) or type(error).__name__)[0]
-        return f"{type(model).__name__} cannot be serialized ({sentence[:300]})"
+        try:
+            keras.saving.serialize_keras_object(model.get_config())
+        except Exception:  # noqa: BLE001 (the architecture's config is what fails)
+            fix = "give the model get_config() to save it whole"
+        else:
+            fix = ("give compile() losses and metrics Keras can serialize, by name, as keras classes or decorated "
+                   "with keras.saving.register_keras_serializable, to save it whole")
+        return f"{type(model).__name__} cannot be serialized ({sentence[:300]})", fix
     return None
-

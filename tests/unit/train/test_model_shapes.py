@@ -505,3 +505,21 @@ def test_only_tftrain_s_own_temporary_files_are_removed_from_a_run_directory(tmp
         (tmp_path / name).write_text("x")
     rundir.remove_temporaries(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(users)
+
+
+def test_what_keras_cannot_serialize_is_named_with_its_own_fix():
+    import functools
+
+    import keras
+
+    from tftrain.train.sanity import unserializable
+
+    net = _subclassed_with_arguments()
+    net(X[:2])
+    assert "get_config()" in unserializable(net)[1]
+    inputs = keras.Input((X.shape[1],))
+    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    assert unserializable(model) is None
+    model.compile("adam", loss=functools.partial(keras.losses.mean_squared_error))  # the architecture serializes
+    why, fix = unserializable(model)
+    assert "functools.partial" in why and "register_keras_serializable" in fix and "get_config" not in fix
