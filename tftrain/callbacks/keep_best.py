@@ -110,7 +110,8 @@ class KeepBest(keras.callbacks.Callback):
         mode: `"min"`, `"max"` or `"auto"` (`monitor_direction`). Defaults to `"auto"`.
         say: prints a missing metric's one-line warning. Defaults to `print`.
         ranking_from: where a resumed non-chief reads `keep_best.json`. Defaults to None (`directory`).
-        history_file: the run's `CSVLogger` file, from which a damaged `keep_best.json`'s ranking is rebuilt.
+        history_file: the run's `CSVLogger` file (the chief's), from which a damaged `keep_best.json`'s ranking is
+            rebuilt.
             Defaults to None (the kept checkpoints are then not ranked again).
 
     Attributes:
@@ -147,28 +148,37 @@ class KeepBest(keras.callbacks.Callback):
         self.kept, self.last = self._read_ranking(), self._last.latest_checkpoint
 
     def _read_ranking(self) -> List[dict]:
-        """This directory's ranking, or `ranking_from`'s with paths moved into this directory."""
+        """This directory's ranking, or `ranking_from`'s with paths moved into this directory. A damaged
+        `keep_best.json` is ranked again from the checkpoints and the epoch log: here with one line, deleting those
+        beyond `keep`; read from `ranking_from`, without touching it (its own worker repairs it)."""
         if self.ranking_from is None or self.ranking_from.resolve() == self.directory.resolve():
-            return self._repaired_ranking() if _damaged(self.directory) else read_state(self.directory)
-        return [{**k, "checkpoint": str(self.directory / "best" / f"epoch-{k['epoch']}")}
-                for k in read_state(self.ranking_from)]
+            if not _damaged(self.directory):
+                return read_state(self.directory)
+            kept, unranked = self._ranking_rebuilt(self.directory)
+            self._rank(kept)
+            left = f"; not ranked (no {self.monitor} in the epoch log), left in place: " + ", ".join(
+                k["checkpoint"] for k in unranked) if unranked else ""
+            self.say(f"keep-best: {self.directory / STATE_FILE} was damaged; its ranking is rebuilt from the kept "
+                     f"checkpoints and the epoch log: epochs {', '.join(str(k['epoch']) for k in self.kept) or 'none'}"
+                     + left)
+            return self.kept
+        if _damaged(self.ranking_from):  # the same ranking the chief rebuilds: its best are never deleted
+            kept = self._ranking_rebuilt(self.ranking_from)[0]
+            kept = sorted(kept, key=lambda k: k["value"], reverse=self.mode == "max")[:self.keep]
+        else:
+            kept = read_state(self.ranking_from)
+        return [{**k, "checkpoint": str(self.directory / "best" / f"epoch-{k['epoch']}")} for k in kept]
 
-    def _repaired_ranking(self) -> List[dict]:
-        """After a damaged `keep_best.json` (one line): the ranking of the `best/epoch-E` checkpoints by their
-        `monitor` values in `history_file`; those beyond `keep` are deleted, those without a value named."""
+    def _ranking_rebuilt(self, directory: Path):
+        """`(ranked, unranked)`: the `best/epoch-E` checkpoints in `directory` with a finite `monitor` value in
+        `history_file`, unsorted, and those without one."""
         kept, unranked = [], []
-        for index in sorted(self.directory.glob("best/epoch-*.index")):
+        for index in sorted(directory.glob("best/epoch-*.index")):
             epoch = int(re.search(r"epoch-(\d+)", index.name).group(1))
             value = logged_value(self.history_file, epoch - 1, self.monitor) if self.history_file else None
             (unranked if value is None or not math.isfinite(value) else kept).append(
                 {"epoch": epoch, "value": value, "checkpoint": str(index.with_suffix(""))})
-        self._rank(kept)
-        left = f"; not ranked (no {self.monitor} in the epoch log), left in place: " + ", ".join(
-            k["checkpoint"] for k in unranked) if unranked else ""
-        self.say(f"keep-best: {self.directory / STATE_FILE} was damaged; its ranking is rebuilt from the kept "
-                 f"checkpoints and the epoch log: epochs {', '.join(str(k['epoch']) for k in self.kept) or 'none'}"
-                 + left)
-        return self.kept
+        return kept, unranked
 
     def on_epoch_end(self, epoch, logs=None):
         self.last = self._last.save(checkpoint_number=epoch + 1)

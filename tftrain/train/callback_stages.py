@@ -115,7 +115,7 @@ class CallbackStages:
         keep_best = KeepBest(self.out_dir.path / CHECKPOINTS_DIR, keep, monitor=monitor,
                              mode=self.config.train.monitor_mode, say=self.console.line,
                              ranking_from=None if self.is_chief else self.run_dir.path / CHECKPOINTS_DIR,
-                             history_file=self.out_dir.path / rundir_lib.HISTORY_FILE)
+                             history_file=self.run_dir.path / rundir_lib.HISTORY_FILE)
         self.console.line(f"keep-best: the {keep} best epochs by {monitor} and the last, in "
                           f"{self.run_dir.path / CHECKPOINTS_DIR}")
         return keep_best

@@ -93,6 +93,12 @@ def test_a_damaged_ranking_is_rebuilt_from_the_kept_checkpoints_and_the_epoch_lo
     ranked = json.loads(state.read_text())
     state.write_text(state.read_text()[:50])  # cut by a kill or a bad disk
     said = []
+    worker = KeepBest(tmp_path / "worker-1", keep=1, monitor="loss", say=said.append, ranking_from=checkpoints,
+                      history_file=history)  # a non-chief reads the ranking its chief is repairing
+    model.fit(x, y, epochs=3, initial_epoch=3, verbose=0, callbacks=[worker])
+    assert [k["epoch"] for k in worker.kept] == [3] and not said  # the chief's ranking, said by the chief only
+    assert worker.kept[0]["checkpoint"] == str(tmp_path / "worker-1" / "best" / "epoch-3")
+    assert len(list((checkpoints / "best").glob("*.index"))) == 2  # the chief's files are left to the chief
     again = KeepBest(checkpoints, keep=1, monitor="loss", say=said.append, history_file=history)
     model.fit(x, y, epochs=3, initial_epoch=3, verbose=0, callbacks=[again])  # no epoch: the ranking read back
     assert len(said) == 1 and "keep_best.json was damaged" in said[0] and "epochs 3" in said[0], said
