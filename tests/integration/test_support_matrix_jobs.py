@@ -54,3 +54,24 @@ def test_every_shape_as_a_multi_process_job(column, tmp_path):
     failed = [f"{row}: {cells[column]}" for row, cells in found.items() if table.kind(cells[column]) == "failed"]
     assert not failed, "\n".join(failed)
     assert not table.check_or_write(found)
+
+
+@pytest.mark.timeout(300)
+def test_a_parameter_server_job_reports_each_output_s_loss_and_metrics_as_keras_evaluates_the_saved_model(tmp_path):
+    # The workers run the model's own train_step and the chief its test_step: losses, loss weights and metrics per
+    # output are Keras's own, so the test figures are those of keras evaluate on the saved model.
+    row = "dict outputs, per-output metrics, loss_weights"
+    launch_args, run_args = JOBS["parameter_server, 1 worker + 1 ps"]
+    assert _job(row, launch_args, run_args, tmp_path / "run") == "ok"
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    check = ("import json, sys, keras; from tests.matrix import shapes as s; "
+             "m = keras.models.load_model(sys.argv[1]); "
+             "print(json.dumps(m.evaluate(s.X, {'label': s.LABEL, 'value': s.VALUE}, batch_size=32, verbose=0, "
+             "return_dict=True)))")
+    env = {**os.environ, **SUBPROCESS_ENV, "TF_CPP_MIN_LOG_LEVEL": "3", SHAPE_ENV: row}
+    done = subprocess.run([PY, "-c", check, str(tmp_path / "run" / "model.keras")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    evaluated = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(evaluated) == {"loss", "label_loss", "value_loss", "label_accuracy", "value_mae"}, evaluated
+    for name, value in evaluated.items():
+        assert metrics[f"test_{name}"] == pytest.approx(value, rel=1e-5), name

@@ -252,7 +252,6 @@ class ModelStages:
             self.precision.fall_back(f"the model does not {what} under {self.precision.info.policy}", e.error)
             plan = self._sanity_plan()
             result = sanity.run(plan, say=self.console.warn)
-        self.loop.check_model(plan.compile_args, result.overridden_steps)
         self._forget_sanity_models()
         if result.float32_needed:  # --precision auto chose the mixed policy: float32 keeps the labels whole
             self.precision.float32_for_labels(result.float32_needed)

@@ -68,7 +68,6 @@ class SanityResult:
         checked: what was checked, in words, in order.
         step_scales_loss: whether the model's own `train_step` scales its loss (None: not checked, or no update).
         float32_needed: why the outputs must be float32 (labels that would round), else None.
-        overridden_steps: the Keras step methods the model's class replaces (`"train_step"`, ...).
     """
 
     train_keys: Tuple[str, ...]
@@ -77,7 +76,6 @@ class SanityResult:
     step_scales_loss: Optional[bool]
     float32_needed: Optional[str]
     seconds: float
-    overridden_steps: Tuple[str, ...] = ()
 
     def line(self) -> str:
         """One console line: what was checked, in how long."""
@@ -169,19 +167,18 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
     if float32_needed and not plan.auto_precision:
         raise ConfigError(f"{float32_needed}. Give the model's last layer dtype='float32' (or cast its outputs to "
                           "float32), or pass --precision float32.")
-    scales = None
-    overridden = _overridden(model)
+    from tftrain.runtime.precision import overridden_steps, step_scales_loss
+
+    scales, overridden = None, overridden_steps(model)
     del model
     if plan.loss_scaling and "train_step" in overridden:
-        from tftrain.runtime.precision import step_scales_loss
-
         scales = step_scales_loss(*_compiled(plan), train)
         checked.append("the train_step's loss scaling")
     if plan.export_formats:
         _try_exports(plan, x)
         checked.append("export " + ", ".join(plan.export_formats))
     return SanityResult(train_keys, validation_keys, tuple(checked), scales, float32_needed,
-                        time.perf_counter() - started, overridden)
+                        time.perf_counter() - started)
 
 
 def _after_training(plan: SanityPlan, model, keys: tuple, validates: bool, say: Callable[[str], None]) -> list:
@@ -357,12 +354,6 @@ def _candidate_rounding(plan: SanityPlan, x, y) -> Optional[str]:
         return label_rounding(y, plan.candidate_build()(x, training=False), plan.candidate_dtype)
     except Exception:  # noqa: BLE001 (see above)
         return None
-
-
-def _overridden(model) -> tuple:
-    from tftrain.runtime.precision import overridden_steps
-
-    return overridden_steps(model)
 
 
 def _compiled(plan: SanityPlan):

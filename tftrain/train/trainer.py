@@ -408,7 +408,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
                 history = self.loop.fit(
                     model, self._train_data, epochs=self.config.train.epochs, steps_per_epoch=micro_steps,
                     callbacks=[*callbacks.all, *progress], verbose=verbose, validation_data=validation,
-                    runtime=self.runtime, metrics=self.compile_args.get("metrics"), say=self.console.line,
+                    runtime=self.runtime, say=self.console.line,
                     class_weight=self.task.class_weight,
                 )
         except Preempted as e:  # the checkpoint of this step is saved: name where it is
@@ -468,7 +468,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         dataset = self._evenly_first(self.task.test_data(self.batch.global_batch_size))
         if dataset is None:
             return None
-        return self.loop.evaluate(model, dataset, self.compile_args.get("metrics"))
+        return self.loop.evaluate(model, dataset)
 
     def _evenly_first(self, dataset):
         """`dataset` whose first batch splits evenly over the replicas: Keras reads its shapes by a

@@ -1,5 +1,4 @@
-"""What each loop supports, the metrics the parameter-server loop builds, the run
-record's flat form, and the console's verbosity."""
+"""What each loop supports, the run record's flat form, and the console's verbosity."""
 
 import io
 
@@ -9,7 +8,6 @@ from tftrain.config import RecipeConfig
 from tftrain.errors import ConfigError
 from tftrain.train import FitLoop, MultiWorkerLoop, ParameterServerLoop, RunRecord, loop_for
 from tftrain.train.console import Console
-from tftrain.train.loops import metric_objects
 
 
 def test_loop_for_each_strategy():
@@ -42,45 +40,11 @@ def test_what_each_loop_does_besides_fit():
     assert (ps.checks_input, ps.validates, ps.needs_steps_per_epoch) == (False, False, True)
     worker, chief = types.SimpleNamespace(task_type="worker"), types.SimpleNamespace(task_type="chief")
     assert ps.serves(worker) and not ps.serves(chief) and not fit.serves(worker)
-    for loss in ({"a": "mse"}, ["mse", "mae"]):  # a dict or a list per output
-        with pytest.raises(ConfigError, match="one loss for the whole model, not one per output"):
-            ps.compile(None, {"loss": loss}, None)
-    with pytest.raises(ConfigError, match="runs its own training step, so this model's train_step would not run"):
-        ps.check_model({"loss": "mse"}, ("train_step",))
-    ps.check_model({"loss": "mse"}, ("test_step",))
-    with pytest.raises(ConfigError, match="trains on the compiled loss; this task gives none"):
-        ps.check_model({"loss": None}, ())  # a model with only add_loss: refused, not failed in training
-    fit.check_model({"loss": {"a": "mse"}}, ("train_step",))  # Model.fit trains any of them
 
 
 def test_fit_loop_accepts_every_flag_alone():
     for flags in ({"tune": 2}, {"batch_size": "auto"}, {"profile": "1,3"}, {"execution": "xla"}):
         FitLoop().check(RecipeConfig().override(flags))
-
-
-def test_metric_objects_resolve_accuracy_by_the_loss_and_clone_objects():
-    import keras
-
-    sparse = metric_objects(["accuracy"], "sparse_categorical_crossentropy")[0]
-    binary = metric_objects(["acc"], keras.losses.BinaryCrossentropy())[0]
-    assert isinstance(metric_objects(["accuracy"], keras.losses.binary_crossentropy)[0], keras.metrics.BinaryAccuracy)
-    assert isinstance(sparse, keras.metrics.SparseCategoricalAccuracy) and sparse.name == "accuracy"
-    assert isinstance(binary, keras.metrics.BinaryAccuracy)
-    given = keras.metrics.MeanAbsoluteError(name="mae")
-    clone = metric_objects([given, "mse"], "mse")
-    assert clone[0] is not given and clone[0].name == "mae" and isinstance(clone[1], keras.metrics.MeanSquaredError)
-    with pytest.raises(ConfigError, match="Per-output metrics"):
-        metric_objects({"out": ["mae"]}, "mse")
-
-
-def test_metric_objects_build_metric_classes_and_factories():
-    import functools
-
-    import keras
-
-    built = metric_objects([keras.metrics.MeanAbsoluteError, functools.partial(keras.metrics.AUC, curve="PR")], "mse")
-    assert isinstance(built[0], keras.metrics.MeanAbsoluteError)
-    assert isinstance(built[1], keras.metrics.AUC) and built[1].curve.name == "PR"
 
 
 def _record(**kw):

@@ -3,9 +3,9 @@
 
 from tftrain.train.loops.fit import FitLoop
 from tftrain.train.loops.multi_worker import MultiWorkerLoop
-from tftrain.train.loops.parameter_server import ParameterServerLoop, metric_objects
+from tftrain.train.loops.parameter_server import ParameterServerLoop
 
-__all__ = ["FitLoop", "MultiWorkerLoop", "ParameterServerLoop", "loop_for", "metric_objects"]
+__all__ = ["FitLoop", "MultiWorkerLoop", "ParameterServerLoop", "loop_for"]
 
 
 def loop_for(strategy: str) -> FitLoop:

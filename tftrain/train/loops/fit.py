@@ -51,10 +51,6 @@ class FitLoop:
         """The steps per execution this loop runs."""
         return requested
 
-    def check_model(self, compile_args: dict, overridden_steps: tuple) -> None:
-        """Refuses, before the run directory, a model this loop cannot train (`Model.fit` trains any);
-        `overridden_steps` names the Keras step methods the model's class replaces (`"train_step"`, ...)."""
-
     def check(self, cfg: config_lib.RecipeConfig) -> None:
         """Raises `ConfigError` for flags this loop cannot honour, before any work."""
         auto_batch = cfg.data.batch_size == config_lib.AUTO_BATCH
@@ -110,7 +106,7 @@ class FitLoop:
             model.compile(**compile_args, **runtime.compile_options())
 
     def fit(self, model, train_data: Callable, *, epochs: int, steps_per_epoch: Optional[int],
-            callbacks: Sequence, verbose: int, validation_data=None, runtime=None, metrics=None, say=print,
+            callbacks: Sequence, verbose: int, validation_data=None, runtime=None, say=print,
             class_weight=None):
         """Trains with `Model.fit` on `train_data()`; returns the `History`.
 
@@ -118,7 +114,6 @@ class FitLoop:
             train_data: `(input_context=None) -> tf.data.Dataset`.
             epochs: last epoch (a backup resumes where it stopped).
             steps_per_epoch: used when the dataset repeats forever.
-            metrics: the task's metrics, for loops that update them. Defaults to None.
             say: prints a line about a setting the loop changed. Defaults to `print`.
         """
         from tftrain.runtime.epoch_ends import EpochEnds
@@ -140,8 +135,8 @@ class FitLoop:
             if isinstance(model.train_function, EpochEnds):  # not for a later fit
                 model.train_function = None
 
-    def evaluate(self, model, dataset, metrics=None) -> dict:
-        """`Model.evaluate` as a `{name: float}` dict; `metrics` unused."""
+    def evaluate(self, model, dataset) -> dict:
+        """`Model.evaluate` as a `{name: float}` dict."""
         results = model.evaluate(dataset, verbose=0, return_dict=True)
         return {name: float(value) for name, value in results.items()}
 

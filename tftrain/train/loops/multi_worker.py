@@ -31,7 +31,7 @@ class MultiWorkerLoop(FitLoop):
         return max(d for d in range(1, requested + 1) if batches_per_epoch % d == 0)
 
     def fit(self, model, train_data, *, epochs, steps_per_epoch, callbacks, verbose, validation_data=None,
-            runtime=None, metrics=None, say=print, class_weight=None):
+            runtime=None, say=print, class_weight=None):
         """`Model.fit` on `distribute_datasets_from_function` (see `FitLoop.fit`); `steps_per_epoch` must be known,
         and `steps_per_execution` is lowered to divide it."""
         spe = max(1, int(getattr(model, "steps_per_execution", 1) or 1))

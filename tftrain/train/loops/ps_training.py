@@ -18,10 +18,10 @@ from tftrain.errors import check_int
 
 
 def _check_model(model: keras.Model) -> None:
-    if getattr(model, "optimizer", None) is None or getattr(model, "loss", None) is None:
+    if getattr(model, "optimizer", None) is None:
         raise ValueError(
-            f"Model {model.name!r} must be compiled with an optimizer and a loss inside "
-            "strategy.scope() before parameter-server training. Call model.compile(optimizer=..., loss=...)."
+            f"Model {model.name!r} must be compiled with an optimizer inside strategy.scope() before "
+            "parameter-server training. Call model.compile(optimizer=..., loss=...)."
         )
     optimizers = (model.optimizer, getattr(model.optimizer, "inner_optimizer", None))
     if any(getattr(o, "accumulation_steps", 1) > 1 or getattr(o, "gradient_accumulation_steps", None)
@@ -35,22 +35,14 @@ def atomic_assign_add():
     return _compat.atomic_assign_add()
 
 
-def _loss(model: keras.Model, y, y_pred, sample_weight=None):
-    """The compiled loss, batch mean weighed by `sample_weight`, plus regularization losses."""
-    loss_fn = keras.losses.get(model.loss) if isinstance(model.loss, str) else model.loss
-    if isinstance(loss_fn, keras.losses.Loss):  # mean: reduction "none" gives one value per example
-        loss = keras.ops.mean(loss_fn(y, y_pred, sample_weight=sample_weight))
-    else:
-        values = loss_fn(y, y_pred)  # one value per example (per time step, ...)
-        if sample_weight is not None:
-            weights = tf.cast(sample_weight, values.dtype)
-            for _ in range(values.shape.rank - weights.shape.rank):
-                weights = weights[..., None]
-            values = values * weights
-        loss = keras.ops.mean(values)
-    if model.losses:
-        loss = loss + tf.add_n([tf.cast(x, loss.dtype) for x in model.losses])
-    return loss
+def _build_compiled(model: keras.Model, dataset: tf.data.Dataset) -> None:
+    """Creates the compiled loss's and metrics' variables (in the strategy's scope, so on the parameter servers)
+    from one batch of `dataset`, on the coordinator: a scheduled function cannot create variables."""
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(next(iter(dataset.take(1))))
+    y_pred = model(x, training=False)
+    model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
+    model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    model.reset_metrics()
 
 
 def fit(
@@ -59,7 +51,6 @@ def fit(
     *,
     epochs: int,
     steps_per_epoch: int,
-    metrics: Sequence[keras.metrics.Metric] = (),
     callbacks: Sequence[keras.callbacks.Callback] = (),
     initial_epoch: int = 0,
     verbose: int = 1,
@@ -68,13 +59,14 @@ def fit(
     coordinator: Optional[tf.distribute.coordinator.ClusterCoordinator] = None,
     sync_every: Optional[int] = None,
 ) -> keras.callbacks.History:
-    """Trains a compiled Keras model with `ParameterServerStrategy`.
+    """Trains a compiled Keras model with `ParameterServerStrategy`: the workers run the model's own `train_step`
+    (its compiled losses, loss weights and metrics per output, `add_loss`, or an override).
 
     Args:
         model: built and compiled in the strategy's scope; its loss must average over the batch (Keras's default).
         per_worker_dataset_fn: `(InputContext) -> tf.data.Dataset` on every worker: shard, batch per replica, repeat.
+            The coordinator also reads one batch of it, to create the metrics' variables.
         steps_per_epoch: optimizer steps per epoch, all workers together.
-        metrics: Keras metrics created inside `strategy.scope()`. Defaults to none (only `"loss"`).
         initial_epoch: a restoring callback may move it further. Defaults to 0.
         verbose: 0 silent, else one progress line per epoch. Defaults to 1.
         steps_per_execution: training steps per scheduled function. Defaults to 1.
@@ -100,16 +92,15 @@ def fit(
         check_int(value, name)
     check_int(sync_every, "sync_every", none_ok=True)
     coordinator = coordinator or tf.distribute.coordinator.ClusterCoordinator(strategy)
-    metrics = list(metrics)
     with strategy.scope():
         # Slot variables must exist before a callback restores them, and cannot be made in the scheduled function.
         model.optimizer.build(model.trainable_variables)
-        loss_tracker = keras.metrics.Mean(name="loss")
+        _build_compiled(model, per_worker_dataset_fn(tf.distribute.InputContext()))
     iterator = iter(coordinator.create_per_worker_dataset(
         strategy.distribute_datasets_from_function(per_worker_dataset_fn)
     ))
 
-    worker_fn = _worker_function(model, strategy, loss_tracker, metrics)
+    worker_fn = _worker_function(model, strategy)
     history = keras.callbacks.History()
     callback_list = keras.callbacks.CallbackList(
         [*callbacks, history], add_history=False, add_progbar=verbose != 0,
@@ -124,7 +115,7 @@ def fit(
         callback_list.on_epoch_begin(epoch)
         steps = steps_per_epoch - max((c.steps_done_in(epoch) for c in callbacks if hasattr(c, "steps_done_in")),
                                       default=0)
-        logs = _run_epoch(run, steps, sync_every or steps, (loss_tracker, *metrics), callback_list, model)
+        logs = _run_epoch(run, steps, sync_every or steps, callback_list, model)
         callback_list.on_epoch_end(epoch, logs)
         if model.stop_training:
             break
@@ -132,41 +123,30 @@ def fit(
     return history
 
 
-def _worker_function(model, strategy, loss_tracker, metrics):
-    optimizer = model.optimizer
-
-    def train_step(batch):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)  # weights from a class_weight map
-        with tf.GradientTape() as tape:
-            y_pred = model(x, training=True)
-            loss = _loss(model, y, y_pred, sample_weight)
-            scaled = optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        loss_tracker.update_state(loss, sample_weight=tf.shape(y)[0])
-        for metric in metrics:
-            metric.update_state(y, y_pred)
-
+def _worker_function(model, strategy):
     @tf.function
     def worker_fn(iterator, num_steps):
         for _ in tf.range(num_steps):
-            strategy.run(train_step, args=(next(iterator),))
+            strategy.run(model.train_step, args=(next(iterator),))
 
     return worker_fn
 
 
-def _run_epoch(run_steps, steps: int, sync_every: int, metrics, callback_list, model) -> dict:
+def _run_epoch(run_steps, steps: int, sync_every: int, callback_list, model) -> dict:
     """Runs `steps` in chunks of `sync_every`, firing `on_train_batch_end` after each; returns the last logs."""
-    for metric in metrics:
-        metric.reset_state()
+    model.reset_metrics()
     done, logs = 0, {}
     while done < steps and not (done and model.stop_training):
         chunk = min(sync_every, steps - done)
         run_steps(chunk)
         done += chunk
-        logs = {m.name: float(m.result()) for m in metrics}
+        logs = _logs(model)
         callback_list.on_train_batch_end(done - 1, logs)
     return logs
+
+
+def _logs(model) -> dict:
+    return {name: float(value) for name, value in model.get_metrics_result().items()}
 
 
 def _run_steps(coordinator, worker_fn, iterator, steps_per_execution: int, steps: int) -> None:
@@ -179,31 +159,21 @@ def _run_steps(coordinator, worker_fn, iterator, steps_per_execution: int, steps
     coordinator.join()
 
 
-def evaluate(model: keras.Model, dataset: tf.data.Dataset, metrics: Sequence[keras.metrics.Metric] = ()) -> dict:
-    """Evaluates a parameter-server model on the chief, so every example counts once.
+def evaluate(model: keras.Model, dataset: tf.data.Dataset) -> dict:
+    """Evaluates a parameter-server model on the chief with its own `test_step`, so every example counts once.
 
     Args:
         dataset: batches of `(x, y)` or `(x, y, sample_weight)`, not distributed.
-        metrics: fresh Keras metrics created outside `strategy.scope()`. Defaults to none.
 
     Returns:
-        `{"loss": float, <metric name>: float, ...}`, averaged over all examples.
+        `{"loss": float, <metric name>: float, ...}` as `Model.evaluate` names them, over all examples.
 
     Raises:
         ValueError: the model is not compiled.
     """
     _check_model(model)
-    loss_tracker = keras.metrics.Mean(name="loss")
-    metrics = list(metrics)
-
-    @tf.function
-    def eval_step(batch):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-        y_pred = model(x, training=False)
-        loss_tracker.update_state(_loss(model, y, y_pred, sample_weight), sample_weight=tf.shape(y)[0])
-        for metric in metrics:
-            metric.update_state(y, y_pred, sample_weight=sample_weight)
-
+    model.reset_metrics()
+    step = tf.function(model.test_step)
     for batch in dataset:
-        eval_step(batch)
-    return {m.name: float(m.result()) for m in (loss_tracker, *metrics)}
+        step(batch)
+    return _logs(model)
