@@ -29,11 +29,11 @@ JOBS = {
 }
 
 
-def _job(row: str, launch_args, run_args, run_dir) -> str:
+def _job(row: str, launch_args, run_args, run_dir, extra=()) -> str:
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
     env = {**env, **SUBPROCESS_ENV, "TF_CPP_MIN_LOG_LEVEL": "3", SHAPE_ENV: row}
     cmd = [PY, "-m", "tftrain.launch", *launch_args, "--timeout", "150", "--grace", "3", "--",
-           PY, "-m", "tftrain.run", "tests/matrix/shapes.py:task", *run_args, *FLAGS, "--run-dir", str(run_dir)]
+           PY, "-m", "tftrain.run", "tests/matrix/shapes.py:task", *run_args, *FLAGS, *extra, "--run-dir", str(run_dir)]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=200)
     output = done.stdout + done.stderr
     if done.returncode == 0 and (run_dir / "metrics.json").is_file():
@@ -75,3 +75,19 @@ def test_a_parameter_server_job_reports_each_output_s_loss_and_metrics_as_keras_
     assert set(evaluated) == {"loss", "label_loss", "value_loss", "label_accuracy", "value_mae"}, evaluated
     for name, value in evaluated.items():
         assert metrics[f"test_{name}"] == pytest.approx(value, rel=1e-5), name
+
+
+@pytest.mark.timeout(300)
+def test_a_parameter_server_job_validates_stops_early_and_keeps_the_best_epoch_by_a_per_output_metric(tmp_path):
+    row = "dict outputs, per-output metrics, loss_weights"
+    launch_args, run_args = JOBS["parameter_server, 1 worker + 1 ps"]
+    extra = ["--validation-split", "0.25", "--early-stopping", "1", "--keep-best", "1", "--monitor", "val_value_mae"]
+    assert _job(row, launch_args, run_args, tmp_path / "run", extra) == "ok"
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    val_mae = metrics["history"]["val_value_mae"]
+    assert len(val_mae) == 2 and all(math.isfinite(v) for v in val_mae), metrics["history"]
+    assert {"val_loss", "val_label_accuracy", "val_label_loss", "val_value_loss"} <= set(metrics["history"])
+    (kept,) = metrics["keep_best"]["kept"]
+    assert kept["value"] == min(val_mae) and kept["epoch"] == val_mae.index(min(val_mae)) + 1
+    assert (tmp_path / "run" / "checkpoints" / "best" / f"epoch-{kept['epoch']}.index").is_file()
+    assert metrics["early_stopping"]["best"] == min(metrics["history"]["val_loss"])

@@ -110,7 +110,7 @@ class CallbackStages:
         from tftrain.callbacks import KeepBest
         from tftrain.train.init_weights import CHECKPOINTS_DIR
 
-        validates = self.loop.validates and self.task.validation_data(self.batch.global_batch_size) is not None
+        validates = self.task.validation_data(self.batch.global_batch_size) is not None
         monitor = self.config.train.monitor or ("val_loss" if validates else "loss")
         keep_best = KeepBest(self.out_dir.path / CHECKPOINTS_DIR, keep, monitor=monitor,
                              mode=self.config.train.monitor_mode, say=self.console.line,

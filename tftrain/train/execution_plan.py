@@ -339,7 +339,7 @@ class ExecutionPlanner:
         if not model.jit_compile:
             return None
         gb = self.run.batch_size
-        data = (self.run.task.validation_data(gb) if self.loop.validates else None) or self.run.task.test_data(gb)
+        data = self.run.task.validation_data(gb) or self.run.task.test_data(gb)
         if data is None or not hasattr(data, "take"):
             return None
         try:

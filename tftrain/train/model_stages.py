@@ -274,7 +274,7 @@ class ModelStages:
 
         cfg, rt, info = self.config, self.runtime, self.precision.info
         gb = self.batch.global_batch_size if self.batch else (self.task.default_batch_size or 32 * rt.num_replicas)
-        validation = self.task.validation_data(gb) if self.loop.validates else None
+        validation = self.task.validation_data(gb)
         init = None
         if cfg.train.init_from is not None:
             from tftrain.train import init_weights
@@ -315,7 +315,7 @@ class ModelStages:
         if self.config.train.monitor:
             return self.config.train.monitor
         gb = self.batch.global_batch_size if self.batch else 32
-        validates = self.loop.validates and self.task.validation_data(gb) is not None
+        validates = self.task.validation_data(gb) is not None
         return "val_loss" if validates else "loss"
 
 

@@ -399,7 +399,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
     def train(self, model, callbacks):
         """The loop's fit over `epochs` with `callbacks` (`RunCallbacks`); returns `(History, seconds)`."""
         gb = self.batch.global_batch_size
-        validation = self._evenly_first(self.task.validation_data(gb) if self.loop.validates else None)
+        validation = self._evenly_first(self.task.validation_data(gb))
         micro_steps = self.steps_per_epoch * self.accumulation_steps if self.steps_per_epoch else None
         verbose, progress = keras_progress(self.config.train.verbose)
         started = time.perf_counter()

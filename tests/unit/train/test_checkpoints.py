@@ -273,8 +273,6 @@ def test_early_stopping_needs_validation_data(tmp_path, capsys):
     with pytest.raises(ConfigError, match="--early-stopping watches val_loss: pass --validation-split F"):
         _run(tmp_path, early_stopping=2)
     assert not (tmp_path / "run").exists()
-    with pytest.raises(ConfigError, match="--early-stopping watches val_loss, which the parameter-server"):
-        tftrain.train.ParameterServerLoop().check(RecipeConfig(train=TrainConfig(early_stopping=2)))
     from tftrain.recipes import mnist
 
     assert mnist.main(["--early-stopping", "2", "--train-examples", "1024", "--run-dir", str(tmp_path / "m")]) == 2

@@ -136,15 +136,12 @@ def test_init_from_a_path_without_weights_is_refused_before_the_run_directory(tm
     assert not (tmp_path / "run").exists()
 
 
-def test_keep_best_runs_under_multi_worker_mirrored_and_is_refused_by_the_parameter_server_loop():
+def test_keep_best_runs_under_every_strategy_s_loop():
     from tftrain.config import RecipeConfig, RuntimeConfig, TrainConfig
     from tftrain.train.loops import loop_for
 
-    for strategy in ("multi_worker_mirrored", "mirrored", "default"):
+    for strategy in ("multi_worker_mirrored", "mirrored", "default", "parameter_server"):
         loop_for(strategy).check(RecipeConfig(runtime=RuntimeConfig(strategy=strategy), train=TrainConfig(keep_best=2)))
-    cfg = RecipeConfig(runtime=RuntimeConfig(strategy="parameter_server"), train=TrainConfig(keep_best=2))
-    with pytest.raises(ConfigError, match="--keep-best is not supported by the parameter-server coordinator loop"):
-        loop_for("parameter_server").check(cfg)
 
 
 @pytest.mark.slow

@@ -35,9 +35,9 @@ def test_what_each_loop_does_besides_fit():
     import types
 
     fit, mwms, ps = FitLoop(), MultiWorkerLoop(), ParameterServerLoop()
-    assert (fit.checks_input, fit.validates, fit.needs_steps_per_epoch) == (True, True, False)
-    assert (mwms.checks_input, mwms.validates, mwms.needs_steps_per_epoch) == (False, True, True)
-    assert (ps.checks_input, ps.validates, ps.needs_steps_per_epoch) == (False, False, True)
+    assert (fit.checks_input, fit.needs_steps_per_epoch) == (True, False)
+    assert (mwms.checks_input, mwms.needs_steps_per_epoch) == (False, True)
+    assert (ps.checks_input, ps.needs_steps_per_epoch) == (False, True)
     worker, chief = types.SimpleNamespace(task_type="worker"), types.SimpleNamespace(task_type="chief")
     assert ps.serves(worker) and not ps.serves(chief) and not fit.serves(worker)
 

@@ -20,10 +20,8 @@ class FitLoop:
         times_execution: `--execution auto` may time graph against XLA.
         in_process_search: `--tune` and `--batch-size auto` can run.
         checks_input: this process's input pipeline can be timed alone (the input-bound verdict).
-        validates: `fit` computes `val_*` metrics.
         needs_steps_per_epoch: the task must know `num_train_examples`.
         no_search_reason: why `--tune` and `--batch-size auto` cannot run; "" where they can.
-        keeps_best: every process sees the same epoch logs, so `--keep-best` ranks alike.
     """
 
     name: str = "Model.fit"
@@ -31,13 +29,11 @@ class FitLoop:
     times_execution: bool = True
     in_process_search: bool = True
     checks_input: bool = True
-    validates: bool = True
     needs_steps_per_epoch: bool = False
     executions: tuple = config_lib.EXECUTIONS
     accumulates: bool = True
     no_search_reason: str = ""
     weighs_classes: bool = True
-    keeps_best: bool = True
 
     def serves(self, cluster) -> bool:
         """Whether this process only serves the job."""
@@ -75,17 +71,6 @@ class FitLoop:
             raise ConfigError(f"execution={cfg.runtime.execution!r} is not available with {self.name}. "
                               f"Pass --execution {' or '.join(self.executions)}.")
         self._check_accumulation(cfg)
-        self._check_checkpoints(cfg)
-
-    def _check_checkpoints(self, cfg: config_lib.RecipeConfig) -> None:
-        if cfg.train.keep_best and not self.keeps_best:
-            raise ConfigError(f"--keep-best is not supported by {self.name}. Drop the flag (the backup keeps the "
-                              "last epoch), or train with --strategy multi_worker_mirrored or a single-process "
-                              "strategy (default, one_device, mirrored).")
-        if cfg.train.early_stopping is not None and not self.validates:
-            raise ConfigError(f"--early-stopping watches val_loss, which {self.name} does not compute. Drop the "
-                              "flag, or train with a strategy whose loop validates (default, mirrored, "
-                              "multi_worker_mirrored).")
 
     def _check_accumulation(self, cfg: config_lib.RecipeConfig) -> None:
         steps = cfg.train.gradient_accumulation_steps

@@ -18,21 +18,19 @@ def _backup_every(callbacks) -> Optional[int]:
 @dataclasses.dataclass(frozen=True)
 class ParameterServerLoop(FitLoop):
     """The coordinator loop of a `parameter_server` job (`ps_training`): steps run asynchronously on the workers,
-    so no per-step hooks, no in-process search, graph mode only."""
+    so no per-step hooks, no in-process search, graph mode only; the chief validates at each epoch's end."""
 
     name: str = "the parameter-server coordinator loop"
     per_step_hooks: bool = False
     times_execution: bool = False
     in_process_search: bool = False
     checks_input: bool = False
-    validates: bool = False
     needs_steps_per_epoch: bool = True
     executions: tuple = ("auto", "graph")
     accumulates: bool = False
     no_search_reason: str = ("its workers run steps asynchronously under the chief's coordinator, and keras-tuner "
                              "and the batch-size search time trials in one process")
     weighs_classes: bool = True  # on each worker's dataset; the step weighs the loss
-    keeps_best: bool = False  # the coordinator loop keeps its own metrics
 
     def serves(self, cluster) -> bool:
         """Worker and ps tasks serve; the chief (coordinator) trains."""
@@ -62,7 +60,7 @@ class ParameterServerLoop(FitLoop):
         return ps_training.fit(
             model, lambda ctx: weigh(train_data(ctx)).repeat(), epochs=epochs, steps_per_epoch=steps_per_epoch,
             callbacks=callbacks, verbose=verbose, steps_per_execution=runtime.requested_steps_per_execution,
-            sync_every=_backup_every(callbacks),
+            sync_every=_backup_every(callbacks), validation_data=validation_data,
         )
 
     def evaluate(self, model, dataset) -> dict:

@@ -58,6 +58,7 @@ def fit(
     strategy: Optional[tf.distribute.Strategy] = None,
     coordinator: Optional[tf.distribute.coordinator.ClusterCoordinator] = None,
     sync_every: Optional[int] = None,
+    validation_data: Optional[tf.data.Dataset] = None,
 ) -> keras.callbacks.History:
     """Trains a compiled Keras model with `ParameterServerStrategy`: the workers run the model's own `train_step`
     (its compiled losses, loss weights and metrics per output, `add_loss`, or an override).
@@ -73,6 +74,8 @@ def fit(
         strategy, coordinator: Default to the model's strategy and a new `ClusterCoordinator`.
         sync_every: steps between the joins (each idles the workers) where batch hooks fire; a callback's
             `steps_done_in(epoch)` shortens a resumed epoch. Defaults to None (once an epoch).
+        validation_data: batches evaluated on the chief at each epoch's end into `val_<name>` logs, as
+            `Model.fit` names them. Defaults to None.
 
     Returns:
         The `keras.callbacks.History` of the epochs trained here.
@@ -100,7 +103,7 @@ def fit(
         strategy.distribute_datasets_from_function(per_worker_dataset_fn)
     ))
 
-    worker_fn = _worker_function(model, strategy)
+    worker_fn, test_fn = _worker_function(model, strategy), tf.function(model.test_step)
     history = keras.callbacks.History()
     callback_list = keras.callbacks.CallbackList(
         [*callbacks, history], add_history=False, add_progbar=verbose != 0,
@@ -116,6 +119,8 @@ def fit(
         steps = steps_per_epoch - max((c.steps_done_in(epoch) for c in callbacks if hasattr(c, "steps_done_in")),
                                       default=0)
         logs = _run_epoch(run, steps, sync_every or steps, callback_list, model)
+        if validation_data is not None:
+            logs = {**logs, **{f"val_{k}": v for k, v in _evaluated(model, test_fn, validation_data).items()}}
         callback_list.on_epoch_end(epoch, logs)
         if model.stop_training:
             break
@@ -172,8 +177,11 @@ def evaluate(model: keras.Model, dataset: tf.data.Dataset) -> dict:
         ValueError: the model is not compiled.
     """
     _check_model(model)
+    return _evaluated(model, tf.function(model.test_step), dataset)
+
+
+def _evaluated(model, test_step, dataset) -> dict:
     model.reset_metrics()
-    step = tf.function(model.test_step)
     for batch in dataset:
-        step(batch)
+        test_step(batch)
     return _logs(model)
