@@ -1,10 +1,11 @@
 """ResumableEarlyStopping: Keras's `EarlyStopping` whose state (best value, patience count, best weights, kept in
-memory by Keras) is saved at each epoch end and read back when a resumed run starts."""
+memory by Keras) survives a resumed run."""
 
 from __future__ import annotations
 
 import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Optional
 
@@ -19,15 +20,19 @@ BEST_WEIGHTS_FILE = "early_stopping_best.npz"
 
 
 class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
-    """`keras.callbacks.EarlyStopping` that saves and restores its state in `state_dir`.
+    """`keras.callbacks.EarlyStopping` that saves its best weights in `state_dir` and, when a resumed run starts,
+    takes up where the restored checkpoint's epoch left it.
 
-    Place it after the backup callback, in its directory: that callback removes the directory at the end, and
-    clears its own `stop_training` before this one may set it. A kill between the backup's epoch-end checkpoint and
-    this state's write is caught up from `history_file` (written before the checkpoint).
+    Place it after the backup callback, in its directory: that callback restores the checkpoint in
+    `on_train_begin` and removes the directory at the end. The best value, best epoch and patience count are
+    replayed from `history_file` over the checkpoint's epochs (so a kill anywhere, or a fallback to an older
+    checkpoint, leaves them as an unbroken run's), else read from `state_dir`'s `early_stopping.json`. The best
+    weights are used only if saved at that best epoch. A run the checkpoint shows stopped trains no more epochs.
 
     Args:
         state_dir: e.g. the run's backup directory. Defaults to None (in memory, as Keras's).
         history_file: the run's `CSVLogger` file. Defaults to None.
+        say: prints a line when the best epoch's weights are lost. Defaults to `print`.
         **kwargs: `EarlyStopping`'s arguments.
 
     Example:
@@ -35,33 +40,62 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
         >>> model.fit(train, validation_data=val, epochs=50, callbacks=[StepBackup("run/backup"), stop])
     """
 
-    def __init__(self, state_dir=None, history_file=None, **kwargs):
+    def __init__(self, state_dir=None, history_file=None, say=print, **kwargs):
         super().__init__(**kwargs)
         self.state_dir = Path(state_dir) if state_dir is not None else None
         self.history_file = Path(history_file) if history_file is not None else None
+        self.say = say
 
     def on_train_begin(self, logs=None):
-        super().on_train_begin(logs)
-        state = self._read(STATE_FILE)
-        if state is None:
-            return self._catch_up(-1)
-        self.best, self.best_epoch, self.wait = state["best"], state["best_epoch"], state["wait"]
-        weights = self._read(BEST_WEIGHTS_FILE)
-        if self.restore_best_weights and weights is not None:
-            self.best_weights = weights
-        self._catch_up(state.get("epoch"))
-
-    def _catch_up(self, applied) -> None:
-        """Applies, from `history_file`, the checkpoint's last epoch if the state's last (`applied`) is older."""
         from tftrain import _compat
 
-        last = _compat.initial_epoch(self.model, 0) - 1
-        if applied is None or last <= applied or self.history_file is None:
+        super().on_train_begin(logs)
+        last = _compat.initial_epoch(self.model, 0) - 1  # the restored checkpoint's last epoch; -1: none
+        if last < 0 or self.state_dir is None:
             return
-        value = logged_value(self.history_file, last, self.monitor)
-        if value is not None:
-            self.on_epoch_end(last, {self.monitor: value})
-            self.model.stop_training = False  # fit trains its first epoch anyway; that epoch's end stops it
+        if not self._replayed(last):
+            state = self._read(STATE_FILE)
+            if not isinstance(state, dict) or state.get("epoch") != last:
+                self.say(f"early stopping: neither {self.history_file} nor {self._path(STATE_FILE)} holds "
+                         f"{self.monitor} for epochs 1-{last + 1}; patience counts from this epoch on")
+                return
+            self.best, self.best_epoch, self.wait = state["best"], state["best_epoch"], state["wait"]
+        if self.restore_best_weights:
+            self._restore_best_weights(last)
+        if self.wait >= self.patience and last > 0:  # the run had stopped at its checkpoint's epoch
+            self.stopped_epoch = last
+            _compat.set_initial_epoch(self.model, self.params.get("epochs", last + 1))
+
+    def _replayed(self, last: int) -> bool:
+        """Runs Keras's rule over `history_file`'s `monitor` for epochs 0..`last`; False if a value is missing."""
+        values = [logged_value(self.history_file, epoch, self.monitor) if self.history_file else None
+                  for epoch in range(last + 1)]
+        if None in values:
+            return False
+        if self.monitor_op is None:
+            self._set_monitor_op()
+        for epoch, value in enumerate(values):
+            if epoch < self.start_from_epoch:
+                continue
+            self.wait += 1
+            if self._is_improvement(value, self.best):
+                self.best, self.best_epoch = value, epoch
+                if self.baseline is None or self._is_improvement(value, self.baseline):
+                    self.wait = 0
+        return True
+
+    def _restore_best_weights(self, last: int) -> None:
+        """The best epoch's weights: from `state_dir` if saved at that epoch, the restored model's if it is the
+        checkpoint's epoch. Else one line says they are lost, and the checkpoint's weights stand in for them."""
+        saved = self._read(BEST_WEIGHTS_FILE)
+        if saved is not None and saved[1] == self.best_epoch:
+            self.best_weights = saved[0]
+            return
+        if self.best is not None and self.best_epoch != last:
+            self.say(f"early stopping: the weights of the best epoch ({self.best_epoch + 1}) are not in "
+                     f"{self._path(BEST_WEIGHTS_FILE)} (missing, damaged or of a discarded checkpoint); epoch "
+                     f"{last + 1}'s weights stand in for them unless a later epoch improves on it")
+        self.best_weights = self.model.get_weights()
 
     def on_epoch_end(self, epoch, logs=None):
         before = self.best_epoch
@@ -73,23 +107,26 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
         if self.restore_best_weights and self.best_weights is not None and (self.best_epoch != before
                                                                             or not best_file.exists()):
             tmp = self._path(f"tmp-{os.getpid()}-{BEST_WEIGHTS_FILE}")
-            np.savez(tmp, *self.best_weights)
+            np.savez(tmp, *self.best_weights, best_epoch=np.int64(self.best_epoch))
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
             os.replace(tmp, best_file)
         state = {"best": float(self.best), "best_epoch": int(self.best_epoch), "wait": int(self.wait), "epoch": epoch}
-        write_text_atomic(self._path(STATE_FILE), json.dumps(state))
+        write_text_atomic(self._path(STATE_FILE), json.dumps(state), durable=True)
 
     def _path(self, name: str) -> Path:
         return self.state_dir / name
 
     def _read(self, name: str) -> Optional[object]:
-        """The saved state or best weights; None when absent or unreadable."""
+        """The saved state, or the best weights and their epoch (None if not saved with them); None when absent
+        or unreadable."""
         if self.state_dir is None or not self._path(name).is_file():
             return None
         try:
             if name.endswith(".npz"):
                 with np.load(self._path(name)) as data:
-                    return [data[f"arr_{i}"] for i in range(len(data.files))]
+                    epoch = int(data["best_epoch"]) if "best_epoch" in data.files else None
+                    return [data[f"arr_{i}"] for i in range(len(data.files) - (epoch is not None))], epoch
             return json.loads(self._path(name).read_text(encoding="utf-8"))
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
             return None
-

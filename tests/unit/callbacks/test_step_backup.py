@@ -77,6 +77,7 @@ def test_every_steps_must_be_a_positive_integer(tmp_path):
 def test_early_stopping_state_round_trips_through_its_directory(tmp_path):
     import keras
 
+    from tftrain import _compat
     from tftrain.callbacks import ResumableEarlyStopping
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
@@ -90,6 +91,7 @@ def test_early_stopping_state_round_trips_through_its_directory(tmp_path):
             model.set_weights([w + 1 for w in best])  # the weights move on after the best epoch
     again = ResumableEarlyStopping(tmp_path, monitor="val_loss", patience=3, restore_best_weights=True)
     again.set_model(model)
+    _compat.set_initial_epoch(model, 3)  # as the backup's restore of epoch 3's checkpoint does
     again.on_train_begin()
     assert (again.best, again.best_epoch, again.wait) == (0.5, 1, 1)
     for loaded, saved in zip(again.best_weights, best):
@@ -285,3 +287,63 @@ def test_early_stopping_resumed_after_a_kill_between_the_checkpoint_and_its_own_
     assert (stop.best, stop.best_epoch) == (0.5, 1)
     for kept, best in zip(stop.best_weights, at_best[0]):
         np.testing.assert_array_equal(kept, best)
+
+
+def _scripted_early_stopping_fit(tmp_path, losses, patience, epochs, kill_at=None, said=None):
+    """A plain fit whose val_loss is `losses`, with StepBackup (kept) and ResumableEarlyStopping; returns
+    `(stop, history, weights after each epoch)`."""
+    import keras
+    import tensorflow as tf
+
+    from tftrain.callbacks import ResumableEarlyStopping, StepBackup
+
+    weights = {}
+
+    class Scripted(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            logs["val_loss"] = losses[epoch]
+            weights[epoch] = [w.copy() for w in self.model.get_weights()]
+
+    class Kill(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == kill_at:
+                raise KeyboardInterrupt
+
+    keras.utils.set_random_seed(0)
+    x = np.random.default_rng(0).standard_normal((80, 4)).astype("float32")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    stop = ResumableEarlyStopping(tmp_path / "backup", tmp_path / "history.csv", say=said.append if said is not None else print,
+                                  monitor="val_loss", patience=patience, restore_best_weights=True)
+    history = model.fit(tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8), epochs=epochs, verbose=0,
+                        callbacks=[Scripted(), keras.callbacks.CSVLogger(str(tmp_path / "history.csv"), append=True),
+                                   StepBackup(tmp_path / "backup", delete_checkpoint=False), Kill(), stop])
+    return stop, history, weights, model
+
+
+@pytest.mark.slow
+def test_a_run_resumed_after_early_stopping_stopped_it_trains_no_more_epochs(tmp_path):
+    # Killed after the stop (e.g. in the test evaluation): the checkpoint's epoch is the stopped one.
+    losses = [1.0, 0.5, 0.7, 0.4, 0.3]
+    first, history, weights, _ = _scripted_early_stopping_fit(tmp_path, losses, patience=0, epochs=5)
+    assert history.epoch == [0, 1, 2] and first.stopped_epoch == 2
+    again, history, _, model = _scripted_early_stopping_fit(tmp_path, losses, patience=0, epochs=5)
+    assert history.epoch == [] and again.stopped_epoch == 2 and (again.best, again.best_epoch) == (0.5, 1)
+    for restored, best in zip(model.get_weights(), weights[1]):  # on_train_end restored the best epoch's
+        np.testing.assert_array_equal(restored, best)
+
+
+@pytest.mark.slow
+def test_damaged_best_weights_of_early_stopping_are_said_and_the_run_resumes(tmp_path):
+    losses = [1.0, 0.5, 0.7, 0.8, 0.9, 0.95]
+    with pytest.raises(KeyboardInterrupt):
+        _scripted_early_stopping_fit(tmp_path, losses, patience=3, epochs=6, kill_at=2)
+    best_file = tmp_path / "backup" / "early_stopping_best.npz"
+    best_file.write_bytes(best_file.read_bytes()[:40])  # cut by a machine crash
+    said = []
+    stop, history, _, _ = _scripted_early_stopping_fit(tmp_path, losses, patience=3, epochs=6, said=said)
+    assert history.epoch == [3, 4] and stop.stopped_epoch == 4 and stop.best_epoch == 1
+    assert len(said) == 1 and "weights of the best epoch (2)" in said[0], said
+    (tmp_path / "backup" / "early_stopping.json").write_text("{")  # damaged too: history.csv has the values
+    again, history, _, _ = _scripted_early_stopping_fit(tmp_path, losses, patience=3, epochs=6, said=said)
+    assert history.epoch == [] and (again.best, again.best_epoch, again.stopped_epoch) == (0.5, 1, 4)
