@@ -28,11 +28,13 @@ KERAS_WEIGHTS, KERAS_METADATA = "latest.weights.h5", "training_metadata.json"
 @dataclasses.dataclass(frozen=True)
 class BackupPosition:
     """Where a checkpoint stands in the run: `epoch`s completed, batches of the next epoch done
-    (`steps_in_epoch`, 0 at an epoch end) and `optimizer_iterations` (None from Keras's `BackupAndRestore`)."""
+    (`steps_in_epoch`, 0 at an epoch end), `optimizer_iterations` (None from Keras's `BackupAndRestore`) and the
+    run's `batch_size` it trained at (None where not recorded)."""
 
     epoch: int
     steps_in_epoch: int = 0
     optimizer_iterations: Optional[int] = None
+    batch_size: Optional[int] = None
 
     def where(self) -> str:
         """`the end of epoch 2` or `epoch 3, batch 16`, with the optimizer step when known."""
@@ -60,7 +62,7 @@ def _position(meta: Path) -> Optional[BackupPosition]:
     try:
         data = json.loads(meta.read_text(encoding="utf-8"))
         return BackupPosition(int(data["epoch"]), int(data.get("steps_in_epoch", 0)),
-                              data.get("optimizer_iterations"))
+                              data.get("optimizer_iterations"), data.get("batch_size"))
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 

@@ -51,13 +51,13 @@ class StepBackup(keras.callbacks.Callback):
 
     def __init__(self, backup_dir, every_steps: Optional[int] = None, steps_per_epoch: Optional[int] = None,
                  delete_checkpoint: bool = True, stop_requested: Optional[Callable[[], Optional[int]]] = None,
-                 say: Optional[Callable[[str], None]] = None):
+                 say: Optional[Callable[[str], None]] = None, batch_size: Optional[int] = None):
         check_int(every_steps, "every_steps", none_ok=True)
         super().__init__()
         self.backup_dir = str(backup_dir)
         self.every_steps, self.steps_per_epoch = every_steps, steps_per_epoch
         self.delete_checkpoint = delete_checkpoint
-        self.stop_requested = stop_requested
+        self.stop_requested, self.batch_size = stop_requested, batch_size
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
         self.restored: Optional[BackupPosition] = None
         self._resume: Optional[BackupPosition] = None
@@ -190,7 +190,7 @@ class StepBackup(keras.callbacks.Callback):
         tmp = Path(self.backup_dir) / f"ckpt-{self._number}.tmp.weights.h5"
         self.model.save_weights(tmp)
         self._size = os.path.getsize(tmp)
-        position = BackupPosition(epoch, steps_in_epoch, optimizer_steps(self.model))
+        position = BackupPosition(epoch, steps_in_epoch, optimizer_steps(self.model), self.batch_size)
         checkpoint_files.commit(self.backup_dir, self._number, tmp, position)
         self._number += 1
         self._since_save = 0

@@ -144,7 +144,7 @@ class BatchStages:
             self.extras["batch_size_search"], batch_size = self._resumed_search() or search_batch_size(
                 self.task, self.runtime.num_replicas, self.accumulation_steps, self.build_model, self.console)
             rundir_lib.write_text_atomic(self.out_dir / BATCH_PLAN_FILE, json.dumps(
-                {"batch_size_search": self.extras["batch_size_search"], "batch_size": batch_size}))
+                {"batch_size_search": self.extras["batch_size_search"], "batch_size": batch_size}), durable=True)
             decided = {"batch_size": batch_size}
         self.resolved = self.config.override({**decided, "run_dir": str(self.run_dir.path)})
         if self.config.train.tune:
@@ -156,10 +156,24 @@ class BatchStages:
             print_batch(self)
 
     def _resumed_search(self):
-        """`(search figures, batch size)` an interrupted run chose, or None: a resumed run keeps its batch."""
+        """`(search figures, batch size)` an interrupted run chose, or None: a resumed run keeps its batch, from
+        `batch_plan.json`, else from its checkpoint's metadata; `ConfigError` when neither says it."""
+        from tftrain.checkpoint_files import read_position
+
         path = self.out_dir / BATCH_PLAN_FILE
-        if not self.run_dir.resumed or not path.is_file():
+        if not self.run_dir.resumed:
             return None
-        plan = json.loads(path.read_text(encoding="utf-8"))
-        self.console.line(f"batch:     {plan['batch_size']}, as chosen by this run's search before it was interrupted")
-        return plan["batch_size_search"], int(plan["batch_size"])
+        try:
+            plan = json.loads(path.read_text(encoding="utf-8"))
+            found = plan["batch_size_search"], int(plan["batch_size"])
+            self.console.line(f"batch:     {found[1]}, as chosen by this run's search before it was interrupted")
+            return found
+        except (OSError, ValueError, TypeError, KeyError):
+            position = read_position(self.run_dir.backup_dir)
+        if position is None or not position.batch_size:
+            raise ConfigError(f"{path} is missing or damaged, and the checkpoint in {self.run_dir.backup_dir} does "
+                              "not record the batch size it trained at, so the run cannot resume at it. Train again "
+                              "with a new --run-dir.")
+        self.console.line(f"batch:     {position.batch_size}, as the checkpoint was trained at ({path.name} is "
+                          "missing or damaged)")
+        return None, int(position.batch_size)

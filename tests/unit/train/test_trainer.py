@@ -656,3 +656,24 @@ def test_the_default_plan_is_a_few_lines_without_the_configuration_and_verbose_0
     quiet = tftrain.Trainer(_task(), verbose=0, epochs=1, run_dir=str(tmp_path / "q")).fit()
     [line] = capsys.readouterr().out.strip().splitlines()
     assert line.startswith("test ") and quiet is not None, line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["deleted", "emptied"])
+def test_a_resumed_run_whose_batch_plan_is_lost_keeps_the_batch_its_checkpoint_trained_at(tmp_path, capsys, damage):
+    import keras
+
+    class Kill(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise KeyboardInterrupt  # after epoch 1's checkpoint
+
+    with pytest.raises(tftrain.Interrupted):
+        _trainer(tmp_path, batch_size="auto", epochs=2, callbacks=[Kill()]).fit()
+    plan = tmp_path / "run" / "batch_plan.json"
+    chosen = json.loads(plan.read_text())["batch_size"]
+    plan.unlink() if damage == "deleted" else plan.write_text("")
+    capsys.readouterr()
+    record = _trainer(tmp_path, batch_size="auto", epochs=2, verbose=1).fit()
+    assert record.global_batch_size == chosen and record.to_dict()["resumed_from_epoch"] == 1
+    assert f"batch:     {chosen}, as the checkpoint was trained at (batch_plan.json is missing or damaged)" in \
+        capsys.readouterr().out
