@@ -82,9 +82,10 @@ class CallbackStages:
 
         batches = self.steps_per_epoch * self.accumulation_steps if self.steps_per_epoch else None
         stop = agreed.requested if agreed is not None else (self.preemption.requested if self.preemption else None)
+        batch_size = (self.resolved or self.config).data.batch_size  # the checkpoint records it: int once planned
         backup = StepBackup(self.out_dir.backup_dir, every_steps=self.backup_every(), steps_per_epoch=batches,
                             delete_checkpoint=False, stop_requested=stop, say=self.console.line,
-                            batch_size=self.resolved.data.batch_size)
+                            batch_size=batch_size if isinstance(batch_size, int) else None)
         if backup.every_steps:
             self.console.line(f"backup:    every {backup.every_steps // self.accumulation_steps} optimizer steps "
                               f"and at each epoch end, in {self.run_dir.backup_dir}")
