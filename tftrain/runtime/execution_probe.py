@@ -236,9 +236,10 @@ def _check_candidates(model, candidates, steps_per_execution) -> tuple:
 
 def _build_optimizer(model) -> None:
     """Outside a strategy scope Keras builds the optimizer only while tracing the first step,
-    after the snapshot; build it now so its slots (Adam's moments) are restored too."""
+    after the snapshot; build it now so its slots (Adam's moments) are restored too. A model marked built
+    without its weights (a subclassed model's `build(shape)`) is left to `fit`'s own build."""
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None and not optimizer.built and model.built:
+    if optimizer is not None and not optimizer.built and model.built and model.trainable_variables:
         with model.distribute_strategy.scope():
             optimizer.build(model.trainable_variables)
 

@@ -523,3 +523,33 @@ def test_what_keras_cannot_serialize_is_named_with_its_own_fix():
     model.compile("adam", loss=functools.partial(keras.losses.mean_squared_error))  # the architecture serializes
     why, fix = unserializable(model)
     assert "functools.partial" in why and "register_keras_serializable" in fix and "get_config" not in fix
+
+
+def _built_by_shape():
+    import keras
+
+    class Net(keras.Model):  # build(shape) marks it built; its layers make their weights at the first call
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.hidden, self.out = keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+    net = Net()
+    net.build((None, X.shape[1]))
+    return net
+
+
+@pytest.mark.slow
+def test_a_subclassed_model_built_by_shape_is_timed_and_trained_as_keras_trains_it(tmp_path):
+    import tensorflow as tf
+
+    from tftrain.runtime.execution_probe import time_graph_step
+
+    model = _built_by_shape()
+    model.compile("adam", "mse")
+    assert time_graph_step(model, tf.data.Dataset.from_tensor_slices((X, VALUES)).batch(16, drop_remainder=True)) > 0
+    record = _fit(tftrain.ArrayTask(_built_by_shape, X, VALUES, X, VALUES, loss="mse", name="built"), tmp_path,
+                  precision="auto", execution="auto")
+    assert np.isfinite(record.test["loss"])
