@@ -549,7 +549,8 @@ def test_a_subclassed_model_built_by_shape_is_timed_and_trained_as_keras_trains_
 
     model = _built_by_shape()
     model.compile("adam", "mse")
-    assert time_graph_step(model, tf.data.Dataset.from_tensor_slices((X, VALUES)).batch(16, drop_remainder=True)) > 0
+    batches = tf.data.Dataset.from_tensor_slices((X, VALUES)).batch(16, drop_remainder=True)
+    assert time_graph_step(model, batches) > 0
     record = _fit(tftrain.ArrayTask(_built_by_shape, X, VALUES, X, VALUES, loss="mse", name="built"), tmp_path,
                   precision="auto", execution="auto")
     assert np.isfinite(record.test["loss"])
