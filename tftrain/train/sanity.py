@@ -115,6 +115,20 @@ def _leaves(structure, path: str = ""):
         yield path, structure
 
 
+def check_dense(dataset, strategy: str) -> None:
+    """Raises `ConfigError` on a sparse feature under a mirrored strategy, whose `fit` cannot split a
+    `tf.SparseTensor` across replicas (TensorFlow 2.21: "'SparseTensor' object has no attribute 'device'")."""
+    import tensorflow as tf
+
+    spec = dataset.element_spec if dataset is not None else None
+    features = spec[0] if isinstance(spec, tuple) else spec
+    sparse = [path or "features" for path, leaf in _leaves(features) if isinstance(leaf, tf.SparseTensorSpec)]
+    if sparse:
+        raise ConfigError(f"--strategy {strategy}: the features{sparse[0] if sparse[0] != 'features' else ''} are a "
+                          "tf.SparseTensor, which Keras's fit cannot split across replicas. Train with --strategy "
+                          "default, or make them dense in the input pipeline (tf.sparse.to_dense).")
+
+
 def check_class_weight(dataset, class_weight) -> None:
     """Raises `ConfigError` on `class_weight` with labels of several outputs (Keras weighs one) or with batches
     that carry sample weights (Keras takes one or the other)."""
@@ -212,8 +226,13 @@ def _one_batch(dataset, size: int):
         return None
     import tensorflow as tf
 
+    def first(t):
+        if isinstance(t, tf.SparseTensor):
+            return tf.sparse.slice(t, tf.zeros_like(t.dense_shape), tf.concat([[size], t.dense_shape[1:]], 0))
+        return t[:size]
+
     def cut(*element):
-        return tf.nest.map_structure(lambda t: t[:size], element if len(element) > 1 else element[0])
+        return tf.nest.map_structure(first, element if len(element) > 1 else element[0])
 
     return dataset.take(1).map(cut).cache()
 
@@ -369,6 +388,11 @@ def _try_exports(plan: SanityPlan, x) -> None:
 
     from tftrain.train import export
 
+    composite = [type(t).__name__ for t in tf.nest.flatten(x) if isinstance(t, (tf.SparseTensor, tf.RaggedTensor))]
+    if composite:
+        raise ConfigError(f"--export {','.join(plan.export_formats)}: the model takes a {composite[0]} input, which "
+                          "tftrain's export check cannot feed its serving runtimes. Drop --export, or give the model "
+                          "dense inputs (e.g. tf.sparse.to_dense in the input pipeline).")
     model = _step("float32 build for --export", plan.build_float32)
     features = tf.nest.map_structure(lambda t: t[:4].numpy() if hasattr(t, "numpy") else t[:4], x)
     for name in plan.export_formats:

@@ -381,6 +381,8 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
                               (self.task.test_data(32), "test data")):
             sanity.check_element_spec(dataset, what)
         sanity.check_class_weight(train, self.task.class_weight)
+        if self.config.runtime.strategy in ("mirrored", "multi_worker_mirrored"):
+            sanity.check_dense(train, self.config.runtime.strategy)
         if self.config.train.tune and not has_validation:
             raise ConfigError("--tune scores trials on validation data, never on the test set: pass "
                               "--validation-split F (e.g. 0.1) or give the task its own validation data.")

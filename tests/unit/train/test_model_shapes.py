@@ -554,3 +554,33 @@ def test_a_subclassed_model_built_by_shape_is_timed_and_trained_as_keras_trains_
     record = _fit(tftrain.ArrayTask(_built_by_shape, X, VALUES, X, VALUES, loss="mse", name="built"), tmp_path,
                   precision="auto", execution="auto")
     assert np.isfinite(record.test["loss"])
+
+
+def _sparse_task():
+    import keras
+    import tensorflow as tf
+
+    def build():
+        inputs = keras.Input((X.shape[1],), sparse=True)
+        return keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(keras.layers.Dense(8)(inputs)))
+
+    def batches(batch_size):
+        data = tf.data.Dataset.from_tensor_slices((X, CLASSES)).batch(batch_size, drop_remainder=True)
+        return data.map(lambda x, y: (tf.sparse.from_dense(x), y))
+
+    return tftrain.DatasetTask(build, batches, test=batches, batch=False, num_train_examples=len(X),
+                               loss="sparse_categorical_crossentropy", metrics=["accuracy"], name="sparse")
+
+
+@pytest.mark.slow
+def test_a_sparse_input_trains_and_what_cannot_take_it_is_refused_before_training(tmp_path):
+    record = _fit(_sparse_task(), tmp_path)  # the sanity pass cuts a sparse batch too
+    assert np.isfinite(record.test["loss"])
+    with pytest.raises(ConfigError, match="takes a SparseTensor input, which tftrain's export check cannot feed"):
+        _fit(_sparse_task(), tmp_path, name="export", export="saved_model")
+    assert not (tmp_path / "export").exists()
+    from tftrain.train.sanity import check_dense
+
+    with pytest.raises(ConfigError, match="--strategy mirrored: the features are a tf.SparseTensor"):
+        check_dense(_sparse_task().train_data(32), "mirrored")  # Trainer.check_task, before any work
+    check_dense(tftrain.ArrayTask(lambda: None, X, CLASSES, loss="mse").train_data(32), "mirrored")
