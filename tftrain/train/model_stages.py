@@ -253,6 +253,10 @@ class ModelStages:
             plan = self._sanity_plan()
             result = sanity.run(plan, say=self.console.warn)
         self._forget_sanity_models()
+        if self.config.train.tune and result.validation_keys:  # the trials' objective, as the logs name it
+            from tftrain.train.search import check_objective
+
+            check_objective(self.config, plan.compile_args, result.validation_keys)
         if result.float32_needed:  # --precision auto chose the mixed policy: float32 keeps the labels whole
             self.precision.float32_for_labels(result.float32_needed)
         self.sanity = result

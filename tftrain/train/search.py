@@ -42,6 +42,15 @@ def _objective(config, compile_args: dict, validation_keys: Sequence[str] = ()):
     return "val_accuracy" if any(n in ("accuracy", "acc") for n in names) else "val_loss"
 
 
+def check_objective(config, compile_args: dict, validation_keys: Sequence[str]) -> None:
+    """Raises `ConfigError` when the trials' objective (`_objective`) is not among the validation logs' keys."""
+    objective = _objective(config, compile_args, validation_keys)
+    name = getattr(objective, "name", objective)
+    if name not in validation_keys:
+        raise ConfigError(f"--tune scores its trials by {name}, which this model's validation logs do not have "
+                          f"(they have {', '.join(validation_keys)}). Pass --monitor KEY with one of them.")
+
+
 def tune(task, config, runtime, compute_dtype: str, directory: Path, console, chief: bool,
          validation_keys: Sequence[str] = ()) -> Tuple[dict, dict]:
     """Runs `config`'s `--tune N` keras-tuner trials of the bound `task` over learning rate, batch size and
@@ -90,7 +99,9 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
     console.section(f"tuning: {cfg.train.tune} {cfg.train.tuner} trial(s) over learning rate, batch size"
                             + "".join(f", {k}" for k in task.tune_space()) + f" (objective {getattr(objective, 'name', objective)})")
     weights = {"class_weight": task.class_weight} if task.class_weight is not None else {}  # trials as the run
-    tuner.search(epochs=cfg.train.epochs, verbose=cfg.train.verbose, **weights)
+    from tftrain.train.console import keras_progress
+
+    tuner.search(epochs=cfg.train.epochs, verbose=keras_progress(cfg.train.verbose)[0], **weights)  # no bar in a pipe
     return _tuning_figures(tuner, directory, cfg, console, chief)
 
 

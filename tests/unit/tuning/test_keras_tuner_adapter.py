@@ -111,3 +111,15 @@ def test_hypermodel_validates_its_space():
         hypermodel().__class__(lambda w: None, lambda b: None, learning_rate=(0.1, 0.01))
     with pytest.raises(TuningError, match="widths"):
         hypermodel(widths=(0, 4))
+
+
+def test_the_tune_objective_is_checked_against_the_validation_logs_before_any_trial():
+    from tftrain.config import RecipeConfig
+    from tftrain.errors import ConfigError
+    from tftrain.train.search import check_objective
+
+    cfg = RecipeConfig().override({"tune": 2})
+    with pytest.raises(ConfigError, match=r"scores its trials by val_loss, which .* \(they have val_my_loss\)"):
+        check_objective(cfg, {"loss": None}, ("val_my_loss",))  # a model's own test_step names its loss
+    check_objective(cfg.override({"monitor": "val_my_loss", "monitor_mode": "min"}), {"loss": None}, ("val_my_loss",))
+    check_objective(cfg, {"loss": "mse", "metrics": ["accuracy"]}, ("val_accuracy", "val_loss"))
