@@ -12,10 +12,14 @@ from tftrain.errors import TrainingDiverged
 
 
 class NanGuard(keras.callbacks.Callback):
-    """Raises `TrainingDiverged` at the first execution whose `logs["loss"]` is NaN or infinite.
+    """Raises `TrainingDiverged` at the first execution whose `logs["loss"]` is NaN or infinite; without a
+    `"loss"` (a model's own `train_step` may name it otherwise), every logged figure whose name ends in `loss`.
 
     Keras's `loss` is the epoch's running mean, so one bad step keeps it bad. Raising skips later callbacks for the
-    batch: placed before `BackupAndRestore` or `StepBackup`, the last checkpoint stays finite. No `"loss"`: no check.
+    batch: placed before `BackupAndRestore` or `StepBackup`, the last checkpoint stays finite.
+
+    Args:
+        say: prints, once, that the logs hold no loss to watch. Defaults to None (silent).
 
     Raises:
         TrainingDiverged: from `on_train_batch_end`, with `describe_divergence`'s line.
@@ -24,27 +28,34 @@ class NanGuard(keras.callbacks.Callback):
         >>> model.fit(dataset, epochs=10, callbacks=[NanGuard(), keras.callbacks.BackupAndRestore("backup")])
     """
 
-    def __init__(self):
+    def __init__(self, say=None):
         super().__init__()
-        self._epoch, self._last_batch = 0, -1
+        self._epoch, self._last_batch, self.say = 0, -1, say
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch, self._last_batch = epoch, -1
 
     def on_train_batch_end(self, batch, logs=None):
         first, self._last_batch = self._last_batch + 2, batch  # batches from 1, as the progress bar
-        loss = (logs or {}).get("loss")
-        if loss is None or math.isfinite(float(loss)):
-            return
-        raise TrainingDiverged(describe_divergence(self.model, float(loss), (first, batch + 1), self._epoch))
+        logs = logs or {}
+        names = ["loss"] if "loss" in logs else [k for k in logs if k.endswith("loss")]
+        if not names and logs and self.say is not None:
+            self.say(f"the NaN guard watches no loss: the training logs have none ({', '.join(sorted(logs))}), so a "
+                     "diverging run is not stopped")
+            self.say = None
+        for name in names:
+            value = float(logs[name])
+            if not math.isfinite(value):
+                raise TrainingDiverged(describe_divergence(self.model, value, (first, batch + 1), self._epoch, name))
 
 
-def describe_divergence(model, loss: float, batches: tuple = (1, 1), epoch: int = 0) -> str:
+def describe_divergence(model, loss: float, batches: tuple = (1, 1), epoch: int = 0, name: str = "loss") -> str:
     """`NanGuard`'s line, e.g. `"loss became nan at epoch 1, batch 8 (optimizer step 8; dtype policy float32)"`.
 
     Args:
         batches: `(first, last)` batch of the epoch (from 1) the execution ran. Defaults to (1, 1).
         epoch: 0-based (printed from 1). Defaults to 0.
+        name: the logged figure that diverged. Defaults to `"loss"`.
     """
     optimizer = model.optimizer
     first, last = batches
@@ -53,5 +64,5 @@ def describe_divergence(model, loss: float, batches: tuple = (1, 1), epoch: int 
     policy = getattr(getattr(model, "dtype_policy", None), "name", None) or keras.config.dtype_policy().name
     scale = (f", loss scale {float(optimizer.dynamic_scale.numpy())}"
              if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else "")
-    return (f"loss became {kind} at epoch {epoch + 1}, {where} (optimizer step {optimizer_steps(model)}; "
+    return (f"{name} became {kind} at epoch {epoch + 1}, {where} (optimizer step {optimizer_steps(model)}; "
             f"dtype policy {policy}{scale})")

@@ -47,8 +47,9 @@ class CallbackStages:
         agreed = self._agreed_stop()
         backup, keep_best = self._make_backup(agreed), self._keep_best()
         history = keras.callbacks.CSVLogger(str(out.path / rundir_lib.HISTORY_FILE), append=True)
-        callbacks = [NanGuard(), history, *([keep_best] if keep_best else []), *([agreed] if agreed else []), backup,
-                     EpochTensorBoard(str(out.log_dir)), ChanceWatch(say=self.console.warn)]
+        callbacks = [NanGuard(say=self.console.warn), history, *([keep_best] if keep_best else []),
+                     *([agreed] if agreed else []), backup, EpochTensorBoard(str(out.log_dir)),
+                     ChanceWatch(say=self.console.warn)]
         monitor, profiler, nvtx = self._step_callbacks() if self.loop.per_step_hooks else (None, None, [])
         callbacks += [c for c in (monitor, profiler) if c is not None] + nvtx
         early_stopping = self._early_stopping()

@@ -147,7 +147,7 @@ class ModelStages:
         if not steps:
             return
         replicas = self.runtime.num_replicas
-        note = f"'loss' and the metrics are {type(model).__name__}.{' and .'.join(steps)}'s own figures"
+        note = f"the logged loss and metrics are {type(model).__name__}.{' and .'.join(steps)}'s own figures"
         if replicas > 1:
             note += (f"; across {replicas} replicas a step that tracks self.compute_loss(...) reports the loss / "
                      f"{replicas} (Keras scales it for the gradients' all-reduce)")

@@ -347,3 +347,23 @@ def test_damaged_best_weights_of_early_stopping_are_said_and_the_run_resumes(tmp
     (tmp_path / "backup" / "early_stopping.json").write_text("{")  # damaged too: history.csv has the values
     again, history, _, _ = _scripted_early_stopping_fit(tmp_path, losses, patience=3, epochs=6, said=said)
     assert history.epoch == [] and (again.best, again.best_epoch, again.stopped_epoch) == (0.5, 1, 4)
+
+
+def test_the_nan_guard_watches_a_loss_an_own_train_step_names_otherwise_and_says_when_there_is_none():
+    import keras
+
+    from tftrain.callbacks import NanGuard
+    from tftrain.errors import TrainingDiverged
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    said = []
+    guard = NanGuard(say=said.append)
+    guard.set_model(model)
+    guard.on_train_batch_end(0, {"my_loss": 1.0, "mae": float("nan")})  # only loss figures are judged
+    with pytest.raises(TrainingDiverged, match=r"^my_loss became nan at epoch 1, batch 2"):
+        guard.on_train_batch_end(1, {"my_loss": float("nan")})
+    guard.on_train_batch_end(2, {"mae": 1.0})
+    guard.on_train_batch_end(3, {"mae": 2.0})
+    assert said == ["the NaN guard watches no loss: the training logs have none (mae), so a diverging run is not "
+                    "stopped"]
