@@ -2,7 +2,7 @@
 wires Keras hooks; the algorithms are plain code tested alone (`tftrain.metering`, `StepWindow`, `tftrain.tuning`)."""
 
 __all__ = ["BatchSizeFinder", "ChanceWatch", "EpochTensorBoard", "KeepBest", "NanGuard", "NvtxSteps", "PreemptionWatch", "ProfileSteps", "ProfilerServer",
-           "ProfilerWindow", "ResumableEarlyStopping", "StepBackup", "ThroughputMonitor", "start_profiler_server"]
+           "ProfilerWindow", "ResumableEarlyStopping", "ScalarLogs", "StepBackup", "ThroughputMonitor", "start_profiler_server"]
 
 _LAZY = {
     "BatchSizeFinder": "tftrain.tuning.finder",  # lives with the search it runs (the tuning layer)
@@ -17,6 +17,7 @@ _LAZY = {
     "ProfilerServer": "tftrain.callbacks.profiler",
     "ProfilerWindow": "tftrain.callbacks.profiler",
     "ResumableEarlyStopping": "tftrain.callbacks.early_stopping",
+    "ScalarLogs": "tftrain.callbacks.scalar_logs",
     "start_profiler_server": "tftrain.callbacks.profiler",
     "ThroughputMonitor": "tftrain.callbacks.throughput",
 }

@@ -56,8 +56,9 @@ _FALLING_PATTERN = re.compile(r"(mean_\w+_error|\w*crossentropy)")
 
 def monitor_direction(monitor: str, mode: str = "auto") -> Optional[str]:
     """Whether `monitor` improves as it falls (`"min"`) or rises (`"max"`); `mode` `"min"` / `"max"` is returned
-    as is. Under `"auto"`, without a leading `val_`: `*loss` falls, else the longest suffix in `RISING`, `FALLING`,
-    `mean_*_error` or `*crossentropy` decides (so `<output>_accuracy` rises).
+    as is. Under `"auto"`, without a leading `val_` and a trailing element index (`f1_score_2`): `*loss` falls, else
+    the longest suffix in `RISING`, `FALLING`, `mean_*_error` or `*crossentropy` decides (so `<output>_accuracy`
+    rises).
 
     Returns:
         `"min"`, `"max"`, or None when `"auto"` does not know the name.
@@ -74,7 +75,7 @@ def monitor_direction(monitor: str, mode: str = "auto") -> Optional[str]:
                           f"Received: mode={mode!r}")
     if mode != "auto":
         return mode
-    name = monitor.lower().removeprefix("val_")
+    name = re.sub(r"_\d+$", "", monitor.lower().removeprefix("val_"))  # one element of a vector (`ScalarLogs`)
     if name.endswith("loss"):
         return "min"
     parts = name.split("_")

@@ -40,14 +40,14 @@ class CallbackStages:
         """
         import keras
 
-        from tftrain.callbacks import ChanceWatch, EpochTensorBoard, NanGuard
+        from tftrain.callbacks import ChanceWatch, EpochTensorBoard, NanGuard, ScalarLogs
         from tftrain.train import mlflow_log
 
         out = self.out_dir
         agreed = self._agreed_stop()
         backup, keep_best = self._make_backup(agreed), self._keep_best()
         history = keras.callbacks.CSVLogger(str(out.path / rundir_lib.HISTORY_FILE), append=True)
-        callbacks = [NanGuard(say=self.console.warn), history, *([keep_best] if keep_best else []),
+        callbacks = [ScalarLogs(), NanGuard(say=self.console.warn), history, *([keep_best] if keep_best else []),
                      *([agreed] if agreed else []), backup, EpochTensorBoard(str(out.log_dir)),
                      ChanceWatch(say=self.console.warn)]
         monitor, profiler, nvtx = self._step_callbacks() if self.loop.per_step_hooks else (None, None, [])

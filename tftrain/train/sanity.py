@@ -169,7 +169,9 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
     what = "training and validation step" if validation is not None else "training step"
     history = _step(what, lambda: model.fit(train, validation_data=validation, epochs=1, verbose=0,
                                              class_weight=plan.class_weight, shuffle=False))  # a Dataset: no warning
-    keys = tuple(history.history)
+    from tftrain.callbacks.scalar_logs import scalar_logs
+
+    keys = tuple(scalar_logs({k: v[-1] for k, v in history.history.items()}))  # as the run's callbacks log them
     train_keys = tuple(k for k in keys if not k.startswith("val_"))
     validation_keys = tuple(k for k in keys if k.startswith("val_"))
     checked.append("a training step" + (" and a validation step" if validation is not None else ""))

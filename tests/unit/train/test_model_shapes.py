@@ -584,3 +584,24 @@ def test_a_sparse_input_trains_and_what_cannot_take_it_is_refused_before_trainin
     with pytest.raises(ConfigError, match="--strategy mirrored: the features are a tf.SparseTensor"):
         check_dense(_sparse_task().train_data(32), "mirrored")  # Trainer.check_task, before any work
     check_dense(tftrain.ArrayTask(lambda: None, X, CLASSES, loss="mse").train_data(32), "mirrored")
+
+
+@pytest.mark.slow
+def test_a_metric_per_class_is_logged_as_one_scalar_per_class_through_every_feature(tmp_path):
+    import keras
+
+    def build():
+        inputs = keras.Input((X.shape[1],))
+        return keras.Model(inputs, keras.layers.Dense(3, activation="sigmoid")(keras.layers.Dense(8)(inputs)))
+
+    labels = (X[:, :3] > 0).astype("float32")
+    task = tftrain.ArrayTask(build, X, labels, X, labels, loss="binary_crossentropy", name="f1",
+                             metrics=[lambda: keras.metrics.F1Score(average=None, threshold=0.5)])
+    record = _fit(task, tmp_path, epochs=2, validation_split=0.25, keep_best=1, monitor="val_f1_score_2")
+    names = [f"f1_score_{i}" for i in range(3)]
+    assert set(record.test) == {"loss", *names} and set(record.history) >= {*names, *(f"val_{n}" for n in names)}
+    assert record.to_dict()["keep_best"]["mode"] == "max"
+    model = keras.models.load_model(tmp_path / "run" / "model.keras")
+    again = model.evaluate(X, labels, batch_size=32, verbose=0, return_dict=True)
+    for i, name in enumerate(names):
+        assert record.test[name] == pytest.approx(float(again["f1_score"][i]), rel=1e-5)

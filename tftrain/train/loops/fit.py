@@ -122,7 +122,9 @@ class FitLoop:
 
     def evaluate(self, model, dataset) -> dict:
         """`Model.evaluate` as a `{name: float}` dict."""
-        results = model.evaluate(dataset, verbose=0, return_dict=True)
+        from tftrain.callbacks.scalar_logs import scalar_logs
+
+        results = scalar_logs(model.evaluate(dataset, verbose=0, return_dict=True))
         return {name: float(value) for name, value in results.items()}
 
 

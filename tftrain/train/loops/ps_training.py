@@ -151,7 +151,9 @@ def _run_epoch(run_steps, steps: int, sync_every: int, callback_list, model) -> 
 
 
 def _logs(model) -> dict:
-    return {name: float(value) for name, value in model.get_metrics_result().items()}
+    from tftrain.callbacks.scalar_logs import scalar_logs
+
+    return {name: float(value) for name, value in scalar_logs(model.get_metrics_result()).items()}
 
 
 def _run_steps(coordinator, worker_fn, iterator, steps_per_execution: int, steps: int) -> None:

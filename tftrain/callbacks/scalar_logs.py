@@ -1,0 +1,59 @@
+"""`ScalarLogs`: a metric with a value per class (`keras.metrics.F1Score(average=None)`) logged as one scalar per
+element, `<name>_<i>`, which TensorBoard's scalars, `history.csv`, `--monitor` and `metrics.json` take."""
+
+from __future__ import annotations
+
+import keras
+
+
+def scalar_logs(logs: dict) -> dict:
+    """`logs` with each value of more than one element replaced, in place in the order, by `<name>_<i>` floats
+    (flattened in C order); a one-element array becomes a float. Other values are kept as they are."""
+    import numpy as np
+
+    out = {}
+    for name, value in logs.items():
+        try:
+            array = np.asarray(value, dtype="float64")
+        except (TypeError, ValueError):  # not a number (a string column)
+            out[name] = value
+            continue
+        if array.ndim == 0:
+            out[name] = value
+        elif array.size == 1:
+            out[name] = float(array.reshape(()))
+        else:
+            out.update({f"{name}_{i}": float(v) for i, v in enumerate(array.reshape(-1))})
+    return out
+
+
+class ScalarLogs(keras.callbacks.Callback):
+    """Rewrites the logs Keras passes on (one dict for every callback, `History` included) with `scalar_logs`;
+    placed first, every later callback sees scalars.
+
+    Example:
+        >>> model.fit(x, y, callbacks=[ScalarLogs(), keras.callbacks.TensorBoard("logs")])
+    """
+
+    @staticmethod
+    def _rewrite(logs) -> None:
+        if logs:
+            flat = scalar_logs(logs)
+            if list(flat) != list(logs) or any(flat[k] is not logs[k] for k in flat):
+                logs.clear()
+                logs.update(flat)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._rewrite(logs)
+
+    def on_test_batch_end(self, batch, logs=None):
+        self._rewrite(logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._rewrite(logs)
+
+    def on_test_end(self, logs=None):
+        self._rewrite(logs)
+
+    def on_train_end(self, logs=None):
+        self._rewrite(logs)
