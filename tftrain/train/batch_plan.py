@@ -139,10 +139,7 @@ class BatchStages:
                                                   self.console, self.is_chief,
                                                   self.sanity.validation_keys if self.sanity else ())
         elif self.batch is None:
-            from tftrain.train.search import search_batch_size
-
-            self.extras["batch_size_search"], batch_size = self._resumed_search() or search_batch_size(
-                self.task, self.runtime.num_replicas, self.accumulation_steps, self.build_model, self.console)
+            self.extras["batch_size_search"], batch_size = self._resumed_search() or self._searched()
             rundir_lib.write_text_atomic(self.out_dir / BATCH_PLAN_FILE, json.dumps(
                 {"batch_size_search": self.extras["batch_size_search"], "batch_size": batch_size}), durable=True)
             decided = {"batch_size": batch_size}
@@ -154,6 +151,23 @@ class BatchStages:
             from tftrain.train.reporting import print_batch
 
             print_batch(self)
+
+    def _searched(self):
+        """`search_batch_size` under the policy in force; a model that does not train under the mixed policy
+        `--precision auto` took falls back to float32 (one line) and is searched again."""
+        from tftrain.train.search import search_batch_size
+
+        def search():
+            return search_batch_size(self.task, self.runtime.num_replicas, self.accumulation_steps,
+                                     self.build_model, self.console)
+
+        try:
+            return search()
+        except Exception as e:  # noqa: BLE001 (a dtype clash falls back; anything else is raised)
+            if not self.precision.clash(e):
+                raise
+            self.precision.fall_back(f"the model does not train under {self.precision.info.policy}", e)
+            return search()
 
     def _resumed_search(self):
         """`(search figures, batch size)` an interrupted run chose, or None: a resumed run keeps its batch, from

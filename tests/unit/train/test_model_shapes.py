@@ -605,3 +605,16 @@ def test_a_metric_per_class_is_logged_as_one_scalar_per_class_through_every_feat
     again = model.evaluate(X, labels, batch_size=32, verbose=0, return_dict=True)
     for i, name in enumerate(names):
         assert record.test[name] == pytest.approx(float(again["f1_score"][i]), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_batch_size_auto_searches_a_model_that_trains_only_in_float32_in_float32(tmp_path):
+    import keras
+
+    def build():  # an activity regularizer's loss stays bfloat16 under mixed_bfloat16: Keras's step fails
+        return keras.Sequential([keras.Input((X.shape[1],)), keras.layers.Dense(
+            8, activation="relu", activity_regularizer=keras.regularizers.l1(1e-4)), keras.layers.Dense(1)])
+
+    task = tftrain.ArrayTask(build, X, VALUES, X, VALUES, loss="mse", name="regularized")
+    record = _fit(task, tmp_path, precision="auto", batch_size="auto")  # where the rule picks mixed_bfloat16
+    assert np.isfinite(record.test["loss"]) and record.runtime["precision"] == "float32"
