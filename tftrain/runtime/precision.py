@@ -181,7 +181,7 @@ def ensure_float32_outputs(model: keras.Model) -> keras.Model:
     inputs_struct = _compat.input_structure(model)
     fixed = keras.Model(inputs_struct if isinstance(inputs_struct, dict) else inputs,
                         keras.tree.map_structure(cast, struct), name=model.name)
-    if getattr(model, "output_names", None) and not isinstance(struct, dict):  # a loss dict keyed by output name
+    if getattr(model, "output_names", None):  # the metrics' names: a list's, and a nested structure's leaves
         fixed.output_names = list(model.output_names)
     _WRAPPED[fixed] = model
     return fixed

@@ -618,3 +618,30 @@ def test_batch_size_auto_searches_a_model_that_trains_only_in_float32_in_float32
     task = tftrain.ArrayTask(build, X, VALUES, X, VALUES, loss="mse", name="regularized")
     record = _fit(task, tmp_path, precision="auto", batch_size="auto")  # where the rule picks mixed_bfloat16
     assert np.isfinite(record.test["loss"]) and record.runtime["precision"] == "float32"
+
+
+def test_nested_outputs_keep_their_metric_names_under_a_mixed_policy():
+    import keras
+
+    from tftrain.runtime.precision import ensure_float32_outputs
+
+    def build():
+        inputs = keras.Input((X.shape[1],))
+        hidden = keras.layers.Dense(8)(inputs)
+        return keras.Model(inputs, {"heads": [keras.layers.Dense(1, name="a")(hidden),
+                                              keras.layers.Dense(2, activation="softmax", name="b")(hidden)],
+                                    "aux": keras.layers.Dense(1, name="c")(hidden)})
+
+    labels = {"heads": [VALUES, CLASSES], "aux": VALUES}
+    compile_args = dict(loss={"heads": ["mse", "sparse_categorical_crossentropy"], "aux": "mse"},
+                        metrics={"heads": [["mae"], ["accuracy"]], "aux": ["mae"]})
+    keys = {}
+    for policy in ("float32", "mixed_bfloat16"):
+        keras.mixed_precision.set_global_policy(policy)
+        try:
+            model = ensure_float32_outputs(build())
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+        model.compile("adam", **compile_args)
+        keys[policy] = sorted(model.fit(X, labels, epochs=1, verbose=0).history)
+    assert keys["mixed_bfloat16"] == keys["float32"] and "heads/b_loss" in keys["float32"], keys
