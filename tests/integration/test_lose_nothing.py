@@ -39,6 +39,14 @@ if os.environ.get("KILL_BEFORE_REPORT"):  # metrics.json written, report.md not 
         os.kill(os.getpid(), signal.SIGKILL)
     reports.write_report = killed_before
 
+if os.environ.get("TERM_IN_EXPORT"):  # SIGTERM while the export is written
+    import time
+    from tftrain.train import export as export_module
+    def termed(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+    export_module.export_all = termed
+
 if os.environ.get("KILL_IN_SAVE"):  # inside model.keras's save: part of its temporary file written
     def killed_in(self, path, *args, **kwargs):
         with open(path, "wb") as f:
@@ -55,6 +63,9 @@ try:
                     callbacks=[KillAfterTraining()], export=os.environ.get("EXPORT") or None).fit()
 except tftrain.AlreadyFinished as e:
     print(e)
+except tftrain.Preempted as e:
+    print(f"Preempted: {e}")
+    sys.exit(128 + e.signum)
 """
 
 
@@ -115,6 +126,19 @@ def test_a_kill_between_metrics_json_and_report_md_with_an_export_pending_is_com
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((run_dir / "metrics.json").read_text())["after_steps"] == {"export": "done"}
     assert (run_dir / "report.md").is_file() and not (run_dir / "backup").exists()  # the end the kill cut short
+
+
+def test_a_sigterm_during_a_pending_export_leaves_it_pending_for_the_same_command(tmp_path):
+    run_dir = tmp_path / "run"
+    killed = _run(run_dir, kill=False, KILL_BEFORE_REPORT="1", EXPORT="saved_model")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    termed = _run(run_dir, kill=False, EXPORT="saved_model", TERM_IN_EXPORT="1")  # the rerun doing only the export
+    assert termed.returncode == 128 + signal.SIGTERM and "Preempted: stopped by SIGTERM" in termed.stdout, \
+        (termed.stdout + termed.stderr)[-3000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["after_steps"] == {"export": "pending"}
+    done = _run(run_dir, kill=False, EXPORT="saved_model")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["after_steps"] == {"export": "done"}
 
 
 def test_a_kill_inside_the_save_of_model_keras_leaves_no_part_file_once_resumed(tmp_path):

@@ -126,6 +126,8 @@ class ExportStages:
                                                  self._export_features(metrics.get("global_batch_size") or 32),
                                                  self.console.line)
                     update_metrics(path, export=results, after_steps={"export": "done"})
+                except Preempted:  # a stop signal: the export stays pending, the same command does it
+                    raise
                 except Exception as e:  # noqa: BLE001 (recorded, then one line)
                     status = failure_status(e)
                     update_metrics(path, after_steps={"export": status})
