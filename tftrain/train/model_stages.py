@@ -160,6 +160,9 @@ class ModelStages:
         path = self.config.train.init_from
         if path is None:
             return
+        if self.run_dir.resumed:  # its checkpoint replaces them: PATH may have moved since
+            self.console.line(f"init:      --init-from {path} not read: the run resumes from its own checkpoint")
+            return
         from tftrain.train import init_weights
 
         kind, source = init_weights.resolve(path)
@@ -280,7 +283,7 @@ class ModelStages:
         gb = self.batch.global_batch_size if self.batch else (self.task.default_batch_size or 32 * rt.num_replicas)
         validation = self.task.validation_data(gb)
         init = None
-        if cfg.train.init_from is not None:
+        if cfg.train.init_from is not None and not self.run_dir.resumed:
             from tftrain.train import init_weights
 
             init = init_weights.resolve(cfg.train.init_from)

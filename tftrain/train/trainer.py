@@ -253,10 +253,6 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
 
         self._user_callbacks = user_callbacks.resolve(self.config.train.callbacks or "")  # bad names: now
         self._made_user_callbacks, self.made = None, None  # a second fit() of this Trainer makes its own
-        if self.config.train.init_from is not None:  # a path that holds no weights: now, not after TF starts
-            from tftrain.train import init_weights
-
-            init_weights.resolve(self.config.train.init_from)
         if self.config.train.mlflow:  # MLflow not installed: now, not after training
             from tftrain.train import mlflow_log
 
@@ -270,6 +266,10 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
                                                 restart_of=rundir_lib.restarted_job())
         if self.is_chief:  # another process training into it: refused now, not after TensorFlow starts
             rundir_lib.check_not_in_use(self.run_dir.path)
+        if self.config.train.init_from is not None and not self.run_dir.resumed:  # a path without weights: now
+            from tftrain.train import init_weights
+
+            init_weights.resolve(self.config.train.init_from)
 
     def _resumed(self) -> Optional[Path]:
         """`--resume`: the newest unfinished run directory of this task and config (`runs/<task>-*`); in

@@ -130,6 +130,27 @@ def test_init_from_weights_of_another_model_names_the_first_weight_that_differs(
         _fit(tmp_path, "wide2", width=16, epochs=1, init_from=str(tmp_path / "narrow"))
 
 
+@pytest.mark.slow
+def test_a_run_started_from_init_weights_resumes_from_its_checkpoint_after_their_file_moved(tmp_path, capsys):
+    import keras
+
+    class Kill(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                raise KeyboardInterrupt  # after epoch 2's checkpoint
+
+    _fit(tmp_path, "source", epochs=1)
+    with pytest.raises(tftrain.Interrupted):
+        tftrain.Trainer(_task(), epochs=4, verbose=0, seed=0, batch_size=32, execution="graph", callbacks=[Kill()],
+                        init_from=str(tmp_path / "source" / "model.keras"), run_dir=str(tmp_path / "run")).fit()
+    (tmp_path / "source").rename(tmp_path / "moved")
+    capsys.readouterr()
+    record = _fit(tmp_path, "run", epochs=4, validation_split=0.0, init_from=str(tmp_path / "source" / "model.keras"),
+                  verbose=1)
+    assert record.to_dict()["resumed_from_epoch"] == 2 and len(record.history["loss"]) == 4
+    assert "not read: the run resumes from its own checkpoint" in capsys.readouterr().out
+
+
 def test_init_from_a_path_without_weights_is_refused_before_the_run_directory(tmp_path):
     with pytest.raises(ConfigError, match="no such .keras or .weights.h5 file, checkpoint"):
         _fit(tmp_path, "run", init_from=str(tmp_path / "missing.keras"))
