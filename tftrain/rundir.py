@@ -163,13 +163,19 @@ def _stored_config(p: Path, config: dict) -> tuple:
         stored = yaml.safe_load((p / CONFIG_FILE).read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError, OSError):
         stored = None
-    try:
-        digest = (p / DIGEST_FILE).read_text(encoding="utf-8").strip()
-    except OSError:
-        digest = None
+    digest = _digest(p)
     if isinstance(stored, dict) and (digest is None or config_digest(stored) == digest):
         return stored, False
     return (config, True) if digest == config_digest(config) else (None, False)
+
+
+def _digest(p: Path) -> Optional[str]:
+    """The SHA-256 `p/DIGEST_FILE` holds; None when it is missing or damaged (not 64 hex digits)."""
+    try:
+        digest = (p / DIGEST_FILE).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return digest if re.fullmatch(r"[0-9a-f]{64}", digest) else None
 
 
 def _differences(old, new, prefix="") -> list:
@@ -244,7 +250,7 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
     entries = [x.name for x in p.iterdir() if x.name not in (LOCK_FILE, HOLDER_FILE, DIGEST_FILE)] if p.exists() else []
     if not entries:
         return RunDir(p)
-    if not (p / CONFIG_FILE).is_file():
+    if not (p / CONFIG_FILE).is_file() and _digest(p) is None:
         names = ", ".join(sorted(entries)[:3])
         raise RunDirError(
             f"Run directory {str(p)!r} already holds files tftrain did not write ({names}). "
@@ -258,7 +264,7 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
     if previous is None:
         kept = [name for name in (BACKUP_DIR, MODEL_FILE) if (p / name).exists()]
         raise RunDirError(
-            f"Run directory {str(p)!r} holds a damaged {CONFIG_FILE} ({p / CONFIG_FILE}), the settings its run "
+            f"Run directory {str(p)!r} holds a damaged or no {CONFIG_FILE} ({p / CONFIG_FILE}), the settings its run "
             + (f"started with; its {' and '.join(kept)} may be intact. Write {CONFIG_FILE} back as it was (a copy, or "
                "the YAML the same command prints at start without --run-dir) and rerun to resume, or pass a new "
                "--run-dir." if kept else "started with. Pass a new --run-dir."))
@@ -384,7 +390,7 @@ def create_run_dir(run_dir: RunDir, config_yaml: str) -> None:
     written = not target.exists() or run_dir.config_repaired
     if written:
         write_text_atomic(target, config_yaml)
-    if written or not (run_dir.path / DIGEST_FILE).exists():  # the digest of what config.yaml holds
+    if written or _digest(run_dir.path) is None:  # the digest of what config.yaml holds
         held = config_yaml if written else target.read_text(encoding="utf-8")
         write_text_atomic(run_dir.path / DIGEST_FILE, config_digest(yaml.safe_load(held) or {}) + "\n")
 

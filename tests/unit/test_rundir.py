@@ -47,7 +47,7 @@ def test_a_damaged_config_beside_a_checkpoint_names_the_file_and_how_to_resume(t
     (tmp_path / "run" / "backup").mkdir()
     (tmp_path / "run" / "config.yaml").write_bytes(damage)
     other = RecipeConfig(run_dir="x", train=TrainConfig(epochs=3))  # not the settings it was written with
-    with pytest.raises(RunDirError, match=r"holds a damaged config\.yaml .*its backup may be intact\. Write "
+    with pytest.raises(RunDirError, match=r"holds a damaged or no config\.yaml .*its backup may be intact\. Write "
                                           r"config\.yaml back .* and rerun to resume"):
         rundir.check_run_dir(tmp_path / "run", other.to_dict())
     assert (tmp_path / "run" / "config.yaml").read_bytes() == damage  # nothing a user could restore is touched
@@ -64,6 +64,33 @@ def test_a_damaged_config_is_written_back_by_the_command_whose_settings_match_it
     rundir.create_run_dir(run_dir, config_lib.to_yaml(CFG))
     assert (tmp_path / "run" / "config.yaml").read_text() == config_lib.to_yaml(CFG)
     assert not rundir.check_run_dir(tmp_path / "run", CFG.to_dict()).config_repaired
+
+
+@pytest.mark.parametrize("digest", ["", "a1b2", "\x00" * 10])
+def test_a_damaged_digest_leaves_an_intact_config_in_charge_and_is_written_again(tmp_path, digest):
+    started(tmp_path / "run")
+    (tmp_path / "run" / "backup").mkdir()
+    (tmp_path / "run" / rundir.DIGEST_FILE).write_text(digest)
+    run_dir = rundir.check_run_dir(tmp_path / "run", CFG.to_dict())
+    assert not run_dir.config_repaired
+    rundir.create_run_dir(run_dir, config_lib.to_yaml(CFG))
+    assert (tmp_path / "run" / rundir.DIGEST_FILE).read_text().strip() == rundir.config_digest(CFG.to_dict())
+    other = RecipeConfig(run_dir="x", train=TrainConfig(epochs=3))
+    with pytest.raises(RunDirError, match="another run's checkpoint"):  # the config still guards the checkpoint
+        rundir.check_run_dir(tmp_path / "run", other.to_dict())
+
+
+def test_a_deleted_config_is_written_back_by_the_command_whose_settings_match_its_digest(tmp_path):
+    started(tmp_path / "run")
+    (tmp_path / "run" / "backup").mkdir()
+    (tmp_path / "run" / "config.yaml").unlink()
+    other = RecipeConfig(run_dir="x", train=TrainConfig(epochs=3))
+    with pytest.raises(RunDirError, match=r"holds a damaged or no config\.yaml"):
+        rundir.check_run_dir(tmp_path / "run", other.to_dict())
+    run_dir = rundir.check_run_dir(tmp_path / "run", CFG.to_dict())
+    assert run_dir.config_repaired
+    rundir.create_run_dir(run_dir, config_lib.to_yaml(CFG))
+    assert (tmp_path / "run" / "config.yaml").read_text() == config_lib.to_yaml(CFG)
 
 
 def test_a_trained_model_without_metrics_or_checkpoint_is_not_trained_over(tmp_path):
