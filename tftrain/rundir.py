@@ -282,7 +282,7 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
         raise RunDirError(
             f"Run directory {str(p)!r} holds another run's checkpoint (its config differs: {shown}). "
             "Pass a new --run-dir, or rerun with that run's settings "
-            f"(--config {p / CONFIG_FILE}) to resume it."
+            f"(--config {p / CONFIG_FILE} --run-dir {p}) to resume it."
         )
     if finished:
         return RunDir(p, finished_before=True, after_steps_pending=pending, config_repaired=repaired)
