@@ -280,7 +280,8 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
     if diffs:
         shown = "; ".join(diffs[:3]) + ("; ..." if len(diffs) > 3 else "")
         raise RunDirError(
-            f"Run directory {str(p)!r} holds another run's checkpoint (its config differs: {shown}). "
+            f"Run directory {str(p)!r} holds another run's "
+            f"{'checkpoint' if (p / BACKUP_DIR).is_dir() else 'files'} (its config differs: {shown}). "
             "Pass a new --run-dir, or rerun with that run's settings "
             f"(--config {p / CONFIG_FILE} --run-dir {p}) to resume it."
         )

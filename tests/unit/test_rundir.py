@@ -36,6 +36,9 @@ def test_other_runs_checkpoint_is_refused_and_kept(tmp_path):
     started(tmp_path / "run")
     before = (tmp_path / "run" / "config.yaml").read_text()
     other = RecipeConfig(run_dir="x", train=TrainConfig(epochs=3))
+    with pytest.raises(RunDirError, match=r"another run's files \(its config differs"):  # nothing trained yet
+        rundir.check_run_dir(tmp_path / "run", other.to_dict())
+    (tmp_path / "run" / "backup").mkdir()
     with pytest.raises(RunDirError, match=r"another run's checkpoint.*train\.epochs: 10 -> 3.*\(--config "
                                           r".*config\.yaml --run-dir .*run\) to resume it"):
         rundir.check_run_dir(tmp_path / "run", other.to_dict())  # its config.yaml may name the folder it moved from
