@@ -68,7 +68,12 @@ def signature_features(model, batch: int = 4):
             return np.zeros(shape, dtype.as_numpy_dtype)
         return rng.standard_normal(shape).astype(dtype.as_numpy_dtype)
 
-    return tf.nest.map_structure(example, model.input)
+    from tftrain import _compat
+
+    structure = _compat.input_structure(model)  # a loaded Sequential has `inputs` but no `input` until called
+    if structure is None:
+        structure = model.inputs[0] if len(model.inputs) == 1 else list(model.inputs)
+    return tf.nest.map_structure(example, structure)
 
 
 def float32_model(model):
@@ -93,6 +98,19 @@ def _mixed(dtype) -> bool:
     """Whether a layer config's `dtype` entry names a mixed policy (as a name or a serialised DTypePolicy)."""
     name = dtype.get("config", {}).get("name") if isinstance(dtype, dict) else dtype
     return isinstance(name, str) and name.startswith("mixed_")
+
+
+def _recorded_exports(run_dir: Path) -> dict:
+    """The formats `metrics.json` records as exported whose artifacts are still there (another format's export
+    keeps them)."""
+    import json
+
+    try:
+        recorded = json.loads((run_dir / rundir_lib.METRICS_FILE).read_text(encoding="utf-8")).get("export")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {name: entry for name, entry in recorded.items() if isinstance(entry, dict)
+            and Path(str(entry.get("path", ""))).exists()} if isinstance(recorded, dict) else {}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -120,7 +138,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         with rundir_lib.locked(run_dir):
             results = after_steps.export(model, formats, run_dir, features, print)
-            after_steps.update_metrics(run_dir, export=results, after_steps={"export": "done"})
+            after_steps.update_metrics(run_dir, export={**_recorded_exports(run_dir), **results},
+                                       after_steps={"export": "done"})
     except ConfigError as e:  # the run directory is in use
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

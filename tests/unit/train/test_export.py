@@ -46,6 +46,16 @@ def test_every_format_is_written_loaded_back_and_matches_the_model(tmp_path, pre
     assert json.loads((run / "metrics.json").read_text())["export"] == exported
 
 
+@pytest.mark.slow
+def test_python_m_tftrain_export_of_another_format_keeps_the_formats_recorded_before(tmp_path):
+    from tftrain import export
+
+    _fit(tmp_path, export="saved_model")
+    assert export.main([str(tmp_path / "run"), "--formats", "onnx"]) == 0
+    recorded = json.loads((tmp_path / "run" / "metrics.json").read_text())["export"]
+    assert set(recorded) == {"saved_model", "onnx"}, recorded
+
+
 def test_a_format_whose_converter_is_missing_is_refused_before_training(tmp_path, monkeypatch):
     import importlib.util
 
