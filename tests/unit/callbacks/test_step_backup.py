@@ -367,3 +367,18 @@ def test_the_nan_guard_watches_a_loss_an_own_train_step_names_otherwise_and_says
     guard.on_train_batch_end(3, {"mae": 2.0})
     assert said == ["the NaN guard watches no loss: the training logs have none (mae), so a diverging run is not "
                     "stopped"]
+
+
+def test_no_space_for_the_first_checkpoint_does_not_speak_of_a_previous_one(tmp_path, monkeypatch):
+    import collections
+    import shutil
+
+    from tftrain.callbacks import StepBackup
+    from tftrain.errors import CheckpointSpaceError
+
+    backup = StepBackup(tmp_path)
+    backup.set_model(_fresh_model())
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6, 10))
+    with pytest.raises(CheckpointSpaceError, match="No checkpoint was written before it: free space on that disk"):
+        backup._check_space()
