@@ -154,12 +154,13 @@ def _resume_hint(run_dir: str) -> str:
 
 def _fit(trainer, started: float, quiet_threads: bool) -> None:
     """`trainer.fit`; with `quiet_threads`, without the runtime's warning that thread counts were not applied."""
-    global _ran
+    global _ran, _succeeded
     with warnings.catch_warnings():
         if quiet_threads:
             warnings.simplefilter("ignore", RuntimeStartedWarning)
         try:
             trainer.fit(started=started)
+            _succeeded = True
         finally:
             _ran = True
 
@@ -273,7 +274,11 @@ def _failure_log(trainer, error: BaseException) -> str:
 
 
 def _exit_on_sigterm(signum, frame):
-    """SIGTERM outside the Trainer's own watch: one line, then exit 143."""
+    """SIGTERM outside the Trainer's own watch: one line, then exit 143; after a run that succeeded, exit 0 (its
+    results are written: there is nothing left to stop)."""
+    if _succeeded:
+        print(f"tftrain: {signal.Signals(signum).name} after the run succeeded; exiting", file=sys.stderr, flush=True)
+        raise SystemExit(0)
     when = "after the run ended" if _ran else "before the run started (nothing written): rerun the same command"
     print(f"tftrain: stopped by {signal.Signals(signum).name} {when}", file=sys.stderr, flush=True)
     raise SystemExit(128 + signum)
@@ -286,6 +291,9 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 _ran = False
 """Set by `main` once the Trainer's `fit` returned or raised."""
+
+_succeeded = False
+"""Set by `main` once the Trainer's `fit` returned: the run is written."""
 
 _written_alone = False
 """Set by `main` when one process ran only tftrain's code (a recipe, no callbacks) to the end: safe to exit fast."""
@@ -301,6 +309,8 @@ def run_module(main_fn: Callable[[], int] = main) -> None:
     # tftrain's own line says it (`--execution xla: Keras compiles this model without XLA ...`).
     warnings.filterwarnings("ignore", message="Model doesn't support `jit_compile=True`")
     code = main_fn()
+    if code == 0:  # a stop signal during the interpreter's teardown would turn a finished run's exit code to 143
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if code == 0 and _written_alone:
         import logging
 

@@ -316,3 +316,16 @@ def test_sigterm_outside_the_trainer_s_watch_is_one_line_and_exit_143(capsys, mo
     assert stopped.value.code == 143
     assert capsys.readouterr().err == ("tftrain: stopped by SIGTERM before the run started (nothing written): rerun "
                                        "the same command\n")
+
+
+def test_sigterm_after_the_run_succeeded_exits_0(capsys, monkeypatch):
+    import signal
+
+    from tftrain import run
+
+    monkeypatch.setattr(run, "_ran", True)
+    monkeypatch.setattr(run, "_succeeded", True)
+    with pytest.raises(SystemExit) as stopped:
+        run._exit_on_sigterm(signal.SIGTERM, None)
+    assert stopped.value.code == 0
+    assert capsys.readouterr().err == "tftrain: SIGTERM after the run succeeded; exiting\n"
