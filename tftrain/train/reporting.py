@@ -84,6 +84,10 @@ def announce_run_dir(trainer) -> None:
         steps = f" and {done} optimizer steps of the next" if done else ""
         console.line(f"resuming: {run_dir.resumed_epochs}/{trainer.config.train.epochs} epochs done{steps}, "
                      f"from the checkpoint in {run_dir.backup_dir}")
+        logged = epoch_log.read_history(run_dir.path / rundir_lib.HISTORY_FILE)
+        if trainer.is_chief and run_dir.resumed_epochs and not logged:
+            console.warn(f"{run_dir.path / rundir_lib.HISTORY_FILE} is missing or empty: the epoch log, and "
+                         f"metrics.json's history, hold only the epochs from {run_dir.resumed_epochs + 1} on")
 
 
 def training_workers(cluster) -> int:

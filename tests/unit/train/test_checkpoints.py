@@ -292,3 +292,16 @@ def test_describe_divergence_names_an_execution_s_range():
     model.optimizer.iterations.assign(40)
     assert describe_divergence(model, math.inf, (33, 40), 2) == (
         "loss became infinite at epoch 3, batches 33-40 (optimizer step 40; dtype policy float32)")
+
+
+@pytest.mark.slow
+def test_a_resumed_run_whose_epoch_log_is_gone_says_its_history_starts_there(tmp_path, capsys):
+    with pytest.raises(tftrain.Interrupted):
+        _run(tmp_path, callbacks=[_killer(2 * STEPS_PER_EPOCH + 3)])
+    (tmp_path / "run" / "history.csv").write_text("")  # emptied by a bad disk, or deleted
+    capsys.readouterr()
+    record = _run(tmp_path, verbose=1)
+    printed = capsys.readouterr()
+    assert "history.csv is missing or empty: the epoch log, and metrics.json's history, hold only the epochs from " \
+           "3 on" in printed.out + printed.err
+    assert len(record.history["loss"]) == 1
