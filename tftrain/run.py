@@ -155,6 +155,7 @@ def _resume_hint(run_dir: str) -> str:
 def _fit(trainer, started: float, quiet_threads: bool) -> None:
     """`trainer.fit`; with `quiet_threads`, without the runtime's warning that thread counts were not applied."""
     global _ran, _succeeded
+    _succeeded = False  # an earlier main() in this process
     with warnings.catch_warnings():
         if quiet_threads:
             warnings.simplefilter("ignore", RuntimeStartedWarning)

@@ -311,6 +311,7 @@ def test_sigterm_outside_the_trainer_s_watch_is_one_line_and_exit_143(capsys, mo
     from tftrain import run
 
     monkeypatch.setattr(run, "_ran", False)
+    monkeypatch.setattr(run, "_succeeded", False)
     with pytest.raises(SystemExit) as stopped:
         run._exit_on_sigterm(signal.SIGTERM, None)
     assert stopped.value.code == 143
