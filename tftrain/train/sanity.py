@@ -167,8 +167,10 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
         _step("training step in graph mode", lambda: _traced_train_step(model, train))
     # Model.fit itself on one batch: the data as fit passes it; the logs' keys are fit's.
     what = "training and validation step" if validation is not None else "training step"
-    history = _step(what, lambda: model.fit(train, validation_data=validation, epochs=1, verbose=0,
-                                             class_weight=plan.class_weight, shuffle=False))  # a Dataset: no warning
+    history = _step(what, lambda: model.fit(  # one batch, repeated: an unknown cardinality has no end to warn of
+        train.repeat(), steps_per_epoch=1, epochs=1, verbose=0, class_weight=plan.class_weight, shuffle=False,
+        validation_data=validation.repeat() if validation is not None else None,
+        validation_steps=1 if validation is not None else None))
     from tftrain.callbacks.scalar_logs import scalar_logs
 
     keys = tuple(scalar_logs({k: v[-1] for k, v in history.history.items()}))  # as the run's callbacks log them
@@ -203,7 +205,7 @@ def _after_training(plan: SanityPlan, model, keys: tuple, validates: bool, say: 
     checked = []
     if plan.test_data is not None:  # its labels' structure, dtypes and shapes
         test = _one_batch(plan.test_data, plan.batch_size)
-        _step("test step", lambda: model.evaluate(test, verbose=0))
+        _step("test step", lambda: model.evaluate(test.repeat(), steps=1, verbose=0))
         checked.append("a test step")
     why = unserializable(model)
     if why is not None:

@@ -645,3 +645,26 @@ def test_nested_outputs_keep_their_metric_names_under_a_mixed_policy():
         model.compile("adam", **compile_args)
         keys[policy] = sorted(model.fit(X, labels, epochs=1, verbose=0).history)
     assert keys["mixed_bfloat16"] == keys["float32"] and "heads/b_loss" in keys["float32"], keys
+
+
+@pytest.mark.slow
+def test_data_of_unknown_size_trains_and_evaluates_without_a_warning_that_it_ran_out(tmp_path):
+    import warnings
+
+    import tensorflow as tf
+
+    def batches():
+        spec = (tf.TensorSpec((X.shape[1],), tf.float32), tf.TensorSpec((), tf.int32))
+        return tf.data.Dataset.from_generator(lambda: zip(X, CLASSES), output_signature=spec)  # no cardinality
+
+    def build():
+        import keras
+
+        return keras.Sequential([keras.Input((X.shape[1],)), keras.layers.Dense(2, activation="softmax")])
+
+    task = tftrain.DatasetTask(build, batches, test=batches, loss="sparse_categorical_crossentropy", name="generated")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        record = _fit(task, tmp_path, epochs=2)
+    assert len(record.history["loss"]) == 2 and np.isfinite(record.test["loss"])
+    assert not [w for w in caught if "ran out of data" in str(w.message)]

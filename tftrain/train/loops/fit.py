@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import warnings
 from typing import Callable, Optional, Sequence
 
 from tftrain import config as config_lib
@@ -111,7 +112,9 @@ class FitLoop:
         marker = [ender.epoch_callback()] if ender is not None else []
         validation_data, validation_steps = _validation_iterator(validation_data, _steps_per_execution(model))
         try:
-            with released_off_thread() as release:
+            with released_off_thread() as release, warnings.catch_warnings():
+                if steps is None:  # an epoch is one pass of data of unknown size: its end is no shortage
+                    warnings.filterwarnings("ignore", message="Your input ran out of data")
                 return model.fit(dataset, epochs=epochs, steps_per_epoch=steps,
                                  callbacks=[*marker, *callbacks, release], verbose=verbose,
                                  validation_data=validation_data, validation_steps=validation_steps,
@@ -124,7 +127,9 @@ class FitLoop:
         """`Model.evaluate` as a `{name: float}` dict."""
         from tftrain.callbacks.scalar_logs import scalar_logs
 
-        results = scalar_logs(model.evaluate(dataset, verbose=0, return_dict=True))
+        with warnings.catch_warnings():  # the end of data of unknown size ends the evaluation, as it should
+            warnings.filterwarnings("ignore", message="Your input ran out of data")
+            results = scalar_logs(model.evaluate(dataset, verbose=0, return_dict=True))
         return {name: float(value) for name, value in results.items()}
 
 
