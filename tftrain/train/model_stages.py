@@ -3,6 +3,7 @@ checked, given float32 outputs under a mixed policy and compiled; a mixin of `Tr
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Optional
 
@@ -53,7 +54,8 @@ class ModelStages:
                     self.console.warn(f"model.keras holds the model with its float32 output casts: the model as "
                                       f"built did not compile again ({type(error).__name__}: {error})")
                     saved = model
-            write_model(saved, self.out_dir / rundir_lib.MODEL_FILE, self.console.warn)
+            with float32_output_layers(saved):
+                write_model(saved, self.out_dir / rundir_lib.MODEL_FILE, self.console.warn)
 
     def _built_or_float32(self, fall_back: bool = True):
         """The task's model, seeded and built; after a dtype clash under the mixed policy that
@@ -324,6 +326,31 @@ class ModelStages:
         gb = self.batch.global_batch_size if self.batch else 32
         validates = self.task.validation_data(gb) is not None
         return "val_loss" if validates else "loss"
+
+
+@contextlib.contextmanager
+def float32_output_layers(model):
+    """While open, the layers that make `model`'s outputs compute in float32 (under a mixed policy the saved
+    `model.keras` then returns float32, as the run's output cast did, and its metrics take them: the last layer
+    in float32, https://www.tensorflow.org/guide/mixed_precision#building_the_model)."""
+    import keras
+
+    changed = []
+    names = getattr(model, "output_names", None) or ([model.layers[-1].name] if isinstance(
+        model, keras.Sequential) and model.layers else [])
+    for name in dict.fromkeys(names):
+        try:
+            layer = model.get_layer(name)
+        except ValueError:  # an output made by an operation, not a layer
+            continue
+        if layer.compute_dtype != "float32":
+            changed.append((layer, layer.dtype_policy))
+            layer.dtype_policy = keras.DTypePolicy("float32")
+    try:
+        yield
+    finally:
+        for layer, policy in changed:
+            layer.dtype_policy = policy
 
 
 def write_model(model, path, warn) -> None:

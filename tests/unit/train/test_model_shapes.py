@@ -668,3 +668,21 @@ def test_data_of_unknown_size_trains_and_evaluates_without_a_warning_that_it_ran
         record = _fit(task, tmp_path, epochs=2)
     assert len(record.history["loss"]) == 2 and np.isfinite(record.test["loss"])
     assert not [w for w in caught if "ran out of data" in str(w.message)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", [None, TWO_OUTPUTS], ids=["sequential", "dict-outputs"])
+def test_model_keras_of_a_mixed_policy_run_returns_float32_and_its_metrics_evaluate(tmp_path, spec):
+    import keras
+
+    if spec is None:
+        spec = dict(build_model=lambda: keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"),
+                                                          keras.layers.Dense(3, activation="softmax")]),
+                    x=X, y=CLASSES, loss="sparse_categorical_crossentropy",
+                    metrics=["accuracy", lambda: keras.metrics.SparseTopKCategoricalAccuracy(k=2)])
+    record = _fit(_task(spec), tmp_path, precision="mixed_bfloat16")
+    model = keras.models.load_model(tmp_path / "run" / "model.keras")
+    outputs = model(spec["x"][:4])
+    assert all(keras.backend.standardize_dtype(t.dtype) == "float32" for t in keras.tree.flatten(outputs))
+    again = model.evaluate(spec["x"], spec["y"], batch_size=32, verbose=0, return_dict=True)  # top-k takes float32
+    assert again["loss"] == pytest.approx(record.test["loss"], rel=0.02)
