@@ -24,9 +24,10 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
     takes up where the restored checkpoint's epoch left it.
 
     Place it after the backup callback, in its directory: that callback restores the checkpoint in
-    `on_train_begin` and removes the directory at the end. The best value, best epoch and patience count are
-    replayed from `history_file` over the checkpoint's epochs (so a kill anywhere, or a fallback to an older
-    checkpoint, leaves them as an unbroken run's), else read from `state_dir`'s `early_stopping.json`. The best
+    `on_train_begin` and removes the directory at the end. The best value, best epoch, patience count and stop
+    are replayed from `history_file` over the checkpoint's epochs by Keras's own rule (so a kill anywhere, or a
+    fallback to an older checkpoint, leaves them as an unbroken run's), else read from `state_dir`'s
+    `early_stopping.json`. The best
     weights are used only if saved at that best epoch. A run the checkpoint shows stopped trains no more epochs.
 
     Args:
@@ -60,28 +61,31 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
                          f"{self.monitor} for epochs 1-{last + 1}; patience counts from this epoch on")
                 return
             self.best, self.best_epoch, self.wait = state["best"], state["best_epoch"], state["wait"]
+            self.stopped_epoch = state.get("stopped_epoch", 0)
         if self.restore_best_weights:
             self._restore_best_weights(last)
-        if self.wait >= self.patience and last > 0:  # the run had stopped at its checkpoint's epoch
-            self.stopped_epoch = last
+        if self.stopped_epoch == last and last > 0:  # the run had stopped at its checkpoint's epoch
             _compat.set_initial_epoch(self.model, self.params.get("epochs", last + 1))
 
     def _replayed(self, last: int) -> bool:
-        """Runs Keras's rule over `history_file`'s `monitor` for epochs 0..`last`; False if a value is missing."""
+        """Runs Keras's own rule (`EarlyStopping.on_epoch_end`, weights aside) over `history_file`'s `monitor` for
+        epochs 0..`last`; False if a value is missing or the direction is not known yet (`mode="auto"` on a
+        metric whose direction Keras reads from the built metrics)."""
         values = [logged_value(self.history_file, epoch, self.monitor) if self.history_file else None
                   for epoch in range(last + 1)]
         if None in values:
             return False
-        if self.monitor_op is None:
-            self._set_monitor_op()
-        for epoch, value in enumerate(values):
-            if epoch < self.start_from_epoch:
-                continue
-            self.wait += 1
-            if self._is_improvement(value, self.best):
-                self.best, self.best_epoch = value, epoch
-                if self.baseline is None or self._is_improvement(value, self.baseline):
-                    self.wait = 0
+        restore, stop = self.restore_best_weights, self.model.stop_training
+        self.restore_best_weights = False
+        try:
+            for epoch, value in enumerate(values):
+                self.model.stop_training = False
+                keras.callbacks.EarlyStopping.on_epoch_end(self, epoch, {self.monitor: value})
+        except ValueError:  # Keras cannot tell the direction yet: the saved state stands in
+            self.wait, self.stopped_epoch, self.best, self.best_epoch = 0, 0, None, 0
+            return False
+        finally:
+            self.restore_best_weights, self.model.stop_training = restore, stop
         return True
 
     def _restore_best_weights(self, last: int) -> None:
@@ -111,7 +115,8 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, best_file)
-        state = {"best": float(self.best), "best_epoch": int(self.best_epoch), "wait": int(self.wait), "epoch": epoch}
+        state = {"best": float(self.best), "best_epoch": int(self.best_epoch), "wait": int(self.wait), "epoch": epoch,
+                 "stopped_epoch": int(self.stopped_epoch)}
         write_text_atomic(self._path(STATE_FILE), json.dumps(state), durable=True)
 
     def _path(self, name: str) -> Path:

@@ -289,7 +289,7 @@ def test_early_stopping_resumed_after_a_kill_between_the_checkpoint_and_its_own_
         np.testing.assert_array_equal(kept, best)
 
 
-def _scripted_early_stopping_fit(tmp_path, losses, patience, epochs, kill_at=None, said=None):
+def _scripted_early_stopping_fit(tmp_path, losses, patience, epochs, kill_at=None, said=None, **early_stopping):
     """A plain fit whose val_loss is `losses`, with StepBackup (kept) and ResumableEarlyStopping; returns
     `(stop, history, weights after each epoch)`."""
     import keras
@@ -314,7 +314,7 @@ def _scripted_early_stopping_fit(tmp_path, losses, patience, epochs, kill_at=Non
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(keras.optimizers.SGD(0.01), "mse")
     stop = ResumableEarlyStopping(tmp_path / "backup", tmp_path / "history.csv", say=said.append if said is not None else print,
-                                  monitor="val_loss", patience=patience, restore_best_weights=True)
+                                  monitor="val_loss", patience=patience, restore_best_weights=True, **early_stopping)
     history = model.fit(tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8), epochs=epochs, verbose=0,
                         callbacks=[Scripted(), keras.callbacks.CSVLogger(str(tmp_path / "history.csv"), append=True),
                                    StepBackup(tmp_path / "backup", delete_checkpoint=False), Kill(), stop])
@@ -382,3 +382,21 @@ def test_no_space_for_the_first_checkpoint_does_not_speak_of_a_previous_one(tmp_
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6, 10))
     with pytest.raises(CheckpointSpaceError, match="No checkpoint was written before it: free space on that disk"):
         backup._check_space()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("patience, baseline", [(0, None), (2, 0.3)])
+def test_a_run_resumed_while_early_stopping_would_go_on_trains_on_as_keras_does(tmp_path, patience, baseline):
+    # Epoch 2 (0-based 1) improves; with a baseline of 0.3 no epoch beats it: Keras stops only after patience.
+    losses = [1.0, 0.5, 0.45, 0.44, 0.43, 0.42]
+    kw = {"baseline": baseline} if baseline is not None else {}
+    (tmp_path / "killed").mkdir()
+    (tmp_path / "whole").mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        _scripted_early_stopping_fit(tmp_path / "killed", losses, patience=patience, epochs=6, kill_at=1, **kw)
+    resumed, history, _, _ = _scripted_early_stopping_fit(tmp_path / "killed", losses, patience=patience, epochs=6,
+                                                          **kw)
+    unbroken, whole, _, _ = _scripted_early_stopping_fit(tmp_path / "whole", losses, patience=patience, epochs=6,
+                                                         **kw)
+    assert history.epoch == [e for e in whole.epoch if e >= 2] and resumed.stopped_epoch == unbroken.stopped_epoch
+    assert (resumed.best, resumed.best_epoch) == (unbroken.best, unbroken.best_epoch)
