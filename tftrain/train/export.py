@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import sys
+import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -144,45 +145,54 @@ other line is dropped."""
 @contextlib.contextmanager
 def native_lines_dropped(pattern: Optional[re.Pattern] = None, fds: Sequence[int] = (2,)):
     """Within the block, lines the process writes to the file descriptors `fds` (2: stderr, where TensorFlow's C++
-    code logs; 1: stdout) that match `pattern` are dropped (None: every line but a `FATAL_LINE`); the others pass
-    on as they come, forwarded from a pipe by a thread. The descriptors are restored however the block ends."""
+    code logs; 1: stdout) that match `pattern` are dropped (None: every line but a `FATAL_LINE`). The others are
+    passed on as they come, within about 50 ms: the descriptors write to a temporary file (a write never blocks,
+    whoever holds the GIL) that a thread reads. The descriptors are restored however the block ends."""
     def flush(fd):
         {1: sys.stdout, 2: sys.stderr}.get(fd, sys.stdout).flush()
 
-    restore, readers = [], []
-    try:
-        for fd in fds:
-            flush(fd)
-            restore.append((fd, os.dup(fd)))
-            read_end, write_end = os.pipe()
-            try:
-                os.dup2(write_end, fd)
-            except OSError:
-                os.close(read_end)
-                raise
-            finally:
-                os.close(write_end)
-            reader = threading.Thread(target=_forward_lines, args=(read_end, restore[-1][1], pattern), daemon=True)
+    restore, stop, reader = [], threading.Event(), None
+    with contextlib.ExitStack() as files:
+        try:
+            for fd in fds:
+                flush(fd)
+                restore.append((fd, os.dup(fd), files.enter_context(tempfile.TemporaryFile())))
+                os.dup2(restore[-1][2].fileno(), fd)
+            reader = threading.Thread(target=_forward_lines, args=(restore, pattern, stop), daemon=True)
             reader.start()
-            readers.append(reader)
-        yield
-    finally:
-        for fd, copy in reversed(restore):
-            flush(fd)
-            os.dup2(copy, fd)  # the pipe's last write end closes: its reader reaches the end
-        for reader in readers:
-            reader.join(timeout=10)
-        if not any(reader.is_alive() for reader in readers):  # a child process may still hold a write end
-            for _, copy in restore:
+            yield
+        finally:
+            for fd, copy, _ in reversed(restore):
+                flush(fd)
+                os.dup2(copy, fd)
+            stop.set()
+            if reader is not None:
+                reader.join()
+            else:  # redirecting failed partway: what was held is passed on now
+                _forward_lines(restore, pattern, stop)
+            for _, copy, _ in restore:
                 os.close(copy)
 
 
-def _forward_lines(read_end: int, out_fd: int, pattern: Optional[re.Pattern]) -> None:
-    with os.fdopen(read_end, "rb") as pipe:
-        for line in pipe:
-            text = line.decode(errors="replace")
-            if FATAL_LINE.match(text) if pattern is None else not pattern.search(text):
-                os.write(out_fd, line)
+def _forward_lines(held, pattern: Optional[re.Pattern], stop: threading.Event) -> None:
+    """Writes the whole lines that `held` (`[(fd, its saved copy, temporary file)]`) gained since the last pass
+    and that `pattern` keeps to each saved copy, every 50 ms until `stop`, then what is left."""
+    offsets, pending = [0] * len(held), [b""] * len(held)
+    while True:
+        last = stop.is_set()
+        for i, (_, copy, file) in enumerate(held):
+            while chunk := os.pread(file.fileno(), 1 << 16, offsets[i]):
+                offsets[i] += len(chunk)
+                pending[i] += chunk
+            lines = pending[i].splitlines(True)
+            pending[i] = lines.pop() if lines and not last and not lines[-1].endswith(b"\n") else b""
+            for line in lines:
+                text = line.decode(errors="replace")
+                if FATAL_LINE.match(text) if pattern is None else not pattern.search(text):
+                    os.write(copy, line)
+        if last:
+            return
+        stop.wait(0.05)
 
 
 class ExportCheckFailed(RuntimeError):
