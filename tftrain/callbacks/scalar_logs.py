@@ -8,7 +8,11 @@ import keras
 
 def scalar_logs(logs: dict) -> dict:
     """`logs` with each value of more than one element replaced, in place in the order, by `<name>_<i>` floats
-    (flattened in C order); a one-element array becomes a float. Other values are kept as they are."""
+    (flattened in C order); a one-element array becomes a float. Other values are kept as they are.
+
+    Raises:
+        ValueError: an element's name is another entry's (`F1Score(average=None)` beside Keras's `f1_score_1`).
+    """
     import numpy as np
 
     out = {}
@@ -23,7 +27,13 @@ def scalar_logs(logs: dict) -> dict:
         elif array.size == 1:
             out[name] = float(array.reshape(()))
         else:
-            out.update({f"{name}_{i}": float(v) for i, v in enumerate(array.reshape(-1))})
+            elements = {f"{name}_{i}": float(v) for i, v in enumerate(array.reshape(-1))}
+            taken = sorted(set(elements) & set(logs))
+            if taken:
+                raise ValueError(f"the metric {name!r} has {array.size} values, logged as {name}_0 to "
+                                 f"{name}_{array.size - 1}, and {taken[0]!r} is another metric's name; give one of "
+                                 "them another name (the metric's name= argument)")
+            out.update(elements)
     return out
 
 

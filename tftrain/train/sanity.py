@@ -173,7 +173,10 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
         validation_steps=1 if validation is not None else None))
     from tftrain.callbacks.scalar_logs import scalar_logs
 
-    keys = tuple(scalar_logs({k: v[-1] for k, v in history.history.items()}))  # as the run's callbacks log them
+    try:
+        keys = tuple(scalar_logs({k: v[-1] for k, v in history.history.items()}))  # as the run's callbacks log them
+    except ValueError as error:
+        raise ConfigError(f"{error}.") from None
     train_keys = tuple(k for k in keys if not k.startswith("val_"))
     validation_keys = tuple(k for k in keys if k.startswith("val_"))
     checked.append("a training step" + (" and a validation step" if validation is not None else ""))

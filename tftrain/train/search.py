@@ -99,9 +99,11 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
     console.section(f"tuning: {cfg.train.tune} {cfg.train.tuner} trial(s) over learning rate, batch size"
                             + "".join(f", {k}" for k in task.tune_space()) + f" (objective {getattr(objective, 'name', objective)})")
     weights = {"class_weight": task.class_weight} if task.class_weight is not None else {}  # trials as the run
+    from tftrain.callbacks.scalar_logs import ScalarLogs
     from tftrain.train.console import keras_progress
 
-    tuner.search(epochs=cfg.train.epochs, verbose=keras_progress(cfg.train.verbose)[0], **weights)  # no bar in a pipe
+    tuner.search(epochs=cfg.train.epochs, verbose=keras_progress(cfg.train.verbose)[0],  # no bar in a pipe
+                 callbacks=[ScalarLogs()], **weights)  # first: an objective may be one element of a metric
     return _tuning_figures(tuner, directory, cfg, console, chief)
 
 

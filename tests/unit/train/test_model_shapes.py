@@ -605,6 +605,8 @@ def test_a_metric_per_class_is_logged_as_one_scalar_per_class_through_every_feat
     again = model.evaluate(X, labels, batch_size=32, verbose=0, return_dict=True)
     for i, name in enumerate(names):
         assert record.test[name] == pytest.approx(float(again["f1_score"][i]), rel=1e-5)
+    tuned = _fit(task, tmp_path, name="tuned", validation_split=0.25, tune=1, monitor="val_f1_score_2")
+    assert tuned.extras["tuning"]["objective"] == "val_f1_score_2" and tuned.extras["tuning"]["trials"] == 1
 
 
 @pytest.mark.slow
@@ -686,3 +688,12 @@ def test_model_keras_of_a_mixed_policy_run_returns_float32_and_its_metrics_evalu
     assert all(keras.backend.standardize_dtype(t.dtype) == "float32" for t in keras.tree.flatten(outputs))
     again = model.evaluate(spec["x"], spec["y"], batch_size=32, verbose=0, return_dict=True)  # top-k takes float32
     assert again["loss"] == pytest.approx(record.test["loss"], rel=0.02)
+
+
+def test_a_metric_per_class_whose_element_names_another_metric_is_refused_in_one_line():
+    from tftrain.callbacks.scalar_logs import scalar_logs
+
+    assert scalar_logs({"f1_score": np.array([0.1, 0.2]), "loss": 1.0}) == {"f1_score_0": 0.1, "f1_score_1": 0.2,
+                                                                            "loss": 1.0}
+    with pytest.raises(ValueError, match=r"'f1_score_1' is another metric's name; give one of them another name"):
+        scalar_logs({"f1_score": np.array([0.1, 0.2]), "f1_score_1": 0.3})
