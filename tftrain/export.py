@@ -105,12 +105,17 @@ def _recorded_exports(run_dir: Path) -> dict:
     keeps them)."""
     import json
 
+    from tftrain.train import after_steps
+
     try:
         recorded = json.loads((run_dir / rundir_lib.METRICS_FILE).read_text(encoding="utf-8")).get("export")
     except (OSError, ValueError, AttributeError):
         return {}
-    return {name: entry for name, entry in recorded.items() if isinstance(entry, dict)
-            and Path(str(entry.get("path", ""))).exists()} if isinstance(recorded, dict) else {}
+    def kept(entry) -> bool:  # a path as the training command wrote it, perhaps relative to where it ran
+        return isinstance(entry, dict) and bool(entry.get("path")) and (
+            run_dir / after_steps.EXPORT_DIR / Path(str(entry["path"])).name).exists()
+
+    return {name: entry for name, entry in recorded.items() if kept(entry)} if isinstance(recorded, dict) else {}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -47,10 +47,12 @@ def test_every_format_is_written_loaded_back_and_matches_the_model(tmp_path, pre
 
 
 @pytest.mark.slow
-def test_python_m_tftrain_export_of_another_format_keeps_the_formats_recorded_before(tmp_path):
+def test_python_m_tftrain_export_of_another_format_keeps_the_formats_recorded_before(tmp_path, monkeypatch):
     from tftrain import export
 
-    _fit(tmp_path, export="saved_model")
+    monkeypatch.chdir(tmp_path)
+    _fit(tmp_path, export="saved_model", run_dir="run")  # metrics.json records run/export/...
+    monkeypatch.chdir(tmp_path / "run")  # where those relative paths do not lead
     assert export.main([str(tmp_path / "run"), "--formats", "onnx"]) == 0
     recorded = json.loads((tmp_path / "run" / "metrics.json").read_text())["export"]
     assert set(recorded) == {"saved_model", "onnx"}, recorded
