@@ -91,3 +91,54 @@ def test_a_parameter_server_job_validates_stops_early_and_keeps_the_best_epoch_b
     assert kept["value"] == min(val_mae) and kept["epoch"] == val_mae.index(min(val_mae)) + 1
     assert (tmp_path / "run" / "checkpoints" / "best" / f"epoch-{kept['epoch']}.index").is_file()
     assert metrics["early_stopping"]["best"] == min(metrics["history"]["val_loss"])
+
+
+_OWN_STEP = '''
+import keras, numpy as np, tensorflow as tf, tftrain
+
+class OwnStep(keras.Model):  # reports its own figure, under its own name, from no compiled loss
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.hidden, self.out = keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)
+        self.tracker = keras.metrics.Mean(name="my_loss")
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+    @property
+    def metrics(self):
+        return [self.tracker]
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean(keras.ops.square(self(x, training=True) - y))
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_variables), self.trainable_variables))
+        self.tracker.update_state(loss)
+        return {"my_loss": self.tracker.result()}
+
+    def test_step(self, data):
+        x, y = data
+        self.tracker.update_state(keras.ops.mean(keras.ops.square(self(x) - y)))
+        return {"my_loss": self.tracker.result()}
+
+x = np.random.default_rng(0).standard_normal((256, 4)).astype("float32")
+task = tftrain.ArrayTask(OwnStep, x, x.sum(axis=1, keepdims=True), x[:64], x[:64].sum(axis=1, keepdims=True),
+                         loss=None, name="own")
+'''
+
+
+@pytest.mark.timeout(300)
+def test_a_parameter_server_job_logs_what_a_model_s_own_train_step_reports(tmp_path):
+    (tmp_path / "own.py").write_text(_OWN_STEP)
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
+    env = {**env, **SUBPROCESS_ENV, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    launch_args, run_args = JOBS["parameter_server, 1 worker + 1 ps"]
+    cmd = [PY, "-m", "tftrain.launch", *launch_args, "--timeout", "150", "--grace", "3", "--", PY, "-m",
+           "tftrain.run", "own.py:task", *run_args, *FLAGS, "--run-dir", str(tmp_path / "run")]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    losses = metrics["history"]["my_loss"]
+    assert len(losses) == 2 and all(math.isfinite(v) and v > 0 for v in losses) and "loss" not in metrics["history"]
+    assert math.isfinite(metrics["test_my_loss"])

@@ -1,4 +1,4 @@
-"""`ParameterServerLoop`: the coordinator loop of a `parameter_server` job, and the metrics it updates itself."""
+"""`ParameterServerLoop`: the coordinator loop of a `parameter_server` job."""
 
 from __future__ import annotations
 

@@ -40,7 +40,8 @@ def _build_compiled(model: keras.Model, dataset: tf.data.Dataset) -> None:
     from one batch of `dataset`, on the coordinator: a scheduled function cannot create variables."""
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(next(iter(dataset.take(1))))
     y_pred = model(x, training=False)
-    model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
+    if getattr(model, "loss", None) is not None:  # an own train_step may compute its loss itself
+        model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
     model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
     model.reset_metrics()
 
@@ -130,9 +131,10 @@ def fit(
 
 def _worker_function(model, strategy):
     @tf.function
-    def worker_fn(iterator, num_steps):
-        for _ in tf.range(num_steps):
+    def worker_fn(iterator, num_steps):  # returns what the last step reports, as `fit` logs it
+        for _ in tf.range(num_steps - 1):
             strategy.run(model.train_step, args=(next(iterator),))
+        return strategy.run(model.train_step, args=(next(iterator),))
 
     return worker_fn
 
@@ -143,27 +145,41 @@ def _run_epoch(run_steps, steps: int, sync_every: int, callback_list, model) -> 
     done, logs = 0, {}
     while done < steps and not (done and model.stop_training):
         chunk = min(sync_every, steps - done)
-        run_steps(chunk)
+        reported = run_steps(chunk)
         done += chunk
-        logs = _logs(model)
+        logs = _logs(model, reported)
         callback_list.on_train_batch_end(done - 1, logs)
     return logs
 
 
-def _logs(model) -> dict:
+def _logs(model, reported=None) -> dict:
+    """The compiled metrics' results (every worker's steps); where the last step (`reported`, a `RemoteValue`)
+    reports other figures (an own `train_step`), those, as `fit` would log them."""
     from tftrain.callbacks.scalar_logs import scalar_logs
 
-    return {name: float(value) for name, value in scalar_logs(model.get_metrics_result()).items()}
+    def flat(values: dict) -> dict:  # nested dicts (a `compile_metrics` result) as `fit`'s logs flatten them
+        out = {}
+        for name, value in values.items():
+            out.update(flat(value) if isinstance(value, dict) else {name: value})
+        return out
+
+    logs = model.get_metrics_result()
+    own = reported.fetch() if reported is not None else None
+    if isinstance(own, dict) and set(flat(own)) != set(logs):
+        logs = flat(own)
+    return {name: float(value) for name, value in scalar_logs(logs).items()}
 
 
-def _run_steps(coordinator, worker_fn, iterator, steps_per_execution: int, steps: int) -> None:
-    done = 0
+def _run_steps(coordinator, worker_fn, iterator, steps_per_execution: int, steps: int):
+    """Schedules `steps` in executions of `steps_per_execution`, waits for them; returns the last's `RemoteValue`."""
+    done, last = 0, None
     with atomic_assign_add():  # the first `schedule` traces `worker_fn`
         while done < steps:
             n = min(steps_per_execution, steps - done)
-            coordinator.schedule(worker_fn, args=(iterator, tf.constant(n)))
+            last = coordinator.schedule(worker_fn, args=(iterator, tf.constant(n)))
             done += n
     coordinator.join()
+    return last
 
 
 def evaluate(model: keras.Model, dataset: tf.data.Dataset) -> dict:
