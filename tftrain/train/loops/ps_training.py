@@ -104,7 +104,8 @@ def fit(
         strategy.distribute_datasets_from_function(per_worker_dataset_fn)
     ))
 
-    worker_fn, test_fn = _worker_function(model, strategy), tf.function(model.test_step)
+    worker_fn = _worker_function(model, strategy)
+    test_fn = _test_function(model, validation_data) if validation_data is not None else None
     history = keras.callbacks.History()
     callback_list = keras.callbacks.CallbackList(
         [*callbacks, history], add_history=False, add_progbar=verbose != 0,
@@ -195,7 +196,13 @@ def evaluate(model: keras.Model, dataset: tf.data.Dataset) -> dict:
         ValueError: the model is not compiled.
     """
     _check_model(model)
-    return _evaluated(model, tf.function(model.test_step), dataset)
+    return _evaluated(model, _test_function(model, dataset), dataset)
+
+
+def _test_function(model, dataset: tf.data.Dataset):
+    """`model.test_step` traced once for `dataset`'s batches, their batch dimension unknown as `evaluate` traces it
+    (Keras weighs each output's loss by the static batch size, so a partial last batch weighs as `evaluate`'s)."""
+    return tf.function(model.test_step, input_signature=[dataset.element_spec])
 
 
 def _evaluated(model, test_step, dataset) -> dict:
