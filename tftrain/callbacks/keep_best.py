@@ -7,7 +7,9 @@ every worker saves (saving may use collectives); non-chiefs to a temporary direc
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
 import re
@@ -182,6 +184,10 @@ class KeepBest(keras.callbacks.Callback):
         return kept, unranked
 
     def on_epoch_end(self, epoch, logs=None):
+        with _quiet_retracing():
+            self._epoch_end(epoch, logs)
+
+    def _epoch_end(self, epoch, logs):
         self.last = self._last.save(checkpoint_number=epoch + 1)
         redone = [k for k in self.kept if k["epoch"] >= epoch + 1]  # ranked before a kill, trained again
         if redone:
@@ -219,6 +225,23 @@ class KeepBest(keras.callbacks.Callback):
     def summary(self) -> dict:
         """Plain data for `metrics.json`: monitor, mode (`min` / `max`), kept, last."""
         return {"monitor": self.monitor, "mode": self.mode, "kept": self.kept, "last": self.last}
+
+
+class _Retracing(logging.Filter):
+    def filter(self, record) -> bool:
+        return "triggered tf.function retracing" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_retracing():
+    """While open, TensorFlow's retracing warning is dropped: a checkpoint's saver traces a function per save of
+    variables placed on parameter servers (TensorFlow 2.21), which warns from the fifth epoch on."""
+    logger, quiet = tf.get_logger(), _Retracing()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def read_state(directory) -> List[dict]:
