@@ -305,28 +305,18 @@ def test_a_task_file_s_open_files_and_exit_hooks_are_kept_at_a_successful_exit(t
     assert written.read_text() == "buffered, never closed" and hooked.read_text() == "ran"
 
 
-def test_sigterm_outside_the_trainer_s_watch_is_one_line_and_exit_143(capsys, monkeypatch):
+@pytest.mark.parametrize("ran, succeeded, code, line", [
+    (False, False, 143, "tftrain: stopped by SIGTERM before the run started (nothing written): rerun the same command"),
+    (True, False, 143, "tftrain: stopped by SIGTERM after the run ended"),
+    (True, True, 0, "tftrain: SIGTERM after the run succeeded; exiting"),
+], ids=["before", "after-a-failure", "after-success"])
+def test_sigterm_outside_the_trainer_s_watch_is_one_line(capsys, monkeypatch, ran, succeeded, code, line):
     import signal
 
     from tftrain import run
 
-    monkeypatch.setattr(run, "_ran", False)
-    monkeypatch.setattr(run, "_succeeded", False)
+    monkeypatch.setattr(run, "_ran", ran)
+    monkeypatch.setattr(run, "_succeeded", succeeded)
     with pytest.raises(SystemExit) as stopped:
         run._exit_on_sigterm(signal.SIGTERM, None)
-    assert stopped.value.code == 143
-    assert capsys.readouterr().err == ("tftrain: stopped by SIGTERM before the run started (nothing written): rerun "
-                                       "the same command\n")
-
-
-def test_sigterm_after_the_run_succeeded_exits_0(capsys, monkeypatch):
-    import signal
-
-    from tftrain import run
-
-    monkeypatch.setattr(run, "_ran", True)
-    monkeypatch.setattr(run, "_succeeded", True)
-    with pytest.raises(SystemExit) as stopped:
-        run._exit_on_sigterm(signal.SIGTERM, None)
-    assert stopped.value.code == 0
-    assert capsys.readouterr().err == "tftrain: SIGTERM after the run succeeded; exiting\n"
+    assert stopped.value.code == code and capsys.readouterr().err == line + "\n"
