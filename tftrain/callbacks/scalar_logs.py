@@ -47,11 +47,11 @@ class ScalarLogs(keras.callbacks.Callback):
 
     @staticmethod
     def _rewrite(logs) -> None:
-        if logs:
+        # Keras hands on scalars as floats: only an array (a metric per class) costs a rewrite, at each batch too.
+        if logs and any(getattr(value, "ndim", 0) for value in logs.values()):
             flat = scalar_logs(logs)
-            if list(flat) != list(logs) or any(flat[k] is not logs[k] for k in flat):
-                logs.clear()
-                logs.update(flat)
+            logs.clear()
+            logs.update(flat)
 
     def on_train_batch_end(self, batch, logs=None):
         self._rewrite(logs)

@@ -157,17 +157,8 @@ class BatchStages:
         `--precision auto` took falls back to float32 (one line) and is searched again."""
         from tftrain.train.search import search_batch_size
 
-        def search():
-            return search_batch_size(self.task, self.runtime.num_replicas, self.accumulation_steps,
-                                     self.build_model, self.console)
-
-        try:
-            return search()
-        except Exception as e:  # noqa: BLE001 (a dtype clash falls back; anything else is raised)
-            if not self.precision.clash(e):
-                raise
-            self.precision.fall_back(f"the model does not train under {self.precision.info.policy}", e)
-            return search()
+        return self.precision.or_float32(lambda: search_batch_size(
+            self.task, self.runtime.num_replicas, self.accumulation_steps, self.build_model, self.console), "train")
 
     def _resumed_search(self):
         """`(search figures, batch size)` an interrupted run chose, or None: a resumed run keeps its batch, from

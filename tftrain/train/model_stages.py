@@ -60,13 +60,9 @@ class ModelStages:
     def _built_or_float32(self, fall_back: bool = True):
         """The task's model, seeded and built; after a dtype clash under the mixed policy that
         `--precision auto` chose, built again in float32 (one line); any other error is raised."""
-        try:
+        if not fall_back:
             return self._built(self._seeded_build())
-        except Exception as error:  # noqa: BLE001 (re-raised unless the auto-chosen policy caused it)
-            if not fall_back or not self.precision.clash(error):
-                raise
-            self.precision.fall_back(f"the model does not build under {self.precision.info.policy}", error)
-        return self._built(self._seeded_build())
+        return self.precision.or_float32(lambda: self._built(self._seeded_build()), "build")
 
     def _built(self, model):
         """`model`, built from the training data when it has no weights yet, as `Model.fit` would on its

@@ -99,6 +99,17 @@ class PrecisionPlanner:
             self.decide(choice, False, memory, key)
             return None
 
+    def or_float32(self, action: Callable, what: str):
+        """`action()`; after a dtype clash under the mixed policy auto took (`clash`), float32 with one line
+        (`the model does not <what> under <policy>`) and `action()` again; any other error is raised."""
+        try:
+            return action()
+        except Exception as error:  # noqa: BLE001 (re-raised unless the auto-chosen policy caused it)
+            if not self.clash(error):
+                raise
+            self.fall_back(f"the model does not {what} under {self.info.policy}", error)
+        return action()
+
     def fall_back(self, why: str, error: BaseException) -> None:
         """float32 after auto's mixed policy failed (`why`, `error`): one line, and the record."""
         from tftrain.runtime.execution import failure_line
