@@ -96,6 +96,16 @@ def read_position(path) -> Optional[BackupPosition]:
     return next((c.position for c in checkpoints(path) if c.position is not None and _opens(c.weights)), None)
 
 
+def diverged_note(backup_dir) -> str:
+    """Where the last good checkpoint in `backup_dir` is, and what to do about a run whose loss diverged."""
+    position = read_position(backup_dir)
+    at = None if position is None else (f"end of epoch {position.epoch}" if not position.steps_in_epoch else
+                                        f"epoch {position.epoch + 1}, batch {position.steps_in_epoch}")
+    kept = ("no checkpoint was written before it" if at is None else
+            f"the last good checkpoint ({at}) is kept in {backup_dir}")
+    return f"{kept}. Lower --learning-rate (or check the data), then train into a new --run-dir."
+
+
 def _opens(weights: Path) -> bool:
     """Whether `weights` opens as an HDF5 file, without TensorFlow (the restore reads it whole later); True when it
     is not there (the restore names it)."""

@@ -1,4 +1,4 @@
-"""Stop signals at every moment of a run (real processes, real signals): start-up, training (SIGHUP),
+"""Stop signals at every moment of a run (real processes, real signals): the batch plan, training (SIGHUP),
 evaluation, the writes of the run (two signals), the export. Each ends in one line and 128 + the
 signal, or completes; the same command then resumes or finishes without training again."""
 
@@ -34,7 +34,7 @@ def before(owner, name, times=1):
         return real(*args, **kwargs)
     setattr(owner, name, wrapped)
 
-if moment == "start-up":
+if moment == "batch plan":
     before(Trainer, "plan_batch")
 elif moment == "evaluation":
     before(Trainer, "evaluate")
@@ -75,7 +75,8 @@ def _last_line(result) -> str:
 
 
 @pytest.mark.parametrize("moment, signum, line, trained_on_rerun", [
-    ("start-up", signal.SIGTERM, "sig: stopped by SIGTERM during start-up. To resume, rerun the same command", 3),
+    ("batch plan", signal.SIGTERM, "sig: stopped by SIGTERM during the batch plan, before training. To resume, rerun "
+                                   "the same command", 3),
     ("training, SIGHUP", signal.SIGHUP, "sig: stopped by SIGHUP: checkpoint saved at epoch 2, batch 5 "
                                         "(optimizer step 13). To resume, rerun the same command", 2),
     ("evaluation", signal.SIGTERM, "sig: stopped by SIGTERM during evaluation (training's checkpoint is kept). "

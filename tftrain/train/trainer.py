@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 from tftrain import config as config_lib
 from tftrain import epoch_log
 from tftrain import rundir as rundir_lib
+from tftrain.checkpoint_files import diverged_note
 from tftrain.errors import AlreadyFinished, ConfigError, Preempted, TrainingDiverged
 from tftrain.train.batch_plan import BatchStages
 from tftrain.train.callback_stages import CallbackStages
@@ -160,6 +161,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         self.plan_fixed_batch()
         reporting.print_plan(self)
         self.settle_untimed_precision()  # before the sanity pass, the batch-size search and --tune build models
+        self.preemption.phase = "the sanity pass (nothing written)"
         self.sanity_pass()  # before the run directory: what cannot work is refused with nothing written
         if self.config.sanity_check:
             self.task.release()
@@ -174,12 +176,16 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
                     rundir_lib.write_text_atomic(out / TASK_FILE, json.dumps(self._task_identity()))
                     rundir_lib.note_job(out.path)
                 reporting.announce_run_dir(self)
+                self.preemption.phase = "the batch plan, before training"
                 self.plan_batch()
+                self.preemption.phase = "building the model, before training"
                 model = self.build_chosen_model()
                 self.init_weights(model)
                 self.note_custom_steps(model)
+                self.preemption.phase = "choosing the execution, before training"
                 self.choose_execution(model)
                 self.made = self.make_callbacks()
+                self.preemption.phase = "training"
                 history, fit_time = self.train(model, self.made)
                 self.console.warn(epoch_log.tidy_history(self.out_dir.path / rundir_lib.HISTORY_FILE, history))
                 self.preemption.phase = "evaluation (training's checkpoint is kept)"
@@ -417,7 +423,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
             e.run_dir = str(self.run_dir.path)
             raise
         except TrainingDiverged as e:  # the guard names the step; the run directory knows the checkpoint
-            raise TrainingDiverged(f"{e}; {self._checkpoint_note()}") from e
+            raise TrainingDiverged(f"{e}; {diverged_note(self.run_dir.backup_dir)}") from e
         except Exception as e:  # noqa: BLE001 (an XLA step that does not compile: one line and the fix)
             self.execution.raise_if_xla_failed(e)
             self.precision.raise_if_first_step_failed(e, model)
@@ -442,17 +448,6 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         return RunFacts(self.steps_per_epoch, self.accumulation_steps, self.config.train.epochs,
                         tuple(batch_hooks(self.user_callback_objects())) if wants_hooks else (), gb, self.task,
                         lambda: probe_batches(self.task, gb))
-
-    def _checkpoint_note(self) -> str:
-        """Where the last good checkpoint is, and what to do about a diverged run."""
-        from tftrain.checkpoint_files import read_position
-
-        position = read_position(self.run_dir.backup_dir)
-        at = None if position is None else (f"end of epoch {position.epoch}" if not position.steps_in_epoch else
-                                            f"epoch {position.epoch + 1}, batch {position.steps_in_epoch}")
-        kept = ("no checkpoint was written before it" if at is None else
-                f"the last good checkpoint ({at}) is kept in {self.run_dir.backup_dir}")
-        return f"{kept}. Lower --learning-rate (or check the data), then train into a new --run-dir."
 
     def _train_data(self, input_context=None):
         """The task's training batches; under accumulation a finite epoch is cut to whole optimizer steps."""
