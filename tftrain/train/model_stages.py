@@ -7,6 +7,8 @@ import contextlib
 import os
 from typing import Optional
 
+from tftrain.train.tasks.base import check_compile_args
+
 
 class ModelStages:
     """`Trainer`'s stages that build and compile the model."""
@@ -22,7 +24,7 @@ class ModelStages:
             if self.precision.info.compute_dtype != "float32":
                 model = self._float32_outputs(model)
             if compile_model:
-                self.compile_args = self._with_accumulation(self.task.compile_args(self.steps_per_epoch))
+                self.compile_args = self._with_accumulation(check_compile_args(self.task.compile_args(self.steps_per_epoch)))
         if compile_model:
             self.loop.compile(model, self.compile_args, self.runtime)
             model._tftrain_compiled = True  # a build_model that returns this instance again did not compile it
@@ -294,7 +296,8 @@ class ModelStages:
         timed = self.precision.timeable(self._precision_untimed_because())  # then float32 is built first
         return sanity.SanityPlan(
             build=self._build_in_float32 if timed else build, build_float32=self._build_in_float32,
-            compile_args=self.task.compile_args(self.steps_per_epoch), train_data=self.task.train_data(gb),
+            compile_args=check_compile_args(self.task.compile_args(self.steps_per_epoch)),
+            train_data=self.task.train_data(gb),
             validation_data=validation, test_data=self.task.test_data(gb), batch_size=max(1, gb // rt.num_replicas),
             compute_dtype="float32" if timed else info.compute_dtype, auto_precision=cfg.runtime.precision == "auto",
             loss_scaling=info.loss_scaling, class_weight=self.task.class_weight,

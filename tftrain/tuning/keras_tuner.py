@@ -181,7 +181,7 @@ class TrainingHyperModel(kt.HyperModel):
             model = self.model_fn(hp.Choice("width", self.widths) if self.widths else None)
         args = (self.compile_args(lr) if self.compile_args is not None else
                 {"optimizer": keras.optimizers.Adam(lr), "loss": self.loss, "metrics": list(self.metrics)})
-        model.compile(**args, **self.compile_options)
+        model.compile(**{**self.compile_options, **args})  # what compile_args sets itself wins
         return model
 
     def fit(self, hp, model, *args, **kwargs):

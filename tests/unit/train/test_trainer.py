@@ -677,3 +677,20 @@ def test_a_resumed_run_whose_batch_plan_is_lost_keeps_the_batch_its_checkpoint_t
     assert record.global_batch_size == chosen and record.to_dict()["resumed_from_epoch"] == 1
     assert f"batch:     {chosen}, as the checkpoint was trained at (batch_plan.json is missing or damaged)" in \
         capsys.readouterr().out
+
+
+@pytest.mark.parametrize("option, value, flag", [("jit_compile", True, "--execution xla"),
+                                                 ("run_eagerly", True, "--execution eager"),
+                                                 ("steps_per_execution", 4, "--steps-per-execution 4")])
+def test_an_execution_option_in_compile_args_is_refused_with_its_flag_before_the_run_directory(tmp_path, option,
+                                                                                                value, flag):
+    class OwnOptions(tftrain.ArrayTask):
+        def compile_args(self, steps_per_epoch):
+            return {**super().compile_args(steps_per_epoch), option: value}
+
+    task = _task()
+    task.__class__ = OwnOptions
+    trainer = tftrain.Trainer(task, epochs=1, verbose=0, run_dir=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match=f"compile_args sets {option}={value}, .* pass {flag} "):
+        trainer.fit()
+    assert not (tmp_path / "run").exists()

@@ -320,6 +320,22 @@ class FunctionTask(Task):
         return self.config.seed if self.config is not None else None
 
 
+def check_compile_args(args) -> dict:
+    """`args`, a task's `compile_args`, unless it is not a dict or sets an option the run sets from its flags
+    (`run_eagerly`, `jit_compile`, `steps_per_execution`): then `ConfigError` naming the flag to pass instead."""
+    if not isinstance(args, Mapping):
+        raise ConfigError(f"compile_args must return a dict of Model.compile arguments. Received: {args!r}.")
+    for key, (name, flag) in {"run_eagerly": ("execution", lambda v: "eager" if v else "graph"),
+                              "jit_compile": ("execution", lambda v: {True: "xla", False: "graph"}.get(v, "auto")),
+                              "steps_per_execution": ("steps_per_execution", lambda v: v)}.items():
+        if key in args:
+            value = flag(args[key])
+            raise ConfigError(f"compile_args sets {key}={args[key]!r}, which tftrain sets from "
+                              f"--{name.replace('_', '-')}: drop it from compile_args and pass "
+                              f"--{name.replace('_', '-')} {value} (or give the task defaults={{{name!r}: {value!r}}}).")
+    return dict(args)
+
+
 def check_class_weight(class_weight) -> Optional[dict]:
     """`class_weight` as `{int: float}`, or None; `ConfigError` unless it maps ints >= 0 to numbers >= 0."""
     if class_weight is None:
