@@ -256,6 +256,7 @@ class ModelStages:
             plan = self._sanity_plan()
             result = sanity.run(plan, say=self.console.warn)
         self._forget_sanity_models()
+        self.task.class_weight = result.class_weight  # the bound task's: every class of the model weighed
         if self.config.train.tune and result.validation_keys:  # the trials' objective, as the logs name it
             from tftrain.train.search import check_objective
 

@@ -68,6 +68,7 @@ class SanityResult:
         checked: what was checked, in words, in order.
         step_scales_loss: whether the model's own `train_step` scales its loss (None: not checked, or no update).
         float32_needed: why the outputs must be float32 (labels that would round), else None.
+        class_weight: the task's `class_weight` with every class of the model (`every_class_weighed`), or None.
     """
 
     train_keys: Tuple[str, ...]
@@ -76,6 +77,7 @@ class SanityResult:
     step_scales_loss: Optional[bool]
     float32_needed: Optional[str]
     seconds: float
+    class_weight: Optional[dict] = None
 
     def line(self) -> str:
         """One console line: what was checked, in how long."""
@@ -146,6 +148,18 @@ def check_class_weight(dataset, class_weight) -> None:
             "(a third element of each batch: {output: weights}), or weigh the classes in that output's loss.")
 
 
+def every_class_weighed(class_weight, model, dataset) -> Optional[dict]:
+    """`class_weight` with weight 1.0 for each class of `model`'s one output it leaves out, as Keras weighs NumPy
+    labels (a dataset's label above the largest key fails mid-training in Keras); the classes: the output's last
+    dimension (2 for one unit). Its own classes only when that is unknown."""
+    if not class_weight:
+        return class_weight
+    x, _, _ = _unpacked(dataset)
+    output = model(x, training=False)
+    units = output.shape[-1] if hasattr(output, "shape") and len(output.shape) >= 2 else None
+    return {c: class_weight.get(c, 1.0) for c in range(max(units or 0, 2, max(class_weight) + 1))}
+
+
 # -- the model ---------------------------------------------------------------------
 def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
     """Runs the pass on `plan`, `say` printing warnings; raises `ConfigError` on what cannot work."""
@@ -165,10 +179,11 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
         checked.append("--init-from")
     if plan.graph and _user_code(model):  # first: a graph run's first step builds the loss in the graph
         _step("training step in graph mode", lambda: _traced_train_step(model, train))
+    class_weight = every_class_weighed(plan.class_weight, model, train)
     # Model.fit itself on one batch: the data as fit passes it; the logs' keys are fit's.
     what = "training and validation step" if validation is not None else "training step"
     history = _step(what, lambda: model.fit(  # one batch, repeated: an unknown cardinality has no end to warn of
-        train.repeat(), steps_per_epoch=1, epochs=1, verbose=0, class_weight=plan.class_weight, shuffle=False,
+        train.repeat(), steps_per_epoch=1, epochs=1, verbose=0, class_weight=class_weight, shuffle=False,
         validation_data=validation.repeat() if validation is not None else None,
         validation_steps=1 if validation is not None else None))
     from tftrain.callbacks.scalar_logs import scalar_logs
@@ -199,7 +214,7 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
         _try_exports(plan, x)
         checked.append("export " + ", ".join(plan.export_formats))
     return SanityResult(train_keys, validation_keys, tuple(checked), scales, float32_needed,
-                        time.perf_counter() - started)
+                        time.perf_counter() - started, class_weight)
 
 
 def _after_training(plan: SanityPlan, model, keys: tuple, validates: bool, say: Callable[[str], None]) -> list:

@@ -694,3 +694,20 @@ def test_an_execution_option_in_compile_args_is_refused_with_its_flag_before_the
     with pytest.raises(ConfigError, match=f"compile_args sets {option}={value}, .* pass {flag} "):
         trainer.fit()
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_class_weight_that_leaves_out_a_class_of_the_model_weighs_it_1_as_keras_does_for_arrays(tmp_path):
+    import keras
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((96, 4)).astype("float32")
+    y = np.zeros(96, "int32")
+    y[40:] = 1
+    y[90:] = 2  # in the last batch only: the sanity pass's first batch has no class 2
+    build = lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])  # noqa: E731
+    task = tftrain.ArrayTask(build, x, y, loss="sparse_categorical_crossentropy", class_weight={0: 1.0, 1: 2.0},
+                             name="weighed")
+    record = tftrain.Trainer(task, epochs=1, batch_size=32, verbose=0, execution="graph",
+                             run_dir=str(tmp_path / "run")).fit()
+    assert record.epochs_trained == 1 and np.isfinite(record.history["loss"][-1])
