@@ -42,6 +42,24 @@ elif moment == "saving, twice":
     before(Trainer, "save", times=2)
 elif moment == "export":
     before(after_steps, "export")
+elif moment == "second trial":  # in its first epoch's batches: inside keras-tuner, which fails a trial on errors
+    from tftrain.tuning import keras_tuner
+    trial_fit = keras_tuner.TrainingHyperModel.fit
+    trials = []
+    def fit(self, hp, model, *args, **kwargs):
+        trials.append(1)
+        if len(trials) == 2:
+            class Kill(keras.callbacks.Callback):
+                def on_train_batch_begin(self, batch, logs=None):
+                    if batch == 1:
+                        kill()
+            kwargs["callbacks"] = [*kwargs.get("callbacks", []), Kill()]
+        return trial_fit(self, hp, model, *args, **kwargs)
+    keras_tuner.TrainingHyperModel.fit = fit
+elif moment == "sanity step":  # the handler's Preempted comes out of the step wrapped in the pass's own error
+    from tftrain.train import sanity
+    sanity._traced_train_step = lambda model, train: kill()
+    sanity._user_code = lambda model: True
 
 class HangUp(keras.callbacks.Callback):  # a closed terminal in epoch 2
     def on_train_batch_end(self, batch, logs=None):
@@ -93,6 +111,25 @@ def test_a_signal_ends_in_one_line_and_the_same_command_resumes(tmp_path, moment
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["epochs_trained"] == trained_on_rerun and metrics["optimizer_steps"] == 24
+
+
+def test_a_signal_during_a_tune_trial_stops_the_run_and_the_resume_runs_that_trial_again(tmp_path):
+    run_dir = tmp_path / "run"
+    stopped = _run(run_dir, "second trial", "--tune", "2", "--validation-split", "0.25")
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert _last_line(stopped).startswith("sig: stopped by SIGTERM during the batch plan, before training"), \
+        _last_line(stopped)
+    done = _run(run_dir, "", "--tune", "2", "--validation-split", "0.25")
+    assert done.returncode == 0, done.stderr[-3000:]
+    tuning = json.loads((run_dir / "metrics.json").read_text())["tuning"]
+    assert sorted(t["trial_id"] for t in tuning["ranking"]) == ["0", "1"]  # the stopped trial, run again
+
+
+def test_a_signal_whose_stop_tensorflow_wraps_in_its_own_error_still_ends_in_the_stop_line(tmp_path):
+    stopped = _run(tmp_path / "run", "sanity step")
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert _last_line(stopped).startswith("sig: stopped by SIGTERM during the sanity pass (nothing written). To "
+                                          "resume, rerun the same command"), _last_line(stopped)
 
 
 def test_signals_while_the_run_is_written_wait_for_it_and_the_run_completes(tmp_path):

@@ -51,10 +51,16 @@ class PreemptionWatch:
     def _raise(self) -> None:
         if self._raised or self._signum is None:
             return
+        self._raised = True
+        raise self.stop()
+
+    def stop(self, run_dir: str = ""):
+        """The `Preempted` for the recorded signal, naming `phase` (and `run_dir`, where it was written). Raised
+        from a handler inside TensorFlow or Keras code it may come out wrapped in their error: `Trainer.fit` raises
+        this instead."""
         from tftrain.errors import Preempted
 
-        self._raised = True
-        raise Preempted(f"stopped by {signal.Signals(self._signum).name} during {self.phase}", self._signum)
+        return Preempted(f"stopped by {signal.Signals(self._signum).name} during {self.phase}", self._signum, run_dir)
 
     @contextlib.contextmanager
     def polling(self):

@@ -137,7 +137,8 @@ class BatchStages:
             self.extras["tuning"], decided = tune(self.task, self.config, self.runtime,
                                                   self.precision.info.compute_dtype, self.out_dir.path / "tuning",
                                                   self.console, self.is_chief,
-                                                  self.sanity.validation_keys if self.sanity else ())
+                                                  self.sanity.validation_keys if self.sanity else (),
+                                                  self.preemption)
         elif self.batch is None:
             self.extras["batch_size_search"], batch_size = self._resumed_search() or self._searched()
             rundir_lib.write_text_atomic(self.out_dir / BATCH_PLAN_FILE, json.dumps(

@@ -3,6 +3,7 @@ data, never the test set) and the batch-size search (`--batch-size auto`)."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Sequence, Tuple
 
@@ -52,10 +53,12 @@ def check_objective(config, compile_args: dict, validation_keys: Sequence[str]) 
 
 
 def tune(task, config, runtime, compute_dtype: str, directory: Path, console, chief: bool,
-         validation_keys: Sequence[str] = ()) -> Tuple[dict, dict]:
+         validation_keys: Sequence[str] = (), watch=None) -> Tuple[dict, dict]:
     """Runs `config`'s `--tune N` keras-tuner trials of the bound `task` over learning rate, batch size and
     `task.tune_space()` on `runtime`'s strategy, models built under `compute_dtype`; trials are kept in
-    `directory` (`<run_dir>/tuning`), so a resumed run reuses finished ones; the `chief` logs them to HParams.
+    `directory` (`<run_dir>/tuning`), so a resumed run reuses finished ones; the `chief` logs them to HParams. A
+    signal recorded by `watch` (a `PreemptionWatch`) ends the search at a batch's end (`Preempted`), its trial
+    left to the resumed run.
     The objective is `--monitor`, else `val_accuracy` or `val_loss` (`_objective`, from `validation_keys`).
 
     Returns:
@@ -64,6 +67,7 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
     Raises:
         ConfigError: when the task has too few examples.
         TuningFailed: when no trial finished.
+        Preempted: on a signal `watch` recorded.
     """
     import keras
 
@@ -101,9 +105,17 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
     weights = {"class_weight": task.class_weight} if task.class_weight is not None else {}  # trials as the run
     from tftrain.callbacks.scalar_logs import ScalarLogs
     from tftrain.train.console import keras_progress
+    from tftrain.tuning.keras_tuner import StopSearch
 
-    tuner.search(epochs=cfg.train.epochs, verbose=keras_progress(cfg.train.verbose)[0],  # no bar in a pipe
-                 callbacks=[ScalarLogs()], **weights)  # first: an objective may be one element of a metric
+    stop = [StopSearch(watch.requested)] if watch is not None else []
+    with watch.polling() if watch is not None else contextlib.nullcontext():  # a signal stops at a batch's end
+        try:
+            tuner.search(epochs=cfg.train.epochs, verbose=keras_progress(cfg.train.verbose)[0],  # no bar in a pipe
+                         callbacks=[ScalarLogs(), *stop], **weights)  # ScalarLogs first: it names the objective
+        except Exception:
+            if watch is None or watch.requested() is None:
+                raise
+            raise watch.stop() from None
     return _tuning_figures(tuner, directory, cfg, console, chief)
 
 

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -129,16 +130,21 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         if self.serves():
             return self.serve()
         with PreemptionWatch() as self.preemption, global_policy_kept():  # SIGTERM, SIGUSR1, SIGHUP: one line
-            if self.run_dir.after_steps_pending and not self.config.sanity_check:  # trained before: its after-steps
-                self.preemption.phase = "the pending export"
-                return self.redo_after_steps()
-            if self.run_dir.finished_before:
-                self.end_finished_job()
-            self.bind_task()  # before TensorFlow starts: a task's bad data folder is reported at once
-            self.setup_runtime()
-            self.preemption.install()  # a multi-worker strategy's coordination service took SIGTERM
-            with self.loop.job(self.cluster):  # a parameter-server chief tells the servers how the run ended
-                return self.run_stages(started)
+            try:
+                if self.run_dir.after_steps_pending and not self.config.sanity_check:  # trained before: its export
+                    self.preemption.phase = "the pending export"
+                    return self.redo_after_steps()
+                if self.run_dir.finished_before:
+                    self.end_finished_job()
+                self.bind_task()  # before TensorFlow starts: a task's bad data folder is reported at once
+                self.setup_runtime()
+                self.preemption.install()  # a multi-worker strategy's coordination service took SIGTERM
+                with self.loop.job(self.cluster):  # a parameter-server chief tells the servers how the run ended
+                    return self.run_stages(started)
+            except Exception as e:  # a signal's stop raised in TensorFlow's or Keras's code comes out as their error
+                if self.preemption.requested() is None or isinstance(e, (Preempted, AlreadyFinished)):
+                    raise
+                raise self.preemption.stop(str(self.run_dir.path) if self.out_dir is not None else "") from e
 
     def end_finished_job(self) -> None:
         """Ends a run an earlier attempt finished: removes a leftover backup, tells a parameter-server
@@ -228,8 +234,6 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         once the run is on disk; writes `report.md` from `metrics.json` where a kill came between them."""
         if not self.is_chief:
             return
-        import shutil
-
         shutil.rmtree(self.run_dir.backup_dir, ignore_errors=True)
         (self.run_dir.path / rundir_lib.FAILURE_LOG).unlink(missing_ok=True)
         rundir_lib.remove_temporaries(self.run_dir.path)

@@ -16,6 +16,25 @@ ALGORITHMS = ("random", "hyperband", "bayesian")
 """Tuner names accepted by `make_tuner`."""
 
 
+class StopSearch(keras.callbacks.Callback):
+    """Ends the search at the next batch once `requested()` is true (a stop signal): raises keras-tuner's
+    `FatalError`, which ends `search` where another error would only fail the trial; the trial stays unfinished,
+    so a resumed search runs it again."""
+
+    def __init__(self, requested: Callable[[], object]):
+        super().__init__()
+        self.requested = requested
+
+    def _check(self, *args, **kwargs):
+        if self.requested():
+            raise kt.errors.FatalError("stopped by a signal")
+
+    def __deepcopy__(self, memo):  # keras-tuner copies a trial's callbacks: the copy asks the same `requested`
+        return StopSearch(self.requested)
+
+    on_train_batch_end = on_test_batch_end = on_epoch_end = _check
+
+
 def check_strategy(strategy: Optional[tf.distribute.Strategy]) -> Optional[tf.distribute.Strategy]:
     """The `distribution_strategy` to pass (None for the default); `TuningError` if multi-worker or in a scope."""
     if tf.distribute.has_strategy():
