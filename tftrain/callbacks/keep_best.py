@@ -11,7 +11,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import re
 from pathlib import Path
 from typing import Iterable, List, Optional
@@ -21,6 +20,7 @@ import tensorflow as tf
 
 from tftrain.epoch_log import logged_value
 from tftrain.errors import ConfigError, check_int
+from tftrain.files import write_text_atomic
 
 STATE_FILE = "keep_best.json"
 """The kept checkpoints' ranking (best first), in the checkpoints directory."""
@@ -245,12 +245,15 @@ def _quiet_retracing():
 
 
 def read_state(directory) -> List[dict]:
-    """The ranked checkpoints of `directory/keep_best.json` whose files exist, best first; [] if none."""
+    """The ranked checkpoints of `directory/keep_best.json` whose files exist, best first, each `checkpoint` in
+    `directory` (wherever the run directory was when written); [] if none."""
     try:
         kept = json.loads((Path(directory) / STATE_FILE).read_text())
     except (OSError, ValueError):
         return []
-    return [k for k in kept if isinstance(k, dict) and tf.io.gfile.exists(f"{k.get('checkpoint')}.index")]
+    kept = [{**k, "checkpoint": str(Path(directory) / "best" / f"epoch-{k['epoch']}")} for k in kept
+            if isinstance(k, dict) and isinstance(k.get("epoch"), int)]
+    return [k for k in kept if tf.io.gfile.exists(f"{k['checkpoint']}.index")]
 
 
 def _damaged(directory) -> bool:
@@ -273,9 +276,9 @@ def best_checkpoint(directory) -> Optional[str]:
 
 
 def _write_state(directory: Path, kept: List[dict]) -> None:
-    tmp = directory / f"{STATE_FILE}.tmp"
-    tmp.write_text(json.dumps(kept, indent=1))
-    os.replace(tmp, directory / STATE_FILE)
+    """Writes the ranking, each checkpoint's path relative to `directory` (a moved run directory reads it whole)."""
+    write_text_atomic(directory / STATE_FILE, json.dumps(
+        [{**k, "checkpoint": f"best/epoch-{k['epoch']}"} for k in kept], indent=1), durable=True)
 
 
 def _delete(prefix: str) -> None:

@@ -84,7 +84,8 @@ def test_a_model_of_two_outputs_is_ranked_by_one_output_s_metric(tmp_path, monit
     history = model.fit(x, y, epochs=3, batch_size=16, validation_split=0.25, verbose=0, callbacks=[best])
     values = history.history[monitor]
     assert [k["value"] for k in best.kept] == pytest.approx(sorted(values, reverse=reverse)[:2])
-    assert json.loads((tmp_path / STATE_FILE).read_text()) == best.kept
+    assert json.loads((tmp_path / STATE_FILE).read_text()) == [
+        {**k, "checkpoint": f"best/epoch-{k['epoch']}"} for k in best.kept]  # in the run directory, wherever it is
     assert best.summary()["mode"] == ("max" if reverse else "min") and best.last.endswith("epoch-3")
 
 
@@ -126,8 +127,28 @@ def test_an_epoch_trained_again_after_a_kill_replaces_its_first_ranking(tmp_path
     resumed.on_train_begin()
     resumed.on_epoch_end(2, {"loss": 0.3})  # epoch 3 again, trained anew: its first ranking goes
     assert [(k["epoch"], k["value"]) for k in resumed.kept] == [(3, 0.3), (2, 0.5)]
-    assert json.loads((tmp_path / STATE_FILE).read_text()) == resumed.kept
+    assert [(k["epoch"], k["value"]) for k in json.loads((tmp_path / STATE_FILE).read_text())] == [(3, 0.3), (2, 0.5)]
     assert sorted(p.stem for p in (tmp_path / "best").glob("*.index")) == ["epoch-2", "epoch-3"]
+
+
+def test_a_copied_run_directory_ranks_and_deletes_its_own_checkpoints_only(tmp_path):
+    import shutil
+
+    import keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    first = KeepBest(tmp_path / "a", keep=1, monitor="loss")
+    first.set_model(model)
+    first.on_train_begin()
+    first.on_epoch_end(0, {"loss": 0.9})
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    copied = KeepBest(tmp_path / "b", keep=1, monitor="loss")
+    copied.set_model(model)
+    copied.on_train_begin()
+    assert copied.kept == [{"epoch": 1, "value": 0.9, "checkpoint": str(tmp_path / "b" / "best" / "epoch-1")}]
+    copied.on_epoch_end(1, {"loss": 0.5})  # better: the copy's epoch 1 goes, the original's stays
+    assert sorted(p.stem for p in (tmp_path / "b" / "best").glob("*.index")) == ["epoch-2"]
+    assert sorted(p.stem for p in (tmp_path / "a" / "best").glob("*.index")) == ["epoch-1"]
 
 
 def test_the_trainer_ranks_an_epoch_before_its_backup_commits_it(tmp_path):
