@@ -23,6 +23,28 @@ def _csv_logger_keys(logs) -> list:
     return keys if any(k.startswith("val_") for k in keys) else keys + [f"val_{k}" for k in keys]
 
 
+def mend(path) -> Optional[str]:
+    """Drops the lines of `history.csv` that are not text (not UTF-8, or with NUL bytes: a crash's or another
+    program's bytes), which Keras's `CSVLogger` cannot append after; returns None, or a line saying what went."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    lines = data.splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        try:
+            kept.append(line.decode("utf-8")) if b"\0" not in line else None
+        except UnicodeDecodeError:
+            pass
+    if len(kept) == len(lines):
+        return None
+    write_text_atomic(path, "".join(kept))
+    return (f"{path} had {len(lines) - len(kept)} damaged line(s) (not text); dropped, so the epoch log and "
+            "metrics.json's history lack those epochs")
+
+
 def tidy_history(path, attempt=None) -> Optional[str]:
     """Rewrites `history.csv` as one row per epoch (its last), in order; returns None, or a line if damage was mended.
 
@@ -60,7 +82,9 @@ def tidy_history(path, attempt=None) -> Optional[str]:
     write_text_atomic(path, text.getvalue())
     if header_damaged:
         return f"{path} was damaged; it now holds the {len(by_epoch)} epoch(s) this attempt trained"
-    return f"{path} had {dropped} damaged row(s); dropped, and this attempt's epochs kept" if dropped else None
+    missing = sorted(set(range(max(by_epoch, default=-1) + 1)) - set(by_epoch))
+    lost = f"; no row for epoch(s) {', '.join(str(e + 1) for e in missing)}" if missing else ""
+    return f"{path} had {dropped} damaged row(s); dropped, and this attempt's epochs kept{lost}" if dropped else None
 
 
 def read_history(path) -> dict:

@@ -281,6 +281,34 @@ def test_a_cut_row_is_dropped_and_the_epochs_before_it_and_this_attempt_s_are_ke
     assert read_history(path) == {"loss": [0.9, 0.5, 0.35, 0.3], "val_loss": [0.8, 0.6, 0.45, 0.4]}
 
 
+def test_a_cut_row_whose_epoch_is_not_trained_again_is_named(tmp_path):
+    from types import SimpleNamespace
+
+    from tftrain.epoch_log import tidy_history
+
+    path = tmp_path / "history.csv"  # epoch 2's row cut; this attempt resumed after it (its checkpoint was kept)
+    path.write_text("epoch,loss\n0,0.9\n1,0.5,7\n")
+    note = tidy_history(path, SimpleNamespace(epoch=[2], history={"loss": [0.3]}))
+    assert note.endswith("this attempt's epochs kept; no row for epoch(s) 2")
+
+
+def test_lines_that_are_not_text_are_dropped_so_keras_can_append(tmp_path):
+    import keras
+    import numpy as np
+
+    from tftrain.epoch_log import mend, read_history
+
+    path = tmp_path / "history.csv"  # saved back in cp1252, and a crash's NUL bytes
+    path.write_bytes(b"epoch,loss\n0,0.9\n1,0.5 \xe9\n2,0.4\n\0\0\0\n")
+    assert mend(path) == f"{path} had 2 damaged line(s) (not text); dropped, so the epoch log and metrics.json's " \
+                         "history lack those epochs"
+    assert read_history(path) == {"loss": [0.9, 0.4]} and mend(path) is None
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(np.zeros((4, 1)), np.zeros((4, 1)), verbose=0, callbacks=[keras.callbacks.CSVLogger(str(path), append=True)])
+    assert path.read_text().splitlines()[-1].startswith("0,")
+
+
 def test_a_history_already_one_row_per_epoch_is_not_rewritten(tmp_path):
     from tftrain.epoch_log import tidy_history
 

@@ -84,6 +84,8 @@ def announce_run_dir(trainer) -> None:
         steps = f" and {done} optimizer steps of the next" if done else ""
         console.line(f"resuming: {run_dir.resumed_epochs}/{trainer.config.train.epochs} epochs done{steps}, "
                      f"from the checkpoint in {run_dir.backup_dir}")
+        if trainer.is_chief:  # bytes that are not text would fail Keras's CSVLogger at the first epoch
+            console.warn(epoch_log.mend(run_dir.path / rundir_lib.HISTORY_FILE))
         logged = epoch_log.read_history(run_dir.path / rundir_lib.HISTORY_FILE)
         if trainer.is_chief and run_dir.resumed_epochs and not logged:
             console.warn(f"{run_dir.path / rundir_lib.HISTORY_FILE} is missing or empty: the epoch log, and "
