@@ -115,19 +115,39 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
         print(f"\n{prog}: interrupted before training started.", file=sys.stderr)
         return 130
     except Exception as e:  # one line; the traceback goes to the run directory
-        print(f"{prog}: run failed: {_disk_full(e, trainer) or one_line(e)}{_failure_log(trainer, e)}",
-              file=sys.stderr)
+        what = _disk_full(e, trainer) or _in_the_way(e) or one_line(e)
+        print(f"{prog}: run failed: {what}{_failure_log(trainer, e)}", file=sys.stderr)
         return 1
+
+
+def _chain(error: BaseException) -> list:
+    """`error` and the errors it was raised from or during (at most 8)."""
+    chain, seen = [], error
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return chain
+
+
+def _in_the_way(error: BaseException) -> str:
+    """For a folder where a file is written, or a file where a folder is (EISDIR, ENOTDIR): one line naming it and
+    the fix; else ""."""
+    import errno
+
+    found = next((e for e in _chain(error) if getattr(e, "errno", None) in (errno.EISDIR, errno.ENOTDIR)
+                  and getattr(e, "filename", None)), None)
+    if found is None:
+        return ""
+    what = "a folder where a file is written" if found.errno == errno.EISDIR else "under a file, not a folder"
+    path = getattr(found, "filename2", None) or found.filename  # a rename's target
+    return f"{type(found).__name__}: {path} is {what}: move it out of the way, then rerun the same command"
 
 
 def _disk_full(error: BaseException, trainer) -> str:
     """For a full-disk error (ENOSPC, also wrapped by HDF5 or TensorFlow): one line with where and the fix; else ""."""
     import errno
 
-    chain, seen = [], error
-    while seen is not None and len(chain) < 8:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
+    chain = _chain(error)
     full = [e for e in chain if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e)]
     if not full:
         return ""

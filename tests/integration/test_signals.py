@@ -154,3 +154,20 @@ def test_a_signal_during_the_export_leaves_it_pending_and_the_same_command_does_
     done = _run(run_dir, "", "--export", "saved_model")
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((run_dir / "metrics.json").read_text())["after_steps"] == {"export": "done"}
+
+
+@pytest.mark.parametrize("name", ["history.csv", "config.yaml", "model.keras"])
+def test_a_folder_where_the_run_writes_a_file_is_named_in_one_line(tmp_path, name):
+    run_dir = tmp_path / "run"
+    assert _run(run_dir, "training, SIGHUP").returncode == 128 + signal.SIGHUP
+    (run_dir / name).unlink(missing_ok=True)
+    (run_dir / name).mkdir()
+    failed = _run(run_dir, "")
+    assert failed.returncode in (1, 2), failed.stderr[-3000:]
+    assert str(run_dir / name) in _last_line(failed) and "Traceback (most" not in failed.stderr, \
+        failed.stderr[-3000:]
+    (run_dir / name).rmdir()
+    if name == "config.yaml":
+        return
+    done = _run(run_dir, "")  # the fix the line gives: the run resumes
+    assert done.returncode == 0, done.stderr[-3000:]
