@@ -41,8 +41,10 @@ class ModelStages:
 
         with saved_with_inner_optimizer(model):
             saved = user_model(model)
-            if saved is not model and [id(v) for v in saved.trainable_variables] != [
-                    id(v) for v in model.trainable_variables]:  # the optimizer's slots would load in another order
+            # The model with its output casts where the optimizer's slots would load in another order, or where an
+            # operation, not a layer, makes an output (no layer to give float32).
+            if saved is not model and ([id(v) for v in saved.trainable_variables] != [
+                    id(v) for v in model.trainable_variables] or output_layers(saved) is None):
                 saved = model
             if saved is not model:  # shares the weights; compiled with the same optimizer, so its state is saved
                 config = _compat.compile_config(model)
@@ -336,13 +338,7 @@ def float32_output_layers(model):
     import keras
 
     changed = []
-    names = getattr(model, "output_names", None) or ([model.layers[-1].name] if isinstance(
-        model, keras.Sequential) and model.layers else [])
-    for name in dict.fromkeys(names):
-        try:
-            layer = model.get_layer(name)
-        except ValueError:  # an output made by an operation, not a layer
-            continue
+    for layer in output_layers(model) or ():
         if layer.compute_dtype != "float32":
             changed.append((layer, layer.dtype_policy))
             layer.dtype_policy = keras.DTypePolicy("float32")
@@ -351,6 +347,18 @@ def float32_output_layers(model):
     finally:
         for layer, policy in changed:
             layer.dtype_policy = policy
+
+
+def output_layers(model) -> Optional[list]:
+    """The layers that make `model`'s outputs; None when an operation (`keras.ops`), not a layer, makes one."""
+    import keras
+
+    names = getattr(model, "output_names", None) or ([model.layers[-1].name] if isinstance(
+        model, keras.Sequential) and model.layers else [])
+    try:
+        return [model.get_layer(name) for name in dict.fromkeys(names)]
+    except ValueError:
+        return None
 
 
 def write_model(model, path, warn) -> None:

@@ -672,8 +672,17 @@ def test_data_of_unknown_size_trains_and_evaluates_without_a_warning_that_it_ran
     assert not [w for w in caught if "ran out of data" in str(w.message)]
 
 
+def _ops_outputs():
+    import keras
+
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    return keras.Model(inputs, [keras.ops.softmax(keras.layers.Dense(3)(hidden)),  # outputs made by operations
+                                keras.ops.concatenate([keras.layers.Dense(1)(hidden), hidden[:, :1] * 3.0], axis=-1)])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", [None, TWO_OUTPUTS], ids=["sequential", "dict-outputs"])
+@pytest.mark.parametrize("spec", [None, TWO_OUTPUTS, "ops"], ids=["sequential", "dict-outputs", "ops-outputs"])
 def test_model_keras_of_a_mixed_policy_run_returns_float32_and_its_metrics_evaluate(tmp_path, spec):
     import keras
 
@@ -682,6 +691,9 @@ def test_model_keras_of_a_mixed_policy_run_returns_float32_and_its_metrics_evalu
                                                           keras.layers.Dense(3, activation="softmax")]),
                     x=X, y=CLASSES, loss="sparse_categorical_crossentropy",
                     metrics=["accuracy", lambda: keras.metrics.SparseTopKCategoricalAccuracy(k=2)])
+    elif spec == "ops":
+        spec = dict(build_model=_ops_outputs, x=X, y=[CLASSES, X[:, :2]], loss=["sparse_categorical_crossentropy",
+                                                                             "mse"], metrics=[["accuracy"], ["mae"]])
     record = _fit(_task(spec), tmp_path, precision="mixed_bfloat16")
     model = keras.models.load_model(tmp_path / "run" / "model.keras")
     outputs = model(spec["x"][:4])
