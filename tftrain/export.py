@@ -29,7 +29,21 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a finished run's directory (it holds model.keras)")
     parser.add_argument("--formats", default="saved_model", metavar="FORMATS",
                         help="saved_model, onnx, litert, comma-separated (default: saved_model)")
+    parser.add_argument("--task", metavar="FILE.py[:NAME]", help="the training command's task file (or module), "
+                        "imported first so that the custom layers, losses and metrics it registers load")
     return parser.parse_args(argv)
+
+
+def _task_of(run_dir: Path) -> Optional[str]:
+    """The `WHERE:NAME` task of the training command `metrics.json` records, else None."""
+    import json
+
+    try:
+        argv = json.loads((run_dir / rundir_lib.METRICS_FILE).read_text(encoding="utf-8")).get("argv") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    return next((a for a in argv if isinstance(a, str) and not a.startswith("-") and ":" in a and "://" not in a),
+                None) if isinstance(argv, list) else None
 
 
 def check(run_dir: Path, formats_text: str):
@@ -124,6 +138,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         args = parse_args(argv)
         run_dir = Path(args.run_dir)
         formats = check(run_dir, args.formats)
+        if args.task:  # its file registers its custom objects (keras.saving.register_keras_serializable)
+            from tftrain.train.user_code import import_where, one_line
+
+            where = args.task.rpartition(":")[0] or args.task
+            try:
+                import_where(where)
+            except Exception as e:  # noqa: BLE001 (the user's file: one line)
+                raise ConfigError(f"--task {args.task}: could not import {where!r} ({one_line(e)}).") from None
         import keras
 
         from tftrain.train import after_steps
@@ -136,7 +158,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as e:  # noqa: BLE001 (a model.keras that does not load: one line)
         from tftrain.train.sanity import cause_line
 
-        print(f"{PROG}: error: {run_dir / rundir_lib.MODEL_FILE} does not load ({cause_line(e)}). Export it from "
+        task = None if args.task else _task_of(run_dir)
+        fix = (f"If it holds custom layers, losses or metrics, pass --task {task} (the training command's task file "
+               "registers them); else export" if task else "Export")
+        print(f"{PROG}: error: {run_dir / rundir_lib.MODEL_FILE} does not load ({cause_line(e)}). {fix} it from "
               "Python: build the task's model, model.load_weights(...) from that file, then model.export(...).",
               file=sys.stderr)
         return 2
