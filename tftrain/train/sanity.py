@@ -228,6 +228,8 @@ def _after_training(plan: SanityPlan, model, keys: tuple, validates: bool, say: 
     why = unserializable(model)
     if why is not None:
         say(f"model.keras: {why[0]}; the run will save its trained weights as model.weights.h5 instead ({why[1]})")
+    elif rebuilt := not_rebuilt(model):
+        say(f"model.keras: {rebuilt}")
     if plan.monitor is not None:
         from tftrain.callbacks.keep_best import check_monitor
 
@@ -448,4 +450,27 @@ def unserializable(model) -> Optional[Tuple[str, str]]:
             fix = ("give compile() losses and metrics Keras can serialize, by name, as keras classes or decorated "
                    "with keras.saving.register_keras_serializable, to save it whole")
         return f"{type(model).__name__} cannot be serialized ({sentence[:300]})", fix
+    return None
+
+
+def not_rebuilt(model) -> Optional[str]:
+    """Why a class of `model` or of its layers, not Keras's own, is not made again by `from_config(get_config())`
+    as `keras.models.load_model` makes it (an `__init__` argument `get_config` does not return), with the fix;
+    else None. Layers are made unbuilt: no weights."""
+    seen, todo = set(), [model]
+    while todo:
+        obj = todo.pop()
+        todo += [layer for layer in getattr(obj, "layers", None) or () if id(layer) not in seen]
+        seen.add(id(obj))
+        if type(obj).__module__.split(".")[0] == "keras":
+            continue
+        try:
+            type(obj).from_config(obj.get_config())
+        except Exception as error:  # noqa: BLE001 (a TypeError for a missing argument, or the layer's own)
+            lines = str(error).split("Exception encountered:")  # Keras's wrapper names the config, then the cause
+            cause = " ".join(lines[-1].split()) if len(lines) > 1 else cause_line(error)
+            return (f"{type(obj).__name__} is not made again from its config ({_words_within(cause, 200)}), so "
+                    "keras.models.load_model will not load model.keras: build the model and model.load_weights it, "
+                    f"or give {type(obj).__name__} a get_config() returning its __init__ arguments and pass **kwargs "
+                    "on to super().__init__")
     return None

@@ -525,6 +525,40 @@ def test_what_keras_cannot_serialize_is_named_with_its_own_fix():
     assert "functools.partial" in why and "register_keras_serializable" in fix and "get_config" not in fix
 
 
+def test_a_class_its_config_does_not_make_again_is_said_as_load_model_would_fail(tmp_path):
+    import keras
+
+    from tftrain.train.sanity import not_rebuilt
+
+    class Shift(keras.layers.Layer):  # Keras's config holds `amount`, and `trainable` that __init__ refuses
+        def __init__(self, amount):
+            super().__init__()
+            self.amount = amount
+
+        def call(self, x):
+            return x + self.amount
+
+    class Kept(Shift):
+        def __init__(self, amount, **kwargs):
+            keras.layers.Layer.__init__(self, **kwargs)
+            self.amount = amount
+
+    for layer, fails in ((Shift(0.5), True), (Kept(0.5), False)):
+        inputs = keras.Input((X.shape[1],))
+        model = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)))
+        why = not_rebuilt(model)
+        assert (why is not None) == fails, why
+        model.save(tmp_path / "m.keras")
+        try:
+            keras.saving.load_model(tmp_path / "m.keras", custom_objects={"Shift": Shift, "Kept": Kept})
+        except TypeError:
+            assert fails
+        else:
+            assert not fails
+    assert "Shift.__init__() got an unexpected keyword argument 'trainable'" in not_rebuilt(
+        keras.Sequential([keras.Input((2,)), Shift(1.0)]))
+
+
 def _built_by_shape():
     import keras
 
