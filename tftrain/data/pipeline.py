@@ -122,7 +122,7 @@ def build_dataset(
     """
     config = config or DataConfig()
     check_int(batch_size, "batch_size", error=ConfigError)
-    from_files = not (isinstance(source, tuple) and len(source) in (2, 3)
+    from_files = not (isinstance(source, tuple) and len(source) in (1, 2, 3)
                       and not isinstance(source[0], (str, os.PathLike)))
     drop_remainder = training if drop_remainder is None else drop_remainder
     parallel = AUTOTUNE if config.parallel_map else None

@@ -743,3 +743,25 @@ def test_a_metric_per_class_whose_element_names_another_metric_is_refused_in_one
                                                                             "loss": 1.0}
     with pytest.raises(ValueError, match=r"'f1_score_1' is another metric's name; give one of them another name"):
         scalar_logs({"f1_score": np.array([0.1, 0.2]), "f1_score_1": 0.3})
+
+
+def _reconstructs():
+    import keras
+
+    class ReconstructionLoss(keras.layers.Layer):
+        def call(self, inputs):
+            x, reconstruction = inputs
+            self.add_loss(keras.ops.mean(keras.ops.square(x - reconstruction)))
+            return reconstruction
+
+    inputs = keras.Input((X.shape[1],))
+    return keras.Model(inputs, ReconstructionLoss()([inputs, keras.layers.Dense(X.shape[1])(inputs)]))
+
+
+@pytest.mark.slow
+def test_arrays_without_labels_train_a_model_through_add_loss_as_fit_x_none_does(tmp_path):
+    task = tftrain.ArrayTask(_reconstructs, X, None, X, None, validation_data=(X[:32], None), loss=None)
+    record = _fit(task, tmp_path, epochs=2)
+    assert len(record.history["val_loss"]) == 2 and np.isfinite(record.test["loss"])
+    with pytest.raises(ConfigError, match="sample weights weigh labels, and y is None"):
+        tftrain.ArrayTask(_reconstructs, X, None, sample_weight=np.ones(len(X)), loss=None)

@@ -16,12 +16,20 @@ def _slice(structure, start: int, stop: Optional[int]):
 
 
 def _arrays_of(name: str, given) -> tuple:
-    """`(x, y)` or `(x, y, sample_weight)` of a `validation_data`-like tuple; `ConfigError` on another shape."""
+    """`(x, y)`, `(x, y, sample_weight)` or `(x,)` (y None: a model trained through `add_loss`, as `fit(x, None)`) of
+    a `validation_data`-like tuple; `ConfigError` on another shape."""
     given = tuple(given)
-    if len(given) not in (2, 3) or given[0] is None or given[1] is None:
-        raise ConfigError(f"{name} must be (x, y) or (x, y, sample_weight), with x and y given. Received "
-                          f"{len(given)} item(s).")
-    return given[:2] + ((given[2],) if len(given) == 3 and given[2] is not None else ())
+    if len(given) not in (2, 3) or given[0] is None:
+        raise ConfigError(f"{name} must be (x, y) or (x, y, sample_weight), with x given. Received {len(given)} "
+                          "item(s).")
+    return _parts(name, *given)
+
+
+def _parts(name: str, x, y, sample_weight=None) -> tuple:
+    """`(x, y[, sample_weight])`, or `(x,)` when `y` is None; `ConfigError` on sample weights without labels."""
+    if y is None and sample_weight is not None:
+        raise ConfigError(f"{name}: sample weights weigh labels, and y is None: pass y, or drop the sample weights.")
+    return (x,) + ((y,) if y is not None else ()) + ((sample_weight,) if sample_weight is not None else ())
 
 
 class ArrayTask(FunctionTask):
@@ -33,7 +41,7 @@ class ArrayTask(FunctionTask):
     Args:
         build_model: `() -> keras.Model` or `(hparams) -> keras.Model`, uncompiled.
         x: an array `(num_examples, ...)`, or a dict, list or tuple of them, one per input.
-        y: labels: an array, or a dict / list / tuple per output.
+        y: labels: an array, or a dict / list / tuple per output; None for a model trained through `add_loss` only.
         x_test, y_test: test arrays, evaluated after training. Defaults to None.
         validation_data: `(x_val, y_val)` or `(x_val, y_val, sample_weight_val)`. Defaults to None
             (`--validation-split`).
@@ -76,15 +84,15 @@ class ArrayTask(FunctionTask):
                               "class weights into sample_weight.")
         self.x, self.y, self.preprocess = x, y, preprocess
         self.sample_weight = sample_weight
-        self.test = ((x_test, y_test) + ((test_sample_weight,) if test_sample_weight is not None else ())
-                     if x_test is not None else None)
+        _parts("ArrayTask", x, y, sample_weight)
+        self.test = _parts("x_test", x_test, y_test, test_sample_weight) if x_test is not None else None
         self.validation = None if validation_data is None else _arrays_of("validation_data", validation_data)
 
     def _splits(self):
         """`(training arrays, validation arrays or None)`, each `(x, y)` or `(x, y, sample_weight)`."""
         from tftrain.data.pipeline import num_examples_of
 
-        arrays = (self.x, self.y) + ((self.sample_weight,) if self.sample_weight is not None else ())
+        arrays = _parts("ArrayTask", self.x, self.y, self.sample_weight)
         n = num_examples_of(*arrays)
         if self._data.train_examples is not None:
             n = min(n, self._data.train_examples)
@@ -166,7 +174,8 @@ class ArrayTask(FunctionTask):
         from tftrain.data.pipeline import num_examples_of
 
         train, val = self._splits()
-        parts = [f"{num_examples_of(*train):,} training" + (" (sample-weighted)" if len(train) > 2 else "")]
+        parts = [f"{num_examples_of(*train):,} training" + (" (sample-weighted)" if len(train) > 2 else "")
+                 + (" (no labels)" if len(train) == 1 else "")]
         if val is not None:
             how = "its own" if self.validation is not None else f"last {self._data.validation_split:g} held out"
             parts.append(f"{num_examples_of(*val):,} validation ({how})")
