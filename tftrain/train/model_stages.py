@@ -249,6 +249,7 @@ class ModelStages:
         try:
             result = sanity.run(plan, say=self.console.warn)
         except (sanity.BuildFailed, sanity.SanityError) as e:
+            self.precision.refuse_clash(e.error)  # under a mixed policy asked by name: refused here, in one line
             if not self.precision.clash(e.error):
                 if isinstance(e, sanity.BuildFailed):  # the build stage raises it again, as any failed run
                     return None

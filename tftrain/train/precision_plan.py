@@ -44,6 +44,23 @@ class PrecisionPlanner:
         dtype = self.info.compute_dtype
         return self.auto and dtype != "float32" and is_dtype_mismatch(error, dtype)
 
+    def refuse_clash(self, error: BaseException) -> None:
+        """Raises `ConfigError` (the line that clashed and the flags that train) when `error` is a dtype clash
+        under a mixed policy asked by name."""
+        from tftrain.errors import ConfigError
+        from tftrain.runtime.precision import is_dtype_mismatch
+
+        dtype = self.info.compute_dtype
+        if self.auto or dtype == "float32" or not is_dtype_mismatch(error, dtype):
+            return
+        import re
+
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Keras's colour codes
+        line = next(line.strip() for line in text.splitlines() if "16" in line)
+        raise ConfigError(f"The model does not build or step under --precision {self.asked} ({line[:300]}): a "
+                          "layer mixes float32 with the policy's compute dtype. Pass --precision float32, or "
+                          "--precision auto (float32 where the model needs it), or cast in that layer.") from None
+
     def decide(self, choice, remembered: bool = False, memory=None, key: Optional[str] = None):
         """Records and says `choice` (a `PrecisionChoice`), and remembers one that timed (or left the twin
         untimed for shorter runs) under `key`; returns it. The policy is set by the caller."""

@@ -765,3 +765,22 @@ def test_arrays_without_labels_train_a_model_through_add_loss_as_fit_x_none_does
     assert len(record.history["val_loss"]) == 2 and np.isfinite(record.test["loss"])
     with pytest.raises(ConfigError, match="sample weights weigh labels, and y is None"):
         tftrain.ArrayTask(_reconstructs, X, None, sample_weight=np.ones(len(X)), loss=None)
+
+
+def test_a_dtype_clash_under_a_mixed_policy_asked_by_name_is_refused_before_the_run_directory(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    class Gate(keras.layers.Layer):  # trains in float32; mixes a float32 constant into bfloat16 under the policy
+        def call(self, x):
+            return x * tf.constant(2.0)
+
+    def build():
+        inputs = keras.Input((X.shape[1],))
+        return keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(Gate()(inputs)))
+
+    task = tftrain.ArrayTask(build, X, CLASSES, loss="sparse_categorical_crossentropy")
+    with pytest.raises(ConfigError, match=r"does not build or step under --precision mixed_bfloat16 \(Input 'y' of "
+                                          r"'Mul' Op has type float32 that does not match type bfloat16 .*\): "):
+        _fit(task, tmp_path, precision="mixed_bfloat16")
+    assert not (tmp_path / "run").exists()
