@@ -111,8 +111,10 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
     except Preempted as e:  # SIGTERM / SIGUSR1: the checkpoint of the current step is saved
         print(f"{prog}: {e}. {_resume_hint(e.run_dir)}", file=sys.stderr)
         return 128 + e.signum
-    except KeyboardInterrupt:
-        print(f"\n{prog}: interrupted before training started.", file=sys.stderr)
+    except KeyboardInterrupt:  # before the run directory, or a second Ctrl-C while the Trainer handled the first
+        written = trainer is not None and getattr(trainer, "out_dir", None) is not None
+        print(f"\n{prog}: interrupted" + (f". {_resume_hint(str(trainer.run_dir.path))}" if written
+                                         else " before training started."), file=sys.stderr)
         return 130
     except Exception as e:  # one line; the traceback goes to the run directory
         what = _disk_full(e, trainer) or _in_the_way(e) or one_line(e)
@@ -329,7 +331,12 @@ def run_module(main_fn: Callable[[], int] = main) -> None:
     warnings.formatwarning = _one_line_warning
     # tftrain's own line says it (`--execution xla: Keras compiles this model without XLA ...`).
     warnings.filterwarnings("ignore", message="Model doesn't support `jit_compile=True`")
-    code = main_fn()
+    try:
+        code = main_fn()
+    except KeyboardInterrupt:  # a second Ctrl-C while the first was handled: the first one's exit code
+        print(f"\n{PROG}: interrupted.", file=sys.stderr)
+        code = 130
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the interpreter's teardown would kill it by SIGINT
     if code == 0:  # a stop signal during the interpreter's teardown would turn a finished run's exit code to 143
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if code == 0 and _written_alone:

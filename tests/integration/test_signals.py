@@ -61,10 +61,15 @@ elif moment == "sanity step":  # the handler's Preempted comes out of the step w
     sanity._traced_train_step = lambda model, train: kill()
     sanity._user_code = lambda model: True
 
-class HangUp(keras.callbacks.Callback):  # a closed terminal in epoch 2
+class HangUp(keras.callbacks.Callback):  # a closed terminal in epoch 2; or Ctrl-C pressed twice
     def on_train_batch_end(self, batch, logs=None):
         if moment == "training, SIGHUP" and int(self.model.optimizer.iterations) == 12:
             kill(signum=signal.SIGHUP)
+        if moment.startswith("training, SIGINT twice") and int(self.model.optimizer.iterations) == 12:
+            import subprocess, time
+            gap = moment.split()[-1]  # seconds between the two, from another process
+            subprocess.Popen(["sh", "-c", f"kill -INT {os.getpid()}; sleep {gap}; kill -INT {os.getpid()}"])
+            time.sleep(5)
 
 def build():
     return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
@@ -75,9 +80,10 @@ y = x @ np.array([[1.0], [-2.0], [0.5], [0.0]], "float32")
 task = tftrain.ArrayTask(build, x, y, x[:64], y[:64], loss="mse", optimizer="sgd", learning_rate=0.05, name="s")
 make_callbacks = Trainer.make_callbacks
 Trainer.make_callbacks = lambda self: dataclasses.replace(made := make_callbacks(self), all=(*made.all, HangUp()))
-from tftrain.run import main
-sys.exit(main(["--epochs", "3", "--batch-size", "32", "--execution", "graph", "--verbose", "0", "--seed", "0",
-               "--backup-every-steps", "4", "--run-dir", sys.argv[1], *sys.argv[2:]], task=task, prog="sig"))
+from tftrain.run import main, run_module
+run_module(lambda: main(["--epochs", "3", "--batch-size", "32", "--execution", "graph", "--verbose", "0", "--seed",
+                         "0", "--backup-every-steps", "4", "--run-dir", sys.argv[1], *sys.argv[2:]], task=task,
+                        prog="sig"))  # as python -m tftrain.run exits
 """
 
 
@@ -130,6 +136,18 @@ def test_a_signal_whose_stop_tensorflow_wraps_in_its_own_error_still_ends_in_the
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     assert _last_line(stopped).startswith("sig: stopped by SIGTERM during the sanity pass (nothing written). To "
                                           "resume, rerun the same command"), _last_line(stopped)
+
+
+@pytest.mark.parametrize("gap", ["0", "0.05", "0.3"])
+def test_ctrl_c_twice_exits_130_in_one_line_and_the_same_command_resumes(tmp_path, gap):
+    run_dir = tmp_path / "run"
+    stopped = _run(run_dir, f"training, SIGINT twice {gap}")
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    assert _last_line(stopped).startswith("sig: interrupted. To resume, rerun the same command"), \
+        stopped.stderr[-3000:]
+    done = _run(run_dir, "")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["optimizer_steps"] == 24
 
 
 def test_signals_while_the_run_is_written_wait_for_it_and_the_run_completes(tmp_path):
