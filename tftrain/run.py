@@ -23,7 +23,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from tftrain import cli
 from tftrain.checkpoint_files import checkpoints, read_position
 from tftrain.errors import AlreadyFinished, ConfigError, Preempted, RuntimeStartedError, RuntimeStartedWarning
-from tftrain.rundir import BACKUP_DIR, FAILURE_LOG, METRICS_FILE
+from tftrain.rundir import BACKUP_DIR, FAILURE_LOG, METRICS_FILE, RUN_ID_ENV
 from tftrain.train.user_code import import_where, line_of, one_line
 
 PROG = "python -m tftrain.run"
@@ -169,6 +169,12 @@ def _disk_full(error: BaseException, trainer) -> str:
 
 def _resume_hint(run_dir: str) -> str:
     """How to resume: `--resume` or `--run-dir` (a parameter-server job's server tasks do not know it)."""
+    if os.environ.get(RUN_ID_ENV):  # a task of `python -m tftrain.launch`: the user's command is the launcher's
+        if not run_dir:
+            return ("To resume, rerun the same python -m tftrain.launch command (the chief's line names the run "
+                    "directory).")
+        return (f"To resume, rerun the same python -m tftrain.launch command with --resume (or --run-dir {run_dir}) "
+                "added to the training command after --.")
     if not run_dir:
         return "To resume, rerun the same command (the chief's line names the run directory)."
     return f"To resume, rerun the same command with --resume (or --run-dir {run_dir})."
