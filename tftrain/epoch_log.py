@@ -67,8 +67,9 @@ def tidy_history(path, attempt=None) -> Optional[str]:
         if not epochs:
             return None
         header, rows = ["epoch", *_csv_logger_keys(logs)], []
+    last = max(epochs) if epochs else None  # no row can be of a later epoch than this attempt's last
     good = [row for row in rows if None not in row and None not in row.values()
-            and str(row.get("epoch", "")).strip().isdigit()]
+            and str(row.get("epoch", "")).strip().isdigit() and (last is None or int(row["epoch"]) <= last)]
     by_epoch = {int(row["epoch"]): row for row in good}
     for i, epoch in enumerate(epochs):  # this attempt's epochs a damaged row took with it
         by_epoch.setdefault(epoch, {"epoch": epoch, **{k: logs[k][i] if k in logs else "NA" for k in header[1:]}})

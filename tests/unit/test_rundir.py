@@ -292,6 +292,17 @@ def test_a_cut_row_whose_epoch_is_not_trained_again_is_named(tmp_path):
     assert note.endswith("this attempt's epochs kept; no row for epoch(s) 2")
 
 
+def test_a_row_of_an_epoch_after_the_run_s_last_is_dropped(tmp_path):
+    from types import SimpleNamespace
+
+    from tftrain.epoch_log import read_history, tidy_history
+
+    path = tmp_path / "history.csv"  # another program's row appended
+    path.write_text("epoch,loss\n0,0.9\n1,0.5\n7,0.1\n")
+    note = tidy_history(path, SimpleNamespace(epoch=[1], history={"loss": [0.5]}))
+    assert note.startswith(f"{path} had 1 damaged row(s)") and read_history(path) == {"loss": [0.9, 0.5]}
+
+
 def test_lines_that_are_not_text_are_dropped_so_keras_can_append(tmp_path):
     import keras
     import numpy as np
