@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -313,6 +314,14 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
+def _one_line_thread_error(args) -> None:
+    """An error that ended a background thread, in one line (`threading.excepthook`); the run's own exit code and
+    line say how it ended."""
+    if args.exc_type is not SystemExit:
+        name = getattr(args.thread, "name", "a thread")
+        print(f"tftrain: warning: {name} ended: {one_line(args.exc_value)}", file=sys.stderr, flush=True)
+
+
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     """A Python warning as the command line prints its own: `warning: <message>`, without its source line."""
     return f"warning: {' '.join(str(message).split())}\n"
@@ -335,6 +344,8 @@ def run_module(main_fn: Callable[[], int] = main) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     warnings.formatwarning = _one_line_warning
+    if not os.environ.get("TFTRAIN_TRACEBACK"):  # e.g. TensorFlow's preemption watcher after the chief died
+        threading.excepthook = _one_line_thread_error
     # tftrain's own line says it (`--execution xla: Keras compiles this model without XLA ...`).
     warnings.filterwarnings("ignore", message="Model doesn't support `jit_compile=True`")
     try:

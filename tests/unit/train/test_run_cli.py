@@ -320,3 +320,19 @@ def test_sigterm_outside_the_trainer_s_watch_is_one_line(capsys, monkeypatch, ra
     with pytest.raises(SystemExit) as stopped:
         run._exit_on_sigterm(signal.SIGTERM, None)
     assert stopped.value.code == code and capsys.readouterr().err == line + "\n"
+
+
+def test_an_error_that_ends_a_background_thread_is_said_in_one_line(capsys):
+    import threading
+    from types import SimpleNamespace
+
+    from tftrain.run import _one_line_thread_error
+
+    error = RuntimeError("recvmsg:Connection reset by peer\nAdditional GRPC error information: ...")
+    _one_line_thread_error(SimpleNamespace(exc_type=RuntimeError, exc_value=error, exc_traceback=None,
+                                           thread=threading.Thread(name="WorkerPreemptionHandler")))
+    _one_line_thread_error(SimpleNamespace(exc_type=SystemExit, exc_value=SystemExit(0), exc_traceback=None,
+                                           thread=None))
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tftrain: warning: WorkerPreemptionHandler ended: RuntimeError: "
+                                                   "recvmsg:Connection reset by peer"), err
