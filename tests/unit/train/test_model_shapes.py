@@ -488,8 +488,10 @@ def test_test_labels_of_another_structure_are_refused_before_training(tmp_path):
 
 
 def test_array_task_inputs_that_would_shift_or_vanish_are_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"validation_data: sample weights weigh labels, and y is None"):
+        _task(DICT_INPUTS, validation_data=(DICT_INPUTS["x"], None, np.ones(96, "float32")))  # not taken as labels
     with pytest.raises(ConfigError, match=r"validation_data must be \(x, y\) or \(x, y, sample_weight\)"):
-        _task(DICT_INPUTS, validation_data=(DICT_INPUTS["x"], None, np.ones(96, "float32")))
+        _task(DICT_INPUTS, validation_data=(DICT_INPUTS["x"],))
     with pytest.raises(ConfigError, match="no x_test is given"):
         tftrain.ArrayTask(_dict_inputs, DICT_INPUTS["x"], CLASSES, loss="mse", test_sample_weight=np.ones(96))
     with pytest.raises(ConfigError, match="one is a scalar"):
