@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import List, Optional
 
-from tftrain.files import fsync_dir, write_text_atomic
+from tftrain.files import write_text_atomic
 
 KEEP = 2
 """Checkpoints kept: the newest and the one before it (the fallback when the newest cannot be read)."""
@@ -120,25 +120,21 @@ def _opens(weights: Path) -> bool:
         return False
 
 
-def fsync_file(path) -> None:
-    """Flushes `path`'s content to disk."""
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
 def next_number(backup_dir) -> int:
     """The number the next checkpoint takes: one more than the newest numbered one (0 when none)."""
     return max((c.number for c in checkpoints(backup_dir)), default=-1) + 1
 
 
-def commit(backup_dir, number: int, weights_tmp: Path, position: BackupPosition) -> Checkpoint:
-    """Makes checkpoint `number` from a weights file written at `weights_tmp`: flushes and renames it, writes
-    its metadata durably (the commit), then deletes what no longer counts (`prune`)."""
+def weights_path(backup_dir, number: int) -> Path:
+    """Where checkpoint `number`'s weights go (write them through `tftrain.files.replaced`, then `commit`)."""
+    return Path(backup_dir) / f"ckpt-{number}.weights.h5"
+
+
+def commit(backup_dir, number: int, position: BackupPosition) -> Checkpoint:
+    """Commits checkpoint `number`, whose weights are written (`weights_path`, durably): writes its metadata durably,
+    then deletes what no longer counts (`prune`)."""
     folder = Path(backup_dir)
-    weights, meta = folder / f"ckpt-{number}.weights.h5", folder / f"ckpt-{number}.json"
-    fsync_file(weights_tmp)
-    os.replace(weights_tmp, weights)
-    fsync_dir(folder)
+    weights, meta = weights_path(folder, number), folder / f"ckpt-{number}.json"
     write_text_atomic(meta, json.dumps(dataclasses.asdict(position)), durable=True)
     prune(folder, keep_from=number)
     return Checkpoint(number, weights, meta, position)

@@ -2,28 +2,45 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 from pathlib import Path
+
+TEMPORARY = re.compile(r"\.tmp-\d+-.+")
+"""The names of `replaced`'s temporary files (`.tmp-<pid>-<name>`), which a kill can leave behind."""
+
+
+@contextlib.contextmanager
+def replaced(path, durable: bool = False):
+    """While open, yields the temporary path to write `path`'s new content to: `.tmp-<pid>-<name>` beside it
+    (the same ending: Keras and NumPy read the format from it). On a clean exit it is renamed to `path`, so a
+    kill or a full disk never leaves a half-written `path`; on an error it is removed. With `durable`, the
+    file is flushed to disk (`fsync`) before the rename and the folder after it, so that a machine crash
+    leaves the old content or the new, never an empty file. Defaults to False."""
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    try:
+        yield tmp
+        if durable:
+            fsync_file(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def write_text_atomic(path, text: str, durable: bool = False) -> None:
-    """Writes `text` to `path` through a temporary file and a rename (no half-written files); with
-    `durable`, the file is flushed to disk (`fsync`) before the rename and the folder after it, so that a
-    machine crash leaves the old content or the new, never an empty file. Defaults to False."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a full disk: no part file left beside `path`
-        tmp.unlink(missing_ok=True)
-        raise
-    if durable:
-        fsync_dir(path.parent)
+    """Writes `text` to `path` whole (UTF-8, through `replaced`); `durable` as `replaced` takes it."""
+    with replaced(path, durable) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def fsync_file(path) -> None:
+    """Flushes `path`'s content to disk."""
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
 
 
 def fsync_dir(folder) -> None:

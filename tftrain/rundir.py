@@ -448,10 +448,12 @@ def task_run_dir(run_dir: RunDir, config_yaml: str, is_chief: bool = True, task:
 
 
 def remove_temporaries(path: Path) -> None:
-    """Removes the temporary files of writes a kill cut short (`.tmp-<pid>-<name>`, `.<name>.tmp-<pid>`) in the run
-    directory `path` and its `checkpoints/`."""
-    ours = re.compile(r"\.tmp-\d+-(model\.keras|model\.weights\.h5)|\..+\.tmp-\d+")  # only tftrain's own names
+    """Removes the temporary files of writes a kill cut short (`tftrain.files.TEMPORARY`, and earlier versions'
+    `.<name>.tmp-<pid>`) in the run directory `path` and its `checkpoints/`."""
+    from tftrain.files import TEMPORARY
+
+    earlier = re.compile(r"\..+\.tmp-\d+")  # only tftrain's own names
     for folder in (path, path / "checkpoints"):
         for stale in folder.glob(".*"):
-            if ours.fullmatch(stale.name) and stale.is_file():
+            if (TEMPORARY.fullmatch(stale.name) or earlier.fullmatch(stale.name)) and stale.is_file():
                 stale.unlink(missing_ok=True)

@@ -50,7 +50,6 @@ def group_steps_by_markers(path) -> int:
                         stat.int64_value = 0  # the value is a oneof: this clears uint64_value too
                         changed += 1
     if changed:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(space.SerializeToString())
-        tmp.replace(path)
+        with replaced(path) as tmp:
+            tmp.write_bytes(space.SerializeToString())
     return changed

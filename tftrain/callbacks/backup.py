@@ -21,6 +21,7 @@ from tftrain import checkpoint_files
 from tftrain.callbacks._steps import optimizer_steps
 from tftrain.checkpoint_files import BackupPosition
 from tftrain.errors import check_int
+from tftrain.files import replaced
 
 SPACE_MARGIN = 1 << 20
 """Bytes a save needs beyond the checkpoint's size (HDF5 structure, metadata)."""
@@ -190,11 +191,11 @@ class StepBackup(keras.callbacks.Callback):
         """Writes checkpoint `_number`: the weights file, then the metadata that commits it."""
         os.makedirs(self.backup_dir, exist_ok=True)
         self._check_space()
-        tmp = Path(self.backup_dir) / f"ckpt-{self._number}.tmp.weights.h5"
-        self.model.save_weights(tmp)
-        self._size = os.path.getsize(tmp)
+        with replaced(checkpoint_files.weights_path(self.backup_dir, self._number), durable=True) as tmp:
+            self.model.save_weights(tmp)
+            self._size = os.path.getsize(tmp)
         position = BackupPosition(epoch, steps_in_epoch, optimizer_steps(self.model), self.batch_size)
-        checkpoint_files.commit(self.backup_dir, self._number, tmp, position)
+        checkpoint_files.commit(self.backup_dir, self._number, position)
         self._number += 1
         self._since_save = 0
 

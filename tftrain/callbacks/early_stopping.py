@@ -13,7 +13,7 @@ import keras
 import numpy as np
 
 from tftrain.epoch_log import logged_value
-from tftrain.rundir import write_text_atomic
+from tftrain.files import replaced, write_text_atomic
 
 STATE_FILE = "early_stopping.json"
 BEST_WEIGHTS_FILE = "early_stopping_best.npz"
@@ -110,11 +110,8 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
         best_file = self._path(BEST_WEIGHTS_FILE)
         if self.restore_best_weights and self.best_weights is not None and (self.best_epoch != before
                                                                             or not best_file.exists()):
-            tmp = self._path(f"tmp-{os.getpid()}-{BEST_WEIGHTS_FILE}")
-            np.savez(tmp, *self.best_weights, best_epoch=np.int64(self.best_epoch))
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, best_file)
+            with replaced(best_file, durable=True) as tmp:  # ends in .npz, so NumPy adds no suffix
+                np.savez(tmp, *self.best_weights, best_epoch=np.int64(self.best_epoch))
         state = {"best": float(self.best), "best_epoch": int(self.best_epoch), "wait": int(self.wait), "epoch": epoch,
                  "stopped_epoch": int(self.stopped_epoch)}
         write_text_atomic(self._path(STATE_FILE), json.dumps(state), durable=True)

@@ -7,6 +7,7 @@ import contextlib
 import os
 from typing import Optional
 
+from tftrain.files import replaced
 from tftrain.train.tasks.base import check_compile_args
 
 
@@ -370,12 +371,8 @@ def write_model(model, path, warn) -> None:
 
     why = unserializable(model)
     target = path if why is None else path.with_name(rundir_lib.WEIGHTS_FILE)
-    tmp = target.with_name(f".tmp-{os.getpid()}-{target.name}")  # Keras reads the format from the name's ending
-    try:
+    with replaced(target) as tmp:  # Keras reads the format from the temporary name's ending, as `target`'s
         model.save(tmp) if why is None else model.save_weights(tmp)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
     if why is not None:
         warn(f"{path.name} not written: {why[0]}; the trained weights are in {target} (build the model, call it on a "
              "batch, then model.load_weights)")
