@@ -42,6 +42,8 @@ elif moment == "saving, twice":
     before(Trainer, "save", times=2)
 elif moment == "export":
     before(after_steps, "export")
+elif moment == "report":
+    before(Trainer, "report")
 elif moment == "second trial":  # in its first epoch's batches: inside keras-tuner, which fails a trial on errors
     from tftrain.tuning import keras_tuner
     trial_fit = keras_tuner.TrainingHyperModel.fit
@@ -148,6 +150,14 @@ def test_ctrl_c_twice_exits_130_in_one_line_and_the_same_command_resumes(tmp_pat
     done = _run(run_dir, "")
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((run_dir / "metrics.json").read_text())["optimizer_steps"] == 24
+
+
+def test_a_signal_during_the_report_after_the_export_ends_the_run_complete_without_redoing_it(tmp_path):
+    run_dir = tmp_path / "run"
+    done = _run(run_dir, "report", "--export", "saved_model")
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["after_steps"] == {"export": "done"} and "saved_model" in metrics["export"]
 
 
 def test_signals_while_the_run_is_written_wait_for_it_and_the_run_completes(tmp_path):

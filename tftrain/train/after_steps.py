@@ -82,6 +82,9 @@ class ExportStages:
         except Exception as e:  # noqa: BLE001 (recorded and raised once the record is written)
             status = failure_status(e)
         self.extras[rundir_lib.AFTER_STEPS_KEY] = {"export": status}
+        with self.preemption.holding(stop_after=False):  # on disk now: a stop after it must not redo it
+            update_metrics(self.out_dir.path, after_steps={"export": status},
+                           **({"export": self.extras["export"]} if status == "done" else {}))
         return None if status == "done" else failed_message(
             "export", self.run_dir.path, status, self.config.train.export)
 

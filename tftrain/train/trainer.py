@@ -219,7 +219,8 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
             raise
         finally:
             self.task.release()
-        self.report(record)
+        with self.preemption.holding(stop_after=False):  # the run is complete: a stop signal waits for its lines
+            self.report(record)
         if failure:
             raise AfterStepFailed(failure)
         return record
