@@ -81,19 +81,27 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
         raise ConfigError(f"--tune needs at least {TUNE_BATCH_SIZES[0]} training examples per trial; {n} remain. "
                           "Pass a larger --train-examples.")
 
+    trial = {}  # the trial being built and trained (keras-tuner builds, then fits, one trial at a time)
+
+    def trial_task(**more):
+        """The task bound to the trial's values of `task.tune_space()` (and `more`): every method sees them."""
+        values = {**trial, **more}
+        return task.bind(cfg.override(values)) if values else task
+
     def model_fn(values):
-        bound = task.bind(cfg.override(values)) if values else task
-        model = bound.build_model()
+        trial.clear()
+        trial.update(values or {})
+        model = trial_task().build_model()
         plain = type(model) is keras.Sequential or type(model).__name__ == "Functional"  # as the run casts them
         return ensure_float32_outputs(model) if compute_dtype != "float32" and plain else model
 
     def compile_args(learning_rate):
-        return task.bind(cfg.override({"learning_rate": learning_rate, "lr_schedule": "constant"})).compile_args(None)
+        return trial_task(learning_rate=learning_rate, lr_schedule="constant").compile_args(None)
 
     objective = _objective(cfg, task.compile_args(None), validation_keys)
     # Each trial validates at its own global batch size; the validation data is present (Trainer.check_task).
     hypermodel = TrainingHyperModel(
-        model_fn, lambda b: task.train_data(b), lambda b: task.validation_data(b),
+        model_fn, lambda b: trial_task().train_data(b), lambda b: trial_task().validation_data(b),
         learning_rate=_learning_rate_range(cfg, task),
         choices=dict(task.tune_space()), batch_sizes=batch_sizes, compile_args=compile_args,
         compile_options=rt.compile_options(),

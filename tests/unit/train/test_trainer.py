@@ -711,3 +711,40 @@ def test_class_weight_that_leaves_out_a_class_of_the_model_weighs_it_1_as_keras_
     record = tftrain.Trainer(task, epochs=1, batch_size=32, verbose=0, execution="graph",
                              run_dir=str(tmp_path / "run")).fit()
     assert record.epochs_trained == 1 and np.isfinite(record.history["loss"][-1])
+
+
+@pytest.mark.slow
+def test_a_tune_trial_s_values_reach_compile_args_and_the_data_as_well_as_the_model(tmp_path):
+    import dataclasses
+
+    import keras
+
+    seen = []
+
+    @dataclasses.dataclass(frozen=True)
+    class HP:
+        width: int = tftrain.hparam(8, "hidden units", minimum=1)
+        smoothing: float = tftrain.hparam(0.0, "label smoothing, read in compile_args")
+
+    class Smoothed(tftrain.ArrayTask):
+        def compile_args(self, steps_per_epoch):
+            seen.append(("compile_args", self.hparams.width, self.hparams.smoothing))
+            return {**super().compile_args(steps_per_epoch),
+                    "loss": keras.losses.CategoricalCrossentropy(label_smoothing=self.hparams.smoothing)}
+
+        def train_data(self, global_batch_size, input_context=None):
+            seen.append(("train_data", self.hparams.width, self.hparams.smoothing))
+            return super().train_data(global_batch_size, input_context)
+
+        def tune_space(self):
+            return {"width": (4,), "smoothing": (0.5,)}
+
+    x = np.random.default_rng(0).standard_normal((256, 4)).astype("float32")
+    y = np.eye(2, dtype="float32")[(x[:, 0] > 0).astype(int)]
+    build = lambda hp: keras.Sequential([keras.Input((4,)), keras.layers.Dense(hp.width),  # noqa: E731
+                                         keras.layers.Dense(2, activation="softmax")])
+    task = Smoothed(build, x, y, loss="categorical_crossentropy", hparams=HP(), name="smoothed")
+    tftrain.Trainer(task, tune=1, validation_split=0.25, epochs=1, verbose=0, execution="graph",
+                    run_dir=str(tmp_path / "run")).fit()
+    trial = seen[seen.index(next(s for s in seen if s[1] == 4)):]  # from the trial's first call on
+    assert trial and all(s[1:] == (4, 0.5) for s in trial), seen
