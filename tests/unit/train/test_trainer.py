@@ -741,10 +741,13 @@ def test_a_tune_trial_s_values_reach_compile_args_and_the_data_as_well_as_the_mo
 
     x = np.random.default_rng(0).standard_normal((256, 4)).astype("float32")
     y = np.eye(2, dtype="float32")[(x[:, 0] > 0).astype(int)]
-    build = lambda hp: keras.Sequential([keras.Input((4,)), keras.layers.Dense(hp.width),  # noqa: E731
-                                         keras.layers.Dense(2, activation="softmax")])
+    def build(hp):
+        seen.append(("build_model", hp.width, hp.smoothing))
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(hp.width),
+                                 keras.layers.Dense(2, activation="softmax")])
+
     task = Smoothed(build, x, y, loss="categorical_crossentropy", hparams=HP(), name="smoothed")
     tftrain.Trainer(task, tune=1, validation_split=0.25, epochs=1, verbose=0, execution="graph",
                     run_dir=str(tmp_path / "run")).fit()
-    trial = seen[seen.index(next(s for s in seen if s[1] == 4)):]  # from the trial's first call on
-    assert trial and all(s[1:] == (4, 0.5) for s in trial), seen
+    trial = seen[seen.index(("build_model", 4, 0.5)):]  # from the trial's build on, then the run's
+    assert len(trial) > 3 and all(s[1:] == (4, 0.5) for s in trial), seen
