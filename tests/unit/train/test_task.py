@@ -138,6 +138,9 @@ def test_optimizer_names_instances_and_functions_take_the_run_learning_rate():
     assert float(default["optimizer"].learning_rate) == pytest.approx(0.01)  # SGD's own default
     with pytest.raises(ConfigError, match="Unknown optimizer 'sgdd'"):
         tftrain.ArrayTask(_model, x, y, loss="mse", optimizer="sgdd").bind(RecipeConfig()).compile_args(None)
+    with pytest.raises(ConfigError, match="optimizer is a function of the learning rate, and no learning rate"):
+        tftrain.ArrayTask(_model, x, y, loss="mse", optimizer=lambda lr: keras.optimizers.Adam(lr)).bind(
+            RecipeConfig()).compile_args(None)
 
 
 def test_metric_classes_and_factories_are_built_fresh_by_compile_args():

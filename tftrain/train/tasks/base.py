@@ -124,7 +124,14 @@ class Task:
                 ) from None
             return cls() if rate is None else cls(learning_rate=rate)
         if callable(spec):
-            return spec() if rate is None else spec(rate)
+            if rate is not None:
+                return spec(rate)
+            try:
+                inspect.signature(spec).bind()
+            except (TypeError, ValueError):  # it needs the rate, and neither the task nor --learning-rate gives one
+                raise ConfigError("The task's optimizer is a function of the learning rate, and no learning rate is "
+                                  "given: set the task's learning_rate, or pass --learning-rate.") from None
+            return spec()
         raise ConfigError(f"optimizer must be a name, an optimizer or a function. Received: {spec!r}.")
 
     def run_learning_rate(self, steps_per_epoch: Optional[int]):
