@@ -156,6 +156,19 @@ def test_task_hyperparameter_named_like_a_tftrain_field_is_refused():
         RecipeConfig(task=Clash())
 
 
+def test_task_hyperparameter_of_a_type_no_flag_sets_is_refused_when_declared():
+    from typing import Optional, Tuple
+
+    @dataclasses.dataclass(frozen=True)
+    class Widths:
+        dropout: Optional[float] = None
+        widths: Tuple[int, ...] = (32, 16)
+
+    with pytest.raises(ConfigError, match=r"Task hyperparameter 'widths' is typed typing.Tuple\[int, \.\.\.\]; a "
+                                          "flag sets an int, float, str or bool"):
+        RecipeConfig(task=Widths())
+
+
 def test_yaml_float_written_in_exponent_form_is_a_float(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("train: {learning_rate: 1e-3}\n")

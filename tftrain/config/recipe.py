@@ -41,6 +41,12 @@ def check_hparams(hparams) -> None:
             f"Task hyperparameter {clash[0]!r} has the name of a tftrain field (flag --{clash[0].replace('_', '-')}). "
             "Rename it in the task's hparams dataclass."
         )
+    hints = typing.get_type_hints(type(hparams))
+    for f in dataclasses.fields(hparams):
+        if _field_kind(hints[f.name])[0] not in (int, float, str, bool):
+            raise ConfigError(f"Task hyperparameter {f.name!r} is typed {hints[f.name]}; a flag sets an int, float, "
+                              "str or bool (or an Optional of one). Declare it as str and parse it in the task "
+                              "(e.g. '32,16').")
     _validate_fields(hparams)
 
 
