@@ -91,3 +91,14 @@ def test_bad_tables_are_named_in_one_line(tmp_path):
     (tmp_path / "t.txt").write_text("x")
     with pytest.raises(ConfigError, match="pass .csv files or .parquet files"):
         _task(str(tmp_path / "t.*"))
+
+
+def test_csv_files_whose_headers_differ_are_refused_as_they_are_read_by_position(tmp_path):
+    _write_csv(tmp_path / "a.csv", 8, 0)
+    rows = (tmp_path / "a.csv").read_text().splitlines()
+    swapped = ["x2,x1,city,y"] + [",".join([r.split(",")[1], r.split(",")[0], *r.split(",")[2:]]) for r in rows[1:]]
+    (tmp_path / "b.csv").write_text("\n".join(swapped) + "\n")
+    with pytest.raises(ConfigError, match=r"b.csv's header \(x2, x1, city, y\) differs from .*a.csv's \(x1, x2, "
+                                          r"city, y\); CSV columns are read by position"):
+        _task(str(tmp_path / "*.csv"))
+    _task(str(tmp_path / "a.csv"), test_files=str(tmp_path / "a.csv"))  # the same header: taken

@@ -63,6 +63,7 @@ class TableTask(DatasetTask):
         more = {k: expand(v, k) if v is not None else None for k, v in
                 (("validation_files", validation_files), ("test_files", test_files))}
         self.validation_files, self.test_files = more["validation_files"], more["test_files"]
+        same_header([*self.files, *(self.validation_files or ()), *(self.test_files or ())], self.format)
         super().__init__(build_model, lambda: self.read(self.files),
                          validation=(lambda: self.read(self.validation_files)) if self.validation_files else None,
                          test=(lambda: self.read(self.test_files)) if self.test_files else None,
@@ -146,6 +147,16 @@ def columns_of(path: str, kind: str) -> list:
         with open(path, newline="", encoding="utf-8") as f:
             return next(csv.reader(f), [])
     return list(_pyarrow().parquet.read_schema(path).names)
+
+
+def same_header(paths: Sequence[str], kind: str) -> None:
+    """`ConfigError` when CSV files' headers differ: their columns are read by position, the first file's."""
+    first = columns_of(paths[0], kind) if kind == "csv" else None
+    for path in paths[1:] if first is not None else ():
+        if columns_of(path, kind) != first:
+            raise ConfigError(f"TableTask: {path}'s header ({', '.join(columns_of(path, kind))}) differs from "
+                              f"{paths[0]}'s ({', '.join(first)}); CSV columns are read by position: write the files "
+                              "with one header.")
 
 
 def count_rows(paths: Sequence[str], kind: str) -> int:
