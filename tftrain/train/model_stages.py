@@ -304,6 +304,7 @@ class ModelStages:
             compile_args=check_compile_args(self.task.compile_args(self.steps_per_epoch)),
             train_data=self.task.train_data(gb),
             validation_data=validation, test_data=self.task.test_data(gb), batch_size=max(1, gb // rt.num_replicas),
+            replicas=rt.num_replicas,
             compute_dtype="float32" if timed else info.compute_dtype, auto_precision=cfg.runtime.precision == "auto",
             loss_scaling=info.loss_scaling, class_weight=self.task.class_weight,
             monitor=(self.keep_best_monitor(), cfg.train.monitor_mode)

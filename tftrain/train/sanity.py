@@ -26,6 +26,7 @@ class SanityPlan:
     Attributes:
         build, build_float32: return the task's model, built uncompiled, under the current policy / float32 (export's).
         batch_size: examples of the first batch the steps run on (the per-replica batch size).
+        replicas: the strategy's replicas in sync. Defaults to 1.
         auto_precision: whether `--precision auto` chose the policy (a rounding output then takes float32).
         loss_scaling: whether the policy scales the loss (`mixed_float16`).
         monitor: `(metric, mode)` that `--keep-best` ranks by, or None.
@@ -46,6 +47,7 @@ class SanityPlan:
     validation_data: object = None
     test_data: object = None
     batch_size: int = 32
+    replicas: int = 1
     compute_dtype: str = "float32"
     auto_precision: bool = False
     loss_scaling: bool = False
@@ -197,7 +199,14 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
     checked.append("a training step" + (" and a validation step" if validation is not None else ""))
     checked += _after_training(plan, model, keys, validation is not None, say)
     x, y, _ = _unpacked(train)
-    float32_needed = label_rounding(y, model(x, training=False), plan.compute_dtype)
+    outputs = model(x, training=False)
+    import tensorflow as tf
+
+    if plan.replicas > 1 and any(len(getattr(o, "shape", ())) == 1 for o in tf.nest.flatten(outputs)):
+        say(f"an output is one scalar per example (shape (batch,)): over {plan.replicas} replicas Keras reports "
+            f"its loss, and scales its gradients, {plan.replicas} times too large for a loss that averages over the "
+            "last axis (mse, ...); give the output a last axis of 1 (and the labels too)")
+    float32_needed = label_rounding(y, outputs, plan.compute_dtype)
     if plan.candidate_build is not None and not _plain(model):
         float32_needed = _candidate_rounding(plan, x, y)
     if float32_needed and not plan.auto_precision:

@@ -786,3 +786,24 @@ def test_a_dtype_clash_under_a_mixed_policy_asked_by_name_is_refused_before_the_
                                           r"'Mul' Op has type float32 that does not match type bfloat16 .*\): "):
         _fit(task, tmp_path, precision="mixed_bfloat16")
     assert not (tmp_path / "run").exists()
+
+
+def test_an_output_of_one_scalar_per_example_is_warned_of_over_several_replicas_only():
+    import keras
+    import tensorflow as tf
+
+    from tftrain.train import sanity
+
+    def build():
+        inputs = keras.Input((X.shape[1],))
+        return keras.Model(inputs, keras.layers.Reshape(())(keras.layers.Dense(1)(inputs)))
+
+    data = tf.data.Dataset.from_tensor_slices((X, X[:, 0])).batch(16)
+    for replicas in (1, 2):
+        said = []
+        sanity.run(sanity.SanityPlan(build=build, build_float32=build, compile_args={"optimizer": "sgd", "loss": "mse"},
+                                     train_data=data, replicas=replicas, graph=False), say=said.append)
+        assert [s for s in said if "one scalar per example" in s] == ([] if replicas == 1 else [
+            "an output is one scalar per example (shape (batch,)): over 2 replicas Keras reports its loss, and "
+            "scales its gradients, 2 times too large for a loss that averages over the last axis (mse, ...); give "
+            "the output a last axis of 1 (and the labels too)"]), said
