@@ -106,8 +106,22 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
         choices=dict(task.tune_space()), batch_sizes=batch_sizes, compile_args=compile_args,
         compile_options=rt.compile_options(),
     )
-    tuner = make_tuner(hypermodel, directory=directory, algorithm=cfg.train.tuner, max_trials=cfg.train.tune,
-                       strategy=rt.strategy, seed=cfg.seed, max_epochs=cfg.train.epochs, objective=objective)
+    def tuner_of():
+        return make_tuner(hypermodel, directory=directory, algorithm=cfg.train.tuner, max_trials=cfg.train.tune,
+                          strategy=rt.strategy, seed=cfg.seed, max_epochs=cfg.train.epochs, objective=objective)
+
+    try:
+        tuner = tuner_of()  # a resumed run reloads the finished trials
+    except (ValueError, OSError, KeyError, TypeError) as e:  # keras-tuner's own files, cut by a kill or a full disk
+        if isinstance(e, ConfigError) or not Path(directory).exists():
+            raise
+        import shutil
+
+        from tftrain.train.user_code import one_line
+
+        console.warn(f"{directory} could not be read back ({one_line(e)}); its trials are run again")
+        shutil.rmtree(directory)
+        tuner = tuner_of()
     console.section(f"tuning: {cfg.train.tune} {cfg.train.tuner} trial(s) over learning rate, batch size"
                             + "".join(f", {k}" for k in task.tune_space()) + f" (objective {getattr(objective, 'name', objective)})")
     weights = {"class_weight": task.class_weight} if task.class_weight is not None else {}  # trials as the run

@@ -751,3 +751,17 @@ def test_a_tune_trial_s_values_reach_compile_args_and_the_data_as_well_as_the_mo
                     run_dir=str(tmp_path / "run")).fit()
     trial = seen[seen.index(("build_model", 4, 0.5)):]  # from the trial's build on, then the run's
     assert len(trial) > 3 and all(s[1:] == (4, 0.5) for s in trial), seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["empty trial", "garbage oracle"])
+def test_a_tuning_folder_keras_tuner_cannot_read_back_is_said_and_its_trials_run_again(tmp_path, capsys, damage):
+    first = _trainer(tmp_path, tune=1, validation_split=0.25, epochs=1)
+    first.fit()
+    tuner = tmp_path / "run" / "tuning" / "tuner"
+    for written in ("metrics.json", "model.keras", "report.md"):  # as if killed after the search, before a checkpoint
+        (tmp_path / "run" / written).unlink()
+    (tuner / "trial_0" / "trial.json" if damage == "empty trial" else tuner / "oracle.json").write_text(
+        "" if damage == "empty trial" else '{"garbage')
+    record = _trainer(tmp_path, tune=1, validation_split=0.25, epochs=1, verbose=1).fit()
+    assert "could not be read back" in capsys.readouterr().err and record.extras["tuning"]["trials"] == 1
