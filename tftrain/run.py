@@ -107,14 +107,14 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
         print(f"{prog}: {e}", flush=True)
         return 0
     except Interrupted as e:
-        print(f"\n{prog}: interrupted. {_resume_hint(e.run_dir)}", file=sys.stderr)
+        print(f"\n{prog}: interrupted. {_resume_hint(e.run_dir, trainer)}", file=sys.stderr)
         return 130
     except Preempted as e:  # SIGTERM / SIGUSR1: the checkpoint of the current step is saved
-        print(f"{prog}: {e}. {_resume_hint(e.run_dir)}", file=sys.stderr)
+        print(f"{prog}: {e}. {_resume_hint(e.run_dir, trainer)}", file=sys.stderr)
         return 128 + e.signum
     except KeyboardInterrupt:  # before the run directory, or a second Ctrl-C while the Trainer handled the first
         written = trainer is not None and getattr(trainer, "out_dir", None) is not None
-        print(f"\n{prog}: interrupted" + (f". {_resume_hint(str(trainer.run_dir.path))}" if written
+        print(f"\n{prog}: interrupted" + (f". {_resume_hint(str(trainer.run_dir.path), trainer)}" if written
                                          else " before training started."), file=sys.stderr)
         return 130
     except Exception as e:  # one line; the traceback goes to the run directory
@@ -168,17 +168,20 @@ def _disk_full(error: BaseException, trainer) -> str:
     return f"{type(error).__name__}: no space left on the disk holding {where}; {state}"
 
 
-def _resume_hint(run_dir: str) -> str:
-    """How to resume: `--resume` or `--run-dir` (a parameter-server job's server tasks do not know it)."""
-    if os.environ.get(RUN_ID_ENV):  # a task of `python -m tftrain.launch`: the user's command is the launcher's
-        if not run_dir:
-            return ("To resume, rerun the same python -m tftrain.launch command (the chief's line names the run "
-                    "directory).")
-        return (f"To resume, rerun the same python -m tftrain.launch command with --resume (or --run-dir {run_dir}) "
-                "added to the training command after --.")
+def _resume_hint(run_dir: str, trainer=None) -> str:
+    """How to resume: the same command where it names the run directory (`--run-dir`), else with `--resume` or
+    `--run-dir` (a parameter-server job's server tasks do not know it); the path quoted for a shell."""
+    import shlex
+
+    launched = bool(os.environ.get(RUN_ID_ENV))  # a task of `python -m tftrain.launch`: the user's command is its
+    command = "the same python -m tftrain.launch command" if launched else "the same command"
     if not run_dir:
-        return "To resume, rerun the same command (the chief's line names the run directory)."
-    return f"To resume, rerun the same command with --resume (or --run-dir {run_dir})."
+        return f"To resume, rerun {command} (the chief's line names the run directory)."
+    if trainer is not None and getattr(getattr(trainer, "config", None), "run_dir", None) is not None:
+        return f"To resume, rerun {command}."
+    flags = f"--resume (or --run-dir {shlex.quote(run_dir)})"
+    return f"To resume, rerun {command} with {flags}" + (" added to the training command after --." if launched
+                                                         else ".")
 
 
 def _fit(trainer, started: float, quiet_threads: bool) -> None:
@@ -293,7 +296,7 @@ def _failure_log(trainer, error: BaseException) -> str:
         log = Path(run_dir) / FAILURE_LOG
         try:
             log.write_text(text, encoding="utf-8")
-            kept = (f". Its checkpoint is kept. {_resume_hint(str(run_dir))}"
+            kept = (f". Its checkpoint is kept. {_resume_hint(str(run_dir), trainer)}"
                     if read_position(trainer.run_dir.backup_dir) is not None else "")
             return f". Traceback: {log}; logs: {Path(run_dir) / 'logs'}{kept}"
         except OSError as e:  # a full disk: the line alone, never a half-written log

@@ -106,8 +106,7 @@ def test_a_run_that_fails_after_a_checkpoint_says_the_same_command_resumes(task_
                      "graph", "--callbacks", f"{failing}:LostPeer", "--run-dir", str(run_dir)])
     [line] = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and "run failed: ConnectionError: a peer task stopped" in line, line
-    assert line.endswith(f"Its checkpoint is kept. To resume, rerun the same command with --resume (or --run-dir "
-                         f"{run_dir}).")
+    assert line.endswith("Its checkpoint is kept. To resume, rerun the same command."), line  # it has --run-dir
     assert run.main([f"{task_file}:task", "--epochs", "2", "--batch-size", "16", "--verbose", "0", "--execution",
                      "graph", "--run-dir", str(run_dir)]) == 0  # the advice holds
     assert len(read_metrics(run_dir)["history"]["loss"]) == 2
@@ -336,3 +335,19 @@ def test_an_error_that_ends_a_background_thread_is_said_in_one_line(capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("tftrain: warning: WorkerPreemptionHandler ended: RuntimeError: "
                                                    "recvmsg:Connection reset by peer"), err
+
+
+def test_the_resume_line_gives_the_same_command_where_it_names_the_run_directory_else_the_flags_quoted(monkeypatch):
+    from types import SimpleNamespace
+
+    from tftrain.run import _resume_hint
+
+    monkeypatch.delenv("TFTRAIN_RUN_ID", raising=False)
+    named = SimpleNamespace(config=SimpleNamespace(run_dir="runs/my run"))
+    assert _resume_hint("runs/my run", named) == "To resume, rerun the same command."
+    default = SimpleNamespace(config=SimpleNamespace(run_dir=None))
+    assert _resume_hint("runs/task-1 ü", default) == \
+        "To resume, rerun the same command with --resume (or --run-dir 'runs/task-1 ü')."
+    monkeypatch.setenv("TFTRAIN_RUN_ID", "20261205-000000")
+    assert _resume_hint("runs/t", default) == ("To resume, rerun the same python -m tftrain.launch command with "
+                                               "--resume (or --run-dir runs/t) added to the training command after --.")
