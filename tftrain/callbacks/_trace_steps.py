@@ -11,6 +11,8 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from tftrain.files import replaced
+
 ITER_NUM_STAT = "iter_num"
 """The XPlane statistic holding an event's `tf.while_loop` iteration."""
 
