@@ -58,6 +58,15 @@ def check(run_dir: Path, formats_text: str):
     if not (run_dir / rundir_lib.MODEL_FILE).is_file() or not (run_dir / rundir_lib.METRICS_FILE).is_file():
         raise ConfigError(f"{str(run_dir)!r} holds no finished run ({rundir_lib.MODEL_FILE} and "
                           f"{rundir_lib.METRICS_FILE}). Pass the directory of a run that finished training.")
+    import json
+
+    try:
+        metrics = json.loads((run_dir / rundir_lib.METRICS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        metrics = e
+    if not isinstance(metrics, dict):  # the export's results are recorded there
+        raise ConfigError(f"{run_dir / rundir_lib.METRICS_FILE} is damaged (not a JSON object), and the export "
+                          "records its results there: write it back from a copy, then export again.")
     return formats
 
 

@@ -278,3 +278,14 @@ def test_outputs_that_are_nan_in_the_model_and_the_artifact_alike_pass_the_check
     model = keras.Model(a, keras.layers.Lambda(lambda t: keras.ops.sqrt(t))(a))  # NaN for a negative input
     features = np.array([[-1.0, 4.0], [1.0, 9.0]], "float32")
     assert export_all(model, ("saved_model",), tmp_path, features)["saved_model"]["max_abs_difference"] == 0.0
+
+
+@pytest.mark.slow
+def test_python_m_tftrain_export_refuses_a_damaged_metrics_json_before_exporting(tmp_path, capsys):
+    from tftrain import export
+
+    _fit(tmp_path)
+    (tmp_path / "run" / "metrics.json").write_text("[1, 2]")
+    assert export.main([str(tmp_path / "run")]) == 2
+    assert "metrics.json is damaged (not a JSON object)" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "export").exists()
