@@ -142,7 +142,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
                 with self.loop.job(self.cluster):  # a parameter-server chief tells the servers how the run ended
                     return self.run_stages(started)
             except Exception as e:  # a signal's stop raised in TensorFlow's or Keras's code comes out as their error
-                if self.preemption.requested() is None or isinstance(e, (Preempted, AlreadyFinished)):
+                if self.preemption.requested() is None or isinstance(e, (Preempted, AlreadyFinished, AfterStepFailed)):
                     raise
                 raise self.preemption.stop(str(self.run_dir.path) if self.out_dir is not None else "") from e
 
