@@ -96,7 +96,7 @@ def _due(moment: str, run_dir: Path, rng: random.Random, max_delay_s: float) -> 
     """Whether `moment` has come (for "random" and "in training": a checkpoint exists; then waits a random
     0-`max_delay_s` s)."""
     if moment == "inside a save":  # a save with a committed checkpoint before it
-        return _saved_step(run_dir) is not None and any((run_dir / "backup").glob("ckpt-*.tmp.weights.h5"))
+        return _saved_step(run_dir) is not None and any((run_dir / "backup").glob(".tmp-*-ckpt-*.weights.h5"))
     if moment in ("after model.keras", "after metrics.json"):
         return (run_dir / moment.split()[-1]).exists()
     if _saved_step(run_dir) is None:
