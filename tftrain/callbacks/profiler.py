@@ -25,6 +25,9 @@ class ProfilerWindow(keras.callbacks.Callback):
         log_dir: TensorBoard log directory. Defaults to "logs".
         start: first step traced. Defaults to 10 (past tracing and compilation).
         stop: first step not traced. Defaults to 15.
+        resumes: count the model's own steps (`optimizer.iterations`) instead of this `fit`'s, so a `fit`
+            resumed from a checkpoint goes on counting and a window it starts past is not traced again
+            (said in one line). Defaults to False.
         **options: `ProfileSteps`'s keyword arguments.
 
     Raises:
@@ -35,13 +38,14 @@ class ProfilerWindow(keras.callbacks.Callback):
         >>> model.fit(ds, epochs=2, callbacks=[ProfilerWindow("logs", start=10, stop=15)])
     """
 
-    def __init__(self, log_dir="logs", start: int = 10, stop: int = 15, **options):
+    def __init__(self, log_dir="logs", start: int = 10, stop: int = 15, *, resumes: bool = False, **options):
         super().__init__()
         self._kwargs = options
         self.log_dir = log_dir
-        self.start, self.stop = start, stop
+        self.start, self.stop, self.resumes = start, stop, resumes
         self.profile = ProfileSteps(log_dir, start, stop, **self._kwargs)  # validates early
         self._base = 0
+        self.passed: Optional[int] = None  # the step a resumed fit started from, past the window
 
     @classmethod
     def on_demand(cls, port: int, *, listen_on_all_interfaces: bool = False, verbose: int = 1) -> "ProfilerServer":
@@ -53,18 +57,25 @@ class ProfilerWindow(keras.callbacks.Callback):
             self.profile = ProfileSteps(self.log_dir, self.start, self.stop, **self._kwargs)
         steps, epochs = self.params.get("steps"), self.params.get("epochs")
         check_window_fits(self.start, self.stop, steps * epochs if steps and epochs else None)
-        self._base = train_steps(self.model)
+        done, self.passed = train_steps(self.model), None
+        self._base = 0 if self.resumes else done
+        if self.resumes and done >= self.stop:
+            self.passed = done
+            self.profile.say(f"profile: steps [{self.start}, {self.stop}) ran before step {done}, where this run "
+                             "resumed; not traced again")
+        self.profile.steps_done = done - self._base
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self.profile.needs_steps:
+        if self.passed is None and self.profile.needs_steps:
             self.profile.begin(steps_per_execution(self.model))
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.profile.needs_steps:
+        if self.passed is None and self.profile.needs_steps:
             self.profile.end(train_steps(self.model) - self._base)
 
     def on_train_end(self, logs=None):
-        self.profile.close()
+        if self.passed is None:
+            self.profile.close()
 
     @property
     def captured(self) -> Optional[Tuple[int, int]]:

@@ -135,8 +135,8 @@ class CallbackStages:
         if window is None:
             return monitor, None, self._nvtx_callbacks()
         start, stop = (step * self.accumulation_steps for step in window)  # optimizer steps -> micro-batches
-        profiler = ProfilerWindow(self.out_dir.log_dir, start, stop, verbose=min(1, self.config.train.verbose),
-                                  say=self.console.line)
+        profiler = ProfilerWindow(self.out_dir.log_dir, start, stop, resumes=True,
+                                  verbose=min(1, self.config.train.verbose), say=self.console.line)
         return monitor, profiler, self._nvtx_callbacks()
 
     def _nvtx_callbacks(self) -> list:

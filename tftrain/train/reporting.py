@@ -138,6 +138,7 @@ def _extras(trainer) -> dict:
         extras["profile"] = {
             "window": list(trainer.config.train.profile_window),
             "captured": list(profiler.captured) if profiler.captured else None,
+            **({"before_resumed_step": profiler.passed} if profiler.passed is not None else {}),
             "captured_unit": "micro-batches" if trainer.accumulation_steps > 1 else "optimizer steps",
             "trace_files": [str(p.relative_to(trainer.out_dir.path)) for p in profiler.trace_files],
             "tensorboard": f"tensorboard --logdir {trainer.run_dir.log_dir}",

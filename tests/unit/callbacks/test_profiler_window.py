@@ -157,6 +157,21 @@ def test_window_with_one_step_executions(tmp_path):
     assert step_markers(space) == [2, 3, 4]
 
 
+def test_resumed_fit_counts_the_models_steps_and_does_not_trace_a_passed_window_again(tmp_path):
+    model = small_model()
+    model.fit(small_dataset(batches=6), epochs=1, verbose=0, shuffle=False)  # the attempt before: steps 0..5
+    said = []
+    passed = ProfilerWindow(tmp_path / "a", start=2, stop=5, verbose=0, resumes=True, say=said.append)
+    model.fit(small_dataset(batches=6), epochs=2, initial_epoch=1, callbacks=[passed], verbose=0, shuffle=False)
+    assert passed.captured is None and passed.passed == 6 and not passed.trace_files
+    assert said == ["profile: steps [2, 5) ran before step 6, where this run resumed; not traced again"]
+    inside = ProfilerWindow(tmp_path / "b", start=10, stop=14, verbose=0, resumes=True)
+    model.fit(small_dataset(batches=6), epochs=3, initial_epoch=2, callbacks=[inside], verbose=0,
+              shuffle=False)  # steps 12..17
+    assert inside.captured == (12, 14)  # labelled with the model's steps, not this fit's
+    assert optimizer_steps_in_trace(read_xspace(inside.trace_files[0])) == 2
+
+
 def test_window_past_the_end_of_training_fails_before_training(tmp_path):
     model = small_model()
     window = ProfilerWindow(tmp_path, start=20, stop=25, verbose=0)
