@@ -51,7 +51,7 @@ class CallbackStages:
                      *([agreed] if agreed else []), backup, EpochTensorBoard(str(out.log_dir)),
                      ChanceWatch(say=self.console.warn)]
         monitor, profiler, nvtx = self._step_callbacks() if self.loop.per_step_hooks else (None, None, [])
-        callbacks += [c for c in (monitor, profiler) if c is not None] + nvtx
+        callbacks += [c for c in (monitor, profiler, self._epoch_length_watch()) if c is not None] + nvtx
         early_stopping = self._early_stopping()
         mlflow = mlflow_log.make(self.config.train.mlflow, out.path, self.task.name, self.is_chief,
                                  warn=self.console.warn)
@@ -138,6 +138,17 @@ class CallbackStages:
         profiler = ProfilerWindow(self.out_dir.log_dir, start, stop, resumes=True,
                                   verbose=min(1, self.config.train.verbose), say=self.console.line)
         return monitor, profiler, self._nvtx_callbacks()
+
+    def _epoch_length_watch(self):
+        """`EpochLengthWatch` where an epoch's length comes from the task's count of its examples and the loop
+        has per-step hooks, else None."""
+        from tftrain.callbacks.epoch_length import EpochLengthWatch
+
+        n = self.task.num_train_examples
+        if not self.steps_per_epoch or n is None or not self.loop.per_step_hooks:
+            return None
+        why = f"the task's {n:,} training examples at batch {self.batch.global_batch_size}"
+        return EpochLengthWatch(self.steps_per_epoch * self.accumulation_steps, why, say=self.console.warn)
 
     def _nvtx_callbacks(self) -> list:
         """`NvtxSteps` under `--nvtx` on a GPU (`tftrain.runtime.nvtx`), else none."""

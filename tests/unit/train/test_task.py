@@ -1,6 +1,7 @@
 """Task and its adapters: splits, pipelines, compile arguments, binding, errors."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -253,6 +254,17 @@ def test_tfrecord_task_reads_files_with_the_parse_function(tmp_path):
     assert len(_labels(bound.test_data(5))) == 12
     with pytest.raises(ConfigError, match="pass validation_files"):
         task.bind(RecipeConfig().override({"validation_split": 0.1})).validation_data(4)
+
+
+def test_a_tfrecord_task_that_undercounts_its_records_is_told_after_the_first_epoch(tmp_path, capsys):
+    path = _write_records(tmp_path / "d.tfrecord", 32, label_scale=1)
+    task = tftrain.TFRecordTask(_model, [path], parse, num_train_examples=8, loss="mse")
+    tftrain.Trainer(task, epochs=2, batch_size=4, run_dir=str(tmp_path / "run")).fit()
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if "where the plan counts" in line]
+    # 8 batches; Keras's step counter may count one more at the end of data of unknown length
+    assert len(lines) == 1 and re.search(r"epoch 1 ran [89] steps where the plan counts 2 from the task's 8 training "
+                                         r"examples at batch 4: .* reaches 0 early", lines[0])
 
 
 def test_adapters_refuse_a_missing_model_function():

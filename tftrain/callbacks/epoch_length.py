@@ -1,0 +1,42 @@
+"""EpochLengthWatch: says once when an epoch runs other than the planned number of steps, which a task's
+count of its training examples (`num_train_examples`) sets: a learning-rate schedule, the backup interval and
+the profile window are counted in planned epochs."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import keras
+
+from tftrain.callbacks._steps import train_steps
+
+
+class EpochLengthWatch(keras.callbacks.Callback):
+    """Warns once, after the first whole epoch (one that starts where the plan says), when it ran more than
+    one step more or fewer than `planned`; silent on a resumed epoch that starts mid-way.
+
+    Args:
+        planned: steps an epoch should run (micro-batches under gradient accumulation).
+        why: what the plan came from, for the line (e.g. "the task's num_train_examples, 12,800").
+        say: prints the one-line warning. Defaults to `print`.
+    """
+
+    def __init__(self, planned: int, why: str, say: Callable[[str], None] = print):
+        super().__init__()
+        self.planned, self.why, self.say = int(planned), why, say
+        self.begin: Optional[int] = None
+        self.done = False
+
+    def on_epoch_begin(self, epoch, logs=None):
+        step = train_steps(self.model)
+        self.begin = step if not self.done and step == epoch * self.planned else None
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.begin is None:
+            return
+        self.done, ran = True, train_steps(self.model) - self.begin
+        if abs(ran - self.planned) > 1:
+            self.say(f"epoch {epoch + 1} ran {ran} steps where the plan counts {self.planned} from {self.why}: a "
+                     "learning-rate schedule, --backup-every-steps and --profile count the planned steps, so a "
+                     f"cosine schedule {'reaches 0 early' if ran > self.planned else 'stops short of 0'}. "
+                     "Give the task its number of training examples.")
