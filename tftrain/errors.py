@@ -22,7 +22,7 @@ class RuntimeStartedError(DeviceError):
     """A device setting cannot apply: TensorFlow's runtime has already started in this process.
 
     Attributes:
-        setting: the `RuntimeConfig` field refused (`"cpu_replicas"` or `"device"`).
+        setting: the `RuntimeConfig` field refused (`"cpu_replicas"`, `"device"` or `"strategy"`).
     """
 
     def __init__(self, message: str, setting: str = ""):

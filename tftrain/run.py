@@ -242,13 +242,15 @@ def _refused_setting(error: RuntimeStartedError, runtime_config) -> Optional[str
         return f"--cpu-replicas {runtime_config.cpu_replicas} cannot split the CPU"
     if error.setting == "device":
         return f"--device {runtime_config.device} cannot hide the GPUs"
+    if error.setting == "strategy":
+        return f"--strategy {runtime_config.strategy} cannot set up its cluster"
     return None
 
 
 def _started_tensorflow(task_file: str, task, refused: Optional[str], threads: Sequence[str]) -> str:
     """One line: the task file started TensorFlow, so these settings cannot apply; and the fix."""
     unmet = ([refused] if refused else []) + ([f"{' and '.join(threads)} cannot apply"] if threads else [])
-    return (f"{task_file} started TensorFlow when imported (a Keras metric, layer or tensor built at module level), "
+    return (f"{task_file} started TensorFlow when imported (a Keras metric, optimizer, layer or tensor built at module level), "
             f"so {' and '.join(unmet)}: {_started_tensorflow_fix(task)}")
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Optional
 
 import tensorflow as tf
 
 from tftrain.config import COMMUNICATIONS, STRATEGIES, STRATEGY_ALIASES
-from tftrain.errors import ConfigError
+from tftrain.errors import ConfigError, RuntimeStartedError
 from tftrain.runtime.cluster import ClusterInfo, check_cluster
 from tftrain.runtime.devices import DeviceInfo
 
@@ -140,10 +141,30 @@ def make_strategy(
                 f"ParameterServerStrategy is built on the chief; this task is {cluster.task}. "
                 "Worker and ps tasks run tftrain.runtime.serve(cluster) instead."
             )
-        return tf.distribute.ParameterServerStrategy(cluster_resolver(cluster, devices))
+        with _refused_once_started(name):
+            return tf.distribute.ParameterServerStrategy(cluster_resolver(cluster, devices))
     # multi_worker_mirrored
     if communication == "nccl" and devices.kind != "gpu":
         raise ConfigError("communication='nccl' needs GPUs; this run is on the CPU. Use 'ring' or 'auto'.")
     options = tf.distribute.experimental.CommunicationOptions(implementation=_COMMUNICATION[communication])
     resolver = cluster_resolver(cluster, devices) if cluster is not None else None
-    return KerasMultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
+    with _refused_once_started(name):
+        return KerasMultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
+
+
+@contextlib.contextmanager
+def _refused_once_started(name: str):
+    """Turns a multi-process strategy's RuntimeError into `RuntimeStartedError` (setting `"strategy"`) when
+    TensorFlow's runtime had started before it: its collective ops and servers are set up at program start
+    ("Collective ops must be configured at program startup")."""
+    from tftrain.runtime.devices import runtime_started
+
+    started = runtime_started()
+    try:
+        yield
+    except RuntimeError as e:
+        if not started:
+            raise
+        raise RuntimeStartedError(f"{name} cannot set up its cluster: TensorFlow's runtime started before it "
+                                  f"({e}). Start the strategy before any TensorFlow op runs.",
+                                  setting="strategy") from None

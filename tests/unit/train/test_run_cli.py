@@ -197,11 +197,35 @@ def test_a_task_file_that_starts_tensorflow_at_import_is_named_with_the_fix(tmp_
     errors = [line for line in result.stderr.splitlines() if line.startswith("python -m tftrain.run:")]
     assert result.returncode == 2, result.stderr
     assert errors == [
-        f"python -m tftrain.run: error: {path} started TensorFlow when imported (a Keras metric, layer or tensor "
-        "built at module level), so --cpu-replicas 2 cannot split the CPU: build metrics inside compile_args, or "
+        f"python -m tftrain.run: error: {path} started TensorFlow when imported (a Keras metric, optimizer, layer or "
+        "tensor built at module level), so --cpu-replicas 2 cannot split the CPU: build metrics inside compile_args, or "
         "pass the class (metrics=[keras.metrics.MeanAbsoluteError])."
     ]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_a_task_file_that_starts_tensorflow_is_named_under_a_multi_worker_strategy(tmp_path):
+    import json
+
+    import portpicker
+
+    path = tmp_path / "task.py"  # an optimizer instance at module level makes its step counter: TensorFlow starts
+    path.write_text(STARTS_TENSORFLOW.format(metric='"mae"').replace('loss="mse"',
+                                                                     'loss="mse", optimizer=keras.optimizers.SGD(0.1)'))
+    config = {"cluster": {"worker": [f"127.0.0.1:{portpicker.pick_unused_port()}"]}, "task": {"type": "worker",
+                                                                                              "index": 0}}
+    result = run_module("tftrain.run", [f"{path}:task", "--strategy", "multi_worker_mirrored", "--epochs", "1",
+                                        "--run-dir", tmp_path / "run"],
+                        cwd=REPO, timeout=120, env={"TF_CONFIG": json.dumps(config)})
+    errors = [line for line in result.stderr.splitlines() if line.startswith("python -m tftrain.run:")]
+    assert result.returncode == 2, result.stderr
+    assert errors == [
+        f"python -m tftrain.run: error: {path} started TensorFlow when imported (a Keras metric, optimizer, layer or "
+        "tensor built at module level), so --strategy multi_worker_mirrored cannot set up its cluster: build Keras "
+        "objects and tensors inside build_model or compile_args, not at module level."
+    ]
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
@@ -227,8 +251,8 @@ def test_thread_flags_a_task_file_cannot_honour_are_one_warning_naming_it(tmp_pa
     assert result.returncode == 0, result.stderr
     said = [line for line in result.stderr.splitlines() if "warning" in line.lower() and "thread" in line.lower()]
     assert said == [
-        f"python -m tftrain.run: warning: {path} started TensorFlow when imported (a Keras metric, layer or tensor "
-        "built at module level), so --intra-op-threads 1 cannot apply: build metrics inside compile_args, or pass "
+        f"python -m tftrain.run: warning: {path} started TensorFlow when imported (a Keras metric, optimizer, layer or "
+        "tensor built at module level), so --intra-op-threads 1 cannot apply: build metrics inside compile_args, or pass "
         "the class (metrics=[keras.metrics.MeanAbsoluteError])."
     ]
 
