@@ -183,7 +183,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 (one line; the run is unchanged)
-        print(f"{PROG}: export failed: {after_steps.failure_status(e).removeprefix('failed: ')}", file=sys.stderr)
+        from tftrain.run import no_space_where
+
+        where = no_space_where(e, run_dir / after_steps.EXPORT_DIR)
+        what = (f"no space left on the disk holding {where}; free space on that disk, then rerun this command (the "
+                "trained run is unchanged)") if where else after_steps.failure_status(e).removeprefix("failed: ")
+        print(f"{PROG}: export failed: {what}", file=sys.stderr)
         return 1
     print(f"exported {', '.join(formats)} to {run_dir / after_steps.EXPORT_DIR}; metrics.json updated")
     return 0

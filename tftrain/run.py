@@ -146,16 +146,23 @@ def _in_the_way(error: BaseException) -> str:
     return f"{type(found).__name__}: {path} is {what}: move it out of the way, then rerun the same command"
 
 
-def _disk_full(error: BaseException, trainer) -> str:
-    """For a full-disk error (ENOSPC, also wrapped by HDF5 or TensorFlow): one line with where and the fix; else ""."""
+def no_space_where(error: BaseException, default=None):
+    """For a full-disk error (ENOSPC, also wrapped by HDF5 or TensorFlow, among the errors it was raised from):
+    the path it names, else `default`; None for any other error."""
     import errno
 
-    chain = _chain(error)
-    full = [e for e in chain if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e)]
+    full = [e for e in _chain(error) if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e)]
     if not full:
-        return ""
+        return None
+    return next((getattr(e, "filename", None) for e in full if getattr(e, "filename", None)), None) or default
+
+
+def _disk_full(error: BaseException, trainer) -> str:
+    """For a full-disk error (`no_space_where`): one line with where and the fix; else ""."""
     run_dir = getattr(getattr(trainer, "run_dir", None), "path", None)
-    where = next((getattr(e, "filename", None) for e in full if getattr(e, "filename", None)), None) or run_dir
+    where = no_space_where(error, run_dir or "the run directory")
+    if where is None:
+        return ""
     fix = "free space on that disk, then rerun the same command"
     if run_dir is None:
         state = f"{fix} (it resumes from a checkpoint, if one was written)"

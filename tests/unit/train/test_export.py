@@ -289,3 +289,26 @@ def test_python_m_tftrain_export_refuses_a_damaged_metrics_json_before_exporting
     assert export.main([str(tmp_path / "run")]) == 2
     assert "metrics.json is damaged (not a JSON object)" in capsys.readouterr().err
     assert not (tmp_path / "run" / "export").exists()
+
+
+def test_python_m_tftrain_export_on_a_full_disk_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from tftrain import export
+    from tftrain.train import after_steps
+
+    _fit(tmp_path)
+    before = (tmp_path / "run" / "metrics.json").read_text()
+
+    def full(*args, **kwargs):  # as TensorFlow wraps a write that found the disk full
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "export" / "x"))
+        except OSError as e:
+            raise RuntimeError("could not write the SavedModel") from e
+
+    monkeypatch.setattr(after_steps, "export", full)
+    assert export.main([str(tmp_path / "run")]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"python -m tftrain.export: export failed: no space left on the disk holding {tmp_path}/run/export/x; free "
+        "space on that disk, then rerun this command (the trained run is unchanged)")
+    assert (tmp_path / "run" / "metrics.json").read_text() == before
