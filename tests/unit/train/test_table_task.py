@@ -66,11 +66,16 @@ def test_input_pipelines_read_their_own_files_when_there_are_enough(tmp_path):
     import tensorflow as tf
 
     _write_csv(tmp_path / "part-0.csv", 64, 0)
-    _write_csv(tmp_path / "part-1.csv", 32, 1)
+    _write_csv(tmp_path / "part-1.csv", 64, 1)
     context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=2)
     task = _task(str(tmp_path / "part-*.csv")).bind(tftrain.RecipeConfig())
     second = task.train_data(16, context)  # 8 per replica, this pipeline: part-1.csv alone
-    assert sum(int(tf.shape(y)[0]) for _, y in second) == 32
+    assert sum(int(tf.shape(y)[0]) for _, y in second) == 64
+    _write_csv(tmp_path / "part-2.csv", 32, 2)  # shares of 96 and 64 rows: the smaller would be read more often
+    uneven = _task(str(tmp_path / "part-*.csv")).bind(tftrain.RecipeConfig())
+    assert uneven.describe_sharding(2).endswith("keeps its share of the examples (files of uneven sizes: 64 to 96 "
+                                                "rows a pipeline)")
+    assert sum(int(tf.shape(y)[0]) for _, y in uneven.train_data(16, context)) == 80  # every other of 160 rows
     one_file = _task(str(tmp_path / "part-0.csv")).bind(tftrain.RecipeConfig())
     assert sum(int(tf.shape(y)[0]) for _, y in one_file.train_data(16, context)) == 32  # every other example
     # The plan says which way this run's pipelines split the data, and why.

@@ -14,6 +14,10 @@ from tftrain.errors import ConfigError
 from tftrain.train.tasks.datasets import DatasetTask
 
 SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+
+UNEVEN_SHARES = 1.05
+"""Input pipelines read their own files only when no pipeline's rows exceed another's by more than this factor
+(else every pipeline keeps its share of the examples): a smaller share would be read more often in a run."""
 """File suffix -> format."""
 
 
@@ -64,10 +68,11 @@ class TableTask(DatasetTask):
                 (("validation_files", validation_files), ("test_files", test_files))}
         self.validation_files, self.test_files = more["validation_files"], more["test_files"]
         same_header([*self.files, *(self.validation_files or ()), *(self.test_files or ())], self.format)
+        self.file_rows = [count_rows([path], self.format) for path in self.files]
         super().__init__(build_model, lambda: self.read(self.files),
                          validation=(lambda: self.read(self.validation_files)) if self.validation_files else None,
                          test=(lambda: self.read(self.test_files)) if self.test_files else None,
-                         shuffle=shuffle, num_train_examples=count_rows(self.files, self.format), name=name,
+                         shuffle=shuffle, num_train_examples=sum(self.file_rows), name=name,
                          **task_args)
 
     def _numeric(self, numeric) -> list:
@@ -124,6 +129,9 @@ class TableTask(DatasetTask):
             return "--validation-split holds out the last examples"
         if self._data.train_examples is not None:
             return "--train-examples takes the first examples"
+        shares = [sum(self.file_rows[i::num_input_pipelines]) for i in range(num_input_pipelines)]
+        if max(shares) > UNEVEN_SHARES * min(shares):  # the smaller shares' rows would be read more often
+            return f"files of uneven sizes: {min(shares):,} to {max(shares):,} rows a pipeline"
         return None
 
     def describe_sharding(self, num_input_pipelines: int) -> Optional[str]:
