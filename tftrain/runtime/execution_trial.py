@@ -22,8 +22,8 @@ from typing import Callable, Optional, Sequence
 from tftrain import _compat
 from tftrain.runtime.execution import ExecutionChoice, best_label, choice_reason, failure_line, label_of
 from tftrain.runtime.epoch_ends import StepCount, epoch_start_callback, steps_this_call
-from tftrain.runtime.trial_rules import (GIVE_UP_RATIO, MIN_GIVE_UP_STEPS, XLA_COMPILE_RATIO, XLA_MAX_SPEEDUP,
-                                         duel_verdict, kept_calls, step_time, timed_enough, timing)
+from tftrain.runtime.trial_rules import (GIVE_UP_RATIO, MIN_GIVE_UP_STEPS, XLA_MAX_SPEEDUP, duel_verdict, kept_calls,
+                                         step_time, timed_enough, timing, xla_compile_ratio)
 
 _TRACED_GRAPH: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 """model -> (the graph train function `time_graph_step` left on it, its steps per execution, the seconds of its
@@ -400,7 +400,7 @@ class ExecutionTrial:
     def _not_worth_timing(self, challenger: _Candidate) -> Optional[str]:
         """Why an XLA challenger of a graph incumbent cannot pay for itself in this run, or None: when
         `XLA_MAX_SPEEDUP` over the steps left saves less than compiling XLA is estimated to take
-        (`XLA_COMPILE_RATIO` times the graph step's own first call)."""
+        (`xla_compile_ratio` times the graph step's own first call)."""
         step_s, warmup = step_time(self.incumbent.samples), self._tracing_call_s(self.incumbent)
         if self.planned_steps is None or challenger.mode != "xla" or self.incumbent.mode != "graph" \
                 or step_s is None or warmup is None:
@@ -408,14 +408,15 @@ class ExecutionTrial:
         done = self._step()
         left = self.planned_steps - done  # planned_steps counts a resumed run's restored steps too
         gain = (1 - 1 / XLA_MAX_SPEEDUP) * step_s * left
-        compile_s = XLA_COMPILE_RATIO * warmup
+        ratio = xla_compile_ratio(self.model)
+        compile_s = ratio * warmup
         if gain >= compile_s:
             return None
         # A fresh run reaches this duel after the steps this trial ran (not a resumed run's restored ones).
         repays_from = done - (self.first_step or 0) + math.ceil(compile_s / ((1 - 1 / XLA_MAX_SPEEDUP) * step_s))
         self.time_again_from = min(self.time_again_from or repays_from, repays_from)
         return (f"even {XLA_MAX_SPEEDUP}x faster it would save at most {gain:.1f} s over the run's last {left} "
-                f"steps, less than compiling it may take (about {compile_s:.1f} s, {XLA_COMPILE_RATIO}x graph's "
+                f"steps, less than compiling it may take (about {compile_s:.1f} s, {ratio}x graph's "
                 f"first call; a run of {repays_from} steps or more times it)")
 
     def _rematch_waits(self) -> bool:

@@ -31,7 +31,29 @@ repays compiling it; see benchmarks/results/zoo.json."""
 
 XLA_COMPILE_RATIO = 3.25
 """XLA's first call (its compile) is estimated as this many times graph's first call, when deciding
-whether a run repays compiling it; high for a step with a `while` loop (a GRU), which XLA compiles whole."""
+whether a run repays compiling it, for a model with a recurrent layer: its step's `while` loop is compiled
+whole (3.24x measured on a GRU)."""
+
+XLA_COMPILE_RATIO_NO_LOOP = 2.0
+"""`XLA_COMPILE_RATIO` for a model without a recurrent layer (0.6-1.9x measured on the zoo's others)."""
+
+
+def xla_compile_ratio(model) -> float:
+    """`XLA_COMPILE_RATIO` when `model` holds a recurrent layer (`keras.layers.RNN`: LSTM, GRU, ..., also inside
+    nested models and wrappers such as `Bidirectional`), else `XLA_COMPILE_RATIO_NO_LOOP`."""
+    import keras
+
+    seen, todo = set(), [model]
+    while todo:
+        layer = todo.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        if isinstance(layer, keras.layers.RNN):
+            return XLA_COMPILE_RATIO
+        todo += [*getattr(layer, "layers", ()), *(getattr(layer, name, None) for name in ("layer", "forward_layer"))]
+        todo = [t for t in todo if isinstance(t, keras.layers.Layer)]
+    return XLA_COMPILE_RATIO_NO_LOOP
 
 
 def kept_calls(samples: list) -> list:

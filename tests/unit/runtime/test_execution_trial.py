@@ -1,5 +1,7 @@
 """ExecutionTrial: candidates timed on the run's own training steps inside one `Model.fit`."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -186,35 +188,50 @@ def test_a_call_that_compiles_for_a_new_input_shape_counts_in_the_step_time():
     assert _step_time([(0.8, 8), (0.2, 2)]) == pytest.approx(0.1)  # a partial last call is left out
 
 
-@pytest.mark.parametrize("planned_steps,timed", [(500, False), (600, True)])
-def test_xla_is_timed_only_when_its_gain_can_repay_its_estimated_compile(planned_steps, timed):
-    from tftrain.runtime.trial_rules import XLA_COMPILE_RATIO, XLA_MAX_SPEEDUP
+def _recurrent_model():
+    import keras
 
-    trial = ExecutionTrial(_model(), ("graph", "xla"), examples_per_step=8, planned_steps=planned_steps)
+    inner = keras.Sequential([keras.Input((3, 4)), keras.layers.Bidirectional(keras.layers.GRU(2))])
+    inputs = keras.Input((3, 4))
+    model = keras.Model(inputs, keras.layers.Dense(1)(inner(inputs)))  # the GRU two levels down
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", steps_per_execution=8)
+    return model
+
+
+@pytest.mark.parametrize("recurrent,planned_steps,timed", [(True, 500, False), (True, 600, True),
+                                                           (False, 300, False), (False, 360, True)])
+def test_xla_is_timed_only_when_its_gain_can_repay_its_estimated_compile(recurrent, planned_steps, timed):
+    from tftrain.runtime.trial_rules import XLA_MAX_SPEEDUP, xla_compile_ratio
+
+    model = _recurrent_model() if recurrent else _model()
+    ratio = xla_compile_ratio(model)
+    assert ratio == (3.25 if recurrent else 2.0)  # a recurrent layer's loop is compiled whole
+    trial = ExecutionTrial(model, ("graph", "xla"), examples_per_step=8, planned_steps=planned_steps)
     trial.incumbent.warmup_s, trial.incumbent.samples = 1.0, [(0.08, 8)] * 3  # graph: 10 ms a step, 1 s first call
-    # The break-even: 0.6 x 10 ms x steps = 3.25 x 1 s at about 542 steps (graph's first call alone: 167).
-    assert (1 - 1 / XLA_MAX_SPEEDUP) * 0.01 * 500 < XLA_COMPILE_RATIO * 1.0 < (1 - 1 / XLA_MAX_SPEEDUP) * 0.01 * 600
+    # The break-even: 0.6 x 10 ms x steps = ratio x 1 s, at about 542 steps (recurrent) or 334.
+    break_even = math.ceil(ratio / ((1 - 1 / XLA_MAX_SPEEDUP) * 0.01))
     # A run resumed at step 1000 whose trial ran 24 steps before the XLA duel.
     trial.first_step, trial._step, trial.planned_steps = 1000, lambda: 1024, 1000 + planned_steps
     why = trial._not_worth_timing(trial.challengers[0])
     assert (why is None) == timed
-    if not timed:  # the break-even, 542 steps after the trial's 24, is where a fresh run times XLA
-        assert "less than compiling it may take (about 3.2 s, 3.25x graph's first call; a run of 566" in why
-        assert trial.time_again_from == 24 + 542
+    if not timed:  # the break-even, after the trial's 24 steps, is where a fresh run times XLA
+        assert f"less than compiling it may take (about {ratio:.1f} s, {ratio}x graph's first call; a run of " \
+            f"{24 + break_even} steps" in why
+        assert trial.time_again_from == 24 + break_even
 
 
 @pytest.mark.parametrize("traced_first_call_s,timed", [(None, True), (1.0, False)])
 def test_xla_s_compile_is_estimated_from_the_call_that_traced_graph(traced_first_call_s, timed):
     # Graph's first call in the trial took 10 ms: it ran the function the precision timing traced,
-    # whose first call took 1 s. 500 steps of 10 ms repay 0.03 s of compile, not 3.25 s.
-    trial = ExecutionTrial(_model(), ("graph", "xla"), examples_per_step=8, planned_steps=500)
+    # whose first call took 1 s. 300 steps of 10 ms repay 0.02 s of compile, not 2 s.
+    trial = ExecutionTrial(_model(), ("graph", "xla"), examples_per_step=8, planned_steps=300)
     trial.traced_graph = None if traced_first_call_s is None else (trial.model.train_function, traced_first_call_s)
     trial.incumbent.warmup_s, trial.incumbent.samples = 0.01, [(0.08, 8)] * 3
     trial.first_step, trial._step = 0, lambda: 24
     why = trial._not_worth_timing(trial.challengers[0])
     assert (why is None) == timed
     if not timed:
-        assert "less than compiling it may take (about 3.2 s, 3.25x graph's first call" in why
+        assert "less than compiling it may take (about 2.0 s, 2.0x graph's first call" in why
         assert trial.incumbent.warmup_s == 0.01  # what the timings record: the trial's own call
 
 
