@@ -193,6 +193,13 @@ def overridden_steps(model) -> tuple:
                  if getattr(type(model), name, None) is not getattr(keras.Model, name))
 
 
+def built_by_own_step(model) -> bool:
+    """Whether `model` replaces `train_step` and every layer it holds is built: `Model.fit` then never calls
+    the model on the training features (a GAN's `call()` takes noise; a VAE may have none), so a call that
+    fails on them is no error."""
+    return "train_step" in overridden_steps(model) and all(layer.built for layer in model.layers)
+
+
 def step_scales_loss(model, compile_with: Callable, data, scales: tuple = (1.0, 16.0)) -> Optional[bool]:
     """Whether `model`'s training step scales its loss as `mixed_float16` needs, judged by running it.
 

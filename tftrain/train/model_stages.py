@@ -76,13 +76,19 @@ class ModelStages:
             return model
         import keras
 
+        from tftrain.runtime.precision import built_by_own_step
+
         dataset = self.task.probe_data(self.batch.global_batch_size if self.batch else 32, 1)
         spec = dataset.element_spec
         if isinstance(model, keras.Sequential):  # symbolic: its outputs exist afterwards
             model.build(tuple((spec[0] if isinstance(spec, tuple) else spec).shape))
             return model
         for batch in dataset:  # a subclassed model builds its layers in call(): call it once
-            model(batch[0] if isinstance(batch, tuple) else batch, training=False)
+            try:
+                model(batch[0] if isinstance(batch, tuple) else batch, training=False)
+            except Exception:  # noqa: BLE001 (a GAN's or VAE's call() need not take the features)
+                if not built_by_own_step(model):
+                    raise
         return model
 
     def _check_step_scaling(self, model):

@@ -150,6 +150,19 @@ def check_class_weight(dataset, class_weight) -> None:
             "(a third element of each batch: {output: weights}), or weigh the classes in that output's loss.")
 
 
+def _outputs(model, x):
+    """`model(x)`, or None for a model whose own `train_step` never calls it on the features (a GAN's `call()`
+    takes noise) when that call fails: the checks on its outputs do not apply."""
+    from tftrain.runtime.precision import built_by_own_step
+
+    try:
+        return model(x, training=False)
+    except Exception:  # noqa: BLE001
+        if not built_by_own_step(model):
+            raise
+        return None
+
+
 def every_class_weighed(class_weight, model, dataset) -> Optional[dict]:
     """`class_weight` with weight 1.0 for each class of `model`'s one output it leaves out, as Keras weighs NumPy
     labels (a dataset's label above the largest key fails mid-training in Keras); the classes: the output's last
@@ -199,15 +212,15 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
     checked.append("a training step" + (" and a validation step" if validation is not None else ""))
     checked += _after_training(plan, model, keys, validation is not None, say)
     x, y, _ = _unpacked(train)
-    outputs = model(x, training=False)
+    outputs = _outputs(model, x)
     import tensorflow as tf
 
     if plan.replicas > 1 and any(len(getattr(o, "shape", ())) == 1 for o in tf.nest.flatten(outputs)):
         say(f"an output is one scalar per example (shape (batch,)): over {plan.replicas} replicas Keras reports "
             f"its loss, and scales its gradients, {plan.replicas} times too large for a loss that averages over the "
             "last axis (mse, ...); give the output a last axis of 1 (and the labels too)")
-    float32_needed = label_rounding(y, outputs, plan.compute_dtype)
-    if plan.candidate_build is not None and not _plain(model):
+    float32_needed = label_rounding(y, outputs, plan.compute_dtype) if outputs is not None else None
+    if plan.candidate_build is not None and not _plain(model) and outputs is not None:
         float32_needed = _candidate_rounding(plan, x, y)
     if float32_needed and not plan.auto_precision:
         raise ConfigError(f"{float32_needed}. Give the model's last layer dtype='float32' (or cast its outputs to "

@@ -1,0 +1,102 @@
+"""Models whose own `train_step` never calls them on the training features (keras.io's GAN and VAE shapes):
+`Model.fit` trains them, so tftrain's build and sanity pass must not need `model(features)`."""
+
+import numpy as np
+import pytest
+
+import tftrain
+
+X = (np.random.default_rng(0).standard_normal((192, 4)) * 0.5 + 2).astype("float32")
+
+
+def _gan_task():
+    import keras
+    import tensorflow as tf
+
+    class GAN(keras.Model):  # call() is the generator: noise in, samples out
+        def __init__(self):
+            super().__init__()
+            self.gen = keras.Sequential([keras.Input((2,)), keras.layers.Dense(4)])
+            self.disc = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            self.d_loss = keras.metrics.Mean(name="d_loss")
+            self.bce = keras.losses.BinaryCrossentropy(from_logits=True)
+
+        def call(self, z):
+            return self.gen(z)
+
+        @property
+        def metrics(self):
+            return [self.d_loss]
+
+        def train_step(self, real):
+            b = tf.shape(real)[0]
+            with tf.GradientTape() as tape:
+                fake = self.gen(tf.random.normal((b, 2)))
+                loss = self.bce(tf.ones((b, 1)), self.disc(real)) + self.bce(tf.zeros((b, 1)), self.disc(fake))
+            variables = self.trainable_weights
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+            self.d_loss.update_state(loss)
+            return {"d_loss": self.d_loss.result()}
+
+    class GanTask(tftrain.Task):
+        name, num_train_examples = "gan", 192
+
+        def build_model(self):
+            model = GAN()
+            model(tf.zeros((1, 2)))
+            return model
+
+        def compile_args(self, steps_per_epoch):
+            return {"optimizer": "adam"}
+
+        def train_data(self, global_batch_size, input_context=None):
+            return tf.data.Dataset.from_tensor_slices(X).batch(global_batch_size, drop_remainder=True)
+
+    return GanTask()
+
+
+def _vae_task():
+    import keras
+    import tensorflow as tf
+
+    class VAE(keras.Model):  # no call() at all
+        def __init__(self):
+            super().__init__()
+            self.encoder = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4)])
+            self.decoder = keras.Sequential([keras.Input((2,)), keras.layers.Dense(4)])
+            self.total = keras.metrics.Mean(name="loss")
+
+        @property
+        def metrics(self):
+            return [self.total]
+
+        def train_step(self, data):
+            with tf.GradientTape() as tape:
+                h = self.encoder(data)
+                z = h[:, :2] + tf.exp(0.5 * h[:, 2:]) * tf.random.normal(tf.shape(h[:, :2]))
+                loss = tf.reduce_mean(tf.square(data - self.decoder(z))) + 1e-3 * tf.reduce_mean(tf.square(h))
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_weights), self.trainable_weights))
+            self.total.update_state(loss)
+            return {"loss": self.total.result()}
+
+    class VaeTask(tftrain.Task):
+        name, num_train_examples = "vae", 192
+
+        def build_model(self):
+            return VAE()
+
+        def compile_args(self, steps_per_epoch):
+            return {"optimizer": "adam"}
+
+        def train_data(self, global_batch_size, input_context=None):
+            return tf.data.Dataset.from_tensor_slices(X).batch(global_batch_size, drop_remainder=True)
+
+    return VaeTask()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make,key", [(_gan_task, "d_loss"), (_vae_task, "loss")])
+def test_a_model_whose_own_step_does_not_call_it_on_the_features_trains(tmp_path, make, key):
+    record = tftrain.Trainer(make(), epochs=2, batch_size=32, verbose=0, run_dir=str(tmp_path / "run")).fit()
+    assert record.epochs_trained == 2 and len(record.history[key]) == 2
+    assert all(np.isfinite(record.history[key])) and (tmp_path / "run" / "metrics.json").is_file()
