@@ -4,7 +4,6 @@ checked, given float32 outputs under a mixed policy and compiled; a mixin of `Tr
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Optional
 
 from tftrain.files import replaced
