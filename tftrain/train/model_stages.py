@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import Optional
 
+from tftrain.errors import ConfigError
 from tftrain.files import replaced
 from tftrain.train.tasks.base import check_compile_args
 
@@ -76,6 +77,7 @@ class ModelStages:
         import keras
 
         from tftrain.runtime.precision import built_by_own_step
+        from tftrain.train.sanity import FeaturesRefused
 
         dataset = self.task.probe_data(self.batch.global_batch_size if self.batch else 32, 1)
         spec = dataset.element_spec
@@ -85,9 +87,9 @@ class ModelStages:
         for batch in dataset:  # a subclassed model builds its layers in call(): call it once
             try:
                 model(batch[0] if isinstance(batch, tuple) else batch, training=False)
-            except Exception:  # noqa: BLE001 (a GAN's or VAE's call() need not take the features)
+            except Exception as error:  # noqa: BLE001 (a GAN's or VAE's call() need not take the features)
                 if not built_by_own_step(model):
-                    raise
+                    raise FeaturesRefused(error) from error
         return model
 
     def _check_step_scaling(self, model):
@@ -257,6 +259,10 @@ class ModelStages:
         except (sanity.BuildFailed, sanity.SanityError) as e:
             self.precision.refuse_clash(e.error)  # under a mixed policy asked by name: refused here, in one line
             if not self.precision.clash(e.error):
+                if isinstance(e.error, sanity.FeaturesRefused):  # the model and the data do not fit: refused
+                    raise ConfigError(f"The model fails on a batch of the training features "
+                                      f"({sanity.cause_line(e.error.error)}). Check the features' shapes, names "
+                                      "and dtypes against the model's inputs.") from None
                 if isinstance(e, sanity.BuildFailed):  # the build stage raises it again, as any failed run
                     return None
                 raise

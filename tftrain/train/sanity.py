@@ -334,6 +334,15 @@ class BuildFailed(Exception):
         self.error = error
 
 
+class FeaturesRefused(Exception):
+    """Calling an unbuilt model on a batch of the training features failed (`error`: the original, whose
+    message this keeps, so that a dtype clash reads as one)."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
+
+
 class SanityError(ConfigError):
     """A sanity step failed on the user's model or data (`error`: the original)."""
 
@@ -353,8 +362,9 @@ def cause_line(error: BaseException) -> str:
         raised = [line for line in lines if re.match(r"[A-Z]\w*(Error|Exception): ", line)]
         if raised:
             return _words_within(raised[-1], 300)
-    skip = ("Exception encountered when calling", "Arguments received by", "•")
-    cause = [line for line in lines if not line.startswith(skip)]
+    from tftrain.train.user_code import KERAS_WRAPPER_LINES
+
+    cause = [line for line in lines if not line.startswith(KERAS_WRAPPER_LINES)]
     return _words_within(f"{type(error).__name__}: {(cause or lines or [''])[0]}", 300)
 
 

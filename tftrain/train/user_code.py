@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -32,11 +33,18 @@ def import_where(where: str):
     return importlib.import_module(where)
 
 
+KERAS_WRAPPER_LINES = ("Exception encountered when calling", "Arguments received by", "•")
+"""How the lines Keras wraps a layer's error in start (not its cause)."""
+
+
 def one_line(error: BaseException) -> str:
-    """`Type: first line` of an error (with the next line when the first ends in a colon)."""
+    """`Type: first line` of an error (with the next line when the first ends in a colon), past the lines Keras
+    wraps a layer's error in (`KERAS_WRAPPER_LINES`) and its colour codes."""
     if isinstance(error, SyntaxError) and error.msg:  # its str() repeats the file and line `line_of` names
         return f"{type(error).__name__}: {error.msg}"
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith(KERAS_WRAPPER_LINES)] or lines
     if not lines:
         return type(error).__name__
     text = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]

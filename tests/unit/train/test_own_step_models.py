@@ -100,3 +100,35 @@ def test_a_model_whose_own_step_does_not_call_it_on_the_features_trains(tmp_path
     record = tftrain.Trainer(make(), epochs=2, batch_size=32, verbose=0, run_dir=str(tmp_path / "run")).fit()
     assert record.epochs_trained == 2 and len(record.history[key]) == 2
     assert all(np.isfinite(record.history[key])) and (tmp_path / "run" / "metrics.json").is_file()
+
+
+def test_a_subclassed_model_that_does_not_take_the_features_is_refused_before_the_run_directory(tmp_path):
+    import keras
+
+    from tftrain.errors import ConfigError
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.body = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+
+        def call(self, x):
+            return self.body(x)
+
+    task = tftrain.ArrayTask(Net, X, X[:, :1], loss="mse")  # 4 features for a model that takes 8
+    with pytest.raises(ConfigError, match=r"^The model fails on a batch of the training features \(ValueError: Input "
+                                          r"0 .* expected axis -1 of input shape to have value 8, but received input "
+                                          r"with shape \(32, 4\)\)"):
+        tftrain.Trainer(task, epochs=1, batch_size=32, verbose=0, run_dir=str(tmp_path / "run")).fit()
+    assert not (tmp_path / "run").exists()
+
+
+def test_one_line_names_the_cause_keras_wraps_a_layer_s_error_in():
+    from tftrain.train.user_code import one_line
+
+    error = ValueError("Exception encountered when calling Sequential.call().\n\n\x1b[1mInput 0 of layer 'dense' is "
+                       "incompatible with the layer: expected axis -1 to have value 8\x1b[0m\n\nArguments received by "
+                       "Sequential.call():\n  • inputs=tf.Tensor(shape=(32, 7), dtype=float32)")
+    assert one_line(error) == ("ValueError: Input 0 of layer 'dense' is incompatible with the layer: expected axis -1 "
+                               "to have value 8")
+    assert one_line(ValueError("plain")) == "ValueError: plain"
