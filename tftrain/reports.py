@@ -73,10 +73,10 @@ _REPORT_ROWS = (
 def write_report(run_dir, metrics: Mapping, title: str = "Run report") -> Path:
     """Writes `report.md`: a table of the headline figures of `metrics`; returns its path."""
     lines = [f"# {title}", "", "| | |", "|---|---|"]
-    results = [(f"test.{k}", f"Test {k}", "{:.4f}") for k in (metrics.get("test") or {})]
+    results = [(("test", k), f"Test {k}", "{:.4f}") for k in (metrics.get("test") or {})]  # a name may hold a dot
     history = metrics.get("history") or {}
     last_val = {k: v[-1] for k, v in history.items() if k.startswith("val_") and v}
-    results += [(f"last_val.{k}", f"Validation {k[4:]} (last epoch)", "{:.4f}") for k in last_val]
+    results += [(("last_val", k), f"Validation {k[4:]} (last epoch)", "{:.4f}") for k in last_val]
     metrics = {**metrics, "last_val": last_val}
     for key, label, fmt in (*results, *_REPORT_ROWS):
         value = _lookup(metrics, key)
@@ -113,10 +113,10 @@ def run_title(task: str, hparams: Optional[Mapping]) -> str:
     return f"{task} ({shown})" if shown else task
 
 
-def _lookup(metrics: Mapping, dotted: str):
-    """`metrics["a"]["b"]` for `"a.b"`; None when any part is missing."""
+def _lookup(metrics: Mapping, path):
+    """`metrics["a"]["b"]` for `"a.b"` or `("a", "b")`; None when any part is missing."""
     value = metrics
-    for part in dotted.split("."):
+    for part in (path if isinstance(path, tuple) else path.split(".")):
         if not isinstance(value, Mapping) or value.get(part) is None:
             return None
         value = value[part]

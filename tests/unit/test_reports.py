@@ -11,8 +11,10 @@ def test_versions_names_the_stack():
 
 
 def test_metrics_json_holds_numpy_scalars_and_report_table(tmp_path):
-    metrics = {"test_accuracy": np.float32(0.98), "test": {"accuracy": np.float32(0.98), "mae": 0.25},
-               "history": {"loss": [2.0, 1.0], "val_mae": [0.5, 0.375]}, "replicas": np.int64(2),
+    metrics = {"test_accuracy": np.float32(0.98), "test": {"accuracy": np.float32(0.98), "mae": 0.25,
+                                                           "cls.head_accuracy": 0.5},  # an output named with a dot
+               "history": {"loss": [2.0, 1.0], "val_mae": [0.5, 0.375], "val_cls.head_loss": [0.75]},
+               "replicas": np.int64(2),
                "devices": ("a", "b"), "examples_per_sec": 1234.5, "argv": ["python", "-m", "x"]}
     path = reports.write_metrics(tmp_path, metrics)
     loaded = json.loads(path.read_text())
@@ -21,6 +23,7 @@ def test_metrics_json_holds_numpy_scalars_and_report_table(tmp_path):
     text = reports.write_report(tmp_path, metrics, title="t").read_text()
     assert "| Test accuracy | 0.9800 |" in text and "| Training examples/sec | 1,234 |" in text
     assert "| Test mae | 0.2500 |" in text and "| Validation mae (last epoch) | 0.3750 |" in text
+    assert "| Test cls.head_accuracy | 0.5000 |" in text and "| Validation cls.head_loss (last epoch) | 0.7500 |" in text
     assert "`python -m x`" in text
 
 
