@@ -27,9 +27,10 @@ def versions() -> dict:
 
 
 def write_metrics(run_dir, metrics: Mapping) -> Path:
-    """Writes `metrics.json` (sorted keys, 2-space indent) atomically; returns its path."""
+    """Writes `metrics.json` (sorted keys, 2-space indent) atomically and durably (it marks the run finished, so
+    the backup is deleted after it); returns its path."""
     path = Path(run_dir) / METRICS_FILE
-    write_text_atomic(path, json.dumps(metrics, indent=2, sort_keys=True, default=jsonable) + "\n")
+    write_text_atomic(path, json.dumps(metrics, indent=2, sort_keys=True, default=jsonable) + "\n", durable=True)
     return path
 
 

@@ -2,6 +2,8 @@ import json
 
 import numpy as np
 
+import tftrain
+
 from tftrain import reports
 
 
@@ -42,3 +44,31 @@ def test_a_report_written_back_after_a_kill_is_titled_as_the_run_s_own(tmp_path)
     (tmp_path / "report.md").write_text("kept")
     reports.write_missing_report(tmp_path, HParams())  # an existing report is left as it is
     assert (tmp_path / "report.md").read_text() == "kept"
+
+
+def test_model_keras_and_metrics_json_reach_the_disk_before_the_backup_is_deleted(tmp_path, monkeypatch):
+    import shutil
+
+    import os
+    from pathlib import Path
+
+    from tftrain import files
+
+    x = np.zeros((64, 4), "float32")
+    events = []
+    flush = files.fsync_file
+    monkeypatch.setattr(files, "fsync_file", lambda path: (events.append(f"fsync {Path(path).name}"),
+                                                                flush(path)))
+    remove = shutil.rmtree
+    monkeypatch.setattr(shutil, "rmtree", lambda path, *a, **k: (events.append(f"rmtree {Path(path).name}"),
+                                                                 remove(path, *a, **k)))
+    tftrain.Trainer(tftrain.ArrayTask(_dense, x, x[:, :1], loss="mse"), epochs=1, batch_size=32, verbose=0,
+                    run_dir=str(tmp_path / "run")).fit()
+    before = events[:events.index("rmtree backup")]
+    assert {f"fsync .tmp-{os.getpid()}-model.keras", f"fsync .tmp-{os.getpid()}-metrics.json"} <= set(before), events
+
+
+def _dense():
+    import keras
+
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])

@@ -377,13 +377,15 @@ def output_layers(model) -> Optional[list]:
 
 def write_model(model, path, warn) -> None:
     """Saves `model` to `path` (`model.keras`) through a temporary file (a kill mid-save leaves no part file in its
-    place); a model Keras cannot serialize has its weights saved as `model.weights.h5` beside it, with one line."""
+    place), flushed to disk (a machine crash leaves no empty file); a model Keras cannot serialize has its weights saved as `model.weights.h5` beside it, with one line."""
     from tftrain import rundir as rundir_lib
     from tftrain.train.sanity import unserializable
 
     why = unserializable(model)
     target = path if why is None else path.with_name(rundir_lib.WEIGHTS_FILE)
-    with replaced(target) as tmp:  # Keras reads the format from the temporary name's ending, as `target`'s
+    # Keras reads the format from the temporary name's ending, as `target`'s; flushed to disk, as the backup it
+    # replaces: the run's end deletes the backup once model.keras and metrics.json are written
+    with replaced(target, durable=True) as tmp:
         model.save(tmp) if why is None else model.save_weights(tmp)
     if why is not None:
         warn(f"{path.name} not written: {why[0]}; the trained weights are in {target} (build the model, call it on a "
