@@ -118,8 +118,8 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
                                          else " before training started."), file=sys.stderr)
         return 130
     except Exception as e:  # one line; the traceback goes to the run directory
-        what = _disk_full(e, trainer) or _in_the_way(e) or one_line(e)
-        print(f"{prog}: run failed: {what}{_failure_log(trainer, e)}", file=sys.stderr)
+        advice = _disk_full(e, trainer) or _in_the_way(e)  # each says what to do next
+        print(f"{prog}: run failed: {advice or one_line(e)}{_failure_log(trainer, e, not advice)}", file=sys.stderr)
         return 1
 
 
@@ -297,8 +297,9 @@ def _describe(task) -> str:
     return f"Train the task {task.name!r}" + (f": {doc}" if doc else ".")
 
 
-def _failure_log(trainer, error: BaseException) -> str:
-    """Writes the traceback to `<run_dir>/failure.log` when the run directory exists; returns where."""
+def _failure_log(trainer, error: BaseException, resume_hint: bool = True) -> str:
+    """Writes the traceback to `<run_dir>/failure.log` when the run directory exists; returns where (its logs
+    where they exist, and with `resume_hint` how to resume where a checkpoint is kept)."""
     run_dir = getattr(getattr(trainer, "run_dir", None), "path", None)
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     if run_dir is not None and Path(run_dir).is_dir() and trainer.is_chief:  # other workers never write there
@@ -306,8 +307,9 @@ def _failure_log(trainer, error: BaseException) -> str:
         try:
             log.write_text(text, encoding="utf-8")
             kept = (f". Its checkpoint is kept. {_resume_hint(str(run_dir), trainer)}"
-                    if read_position(trainer.run_dir.backup_dir) is not None else "")
-            return f". Traceback: {log}; logs: {Path(run_dir) / 'logs'}{kept}"
+                    if resume_hint and read_position(trainer.run_dir.backup_dir) is not None else "")
+            logs = Path(run_dir) / "logs"
+            return f". Traceback: {log}" + (f"; logs: {logs}" if logs.is_dir() else "") + kept
         except OSError as e:  # a full disk: the line alone, never a half-written log
             log.unlink(missing_ok=True)
             return f" (no {FAILURE_LOG} written: {e.strerror or e})"

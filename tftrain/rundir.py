@@ -197,10 +197,11 @@ def _check_writable(p: Path) -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".tftrain-probe-", dir=parent))
     except OSError as e:
-        raise RunDirError(
-            f"Run directory {str(p)!r} cannot be written ({str(parent)!r}: {e.strerror}). "
-            "Pass --run-dir with a folder you can write to."
-        ) from None
+        fix = ("Make it writable (or copy it to a place you can write to and pass that --run-dir), then rerun the "
+               "same command: it resumes from the run's checkpoint" if parent == p and (p / BACKUP_DIR).is_dir()
+               else "Pass --run-dir with a folder you can write to")
+        raise RunDirError(f"Run directory {str(p)!r} cannot be written ({str(parent)!r}: {e.strerror}). {fix}.") \
+            from None
 
 
 JOB_FILE = "job_id"

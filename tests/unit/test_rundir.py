@@ -327,3 +327,22 @@ def test_a_history_already_one_row_per_epoch_is_not_rewritten(tmp_path):
     path.write_text("epoch,loss\r\n0,0.9\r\n1,0.5\r\n")  # CSVLogger's own line ends
     before = path.stat().st_ino
     assert tidy_history(path) is None and path.stat().st_ino == before and path.read_bytes().count(b"\r\n") == 3
+
+
+def test_an_unwritable_run_directory_holding_a_checkpoint_is_told_how_to_resume(tmp_path, monkeypatch):
+    import errno
+    import tempfile
+
+    from tftrain import rundir
+    from tftrain.errors import RunDirError
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    (tmp_path / "run" / "backup").mkdir(parents=True)
+    with pytest.raises(RunDirError, match=r"cannot be written \(.*Read-only file system\)\. Make it writable \(or copy "
+                                          r"it .*\), then rerun the same command: it resumes from the run's checkpoint"):
+        rundir._check_writable(tmp_path / "run")
+    with pytest.raises(RunDirError, match=r"Pass --run-dir with a folder you can write to\.$"):
+        rundir._check_writable(tmp_path / "new-run")

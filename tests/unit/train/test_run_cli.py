@@ -311,6 +311,9 @@ def test_a_full_disk_anywhere_is_one_line_naming_the_file_and_the_fix(tmp_path):
     assert "the last checkpoint in the run directory is kept" in run._disk_full(error, trainer)
     (tmp_path / "metrics.json").write_text("{}")
     assert "the trained run is written (metrics.json)" in run._disk_full(error, trainer)
+    # The line's tail names the traceback file, and no logs folder where none was made; the advice is not repeated.
+    trainer = SimpleNamespace(run_dir=SimpleNamespace(path=tmp_path, backup_dir=tmp_path / "backup"), is_chief=True)
+    assert run._failure_log(trainer, error, resume_hint=False) == f". Traceback: {tmp_path / 'failure.log'}"
 
 
 @pytest.mark.slow
