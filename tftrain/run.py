@@ -176,8 +176,9 @@ def _disk_full(error: BaseException, trainer) -> str:
 
 
 def _resume_hint(run_dir: str, trainer=None) -> str:
-    """How to resume: the same command where it names the run directory (`--run-dir`), else with `--resume` or
-    `--run-dir` (a parameter-server job's server tasks do not know it); the path quoted for a shell."""
+    """How to resume: the same command where it names the run directory (`--run-dir`), else with `--run-dir` (a
+    parameter-server job's server tasks do not know it; `--resume` may find a newer run); the path quoted for a
+    shell."""
     import shlex
 
     launched = bool(os.environ.get(RUN_ID_ENV))  # a task of `python -m tftrain.launch`: the user's command is its
@@ -186,7 +187,7 @@ def _resume_hint(run_dir: str, trainer=None) -> str:
         return f"To resume, rerun {command} (the chief's line names the run directory)."
     if trainer is not None and getattr(getattr(trainer, "config", None), "run_dir", None) is not None:
         return f"To resume, rerun {command}."
-    flags = f"--resume (or --run-dir {shlex.quote(run_dir)})"
+    flags = f"--run-dir {shlex.quote(run_dir)} (--resume takes the newest unfinished run of these settings)"
     return f"To resume, rerun {command} with {flags}" + (" added to the training command after --." if launched
                                                          else ".")
 

@@ -101,9 +101,13 @@ def default_run_dir(recipe: str, root: str = "runs", now: Optional[datetime.date
 def newest_unfinished(task: str, config: dict, root: str = "runs", restart_of: Optional[str] = None,
                       in_use_ok: bool = False) -> Optional[Path]:
     """The newest `root/<task>-*` this run may resume (`--resume`), or None: same config, unfinished (or finished
-    by job `restart_of`: `check_run_dir`), not held by another process unless `in_use_ok` (its chief holds it)."""
+    by job `restart_of`: `check_run_dir`), not held by another process unless `in_use_ok` (its chief holds it).
+    A run with a checkpoint comes before one without (killed before its first): that one has nothing to resume."""
+    from tftrain.checkpoint_files import checkpoints
+
     candidates = [p for p in Path(root).glob(f"{task}-*") if (p / CONFIG_FILE).is_file()]
-    for path in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
+    newest = sorted(candidates, key=lambda p: (bool(checkpoints(p / BACKUP_DIR)), p.stat().st_mtime), reverse=True)
+    for path in newest:
         try:
             check_run_dir(path, config, restart_of)
             if not in_use_ok:

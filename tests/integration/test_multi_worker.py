@@ -323,8 +323,9 @@ def test_the_printed_advice_resumes_a_multi_worker_job_started_without_run_dir(t
             launcher.wait()
     output = "".join(lines)
     assert sent and launcher.returncode == 128 + signal.SIGTERM, output[-3000:]
-    advice = re.search(r"To resume, rerun the same python -m tftrain.launch command with --resume \(or --run-dir "
-                       r"\S+\) added to the training command after --", output)
+    advice = re.search(r"To resume, rerun the same python -m tftrain.launch command with --run-dir \S+ \(--resume "
+                       r"takes the newest unfinished run of these settings\) added to the training command after --",
+                       output)
     assert advice, output[-3000:]
     (first,) = list((tmp_path / "runs").iterdir())
     assert not (first / "metrics.json").exists()

@@ -374,7 +374,9 @@ def test_the_resume_line_gives_the_same_command_where_it_names_the_run_directory
     assert _resume_hint("runs/my run", named) == "To resume, rerun the same command."
     default = SimpleNamespace(config=SimpleNamespace(run_dir=None))
     assert _resume_hint("runs/task-1 ü", default) == \
-        "To resume, rerun the same command with --resume (or --run-dir 'runs/task-1 ü')."
+        "To resume, rerun the same command with --run-dir 'runs/task-1 ü' (--resume takes the newest unfinished run " \
+        "of these settings)."
     monkeypatch.setenv("TFTRAIN_RUN_ID", "20261205-000000")
     assert _resume_hint("runs/t", default) == ("To resume, rerun the same python -m tftrain.launch command with "
-                                               "--resume (or --run-dir runs/t) added to the training command after --.")
+                                               "--run-dir runs/t (--resume takes the newest unfinished run of these "
+                                               "settings) added to the training command after --.")

@@ -1,6 +1,7 @@
 """The Trainer's stages in this process (default strategy), each on a tiny model."""
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -422,9 +423,16 @@ def test_resume_finds_the_newest_unfinished_run_of_the_same_settings(tmp_path, m
 
     with pytest.raises(RunDirError, match="--resume found no unfinished run of task 'resumable'"):
         trainer(resume=True).fit()
+    class StopAtOnce(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            raise KeyboardInterrupt
+
     with pytest.raises(KeyboardInterrupt):
         trainer(callbacks=[StopAfterOneEpoch()]).fit()
     (interrupted,) = (tmp_path / "runs").iterdir()
+    time.sleep(1.1)  # a newer run directory
+    with pytest.raises(KeyboardInterrupt):  # a newer run, stopped before its first checkpoint: nothing to resume
+        trainer(callbacks=[StopAtOnce()]).fit()
     record = trainer(resume=True).fit()
     assert record.run_dir == str(Path("runs") / interrupted.name) and record.resumed_from_epoch == 1
     assert (interrupted / "metrics.json").is_file()
