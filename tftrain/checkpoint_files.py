@@ -28,13 +28,14 @@ KERAS_WEIGHTS, KERAS_METADATA = "latest.weights.h5", "training_metadata.json"
 @dataclasses.dataclass(frozen=True)
 class BackupPosition:
     """Where a checkpoint stands in the run: `epoch`s completed, batches of the next epoch done
-    (`steps_in_epoch`, 0 at an epoch end), `optimizer_iterations` (None from Keras's `BackupAndRestore`) and the
-    run's `batch_size` it trained at (None where not recorded)."""
+    (`steps_in_epoch`, 0 at an epoch end), `optimizer_iterations` (None from Keras's `BackupAndRestore`), and the
+    run's `batch_size` and dtype policy (`precision`) it trained at (None where not recorded)."""
 
     epoch: int
     steps_in_epoch: int = 0
     optimizer_iterations: Optional[int] = None
     batch_size: Optional[int] = None
+    precision: Optional[str] = None
 
     def where(self) -> str:
         """`the end of epoch 2` or `epoch 3, batch 16`, with the optimizer step when known."""
@@ -61,8 +62,10 @@ class Checkpoint:
 def _position(meta: Path) -> Optional[BackupPosition]:
     try:
         data = json.loads(meta.read_text(encoding="utf-8"))
+        precision = data.get("precision")
         return BackupPosition(int(data["epoch"]), int(data.get("steps_in_epoch", 0)),
-                              data.get("optimizer_iterations"), data.get("batch_size"))
+                              data.get("optimizer_iterations"), data.get("batch_size"),
+                              precision if isinstance(precision, str) else None)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from pathlib import Path
 from typing import Callable, Optional
 
 import keras
@@ -194,7 +193,8 @@ class StepBackup(keras.callbacks.Callback):
         with replaced(checkpoint_files.weights_path(self.backup_dir, self._number), durable=True) as tmp:
             self.model.save_weights(tmp)
             self._size = os.path.getsize(tmp)
-        position = BackupPosition(epoch, steps_in_epoch, optimizer_steps(self.model), self.batch_size)
+        policy = getattr(getattr(self.model, "dtype_policy", None), "name", None)  # the policy it trains in
+        position = BackupPosition(epoch, steps_in_epoch, optimizer_steps(self.model), self.batch_size, policy)
         checkpoint_files.commit(self.backup_dir, self._number, position)
         self._number += 1
         self._since_save = 0

@@ -208,6 +208,11 @@ class ModelStages:
 
         if not self.precision.timeable(self._precision_untimed_because()):
             return self.build_model()
+        trained_in = self._checkpoint_policy()
+        if trained_in is not None:  # a resumed run goes on in the policy its checkpoint trained in
+            self.precision.set(trained_in)
+            self.console.line(f"precision: auto -> {trained_in}, as this run's checkpoint trained in it")
+            return self.build_model()
         compile_args = {}
 
         def build(fall_back: bool):
@@ -220,6 +225,14 @@ class ModelStages:
                                       self.config.runtime.remember_execution)
         self.compile_args = compile_args[self.precision.info.policy]  # the arguments of the model trained
         return model
+
+    def _checkpoint_policy(self) -> Optional[str]:
+        """The dtype policy a resumed run's checkpoint recorded, when `--precision auto` could have chosen it."""
+        from tftrain.checkpoint_files import read_position
+
+        position = read_position(self.run_dir.backup_dir) if self.run_dir.resumed else None
+        policy = position.precision if position is not None else None
+        return policy if policy in ("float32", "mixed_bfloat16") else None
 
     def settle_untimed_precision(self) -> None:
         """Before anything builds a model (the sanity pass, the batch-size search, `--tune`): float32 where

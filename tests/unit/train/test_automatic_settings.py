@@ -338,6 +338,37 @@ def test_precision_auto_times_bfloat16_against_float32_on_a_cpu_and_remembers(tm
 
 
 @pytest.mark.slow
+def test_a_resumed_run_goes_on_in_the_policy_its_checkpoint_trained_in(tmp_path, monkeypatch, fresh_execution_memory,
+                                                                      bf16_always_timed):
+    import json
+
+    import keras
+
+    from tftrain.runtime import execution_probe, precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda *a: True)
+    faster = {"policy": "mixed_bfloat16"}  # the timing's winner, by decree
+    monkeypatch.setattr(execution_probe, "time_graph_step", lambda model, *a, **k: 2e-3 if model.dtype_policy.name
+                        == faster["policy"] else 4e-3)
+
+    class StopAfterOneEpoch(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise KeyboardInterrupt
+
+    settings = {"execution": "graph", "precision": "auto", "remember_execution": False}
+    with pytest.raises(tftrain.Interrupted):
+        _fit(tmp_path, _dense, "run", callbacks=[StopAfterOneEpoch()], **settings)
+    (meta,) = sorted((tmp_path / "run" / "backup").glob("ckpt-*.json"))[-1:]
+    assert json.loads(meta.read_text())["precision"] == "mixed_bfloat16"
+    faster["policy"] = "float32"  # timed again now, float32 would win: the run keeps its checkpoint's policy
+    record = _fit(tmp_path, _dense, "run", **settings)
+    assert record.resumed_from_epoch == 1 and record.runtime["precision"] == "mixed_bfloat16"
+    saved = keras.saving.load_model(tmp_path / "run" / "model.keras")
+    assert next(layer for layer in saved.layers if isinstance(layer, keras.layers.Dense)).dtype_policy.name == \
+        "mixed_bfloat16"
+
+
+@pytest.mark.slow
 def test_precision_auto_trains_float32_when_float32_is_faster(tmp_path, monkeypatch, fresh_execution_memory,
                                                                bf16_always_timed):
     import keras
