@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import re
+import shutil
 from pathlib import Path
 from typing import Iterable, List, Optional
 
@@ -156,7 +157,7 @@ class KeepBest(keras.callbacks.Callback):
         beyond `keep`; read from `ranking_from`, without touching it (its own worker repairs it)."""
         if self.ranking_from is None or self.ranking_from.resolve() == self.directory.resolve():
             if not _damaged(self.directory):
-                return read_state(self.directory)
+                return self._readable(read_state(self.directory))
             kept, unranked = self._ranking_rebuilt(self.directory)
             self._rank(kept)
             left = f"; not ranked (no {self.monitor} in the epoch log), left in place: " + ", ".join(
@@ -171,6 +172,23 @@ class KeepBest(keras.callbacks.Callback):
         else:
             kept = read_state(self.ranking_from)
         return [{**k, "checkpoint": str(self.directory / "best" / f"epoch-{k['epoch']}")} for k in kept]
+
+    def _readable(self, kept: List[dict]) -> List[dict]:
+        """`kept` less the checkpoints that cannot be read whole (deleted, with one line), the ranking written
+        again if any was; files of `best/` no ranked checkpoint owns (a kill inside a deletion) are removed."""
+        damaged = [k for k in kept if not _reads_whole(k["checkpoint"])]
+        for k in damaged:
+            _delete(k["checkpoint"])
+        owned = {Path(k["checkpoint"]).name for k in kept if k not in damaged}
+        for path in self.directory.glob("best/epoch-*"):
+            if path.name.split(".")[0] not in owned:  # also a killed write's `epoch-N_temp` folder
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        if damaged:
+            kept = [k for k in kept if k not in damaged]
+            _write_state(self.directory, kept)
+            self.say(f"keep-best: the kept checkpoint(s) of epoch(s) {', '.join(str(k['epoch']) for k in damaged)} "
+                     f"in {self.directory / 'best'} could not be read (damaged); removed from the ranking")
+        return kept
 
     def _ranking_rebuilt(self, directory: Path):
         """`(ranked, unranked)`: the `best/epoch-E` checkpoints in `directory` with a finite `monitor` value in
@@ -282,5 +300,18 @@ def _write_state(directory: Path, kept: List[dict]) -> None:
 
 
 def _delete(prefix: str) -> None:
-    for path in tf.io.gfile.glob(f"{prefix}.*"):
+    """Deletes checkpoint `prefix`'s files, its data before its index (a kill in between leaves no data file that
+    no index names)."""
+    for path in sorted(tf.io.gfile.glob(f"{prefix}.*"), key=lambda p: p.endswith(".index")):
         tf.io.gfile.remove(path)
+
+
+def _reads_whole(prefix: str) -> bool:
+    """Whether every tensor of checkpoint `prefix` reads back (its checksums match)."""
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+        return True
+    except Exception:  # noqa: BLE001 (DataLossError, NotFoundError, ... on a damaged file)
+        return False

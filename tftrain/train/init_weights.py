@@ -42,11 +42,18 @@ def resolve(path: str) -> Tuple[str, str]:
 
 
 def load(model, kind: str, path: str) -> None:
-    """Sets `model`'s weights from `resolve`'s `(kind, path)`; `ConfigError` names the first misfit."""
-    if kind == "keras":
-        _load_keras(model, path)
-    else:
-        _load_checkpoint(model, path)
+    """Sets `model`'s weights from `resolve`'s `(kind, path)`; `ConfigError` names the first misfit, or a file that
+    cannot be read (damaged: a checksum that does not match, a cut file)."""
+    from tftrain.train.user_code import one_line
+
+    try:
+        _load_keras(model, path) if kind == "keras" else _load_checkpoint(model, path)
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 (TensorFlow's DataLossError, zipfile's BadZipFile, h5py's OSError)
+        raise ConfigError(f"--init-from {path} cannot be read ({one_line(error)}): it is damaged. Pass another "
+                          "checkpoint or model file (a run's checkpoints/best/epoch-N, checkpoints/last or "
+                          "model.keras).") from None
 
 
 def _load_keras(model, path: str) -> None:

@@ -131,6 +131,30 @@ def test_an_epoch_trained_again_after_a_kill_replaces_its_first_ranking(tmp_path
     assert sorted(p.stem for p in (tmp_path / "best").glob("*.index")) == ["epoch-2", "epoch-3"]
 
 
+def test_a_damaged_kept_checkpoint_and_files_no_ranking_owns_are_removed_when_a_run_resumes(tmp_path):
+    import keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    best = KeepBest(tmp_path, keep=2, monitor="loss")
+    best.set_model(model)
+    best.on_train_begin()
+    for epoch, loss in enumerate((0.9, 0.5)):
+        best.on_epoch_end(epoch, {"loss": loss})
+    (data,) = (tmp_path / "best").glob("epoch-2.data-*")
+    data.write_bytes(b"\0" * data.stat().st_size)  # zero-filled: its checksum no longer matches
+    (tmp_path / "best" / "epoch-7.data-00000-of-00001").write_bytes(b"x")  # a kill between deleting index and data
+    (tmp_path / "best" / "epoch-8_temp").mkdir()  # a kill inside a write
+    said = []
+    resumed = KeepBest(tmp_path, keep=2, monitor="loss", say=said.append)
+    resumed.set_model(model)
+    resumed.on_train_begin()
+    assert [k["epoch"] for k in resumed.kept] == [1]
+    assert [k["epoch"] for k in json.loads((tmp_path / STATE_FILE).read_text())] == [1]
+    assert said == [f"keep-best: the kept checkpoint(s) of epoch(s) 2 in {tmp_path / 'best'} could not be read "
+                    "(damaged); removed from the ranking"]
+    assert sorted(p.name.split(".")[0] for p in (tmp_path / "best").iterdir()) == ["epoch-1", "epoch-1"]
+
+
 def test_a_copied_run_directory_ranks_and_deletes_its_own_checkpoints_only(tmp_path):
     import shutil
 

@@ -157,6 +157,18 @@ def test_init_from_a_path_without_weights_is_refused_before_the_run_directory(tm
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
+def test_init_from_a_damaged_file_is_refused_in_one_line_naming_it_before_the_run_directory(tmp_path):
+    _fit(tmp_path, "source", epochs=1, keep_best=1)
+    (data,) = (tmp_path / "source" / "checkpoints" / "best").glob("epoch-1.data-*")
+    data.write_bytes(b"\0" * data.stat().st_size)
+    (tmp_path / "empty.keras").write_bytes(b"")  # as a machine crash can leave a file being written
+    for source in (tmp_path / "source" / "checkpoints" / "best" / "epoch-1", tmp_path / "empty.keras"):
+        with pytest.raises(ConfigError, match=rf"^--init-from {source} cannot be read \(\w+: .*\): it is damaged"):
+            _fit(tmp_path, "run", epochs=1, init_from=str(source))
+        assert not (tmp_path / "run").exists()
+
+
 def test_keep_best_runs_under_every_strategy_s_loop():
     from tftrain.config import RecipeConfig, RuntimeConfig, TrainConfig
     from tftrain.train.loops import loop_for
