@@ -147,6 +147,11 @@ class KeepBest(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._checkpoint = tf.train.Checkpoint(model=self.model)
+        pointer = self.directory / "last" / "checkpoint"  # TensorFlow prints a damaged one's bytes to the terminal
+        if pointer.is_file() and not _text(pointer):  # the checkpoint it names is unknown: the folder goes whole
+            shutil.rmtree(pointer.parent, ignore_errors=True)
+            self.say(f"keep-best: {pointer} was damaged; the last epoch's checkpoint is written again at this run's "
+                     "next epoch end")
         self._last = tf.train.CheckpointManager(self._checkpoint, str(self.directory / "last"), max_to_keep=1,
                                                checkpoint_name="epoch")
         self.kept, self.last = self._read_ranking(), self._last.latest_checkpoint
@@ -304,6 +309,14 @@ def _delete(prefix: str) -> None:
     no index names)."""
     for path in sorted(tf.io.gfile.glob(f"{prefix}.*"), key=lambda p: p.endswith(".index")):
         tf.io.gfile.remove(path)
+
+
+def _text(path: Path) -> bool:
+    """Whether `path` reads as UTF-8 text without NUL bytes."""
+    try:
+        return "\0" not in path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def _reads_whole(prefix: str) -> bool:

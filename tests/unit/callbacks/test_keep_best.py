@@ -155,6 +155,27 @@ def test_a_damaged_kept_checkpoint_and_files_no_ranking_owns_are_removed_when_a_
     assert sorted(p.name.split(".")[0] for p in (tmp_path / "best").iterdir()) == ["epoch-1", "epoch-1"]
 
 
+def test_a_damaged_pointer_to_the_last_checkpoint_is_said_in_one_line_not_printed_raw(tmp_path, capfd):
+    import keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    best = KeepBest(tmp_path, keep=1, monitor="loss")
+    best.set_model(model)
+    best.on_train_begin()
+    best.on_epoch_end(0, {"loss": 0.9})
+    pointer = tmp_path / "last" / "checkpoint"
+    pointer.write_bytes(b"\0" * 168)
+    said = []
+    resumed = KeepBest(tmp_path, keep=1, monitor="loss", say=said.append)
+    resumed.set_model(model)
+    resumed.on_train_begin()
+    assert said == [f"keep-best: {pointer} was damaged; the last epoch's checkpoint is written again at this run's "
+                    "next epoch end"]
+    assert "\0" not in "".join(capfd.readouterr()) and resumed.last is None
+    resumed.on_epoch_end(1, {"loss": 0.95})
+    assert resumed.summary()["last"].endswith("epoch-2") and [k["epoch"] for k in resumed.kept] == [1]
+
+
 def test_a_copied_run_directory_ranks_and_deletes_its_own_checkpoints_only(tmp_path):
     import shutil
 
