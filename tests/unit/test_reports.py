@@ -1,6 +1,7 @@
 import json
 
 import numpy as np
+import pytest
 
 import tftrain
 
@@ -46,6 +47,7 @@ def test_a_report_written_back_after_a_kill_is_titled_as_the_run_s_own(tmp_path)
     assert (tmp_path / "report.md").read_text() == "kept"
 
 
+@pytest.mark.slow
 def test_model_keras_and_metrics_json_reach_the_disk_before_the_backup_is_deleted(tmp_path, monkeypatch):
     import shutil
 

@@ -291,6 +291,7 @@ def test_python_m_tftrain_export_refuses_a_damaged_metrics_json_before_exporting
     assert not (tmp_path / "run" / "export").exists()
 
 
+@pytest.mark.slow
 def test_python_m_tftrain_export_on_a_full_disk_says_so_in_one_line(tmp_path, capsys, monkeypatch):
     import errno
 

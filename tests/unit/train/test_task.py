@@ -256,6 +256,7 @@ def test_tfrecord_task_reads_files_with_the_parse_function(tmp_path):
         task.bind(RecipeConfig().override({"validation_split": 0.1})).validation_data(4)
 
 
+@pytest.mark.slow
 def test_a_tfrecord_task_that_undercounts_its_records_is_told_after_the_first_epoch(tmp_path, capsys):
     path = _write_records(tmp_path / "d.tfrecord", 32, label_scale=1)
     task = tftrain.TFRecordTask(_model, [path], parse, num_train_examples=8, loss="mse")
