@@ -154,7 +154,7 @@ class _Job:
     grace_s: float
     max_restarts: int = 0
     restarts: int = 0
-    failed: bool = False  # a task's failure stopped the job
+    failed: Optional[str] = None  # the failure that stopped the job ("worker:1 exited with code 3")
     tasks: List[_Task] = dataclasses.field(default_factory=list)
     retired: List[_Task] = dataclasses.field(default_factory=list)
 
@@ -265,6 +265,9 @@ def launch(
             for task in job.tasks + job.retired:
                 for reader in task.readers:
                     reader.join(timeout=grace_s)
+            if job.failed:  # the last line, below the stopped tasks' own
+                job.output.say(f"the job stopped: {job.failed}. Its tasks' lines above say why; a run stopped by a "
+                               "signal resumes from its last checkpoint when the same command runs again")
 
 
 @contextlib.contextmanager
@@ -369,7 +372,7 @@ def _after_failure(job: _Job, task: _Task) -> Optional[int]:
         return None
     job.output.say(f"{what}; stopping " + (", ".join(t.name for t in running) if running
                                            else "nothing else (no task left)"))
-    job.failed = True
+    job.failed = what
     return exit_code(task.returncode)
 
 

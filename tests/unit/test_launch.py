@@ -123,6 +123,9 @@ def test_crashing_worker_stops_the_job_and_leaves_no_process(tmp_path):
     result = _launch(["--workers", "3", "--grace", "2", "--", PY, script])
     assert result.returncode == 3, result.stderr
     assert "worker:1 exited with code 3; stopping worker:0, worker:2" in result.stderr
+    assert result.stderr.splitlines()[-1].endswith(
+        "the job stopped: worker:1 exited with code 3. Its tasks' lines above say why; a run stopped by a signal "
+        "resumes from its last checkpoint when the same command runs again")
     pids = _started_pids(result.stderr)
     assert len(pids) == 3
     assert _alive_in_groups(set(pids.values())) == []
