@@ -13,17 +13,19 @@ from tftrain.callbacks._steps import train_steps
 
 class EpochLengthWatch(keras.callbacks.Callback):
     """Warns once, after the first whole epoch (one that starts where the plan says), when it ran more than
-    one step more or fewer than `planned`; silent on a resumed epoch that starts mid-way.
+    `slack` steps more or fewer than `planned`; silent on a resumed epoch that starts mid-way.
 
     Args:
         planned: steps an epoch should run (micro-batches under gradient accumulation).
         why: what the plan came from, for the line (e.g. "the task's num_train_examples, 12,800").
         say: prints the one-line warning. Defaults to `print`.
+        slack: steps more or fewer that pass (a partial last batch; an epoch's micro-batches short of a whole
+            optimizer step). Defaults to 1.
     """
 
-    def __init__(self, planned: int, why: str, say: Callable[[str], None] = print):
+    def __init__(self, planned: int, why: str, say: Callable[[str], None] = print, slack: int = 1):
         super().__init__()
-        self.planned, self.why, self.say = int(planned), why, say
+        self.planned, self.why, self.say, self.slack = int(planned), why, say, max(1, int(slack))
         self.begin: Optional[int] = None
         self.done = False
 
@@ -35,7 +37,7 @@ class EpochLengthWatch(keras.callbacks.Callback):
         if self.begin is None:
             return
         self.done, ran = True, train_steps(self.model) - self.begin
-        if abs(ran - self.planned) > 1:
+        if abs(ran - self.planned) > self.slack:
             self.say(f"epoch {epoch + 1} ran {ran} steps where the plan counts {self.planned} from {self.why}: a "
                      "learning-rate schedule, --backup-every-steps and --profile count the planned steps, so a "
                      f"cosine schedule {'reaches 0 early' if ran > self.planned else 'stops short of 0'}. "

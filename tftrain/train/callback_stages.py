@@ -148,7 +148,8 @@ class CallbackStages:
         if not self.steps_per_epoch or n is None or not self.loop.per_step_hooks:
             return None
         why = f"the task's {n:,} training examples at batch {self.batch.global_batch_size}"
-        return EpochLengthWatch(self.steps_per_epoch * self.accumulation_steps, why, say=self.console.warn)
+        return EpochLengthWatch(self.steps_per_epoch * self.accumulation_steps, why, say=self.console.warn,
+                                slack=self.accumulation_steps)
 
     def _nvtx_callbacks(self) -> list:
         """`NvtxSteps` under `--nvtx` on a GPU (`tftrain.runtime.nvtx`), else none."""
