@@ -165,7 +165,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 (a model.keras that does not load: one line)
-        from tftrain.train.sanity import cause_line
+        from tftrain.train.user_code import cause_line
 
         task = None if args.task else _task_of(run_dir)
         fix = (f"If it holds custom layers, losses or metrics, pass --task {task} (the training command's task file "

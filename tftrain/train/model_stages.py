@@ -9,6 +9,7 @@ from typing import Optional
 from tftrain.errors import ConfigError
 from tftrain.files import replaced
 from tftrain.train.tasks.base import check_compile_args
+from tftrain.train.user_code import cause_line
 
 
 class ModelStages:
@@ -274,7 +275,7 @@ class ModelStages:
             if not self.precision.clash(e.error):
                 if isinstance(e.error, sanity.FeaturesRefused):  # the model and the data do not fit: refused
                     raise ConfigError(f"The model fails on a batch of the training features "
-                                      f"({sanity.cause_line(e.error.error)}). Check the features' shapes, names "
+                                      f"({cause_line(e.error.error)}). Check the features' shapes, names "
                                       "and dtypes against the model's inputs.") from None
                 if isinstance(e, sanity.BuildFailed):  # the build stage raises it again, as any failed run
                     return None

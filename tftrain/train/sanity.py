@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Tuple
 
 from tftrain.errors import ConfigError
+from tftrain.train.user_code import cause_line, words_within
 
 EXACT_INTEGERS = {"bfloat16": 256, "float16": 2048}
 """Up to these, every integer is exact in each low-precision float (8 and 11 significant bits)."""
@@ -227,9 +228,17 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
                           "float32), or pass --precision float32.")
     from tftrain.runtime.precision import overridden_steps, step_scales_loss
 
+    from tftrain.callbacks._steps import train_steps
+
     scales, overridden = None, overridden_steps(model)
+    own_optimizers = "train_step" in overridden and getattr(model, "optimizer", None) is not None \
+        and train_steps(model) == 0  # the step ran, the compiled optimizer did not
     del model
-    if plan.loss_scaling and "train_step" in overridden:
+    if plan.loss_scaling and own_optimizers:
+        say("the model's train_step does not apply the compiled optimizer (its own optimizers?): the loss scaling "
+            "mixed_float16 needs does not reach them. Wrap each in keras.optimizers.LossScaleOptimizer and scale "
+            "its loss (scale_loss), or pass --precision float32 or mixed_bfloat16")
+    elif plan.loss_scaling and "train_step" in overridden:
         scales = step_scales_loss(*_compiled(plan), train)
         checked.append("the train_step's loss scaling")
     if plan.export_formats:
@@ -349,28 +358,6 @@ class SanityError(ConfigError):
     def __init__(self, message: str, error: BaseException):
         super().__init__(message)
         self.error = error
-
-
-def cause_line(error: BaseException) -> str:
-    """`Type: cause` of `error` (at most 300 characters): the first line after Keras's "Exception encountered
-    when calling" header, colour codes removed."""
-    import re
-
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if lines and lines[0] == "in user code:":  # traced: the error's own line closes the trace
-        raised = [line for line in lines if re.match(r"[A-Z]\w*(Error|Exception): ", line)]
-        if raised:
-            return _words_within(raised[-1], 300)
-    from tftrain.train.user_code import KERAS_WRAPPER_LINES
-
-    cause = [line for line in lines if not line.startswith(KERAS_WRAPPER_LINES)]
-    return _words_within(f"{type(error).__name__}: {(cause or lines or [''])[0]}", 300)
-
-
-def _words_within(text: str, most: int) -> str:
-    """`text`, or its whole words within `most` characters followed by ` ...`."""
-    return text if len(text) <= most else text[:most - 4].rsplit(" ", 1)[0] + " ..."
 
 
 def label_rounding(labels, outputs, compute_dtype: str) -> Optional[str]:
@@ -501,7 +488,7 @@ def not_rebuilt(model) -> Optional[str]:
         except Exception as error:  # noqa: BLE001 (a TypeError for a missing argument, or the layer's own)
             lines = str(error).split("Exception encountered:")  # Keras's wrapper names the config, then the cause
             cause = " ".join(lines[-1].split()) if len(lines) > 1 else cause_line(error)
-            return (f"{type(obj).__name__} is not made again from its config ({_words_within(cause, 200)}), so "
+            return (f"{type(obj).__name__} is not made again from its config ({words_within(cause, 200)}), so "
                     "keras.models.load_model will not load model.keras: build the model and model.load_weights it, "
                     f"or give {type(obj).__name__} a get_config() returning its __init__ arguments and pass **kwargs "
                     "on to super().__init__")

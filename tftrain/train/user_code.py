@@ -51,6 +51,24 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.rstrip('.:')}"
 
 
+def cause_line(error: BaseException) -> str:
+    """`Type: cause` of `error` (at most 300 characters): the first line after Keras's "Exception encountered
+    when calling" header, colour codes removed."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if lines and lines[0] == "in user code:":  # traced: the error's own line closes the trace
+        raised = [line for line in lines if re.match(r"[A-Z]\w*(Error|Exception): ", line)]
+        if raised:
+            return words_within(raised[-1], 300)
+    cause = [line for line in lines if not line.startswith(KERAS_WRAPPER_LINES)]
+    return words_within(f"{type(error).__name__}: {(cause or lines or [''])[0]}", 300)
+
+
+def words_within(text: str, most: int) -> str:
+    """`text`, or its whole words within `most` characters followed by ` ...`."""
+    return text if len(text) <= most else text[:most - 4].rsplit(" ", 1)[0] + " ..."
+
+
 def line_of(error: BaseException, where: str) -> str:
     """` (line N)` for an error raised in the user's file or a syntax error, else ""."""
     if isinstance(error, SyntaxError) and error.lineno:

@@ -9,13 +9,14 @@ import tftrain
 X = (np.random.default_rng(0).standard_normal((192, 4)) * 0.5 + 2).astype("float32")
 
 
-def _gan_task():
+def _gan_task(own_optimizer=False):
     import keras
     import tensorflow as tf
 
     class GAN(keras.Model):  # call() is the generator: noise in, samples out
         def __init__(self):
             super().__init__()
+            self.own = keras.optimizers.SGD(0.01) if own_optimizer else None
             self.gen = keras.Sequential([keras.Input((2,)), keras.layers.Dense(4)])
             self.disc = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
             self.d_loss = keras.metrics.Mean(name="d_loss")
@@ -34,7 +35,7 @@ def _gan_task():
                 fake = self.gen(tf.random.normal((b, 2)))
                 loss = self.bce(tf.ones((b, 1)), self.disc(real)) + self.bce(tf.zeros((b, 1)), self.disc(fake))
             variables = self.trainable_weights
-            self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+            (self.own or self.optimizer).apply_gradients(zip(tape.gradient(loss, variables), variables))
             self.d_loss.update_state(loss)
             return {"d_loss": self.d_loss.result()}
 
@@ -132,3 +133,13 @@ def test_one_line_names_the_cause_keras_wraps_a_layer_s_error_in():
     assert one_line(error) == ("ValueError: Input 0 of layer 'dense' is incompatible with the layer: expected axis -1 "
                                "to have value 8")
     assert one_line(ValueError("plain")) == "ValueError: plain"
+
+
+@pytest.mark.slow
+def test_a_step_with_its_own_optimizer_is_told_that_loss_scaling_does_not_reach_it(tmp_path, capsys):
+    record = tftrain.Trainer(_gan_task(own_optimizer=True), epochs=1, batch_size=32, precision="mixed_float16",
+                             run_dir=str(tmp_path / "run")).fit()
+    printed = capsys.readouterr()
+    assert "warning: the model's train_step does not apply the compiled optimizer (its own optimizers?): the loss " \
+        "scaling mixed_float16 needs does not reach them" in printed.err
+    assert "the train_step's loss scaling" not in printed.out + printed.err and len(record.history["d_loss"]) == 1
