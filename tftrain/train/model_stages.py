@@ -391,7 +391,8 @@ def output_layers(model) -> Optional[list]:
 
 def write_model(model, path, warn) -> None:
     """Saves `model` to `path` (`model.keras`) through a temporary file (a kill mid-save leaves no part file in its
-    place), flushed to disk (a machine crash leaves no empty file); a model Keras cannot serialize has its weights saved as `model.weights.h5` beside it, with one line."""
+    place), flushed to disk (a machine crash leaves no empty file); a model Keras cannot serialize has its weights
+    saved as `model.weights.h5` beside it, with one line."""
     from tftrain import rundir as rundir_lib
     from tftrain.train.sanity import unserializable
 
