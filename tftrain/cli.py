@@ -10,6 +10,7 @@ import typing
 from typing import Collection, Optional, Sequence
 
 from tftrain import config as config_lib
+from tftrain.config.fields import type_hints
 from tftrain.errors import ConfigError
 
 
@@ -56,7 +57,7 @@ def _fields(defaults: config_lib.RecipeConfig):
         elif f.name != config_lib.TASK_SECTION:
             yield None, f, hints[f.name]
     if defaults.task is not None:
-        task_hints = typing.get_type_hints(type(defaults.task))
+        task_hints = type_hints(type(defaults.task))
         for f in dataclasses.fields(defaults.task):
             yield config_lib.TASK_SECTION, f, task_hints[f.name]
 

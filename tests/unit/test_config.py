@@ -169,6 +169,19 @@ def test_task_hyperparameter_of_a_type_no_flag_sets_is_refused_when_declared():
         RecipeConfig(task=Widths())
 
 
+def test_task_hyperparameters_of_a_module_run_by_runpy_are_read():
+    # runpy.run_module(..., run_name="__main__") runs the module in globals that are not sys.modules["__main__"]'s,
+    # where typing.get_type_hints looks for the names of string annotations.
+    source = ("from __future__ import annotations\nimport dataclasses\nfrom typing import Optional\n"
+              "@dataclasses.dataclass(frozen=True)\nclass HParams:\n    width: Optional[int] = 8\n")
+    namespace = {"__name__": "__main__"}
+    exec(compile(source, "<task module>", "exec"), namespace)
+    cfg = RecipeConfig(task=namespace["HParams"]()).override({"width": 4})
+    assert cfg.task.width == 4
+    with pytest.raises(ConfigError, match="width"):
+        cfg.override({"width": "wide"})
+
+
 def test_yaml_float_written_in_exponent_form_is_a_float(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("train: {learning_rate: 1e-3}\n")

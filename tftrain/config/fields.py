@@ -61,9 +61,18 @@ def _expect_choice(name, value, choices, fix=""):
         )
 
 
+def type_hints(cls) -> dict:
+    """`typing.get_type_hints(cls)`; for a class of a module run by runpy or exec, whose globals are not
+    `sys.modules[cls.__module__]`'s, its string annotations are read with `typing`'s names."""
+    try:
+        return typing.get_type_hints(cls)
+    except NameError:
+        return typing.get_type_hints(cls, localns=vars(typing))
+
+
 def _validate_fields(obj) -> None:
     """Checks types, choices and lower bounds declared in each field's metadata."""
-    hints = typing.get_type_hints(type(obj))
+    hints = type_hints(type(obj))
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         kind, optional = _field_kind(hints[f.name])

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
-from tftrain.config.fields import AUTO_STEPS_PER_EXECUTION, _field, _field_kind, _validate_fields
+from tftrain.config.fields import AUTO_STEPS_PER_EXECUTION, _field, _field_kind, _validate_fields, type_hints
 from tftrain.config.sections import DataConfig, RuntimeConfig, TrainConfig, check_batch_divides
 from tftrain.errors import ConfigError
 
@@ -41,7 +41,7 @@ def check_hparams(hparams) -> None:
             f"Task hyperparameter {clash[0]!r} has the name of a tftrain field (flag --{clash[0].replace('_', '-')}). "
             "Rename it in the task's hparams dataclass."
         )
-    hints = typing.get_type_hints(type(hparams))
+    hints = type_hints(type(hparams))
     for f in dataclasses.fields(hparams):
         if _field_kind(hints[f.name])[0] not in (int, float, str, bool):
             raise ConfigError(f"Task hyperparameter {f.name!r} is typed {hints[f.name]}; a flag sets an int, float, "
