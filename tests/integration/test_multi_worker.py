@@ -333,3 +333,39 @@ def test_the_printed_advice_resumes_a_multi_worker_job_started_without_run_dir(t
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     assert list((tmp_path / "runs").iterdir()) == [first]  # no new run directory
     assert "[worker:0] resuming: " in again.stdout and (first / "metrics.json").is_file()
+
+
+_KILLED_IN_EXPORT = """
+import os, runpy, signal, sys
+from tftrain.train import export
+
+if os.environ.get("KILL_IN_EXPORT") and os.environ["TF_CONFIG"].find('"index": 0') > 0:  # the chief exports
+    export_all = export.export_all
+    def killed(model, formats, directory, features):  # the run's export, not the check before training
+        if str(directory).endswith(os.path.join("run", "export")):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return export_all(model, formats, directory, features)
+    export.export_all = killed
+sys.argv = ["tftrain.recipes.mnist", *sys.argv[1:]]
+runpy.run_module("tftrain.recipes.mnist", run_name="__main__")
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_chief_killed_in_its_export_is_finished_by_the_same_launcher_command(tmp_path):
+    # The rerun does only the export, on the chief: the other workers leave at once, so the chief must not
+    # wait for them in MultiWorkerMirroredStrategy's set-up.
+    flags = [*MWMS, "--train-examples", "512", "--epochs", "1", "--batch-size", "64", "--seed", "0",
+             "--export", "saved_model", "--run-dir", "run"]
+    cmd = [PY, "-m", "tftrain.launch", "--workers", "2", "--timeout", "120", "--grace", "3", "--",
+           PY, "-c", _KILLED_IN_EXPORT, *flags]
+    env = _env(tmp_path / "tmp")
+    killed = subprocess.run(cmd, cwd=tmp_path, env={**env, "KILL_IN_EXPORT": "1"}, capture_output=True, text=True,
+                            timeout=150)
+    assert killed.returncode != 0 and "worker:0 was killed by SIGKILL" in killed.stderr, killed.stderr[-3000:]
+    assert read_metrics(tmp_path / "run")["after_steps"] == {"export": "pending"}
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "doing only its pending after-step(s): export" in done.stdout
+    assert read_metrics(tmp_path / "run")["after_steps"] == {"export": "done"}
+    assert (tmp_path / "run" / "export" / "saved_model" / "saved_model.pb").is_file()

@@ -107,7 +107,9 @@ class ExportStages:
                  if metrics.get(f.name) is not None} if hparams is not None else {}
         self.resolved = self.config.override({**tuned, "run_dir": str(path)})
         self.task = self.task.bind(self.resolved)
-        self.setup_runtime()
+        alone = self.config.runtime.strategy == "multi_worker_mirrored"  # its other workers have left at once
+        self.setup_runtime(dataclasses.replace(self.config.runtime, strategy="default", communication="auto")
+                           if alone else None)
         with self.loop.job(self.cluster):
             self._redo_export(path, metrics)
 

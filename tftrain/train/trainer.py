@@ -359,13 +359,13 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
                 signal.signal(signum, handler)
         return None
 
-    def setup_runtime(self) -> None:
-        """Threads, devices, precision, strategy (`tftrain.runtime.setup`), seed and `--deterministic`."""
+    def setup_runtime(self, settings=None) -> None:
+        """Threads, devices, precision, strategy, seed, `--deterministic`; `settings`: a `RuntimeConfig` not the run's."""
         import keras
 
         from tftrain import runtime
 
-        self.runtime = runtime.setup(self.config.runtime, cluster=self.cluster)
+        self.runtime = runtime.setup(settings or self.config.runtime, cluster=self.cluster)
         self.precision = PrecisionPlanner(self.config.runtime.precision, self.runtime.precision,
                                           self.runtime.devices.kind, self.console.line)
         self.execution = ExecutionPlanner(self.config.runtime, self.config.train.backup_every_steps, self.loop,
