@@ -4,11 +4,14 @@ execution to finish, so a clock read right after it times finished work."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from tftrain.errors import ConfigError
 
 
 def optimizer_steps(model) -> int:
-    """`model.optimizer.iterations` (steps skipped by dynamic loss scaling not counted).
+    """`model.optimizer.iterations` (steps skipped by dynamic loss scaling not counted): what a checkpoint of
+    the model holds, not the optimizers its own `train_step` may hold (`held_steps`).
 
     Raises:
         ConfigError: the model is not compiled with an optimizer.
@@ -17,6 +20,19 @@ def optimizer_steps(model) -> int:
     if optimizer is None:
         raise ConfigError("The model has no optimizer. Call model.compile(optimizer=...) before fit().")
     return int(optimizer.iterations.numpy())
+
+
+def held_steps(model) -> Optional[int]:
+    """When the compiled optimizer has not stepped and the model's `train_step` applies optimizers it holds
+    (`held_optimizers`, a GAN's two): the fewest steps one of those took (where a critic steps several times
+    a batch, the generator's counts the batches); else None."""
+    from tftrain.runtime.execution_probe import held_optimizers
+
+    compiled = getattr(model, "optimizer", None)
+    if compiled is not None and int(compiled.iterations.numpy()):
+        return None
+    counts = [int(o.iterations.numpy()) for o in held_optimizers(model).values()]
+    return min((c for c in counts if c), default=None)
 
 
 def train_steps(model) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import warnings
 from typing import Callable, Optional
 
 import keras
@@ -21,6 +22,7 @@ from tftrain.callbacks._steps import optimizer_steps
 from tftrain.checkpoint_files import BackupPosition
 from tftrain.errors import check_int
 from tftrain.files import replaced
+from tftrain.runtime.execution_probe import held_optimizers
 
 SPACE_MARGIN = 1 << 20
 """Bytes a save needs beyond the checkpoint's size (HDF5 structure, metadata)."""
@@ -60,6 +62,7 @@ class StepBackup(keras.callbacks.Callback):
         self.stop_requested, self.batch_size = stop_requested, batch_size
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
         self.restored: Optional[BackupPosition] = None
+        self.held_afresh: tuple = ()  # the optimizers a train_step holds that a resume did not load
         self._resume: Optional[BackupPosition] = None
         self._current_epoch = 0
         self._steps = self._since_save = 0
@@ -92,6 +95,11 @@ class StepBackup(keras.callbacks.Callback):
                 continue
             if skipped:
                 self.say(_fallback_line(skipped, checkpoint))
+            if self.held_afresh:
+                self.say(f"resuming: the optimizers the model's train_step applies ({', '.join(self.held_afresh)}) "
+                         "are not built yet, so Keras loads none of their state (e.g. Adam's moments) and they start "
+                         "afresh; build each in build_model (e.g. self.d_optimizer.build(self.discriminator."
+                         "trainable_variables)) to resume them too")
             _compat.set_initial_epoch(self.model, checkpoint.position.epoch)
             return checkpoint.position
         if skipped:
@@ -109,8 +117,15 @@ class StepBackup(keras.callbacks.Callback):
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None and not optimizer.built:  # its state must exist to be loaded (as in Keras)
             optimizer.build(self.model.trainable_variables)
+        held = held_optimizers(self.model)
         try:
-            self.model.load_weights(checkpoint.weights)
+            with warnings.catch_warnings():
+                if held or checkpoint.position.optimizer_iterations == 0:  # restore says what was not loaded; a
+                    # compiled optimizer that never stepped holds its initial state, built or not when saved
+                    warnings.filterwarnings("ignore", "Skipping variable loading for optimizer")
+                self.model.load_weights(checkpoint.weights)
+            if checkpoint.position.optimizer_iterations == 0:  # the train_step steps only the ones it holds
+                self.held_afresh = tuple(name for name, o in held.items() if not int(o.iterations.numpy()))
         except Exception as error:  # noqa: BLE001 (h5py and Keras raise many kinds on a bad file)
             return f"{checkpoint.weights.name} cannot be read: {(str(error).splitlines() or [''])[0][:160]}"
         if checkpoint.position.optimizer_iterations not in (None, optimizer_steps(self.model)):

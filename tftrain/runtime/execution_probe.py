@@ -262,13 +262,24 @@ def _timed_and_restored(model, dataset, snapshot, **timing_args) -> StepTiming:
             snapshot[0].restore()
 
 
+def held_optimizers(model) -> dict:
+    """`{attribute: optimizer}` a model holds besides `model.optimizer`: those its own `train_step` applies
+    (a GAN's two). Keras builds each on its first step, so the state of one unbuilt before a timed step
+    cannot be restored, and `save_weights` holds none of them."""
+    import keras
+
+    compiled = getattr(model, "optimizer", None)
+    return {k: v for k, v in vars(model).items() if isinstance(v, keras.optimizers.Optimizer) and v is not compiled}
+
+
 class ModelState:
     """Saved values of a model's weights, optimizer state and metric state.
 
     Covers `model.variables` (trainable and non-trainable weights, random-seed
     state such as dropout's), `model.optimizer.variables` (slots, `iterations`,
-    loss scale) and `model.metrics_variables`, each variable once. The one
-    snapshot behind `choose_execution` and `tftrain.tuning.find_batch_size`.
+    loss scale), those of the built `held_optimizers` and `model.metrics_variables`,
+    each variable once. The one snapshot behind `choose_execution` and
+    `tftrain.tuning.find_batch_size`.
 
     Args:
         model: a built Keras model; its optimizer, when compiled, must be built.
@@ -285,7 +296,7 @@ class ModelState:
 
         optimizer = getattr(model, "optimizer", None)
         groups = (model.variables, optimizer.variables if optimizer is not None else (),
-                  getattr(model, "metrics_variables", ()))
+                  *(o.variables for o in held_optimizers(model).values()), getattr(model, "metrics_variables", ()))
         seen, self.variables = set(), []
         for group in groups:
             for v in group:

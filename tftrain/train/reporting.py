@@ -11,6 +11,7 @@ from typing import Optional
 from tftrain import config as config_lib
 from tftrain import epoch_log
 from tftrain import rundir as rundir_lib
+from tftrain.callbacks._steps import held_steps
 from tftrain.train.record import RunRecord
 
 
@@ -146,10 +147,17 @@ def _extras(trainer) -> dict:
     return extras
 
 
-def _checkpoint_extras(trainer, optimizer) -> dict:
-    """`optimizer_steps`, and the `backup` and `early_stopping` sections (epochs counted from 1)."""
-    out = {"optimizer_steps": int(optimizer.iterations.numpy()) if optimizer is not None else None}
+def _checkpoint_extras(trainer, model, optimizer) -> dict:
+    """`optimizer_steps` (the optimizers a `train_step` holds count when the compiled one never stepped:
+    `held_steps`, plus the steps before a resume that did not load them), and the `backup` and
+    `early_stopping` sections (epochs counted from 1)."""
     backup, stop = trainer.made.backup, trainer.made.early_stopping
+    held = held_steps(model) if model is not None else None
+    restored = backup.restored if held is not None and backup is not None and backup.held_afresh else None
+    before = (restored.epoch * (trainer.steps_per_epoch or 0) + restored.steps_in_epoch // trainer.accumulation_steps
+              if restored is not None else 0)
+    out = {"optimizer_steps": before + held if held is not None else
+           int(optimizer.iterations.numpy()) if optimizer is not None else None}
     if backup is not None and backup.every_steps:
         restored = backup.restored
         out["backup"] = {"every_steps": backup.every_steps // trainer.accumulation_steps,
@@ -184,7 +192,8 @@ def make_record(trainer, history, test, started: float, fit_time: float) -> RunR
     done_before = restored.steps_in_epoch // trainer.accumulation_steps if restored is not None else 0  # mid-epoch
     examples = (epochs_trained * spe - done_before) * trainer.effective_global_batch_size if spe else None
     choice = trainer.execution.choice
-    optimizer = getattr(history.model, "optimizer", None) if getattr(history, "model", None) else None
+    model = getattr(history, "model", None)
+    optimizer = getattr(model, "optimizer", None) if model is not None else None
     hparams = dataclasses.asdict(cfg.task) if cfg.task is not None else None
     return RunRecord(
         task=trainer.task.name, run_dir=str(trainer.run_dir.path), test=test,
@@ -206,7 +215,7 @@ def make_record(trainer, history, test, started: float, fit_time: float) -> RunR
         hparams=hparams, seed=cfg.seed, argv=list(trainer.command or sys.argv), versions=reports.versions(),
         learning_rate=cfg.train.learning_rate if cfg.train.learning_rate is not None else trainer.task.learning_rate,
         lr_schedule=cfg.train.lr_schedule,
-        extras={**_extras(trainer), **_checkpoint_extras(trainer, optimizer),
+        extras={**_extras(trainer), **_checkpoint_extras(trainer, model, optimizer),
                 "execution_auto": choice.describe() if choice is not None else None},
         gradient_accumulation_steps=trainer.accumulation_steps,
         effective_global_batch_size=trainer.effective_global_batch_size,

@@ -16,7 +16,8 @@ def _gan_task(own_optimizer=False):
     class GAN(keras.Model):  # call() is the generator: noise in, samples out
         def __init__(self):
             super().__init__()
-            self.own = keras.optimizers.SGD(0.01) if own_optimizer else None
+            self.own = keras.optimizers.get(own_optimizer if isinstance(own_optimizer, str) else "sgd") \
+                if own_optimizer else None
             self.gen = keras.Sequential([keras.Input((2,)), keras.layers.Dense(4)])
             self.disc = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
             self.d_loss = keras.metrics.Mean(name="d_loss")
@@ -143,3 +144,43 @@ def test_a_step_with_its_own_optimizer_is_told_that_loss_scaling_does_not_reach_
     assert "warning: the model's train_step does not apply the compiled optimizer (its own optimizers?): the loss " \
         "scaling mixed_float16 needs does not reach them" in printed.err
     assert "the train_step's loss scaling" not in printed.out + printed.err and len(record.history["d_loss"]) == 1
+
+
+def test_model_state_restores_the_optimizers_a_model_holds_besides_the_compiled_one():
+    import keras
+
+    from tftrain.runtime.execution_probe import ModelState, held_optimizers
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    model.own = keras.optimizers.Adam(0.1)
+    model.own.build(model.trainable_variables)
+    assert held_optimizers(model) == {"own": model.own}
+    state = ModelState(model)
+    model.own.apply_gradients([(np.ones(v.shape, "float32"), v) for v in model.trainable_variables])
+    assert int(model.own.iterations.numpy()) == 1
+    state.restore()
+    assert int(model.own.iterations.numpy()) == 0
+    assert all(not np.any(v.numpy()) for v in model.own.variables if "moment" in v.path or "velocity" in v.path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("own", ["adam", "sgd"])  # Adam's moments are built on its first step; SGD has none
+def test_a_step_with_its_own_optimizer_counts_its_steps_and_says_what_a_resume_did_not_load(tmp_path, capsys, own):
+    import keras
+
+    class StopInEpoch2(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2 and self.model.own.iterations.numpy() > 6:
+                raise KeyboardInterrupt
+
+    run = dict(epochs=2, batch_size=32, precision="float32", run_dir=str(tmp_path / "run"), backup_every_steps=1)
+    with pytest.raises(tftrain.Interrupted):
+        tftrain.Trainer(_gan_task(own_optimizer=own), callbacks=[StopInEpoch2()], **run).fit()
+    capsys.readouterr()
+    record = tftrain.Trainer(_gan_task(own_optimizer=own), **run).fit()
+    assert record.to_dict()["optimizer_steps"] == 2 * 6  # 192 examples: 6 steps an epoch
+    printed = capsys.readouterr()
+    afresh = ("resuming: the optimizers the model's train_step applies (own) are not built yet, so Keras loads none "
+              "of their state")
+    assert (afresh in printed.out) == (own == "adam") and "Skipping variable loading" not in printed.err
