@@ -89,6 +89,7 @@ def test_a_kill_after_training_resumes_without_training_again(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["resumed_from_epoch"] == 3 and metrics["epochs_trained"] == 0  # nothing trained twice
+    assert "; nothing left to train (the checkpoint held every epoch); wall time" in done.stdout, done.stdout
     assert metrics["test"]["loss"] < 1.0 and (run_dir / "model.keras").is_file()
     assert not (run_dir / "backup").exists() and not (run_dir / "failure.log").exists()
 

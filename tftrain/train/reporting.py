@@ -261,5 +261,6 @@ def print_result(record: RunRecord, console, unit: str = "examples", input_hint:
 def _result_line(record: RunRecord, unit: str = "examples") -> str:
     test = ", ".join(f"test {k} {v:.4f}" for k, v in (record.test or {}).items()) or "no test data"
     speed = (f"{record.examples_per_sec:,.0f} {unit}/sec over {record.epochs_trained} epoch(s)"
-             if record.examples_per_sec else f"{record.epochs_trained} epoch(s)")
+             if record.examples_per_sec else f"{record.epochs_trained} epoch(s)" if record.epochs_trained
+             else "nothing left to train (the checkpoint held every epoch)")
     return f"{test}; {speed}; wall time {record.wall_time_s:.1f} s"
