@@ -34,7 +34,8 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
         state_dir: e.g. the run's backup directory. Defaults to None (in memory, as Keras's).
         history_file: the run's `CSVLogger` file. Defaults to None.
         say: prints a line when the best epoch's weights are lost. Defaults to `print`.
-        **kwargs: `EarlyStopping`'s arguments.
+        **kwargs: `EarlyStopping`'s arguments; `mode="auto"` (the default) also knows `keep_best.monitor_direction`'s
+            names, e.g. the per-output `val_<output>_mae` Keras does not.
 
     Example:
         >>> stop = ResumableEarlyStopping("run/backup", patience=3, restore_best_weights=True)
@@ -42,6 +43,10 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
     """
 
     def __init__(self, state_dir=None, history_file=None, say=print, **kwargs):
+        from tftrain.callbacks.keep_best import monitor_direction
+
+        if kwargs.get("mode", "auto") == "auto":  # Keras's "auto" knows no per-output name (val_<output>_mae)
+            kwargs["mode"] = monitor_direction(kwargs.get("monitor", "val_loss")) or "auto"
         super().__init__(**kwargs)
         self.state_dir = Path(state_dir) if state_dir is not None else None
         self.history_file = Path(history_file) if history_file is not None else None

@@ -74,6 +74,23 @@ def test_every_steps_must_be_a_positive_integer(tmp_path):
             StepBackup(tmp_path, every_steps=bad)
 
 
+def test_early_stopping_knows_the_direction_of_a_per_output_metric_keras_does_not():
+    import keras
+
+    from tftrain.callbacks import ResumableEarlyStopping
+
+    inputs = keras.Input((2,))
+    model = keras.Model(inputs, {"reg": keras.layers.Dense(1, name="reg")(inputs)})
+    model.compile("sgd", {"reg": "mse"}, metrics={"reg": ["mae"]})
+    for monitor, improving in (("val_reg_mae", [3.0, 2.0, 1.0]), ("val_reg_loss", [3.0, 2.0, 1.0])):
+        stop = ResumableEarlyStopping(monitor=monitor, patience=1)
+        stop.set_model(model)
+        stop.on_train_begin()
+        for epoch, value in enumerate(improving):  # Keras's own "auto" raises at the first epoch's end here
+            stop.on_epoch_end(epoch, {monitor: value})
+        assert (stop.best, stop.best_epoch, model.stop_training) == (1.0, 2, False)
+
+
 def test_early_stopping_state_round_trips_through_its_directory(tmp_path):
     import keras
 
