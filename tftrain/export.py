@@ -148,7 +148,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         run_dir = Path(args.run_dir)
         formats = check(run_dir, args.formats)
         if args.task:  # its file registers its custom objects (keras.saving.register_keras_serializable)
-            from tftrain.train.user_code import import_where, one_line
+            from tftrain.errors import one_line
+            from tftrain.train.user_code import import_where
 
             where = args.task.rpartition(":")[0] or args.task
             try:
@@ -165,7 +166,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 (a model.keras that does not load: one line)
-        from tftrain.train.user_code import cause_line
+        from tftrain.errors import cause_line
 
         task = None if args.task else _task_of(run_dir)
         fix = (f"If it holds custom layers, losses or metrics, pass --task {task} (the training command's task file "

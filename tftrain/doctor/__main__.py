@@ -46,7 +46,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"\n{PROG}: interrupted.", file=sys.stderr)
         return 130
     except Exception as e:  # one line, as tftrain.run
-        from tftrain.train.user_code import one_line
+        from tftrain.errors import one_line
 
         print(f"{PROG}: failed: {one_line(e)}", file=sys.stderr)
         return 1

@@ -31,7 +31,7 @@ def load_tasks(spec: Optional[str] = None) -> Tuple[List[tuple], Optional[str]]:
 
 def build_models(loaded: List[tuple]) -> List[tuple]:
     """`[(name, keras.Model, batch size), ...]` from `load_tasks`' list; ConfigError when a build raises."""
-    from tftrain.train.user_code import one_line
+    from tftrain.errors import one_line
 
     out = []
     for name, build, batch in loaded:

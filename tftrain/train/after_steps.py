@@ -39,7 +39,7 @@ def export(model, formats: Sequence[str], run_dir: Path, features, say: Callable
 
 def failure_status(error: BaseException) -> str:
     """`"failed: Type: first line"` for `metrics.json`'s `after_steps`."""
-    from tftrain.train.user_code import cause_line
+    from tftrain.errors import cause_line
 
     return f"failed: {cause_line(error)}"
 

@@ -44,7 +44,7 @@ def resolve(path: str) -> Tuple[str, str]:
 def load(model, kind: str, path: str) -> None:
     """Sets `model`'s weights from `resolve`'s `(kind, path)`; `ConfigError` names the first misfit, or a file that
     cannot be read (damaged: a checksum that does not match, a cut file)."""
-    from tftrain.train.user_code import one_line
+    from tftrain.errors import one_line
 
     try:
         _load_keras(model, path) if kind == "keras" else _load_checkpoint(model, path)

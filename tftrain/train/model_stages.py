@@ -9,7 +9,7 @@ from typing import Optional
 from tftrain.errors import ConfigError
 from tftrain.files import replaced
 from tftrain.train.tasks.base import check_compile_args
-from tftrain.train.user_code import cause_line
+from tftrain.errors import cause_line
 
 
 class ModelStages:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Tuple
 
 from tftrain.errors import ConfigError
-from tftrain.train.user_code import cause_line, words_within
+from tftrain.errors import cause_line, words_within
 
 EXACT_INTEGERS = {"bfloat16": 256, "float16": 2048}
 """Up to these, every integer is exact in each low-precision float (8 and 11 significant bits)."""

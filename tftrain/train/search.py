@@ -117,7 +117,7 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
             raise
         import shutil
 
-        from tftrain.train.user_code import one_line
+        from tftrain.errors import one_line
 
         console.warn(f"{directory} could not be read back ({one_line(e)}); its trials are run again")
         shutil.rmtree(directory)

@@ -20,7 +20,8 @@ def resolve(specs: str) -> List[Callable[[], list]]:
 
 
 def _import(where: str):
-    from tftrain.train.user_code import import_where, one_line
+    from tftrain.errors import one_line
+    from tftrain.train.user_code import import_where
 
     try:
         return import_where(where)

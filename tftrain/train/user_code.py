@@ -33,42 +33,6 @@ def import_where(where: str):
     return importlib.import_module(where)
 
 
-KERAS_WRAPPER_LINES = ("Exception encountered when calling", "Arguments received by", "•")
-"""How the lines Keras wraps a layer's error in start (not its cause)."""
-
-
-def one_line(error: BaseException) -> str:
-    """`Type: first line` of an error (with the next line when the first ends in a colon), past the lines Keras
-    wraps a layer's error in (`KERAS_WRAPPER_LINES`) and its colour codes."""
-    if isinstance(error, SyntaxError) and error.msg:  # its str() repeats the file and line `line_of` names
-        return f"{type(error).__name__}: {error.msg}"
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    lines = [line for line in lines if not line.startswith(KERAS_WRAPPER_LINES)] or lines
-    if not lines:
-        return type(error).__name__
-    text = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
-    return f"{type(error).__name__}: {text.rstrip('.:')}"
-
-
-def cause_line(error: BaseException) -> str:
-    """`Type: cause` of `error` (at most 300 characters): the first line after Keras's "Exception encountered
-    when calling" header, colour codes removed."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if lines and lines[0] == "in user code:":  # traced: the error's own line closes the trace
-        raised = [line for line in lines if re.match(r"[A-Z]\w*(Error|Exception): ", line)]
-        if raised:
-            return words_within(raised[-1], 300)
-    cause = [line for line in lines if not line.startswith(KERAS_WRAPPER_LINES)]
-    return words_within(f"{type(error).__name__}: {(cause or lines or [''])[0]}", 300)
-
-
-def words_within(text: str, most: int) -> str:
-    """`text`, or its whole words within `most` characters followed by ` ...`."""
-    return text if len(text) <= most else text[:most - 4].rsplit(" ", 1)[0] + " ..."
-
-
 def line_of(error: BaseException, where: str) -> str:
     """` (line N)` for an error raised in the user's file or a syntax error, else ""."""
     if isinstance(error, SyntaxError) and error.lineno:

@@ -19,7 +19,7 @@ import tensorflow as tf
 from tftrain.callbacks._steps import steps_per_execution
 from tftrain.callbacks.throughput import ThroughputMonitor
 from tftrain.data.pipeline import lists_as_tuples, num_examples_of
-from tftrain.errors import ConfigError
+from tftrain.errors import ConfigError, one_line
 from tftrain.runtime.execution_probe import ModelState
 from tftrain.tuning.search import (
     NO_DATA,
@@ -274,7 +274,7 @@ def find_batch_size(
             and accumulation steps. Defaults to None.
 
     Raises:
-        ConfigError: when the model is not compiled or not built, or on an invalid argument.
+        ConfigError: when the model is not compiled or does not build, or on an invalid argument.
         BatchSizeSearchError: when no batch size fits.
 
     Example:
@@ -287,6 +287,7 @@ def find_batch_size(
     multiple_of = strategy.num_replicas_in_sync if multiple_of is None else multiple_of
     make_dataset, max_val = _dataset_source(data, multiple_of, max_val)
     init_val, max_val = _bounds(init_val, max_val, multiple_of, target_batch_size, objective)
+    _build(model, make_dataset, init_val)
     validate_search_args(mode, objective, init_val, max_val, max_trials, margin, min_gain, multiple_of)
     if steps_per_trial < 1:
         raise ConfigError(f"steps_per_trial must be >= 1. Received: steps_per_trial={steps_per_trial!r}.")
@@ -333,11 +334,25 @@ def _restored(model):
 def _check_model(model) -> None:
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
         raise ConfigError("find_batch_size needs a compiled model. Call model.compile(optimizer=..., loss=...) first.")
-    if not model.built:
-        raise ConfigError(
-            "find_batch_size needs a built model (its weights must exist to be restored). "
-            "Call model.build(input_shape) or use a model with an Input layer."
-        )
+
+
+def _build(model, make_dataset, batch_size: int) -> None:
+    """Builds an unbuilt model (a subclassed one) by calling it on one batch's features, as `fit`'s first
+    step would: its weights must exist to be restored after the search.
+
+    Raises:
+        ConfigError: the model does not build on the features (its own `train_step` takes other inputs).
+    """
+    if model.built:
+        return
+    batch = next(iter(make_dataset(batch_size)))
+    features = batch[0] if isinstance(batch, (tuple, list)) else batch
+    try:
+        with model.distribute_strategy.scope():
+            model(features, training=False)
+    except Exception as error:  # noqa: BLE001 (the model's own error, in one line)
+        raise ConfigError(f"find_batch_size builds the model on a batch's features, which failed ({one_line(error)}). "
+                          "Build it first: model.build(input_shape), or call it once on the inputs it takes.") from None
 
 
 def _bounds(init_val: int, max_val: Optional[int], multiple_of: int, target: Optional[int],

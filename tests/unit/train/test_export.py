@@ -194,7 +194,7 @@ def test_a_format_that_fails_before_training_is_refused_in_one_line_without_the_
 
 
 def test_a_long_cause_is_cut_at_a_whole_word():
-    from tftrain.train.user_code import cause_line
+    from tftrain.errors import cause_line
 
     line = cause_line(RuntimeError("word " * 100))
     assert len(line) <= 300 and line.endswith("word ...")

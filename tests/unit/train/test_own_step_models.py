@@ -126,7 +126,7 @@ def test_a_subclassed_model_that_does_not_take_the_features_is_refused_before_th
 
 
 def test_one_line_names_the_cause_keras_wraps_a_layer_s_error_in():
-    from tftrain.train.user_code import one_line
+    from tftrain.errors import one_line
 
     error = ValueError("Exception encountered when calling Sequential.call().\n\n\x1b[1mInput 0 of layer 'dense' is "
                        "incompatible with the layer: expected axis -1 to have value 8\x1b[0m\n\nArguments received by "

@@ -187,3 +187,31 @@ def test_arrays_of_a_dict_input_model_cap_the_search_at_their_examples_not_their
     x, y = data(256)
     result = find_batch_size(model, ({"a": x[:, :5], "b": x[:, 5:]}, y), init_val=16, steps_per_trial=1, verbose=0)
     assert result.largest_tried_ok >= 16  # capped at the 2 inputs it tried batch 2 only; 256 examples allow 16+
+
+
+def test_an_unbuilt_subclassed_model_of_dict_inputs_is_built_on_a_batch_as_fit_would():
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head = keras.layers.Dense(4), keras.layers.Dense(1)
+
+        def call(self, inputs):
+            return self.head(self.body(tf.concat([inputs["a"], inputs["b"]], -1)))
+
+    x = {"a": np.ones((64, 2), "float32"), "b": np.ones((64, 3), "float32")}
+    model = Net()
+    model.compile(optimizer="adam", loss="mse")
+    result = find_batch_size(model, (x, np.ones((64, 1), "float32")), max_val=16, verbose=0)
+    assert model.built and result.batch_size in (8, 16) and int(model.optimizer.iterations.numpy()) == 0
+
+
+def test_a_model_that_does_not_build_on_the_features_is_refused_in_one_line():
+    class Net(keras.Model):
+        def call(self, inputs):
+            raise ValueError("takes noise, not features\nsecond line")
+
+    model = Net()
+    model.compile(optimizer="adam", loss="mse")
+    with pytest.raises(ConfigError, match=r"^find_batch_size builds the model on a batch's features, which failed "
+                                          r"\(ValueError: takes noise, not features\)\. Build it first"):
+        find_batch_size(model, (np.ones((64, 2), "float32"), np.ones((64, 1), "float32")), max_val=16, verbose=0)
