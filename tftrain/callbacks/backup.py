@@ -20,7 +20,7 @@ import numpy as np
 from tftrain import checkpoint_files
 from tftrain.callbacks._steps import optimizer_steps
 from tftrain.checkpoint_files import BackupPosition
-from tftrain.errors import check_int
+from tftrain.errors import ConfigError, check_int
 from tftrain.files import replaced
 from tftrain.runtime.execution_probe import held_optimizers
 
@@ -84,11 +84,23 @@ class StepBackup(keras.callbacks.Callback):
 
         Raises:
             tftrain.errors.RunDirError: checkpoints exist and none can be read.
+            ConfigError: checkpoints exist and the model is not built.
         """
         from tftrain import _compat
 
+        checkpoints = checkpoint_files.checkpoints(self.backup_dir)
+        # fit builds a model made outside a strategy on its first step; Keras 3's build(shape) of a subclassed
+        # model leaves its layers unbuilt, without weights
+        unbuilt = not self.model.built or not self.model.weights and not all(l.built for l in self.model.layers)
+        if unbuilt and not checkpoints:
+            self.say("warning: the model is not built as fit starts (a subclassed model builds on its first batch): "
+                     "call it on one batch before fit (model(x[:1])), or a resume cannot load its checkpoints")
+        elif unbuilt:
+            raise ConfigError(f"the model is not built as fit starts, so the checkpoint in {self.backup_dir} cannot "
+                              "be loaded into it (a subclassed model builds on its first batch): call it on one batch "
+                              "before fit (model(x[:1]))")
         skipped = []  # (checkpoint, why)
-        for checkpoint in checkpoint_files.checkpoints(self.backup_dir):
+        for checkpoint in checkpoints:
             why = self._load(checkpoint)
             if why is not None:
                 skipped.append((checkpoint, why))

@@ -419,3 +419,41 @@ def test_a_run_resumed_while_early_stopping_would_go_on_trains_on_as_keras_does(
                                                          **kw)
     assert history.epoch == [e for e in whole.epoch if e >= 2] and resumed.stopped_epoch == unbroken.stopped_epoch
     assert (resumed.best, resumed.best_epoch) == (unbroken.best, unbroken.best_epoch)
+
+
+def test_a_model_unbuilt_as_fit_starts_is_warned_of_and_its_resume_refused_in_one_line(tmp_path):
+    import keras
+
+    from tftrain.callbacks import StepBackup
+    from tftrain.errors import ConfigError
+
+    class Net(keras.Model):  # subclassed, made outside a strategy: fit builds it on its first step
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+    def net():
+        model = Net()
+        model.compile("sgd", "mse")
+        return model
+
+    x = np.random.default_rng(0).standard_normal((80, 4)).astype("float32")
+    said = []
+    net().fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0,
+              callbacks=[StepBackup(tmp_path, delete_checkpoint=False, say=said.append)])
+    assert said == ["warning: the model is not built as fit starts (a subclassed model builds on its first batch): "
+                    "call it on one batch before fit (model(x[:1])), or a resume cannot load its checkpoints"]
+    with pytest.raises(ConfigError, match=r"^the model is not built as fit starts, so the checkpoint in .* cannot be "
+                                          r"loaded into it"):
+        net().fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[StepBackup(tmp_path)])
+    shaped = net()
+    shaped.build((None, 4))  # Keras 3 marks a subclassed model built, its layers not
+    with pytest.raises(ConfigError, match=r"^the model is not built as fit starts"):
+        shaped.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[StepBackup(tmp_path)])
+    built = net()
+    built(x[:1])
+    built.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0, callbacks=[StepBackup(tmp_path)])
+    assert int(built.optimizer.iterations) == 20  # epoch 1 restored, epoch 2 trained
