@@ -63,6 +63,22 @@ class ModelStages:
             with float32_output_layers(saved):
                 write_model(saved, self.out_dir / rundir_lib.MODEL_FILE, self.console.warn)
 
+    def evaluate(self, model) -> Optional[dict]:
+        """The loop's evaluation on the task's test data (None when the task has none), with the output layers
+        computing as `save` writes them (`float32_output_layers`): the figures are `model.keras`'s."""
+        from tftrain.runtime.precision import user_model
+
+        dataset = self._evenly_first(self.task.test_data(self.batch.global_batch_size))
+        if dataset is None:
+            return None
+        as_saved = self.precision.info.compute_dtype != "float32"
+        with float32_output_layers(user_model(model)) if as_saved else contextlib.nullcontext():
+            model.test_function = None  # traced by validation with the layers as trained
+            try:
+                return self.loop.evaluate(model, dataset)
+            finally:
+                model.test_function = None
+
     def _built_or_float32(self, fall_back: bool = True):
         """The task's model, seeded and built; after a dtype clash under the mixed policy that
         `--precision auto` chose, built again in float32 (one line); any other error is raised."""

@@ -465,13 +465,6 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
             return dataset
         return dataset.take(self.steps_per_epoch * self.accumulation_steps)
 
-    def evaluate(self, model) -> Optional[dict]:
-        """The loop's evaluation on the task's test data; None when the task has none."""
-        dataset = self._evenly_first(self.task.test_data(self.batch.global_batch_size))
-        if dataset is None:
-            return None
-        return self.loop.evaluate(model, dataset)
-
     def _evenly_first(self, dataset):
         """`dataset` whose first batch splits evenly over the replicas: Keras reads its shapes by a
         cross-replica reduce, which fails on parts of different sizes."""

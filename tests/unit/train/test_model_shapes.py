@@ -807,3 +807,25 @@ def test_an_output_of_one_scalar_per_example_is_warned_of_over_several_replicas_
             "an output is one scalar per example (shape (batch,)): over 2 replicas Keras reports its loss, and "
             "scales its gradients, 2 times too large for a loss that averages over the last axis (mse, ...); give "
             "the output a last axis of 1 (and the labels too)"]), said
+
+
+@pytest.mark.slow
+def test_the_test_figures_under_a_mixed_policy_are_those_of_the_saved_model(tmp_path):
+    # The run trains with the output layer in bfloat16 (outputs cast to float32); model.keras computes it in
+    # float32 (TensorFlow's mixed precision guide), so metrics.json must report that model, not the other.
+    import keras
+
+    y = (1000.0 + X @ RNG.standard_normal((8, 1))).astype("float32")  # bfloat16 holds ~1000 to 4 either way
+
+    def build():
+        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                 keras.layers.Dense(1, bias_initializer=keras.initializers.Constant(1000.0))])
+
+    task = tftrain.ArrayTask(build, X[:64], y[:64], X[64:], y[64:], loss="mse", metrics=["mae"], name="shape")
+    record = _fit(task, tmp_path, epochs=2, precision="mixed_bfloat16")
+    keras.mixed_precision.set_global_policy("float32")
+    saved = keras.models.load_model(tmp_path / "run" / "model.keras")
+    assert saved.layers[-1].dtype_policy.name == "float32"
+    own = saved.evaluate(X[64:], y[64:], batch_size=32, verbose=0, return_dict=True)
+    assert record.test["mae"] == pytest.approx(own["mae"], rel=1e-5)
+    assert record.test["loss"] == pytest.approx(own["loss"], rel=1e-5)
