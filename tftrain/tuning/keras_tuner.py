@@ -222,11 +222,14 @@ def evenly_first(validation, batch_size: int, num_replicas: int):
         return validation
     if not isinstance(validation, tf.data.Dataset):
         validation = tf.data.Dataset.from_tensor_slices(tuple(validation)).batch(batch_size)
-    if tf.executing_eagerly():
-        first = next(iter(validation.take(1)), None)
-        if first is None or _rows(first) % num_replicas == 0:
-            return validation
-    return even_first_batch(validation, num_replicas)
+    if not tf.executing_eagerly():
+        return even_first_batch(validation, num_replicas)
+    first = next(iter(validation.take(1)), None)
+    if first is None or _rows(first) % num_replicas == 0:
+        return validation
+    batches = int(validation.cardinality())  # one more now: the first batch's rest; known, Keras ends an epoch
+    cut = even_first_batch(validation, num_replicas)  # without warning that the input "ran out of data"
+    return cut.apply(tf.data.experimental.assert_cardinality(batches + 1)) if batches >= 0 else cut
 
 
 def _rows(batch):

@@ -54,3 +54,14 @@ def test_validation_arrays_become_batches_with_an_even_first_batch():
     x, y = np.arange(25, dtype="float32")[:, None], np.arange(25)
     sizes = [int(xb.shape[0]) for xb, _ in evenly_first((x, y), 32, 2)]
     assert sizes == [24, 1]
+
+
+def test_validation_made_even_first_keeps_a_known_cardinality_so_keras_ends_its_epoch_without_a_warning():
+    import tensorflow as tf
+
+    from tftrain.tuning.keras_tuner import evenly_first
+
+    odd_first = tf.data.Dataset.from_tensor_slices(tf.range(83)).batch(51)  # batches of 51 and 32 over 2 replicas
+    even = evenly_first(odd_first, 51, 2)
+    assert int(even.cardinality()) == 3  # unknown (-2) before: Keras then warned the input "ran out of data"
+    assert [int(tf.shape(b)[0]) for b in even] == [50, 1, 32]
