@@ -43,10 +43,9 @@ class ModelStages:
 
         with saved_with_inner_optimizer(model):
             saved = user_model(model)
-            # The model with its output casts where the optimizer's slots would load in another order, or where an
-            # operation, not a layer, makes an output (no layer to give float32).
-            if saved is not model and ([id(v) for v in saved.trainable_variables] != [
-                    id(v) for v in model.trainable_variables] or output_layers(saved) is None):
+            # The model with its output casts where the optimizer's slots would load in another order.
+            if saved is not model and [id(v) for v in saved.trainable_variables] != [
+                    id(v) for v in model.trainable_variables]:
                 saved = model
             if saved is not model:  # shares the weights; compiled with the same optimizer, so its state is saved
                 config = _compat.compile_config(model)
@@ -378,11 +377,12 @@ class ModelStages:
 def float32_output_layers(model):
     """While open, the layers that make `model`'s outputs compute in float32 (under a mixed policy the saved
     `model.keras` then returns float32, as the run's output cast did, and its metrics take them: the last layer
-    in float32, https://www.tensorflow.org/guide/mixed_precision#building_the_model)."""
+    in float32, https://www.tensorflow.org/guide/mixed_precision#building_the_model). An output an operation
+    makes keeps the compute dtype: a cast layer after it would rename the saved model's output."""
     import keras
 
     changed = []
-    for layer in output_layers(model) or ():
+    for layer in output_layers(model):
         if layer.compute_dtype != "float32":
             changed.append((layer, layer.dtype_policy))
             layer.dtype_policy = keras.DTypePolicy("float32")
@@ -393,16 +393,14 @@ def float32_output_layers(model):
             layer.dtype_policy = policy
 
 
-def output_layers(model) -> Optional[list]:
-    """The layers that make `model`'s outputs; None when an operation (`keras.ops`), not a layer, makes one."""
+def output_layers(model) -> list:
+    """The layers that make `model`'s outputs; an output an operation (`keras.ops`) makes has none."""
     import keras
 
     names = getattr(model, "output_names", None) or ([model.layers[-1].name] if isinstance(
         model, keras.Sequential) and model.layers else [])
-    try:
-        return [model.get_layer(name) for name in dict.fromkeys(names)]
-    except ValueError:
-        return None
+    layers = {layer.name: layer for layer in model.layers}
+    return [layers[name] for name in dict.fromkeys(names) if name in layers]
 
 
 def write_model(model, path, warn) -> None:
