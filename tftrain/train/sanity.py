@@ -194,7 +194,8 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
         init_weights.load(_step("float32 build for --init-from", plan.build_float32), *plan.init_from)
         checked.append("--init-from")
     if plan.graph and _user_code(model):  # first: a graph run's first step builds the loss in the graph
-        _step("training step in graph mode", lambda: _traced_train_step(model, train))
+        _step("training step in graph mode", lambda: _traced_train_step(model, train),
+              " (a model that runs only eagerly, with NumPy or .numpy() in its call, trains under --execution eager)")
     class_weight = every_class_weighed(plan.class_weight, model, train)
     # Model.fit itself on one batch: the data as fit passes it; the logs' keys are fit's.
     what = "training and validation step" if validation is not None else "training step"
@@ -324,15 +325,15 @@ def _unpacked(dataset):
     return keras.utils.unpack_x_y_sample_weight(element if isinstance(element, tuple) else (element,))
 
 
-def _step(what: str, fn: Callable):
-    """`fn()`; an error becomes a `SanityError` naming the step and the cause (`cause_line`)."""
+def _step(what: str, fn: Callable, hint: str = ""):
+    """`fn()`; an error becomes a `SanityError` naming the step, the cause (`cause_line`) and `hint`."""
     try:
         return fn()
     except ConfigError:
         raise
     except Exception as error:  # noqa: BLE001 (the model's own error, in one line)
         raise SanityError(f"The sanity check's {what} failed on the first batch, before training: "
-                          f"{cause_line(error)}", error) from error
+                          f"{cause_line(error)}{hint}", error) from error
 
 
 class BuildFailed(Exception):
