@@ -21,12 +21,13 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable, List, Mapping, Optional, Sequence, TextIO
 
 from tftrain.errors import LaunchError, check_int
 from tftrain.runtime.processes import (TaskOutput, describe_exit, exit_code, group_alive, parent_death_signal,
                                        pump_lines, signal_group)
-from tftrain.rundir import RESTART_COUNT_ENV, RUN_ID_ENV
+from tftrain.rundir import METRICS_FILE, RESTART_COUNT_ENV, RUN_ID_ENV
 
 PROG = "python -m tftrain.launch"
 
@@ -266,8 +267,22 @@ def launch(
                 for reader in task.readers:
                     reader.join(timeout=grace_s)
             if job.failed:  # the last line, below the stopped tasks' own
-                job.output.say(f"the job stopped: {job.failed}. Its tasks' lines above say why; a run stopped by a "
-                               "signal resumes from its last checkpoint when the same command runs again")
+                job.output.say(f"the job stopped: {job.failed}. Its tasks' lines above say why; "
+                               + resume_advice(command, base_env[RUN_ID_ENV]))
+
+
+def resume_advice(command: Sequence[str], run_id: str, root: Path = Path("runs")) -> str:
+    """How a stopped job's run resumes: by the same command where the training command names its run directory
+    (`--run-dir`, `--resume`); else each launch has a new run id, so with `--run-dir` of the unfinished directory
+    this job's tasks made (`<root>/<task>-<run id>`), or `--resume` when there is not exactly one."""
+    import shlex
+
+    if any(arg == "--resume" or arg.split("=")[0] == "--run-dir" for arg in command):
+        return "a run stopped by a signal resumes from its last checkpoint when the same command runs again"
+    made = [p for p in sorted(root.glob(f"*-{run_id}")) if p.is_dir() and not (p / METRICS_FILE).exists()]
+    flag = f"--run-dir {shlex.quote(str(made[0]))}" if len(made) == 1 else "--resume"
+    return (f"to resume its run from the last checkpoint, rerun the same command with {flag} added to the training "
+            "command after -- (each launch starts a new run directory)")
 
 
 @contextlib.contextmanager

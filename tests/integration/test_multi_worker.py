@@ -369,3 +369,37 @@ def test_a_chief_killed_in_its_export_is_finished_by_the_same_launcher_command(t
     assert "doing only its pending after-step(s): export" in done.stdout
     assert read_metrics(tmp_path / "run")["after_steps"] == {"export": "done"}
     assert (tmp_path / "run" / "export" / "saved_model" / "saved_model.pb").is_file()
+
+
+@pytest.mark.timeout(400)
+def test_the_launcher_s_advice_after_a_killed_worker_resumes_a_job_started_without_run_dir(tmp_path):
+    # Each launch has a new run id, so "the same command" alone would start a new run from step 0.
+    cmd = _launcher(["--workers", "2"], [*MWMS, *FLAGS, "--backup-every-steps", "8", "--steps-per-execution", "1"],
+                    200)
+    env = _env(tmp_path / "tmp")
+    launcher = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, pids, killed = [], {}, False
+    try:
+        for line in launcher.stdout:
+            lines.append(line)
+            match = re.search(r"started (\S+) \(pid (\d+)\)", line)
+            if match:
+                pids[match.group(1)] = int(match.group(2))
+            if not killed and line.startswith("[worker:0] Epoch 2/3"):
+                time.sleep(0.5)  # into epoch 2: epoch 1's checkpoint is written
+                os.kill(pids["worker:1"], signal.SIGKILL)
+                killed = True
+        launcher.wait(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    output = "".join(lines)
+    (first,) = list((tmp_path / "runs").iterdir())
+    advice = re.search(r"rerun the same command with --run-dir (\S+) added to the training command after --", output)
+    assert killed and advice and advice.group(1) == f"runs/{first.name}", output[-3000:]
+    again = subprocess.run(cmd + ["--run-dir", advice.group(1)], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert "[worker:0] resuming: 1/3 epochs done" in again.stdout and list((tmp_path / "runs").iterdir()) == [first]
+    assert optimizer_steps(first) == 3 * 32

@@ -123,9 +123,10 @@ def test_crashing_worker_stops_the_job_and_leaves_no_process(tmp_path):
     result = _launch(["--workers", "3", "--grace", "2", "--", PY, script])
     assert result.returncode == 3, result.stderr
     assert "worker:1 exited with code 3; stopping worker:0, worker:2" in result.stderr
-    assert result.stderr.splitlines()[-1].endswith(
-        "the job stopped: worker:1 exited with code 3. Its tasks' lines above say why; a run stopped by a signal "
-        "resumes from its last checkpoint when the same command runs again")
+    assert result.stderr.splitlines()[-1].endswith(  # no run directory made: --resume finds the run
+        "the job stopped: worker:1 exited with code 3. Its tasks' lines above say why; to resume its run from the "
+        "last checkpoint, rerun the same command with --resume added to the training command after -- (each launch "
+        "starts a new run directory)")
     pids = _started_pids(result.stderr)
     assert len(pids) == 3
     assert _alive_in_groups(set(pids.values())) == []
@@ -329,3 +330,20 @@ def test_a_failed_task_stops_the_others_within_the_failure_grace(tmp_path):
     result = _launch(["--workers", "2", "--grace", "60", "--", PY, script])
     assert result.returncode == 3 and "worker:0 exited with code 3" in result.stderr
     assert time.monotonic() - started < FAILURE_GRACE_S + 20  # not the 60 s --grace a signal would get
+
+
+def test_the_resume_advice_names_the_run_directory_a_launch_without_one_made(tmp_path):
+    from tftrain.launch import resume_advice
+
+    recipe = ["python", "-m", "tftrain.recipes.mnist", "--epochs", "3"]
+    assert resume_advice([*recipe, "--run-dir=r"], "20261206-1", tmp_path).endswith(
+        "resumes from its last checkpoint when the same command runs again")  # the same command finds it
+    assert resume_advice([*recipe, "--resume"], "20261206-1", tmp_path).endswith("when the same command runs again")
+    (tmp_path / "mnist-20261206-1").mkdir()  # this launch's run: a new launch would make mnist-<its own id>
+    (tmp_path / "mnist-20261206-0").mkdir()  # an earlier launch's
+    assert resume_advice(recipe, "20261206-1", tmp_path) == (
+        f"to resume its run from the last checkpoint, rerun the same command with --run-dir "
+        f"{tmp_path / 'mnist-20261206-1'} added to the training command after -- (each launch starts a new run "
+        "directory)")
+    (tmp_path / "mnist-20261206-1" / "metrics.json").write_text("{}")  # finished: nothing of it to resume
+    assert "with --resume added" in resume_advice(recipe, "20261206-1", tmp_path)
