@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 from pathlib import Path
 
 TEMPORARY = re.compile(r"\.tmp-\d+-.+")
@@ -25,10 +26,28 @@ def replaced(path, durable: bool = False):
         if durable:
             fsync_file(tmp)
         os.replace(tmp, path)
+    except BaseException:
+        _close_hdf5(tmp)
+        raise
     finally:
         tmp.unlink(missing_ok=True)
     if durable:
         fsync_dir(path.parent)
+
+
+def _close_hdf5(path) -> None:
+    """Closes HDF5 files h5py still holds open on `path`: Keras's `save_weights` closes its file only when the
+    write succeeds, and h5py closing it at exit, on a full disk, crashed the process (exit 139)."""
+    h5py = sys.modules.get("h5py")
+    if h5py is None:
+        return
+    target = os.path.abspath(path)
+    for fid in h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE):
+        if os.path.abspath(os.fsdecode(fid.name)) == target:
+            try:
+                h5py.File(fid).close()
+            except Exception:  # noqa: BLE001 (a full disk fails the flush; the file is closed all the same)
+                pass
 
 
 def write_text_atomic(path, text: str, durable: bool = False) -> None:

@@ -244,10 +244,14 @@ def test_a_second_process_on_a_run_directory_in_use_is_refused_naming_the_first(
 
 
 _WIDE_RUN = """
-import sys
+import os, sys
 import keras, numpy as np
 import tftrain
 from tftrain.run import main
+
+if os.environ.get("DISK_FILLS_IN_THE_WRITE"):  # the space check passes: another process fills the disk after it
+    from tftrain.callbacks.backup import StepBackup
+    StepBackup._check_space = lambda self: None
 
 def build():  # 131,585 weights: 1.6 MB a checkpoint with Adam's two slots
     return keras.Sequential([keras.Input((512,)), keras.layers.Dense(256), keras.layers.Dense(1)])
@@ -289,3 +293,17 @@ def test_a_full_disk_fails_in_one_line_and_keeps_the_previous_checkpoint(small_d
     model.optimizer.build(model.trainable_variables)
     model.load_weights(checkpoint_weights(run_dir))  # whole
     assert int(model.optimizer.iterations) == 8  # the first epoch's 8 steps
+
+
+def test_a_disk_that_fills_during_a_checkpoint_s_write_fails_in_one_line_not_a_crash_in_hdf5(small_disk):
+    # Keras's save_weights leaves its HDF5 file open when the write fails; h5py closing it at exit on the full
+    # disk printed tracebacks and crashed the process (exit 139).
+    run_dir, env = small_disk / "run", {**os.environ, **SUBPROCESS_ENV, "DISK_FILLS_IN_THE_WRITE": "1"}
+    env.pop("TF_CONFIG", None)
+    done = subprocess.run([sys.executable, "-c", _WIDE_RUN, str(run_dir)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "h5py" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr[-3000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("full: run failed: OSError: no space left on the disk holding "), line
+    assert checkpoint_metadata(run_dir)["epoch"] >= 1 and not list((run_dir / "backup").glob(".tmp-*"))  # whole
