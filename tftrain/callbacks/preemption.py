@@ -1,8 +1,9 @@
 """SIGTERM (schedulers), SIGUSR1 (SLURM's `--signal=USR1@SECONDS`) and SIGHUP become a request to checkpoint and stop.
 
 While training (`polling()`) a signal is only recorded, and `StepBackup` saves and raises `Preempted`; while a file
-is written (`holding()`) it waits; elsewhere it raises `Preempted` at once, naming `phase`. After a signal, closing
-leaves the signals ignored so a second one cannot kill the exiting process. Main thread only.
+is written (`holding()`) it waits; elsewhere it raises `Preempted` at once, naming `phase`. Ctrl-C (SIGINT) stays
+`KeyboardInterrupt` until such a stop is on its way; then it waits for its save too. After a signal, closing
+leaves the other signals ignored so a second one cannot kill the exiting process. Main thread only.
 Source: https://slurm.schedmd.com/sbatch.html#OPT_signal
 """
 
@@ -48,6 +49,17 @@ class PreemptionWatch:
         if not (self._polled or self._held):
             self._raise()
 
+    def _interrupt(self, signum, frame):
+        """Ctrl-C: Python's `KeyboardInterrupt` (or the handler before), unless a stop is on its way, whose
+        save it then waits for, as a second SIGTERM does."""
+        if self._signum is not None:
+            return
+        previous = self._previous.get(signal.SIGINT)
+        if callable(previous):
+            return previous(signum, frame)
+        if previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
     def _raise(self) -> None:
         if self._raised or self._signum is None:
             return
@@ -85,8 +97,8 @@ class PreemptionWatch:
     def install(self) -> None:
         """(Re)installs the handlers; call again after a multi-worker strategy starts (it takes SIGTERM in C)."""
         if threading.current_thread() is threading.main_thread():
-            for s in SIGNALS:
-                previous = signal.signal(s, self._handle)
+            for s in (*SIGNALS, signal.SIGINT):
+                previous = signal.signal(s, self._interrupt if s == signal.SIGINT else self._handle)
                 self._previous.setdefault(s, previous)
 
     def __enter__(self) -> "PreemptionWatch":
@@ -95,8 +107,9 @@ class PreemptionWatch:
 
     def __exit__(self, *exc) -> None:
         stopping = self._signum is not None  # ending on that signal: later ones must not kill it
-        for s, handler in self._previous.items():
-            signal.signal(s, signal.SIG_IGN if stopping else handler if handler is not None else signal.SIG_DFL)
+        for s, handler in self._previous.items():  # Ctrl-C is the user's again (a notebook's kernel goes on)
+            ignored = stopping and s != signal.SIGINT
+            signal.signal(s, signal.SIG_IGN if ignored else handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
 
 

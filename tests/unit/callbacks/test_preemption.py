@@ -47,3 +47,18 @@ def test_a_write_under_way_finishes_before_the_stop_and_a_second_signal_waits_fo
                 written.append("model.keras")
         assert written == ["model.keras"]
         os.kill(os.getpid(), signal.SIGTERM)  # after the stop was raised: nothing more is raised
+
+
+def test_ctrl_c_is_a_keyboard_interrupt_until_a_stop_is_on_its_way_then_it_waits_for_its_save():
+    written = []
+    with PreemptionWatch() as watch:
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+        watch.phase = "training"
+        with pytest.raises(Preempted, match="stopped by SIGTERM during training"):
+            with watch.holding():
+                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C after the scheduler's notice: the save goes on
+                written.append("checkpoint")
+        assert written == ["checkpoint"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is the user's again
