@@ -27,18 +27,23 @@ class EpochLengthWatch(keras.callbacks.Callback):
         super().__init__()
         self.planned, self.why, self.say, self.slack = int(planned), why, say, max(1, int(slack))
         self.begin: Optional[int] = None
-        self.done = False
+        self.done, self.ran = False, 0
 
     def on_epoch_begin(self, epoch, logs=None):
         step = train_steps(self.model)
         self.begin = step if not self.done and step == epoch * self.planned else None
+        self.ran = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.ran = batch + 1  # the epoch's steps so far (the last of an execution's); the optimizer's count
+        # may not be: Keras adds one when it finds a dataset of unknown length exhausted
 
     def on_epoch_end(self, epoch, logs=None):
         if self.begin is None:
             return
-        self.done, ran = True, train_steps(self.model) - self.begin
+        self.done, ran = True, self.ran
         if abs(ran - self.planned) > self.slack:
             self.say(f"epoch {epoch + 1} ran {ran} steps where the plan counts {self.planned} from {self.why}: a "
                      "learning-rate schedule, --backup-every-steps and --profile count the planned steps, so a "
                      f"cosine schedule {'reaches 0 early' if ran > self.planned else 'stops short of 0'}. "
-                     "Give the task its number of training examples.")
+                     "Give the task its true number of training examples (num_train_examples).")

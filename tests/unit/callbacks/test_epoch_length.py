@@ -30,7 +30,8 @@ def test_an_epoch_longer_or_shorter_than_planned_is_said_once():
     longer, _ = _fit(planned=5, batches=10, epochs=3)
     assert longer == ["epoch 1 ran 10 steps where the plan counts 5 from the task's 40 training examples at batch 4: "
                       "a learning-rate schedule, --backup-every-steps and --profile count the planned steps, so a "
-                      "cosine schedule reaches 0 early. Give the task its number of training examples."]
+                      "cosine schedule reaches 0 early. Give the task its true number of training examples "
+                      "(num_train_examples)."]
     shorter, _ = _fit(planned=20, batches=10)
     assert len(shorter) == 1 and "stops short of 0" in shorter[0]
 
@@ -40,3 +41,13 @@ def test_the_planned_length_within_a_step_and_a_resumed_epoch_are_left_alone():
     _, model = _fit(planned=10, batches=7, epochs=1)  # the attempt before stopped inside epoch 1, at step 7
     said, _ = _fit(planned=10, batches=3, epochs=2, model=model, initial_epoch=1)  # resumes mid-way: cannot tell
     assert said == []
+
+
+def test_batches_of_a_dataset_of_unknown_length_are_counted_as_keras_runs_them():
+    # Keras adds one to the optimizer's count when it finds such a dataset exhausted: 11 batches, 12 iterations.
+    x = np.zeros((42, 3), "float32")
+    unknown = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).filter(lambda a, b: True).batch(4)  # 10 + 1 of 2
+    said, model = [], _model()
+    model.fit(unknown, epochs=1, verbose=0,
+              callbacks=[EpochLengthWatch(10, "the task's 42 training examples at batch 4", say=said.append)])
+    assert said == []  # 11 batches: the planned 10 and the last partial one
