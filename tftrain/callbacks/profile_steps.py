@@ -244,7 +244,12 @@ class ProfileSteps:
         self.window.mark_started(self.steps_done)
         n = self._pending_steps  # assumes equal executions through the window
         end = self.steps_done + -(-(self.window.stop - self.steps_done) // n) * n
-        if (self.steps_done, end) != (self.window.start, self.window.stop):
+        if self.steps_done > self.window.start:  # an execution holding the start begins before it: a resume
+            self._told_alignment = True
+            self.say(f"profile: the run resumed at step {self.steps_done}, inside the window [{self.window.start}, "
+                     f"{self.window.stop}); tracing steps [{self.steps_done}, {end}) (the attempt before traced "
+                     "the steps it ran, in its own trace)")
+        elif (self.steps_done, end) != (self.window.start, self.window.stop):
             self._told_alignment = True
             self.say(f"profile: steps [{self.window.start}, {self.window.stop}) fall inside executions of {n} "
                      f"steps (steps_per_execution); tracing steps [{self.steps_done}, {end}).")

@@ -165,10 +165,13 @@ def test_resumed_fit_counts_the_models_steps_and_does_not_trace_a_passed_window_
     model.fit(small_dataset(batches=6), epochs=2, initial_epoch=1, callbacks=[passed], verbose=0, shuffle=False)
     assert passed.captured is None and passed.passed == 6 and not passed.trace_files
     assert said == ["profile: steps [2, 5) ran before step 6, where this run resumed; not traced again"]
-    inside = ProfilerWindow(tmp_path / "b", start=10, stop=14, verbose=0, resumes=True)
+    said.clear()
+    inside = ProfilerWindow(tmp_path / "b", start=10, stop=14, verbose=0, resumes=True, say=said.append)
     model.fit(small_dataset(batches=6), epochs=3, initial_epoch=2, callbacks=[inside], verbose=0,
               shuffle=False)  # steps 12..17
     assert inside.captured == (12, 14)  # labelled with the model's steps, not this fit's
+    assert said == ["profile: the run resumed at step 12, inside the window [10, 14); tracing steps [12, 14) (the "
+                    "attempt before traced the steps it ran, in its own trace)"]  # not a steps_per_execution cause
     assert optimizer_steps_in_trace(read_xspace(inside.trace_files[0])) == 2
 
 
