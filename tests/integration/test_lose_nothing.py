@@ -286,7 +286,8 @@ def test_a_full_disk_fails_in_one_line_and_keeps_the_previous_checkpoint(small_d
     assert done.returncode == 1, done.stderr[-3000:]  # a failed run, not a crash inside HDF5
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith("full: run failed: CheckpointSpaceError: No space for the checkpoint in ") and \
-        "MB are free. The previous checkpoint is intact" in line, line
+        "MB are free. The previous checkpoint is intact: free space on that disk. Traceback: " in line, line
+    assert line.endswith("Its checkpoint is kept. To resume, rerun the same command."), line  # said once
     assert checkpoint_metadata(run_dir)["epoch"] == 1
     model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(256), keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse")

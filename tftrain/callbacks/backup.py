@@ -205,10 +205,9 @@ class StepBackup(keras.callbacks.Callback):
 
         need, free = self._needed_bytes(), shutil.disk_usage(self.backup_dir).free
         if free < need:
-            kept = ("The previous checkpoint is intact: free space on that disk and rerun the same command to resume."
+            kept = ("The previous checkpoint is intact: free space on that disk."  # the run's line says how to resume
                     if checkpoint_files.read_position(self.backup_dir) is not None else
-                    "No checkpoint was written before it: free space on that disk and rerun the same command (it "
-                    "starts over).")
+                    "No checkpoint was written before it: free space on that disk (a rerun starts over).")
             raise CheckpointSpaceError(
                 f"No space for the checkpoint in {self.backup_dir}: it needs about {need / 1e6:,.1f} MB and "
                 f"{free / 1e6:,.1f} MB are free. {kept}")
