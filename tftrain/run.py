@@ -119,7 +119,7 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
                                          else " before training started."), file=sys.stderr)
         return 130
     except Exception as e:  # one line; the traceback goes to the run directory
-        advice = _disk_full(e, trainer) or _in_the_way(e)  # each says what to do next
+        advice = _disk_full(e, trainer) or _in_the_way(e, trainer)  # each says what to do next
         print(f"{prog}: run failed: {advice or one_line(e)}{_failure_log(trainer, e, not advice)}", file=sys.stderr)
         return 1
 
@@ -133,7 +133,7 @@ def _chain(error: BaseException) -> list:
     return chain
 
 
-def _in_the_way(error: BaseException) -> str:
+def _in_the_way(error: BaseException, trainer=None) -> str:
     """For a folder where a file is written, or a file where a folder is (EISDIR, ENOTDIR): one line naming it and
     the fix; else ""."""
     import errno
@@ -144,7 +144,9 @@ def _in_the_way(error: BaseException) -> str:
         return ""
     what = "a folder where a file is written" if found.errno == errno.EISDIR else "under a file, not a folder"
     path = getattr(found, "filename2", None) or found.filename  # a rename's target
-    return f"{type(found).__name__}: {path} is {what}: move it out of the way, then rerun the same command"
+    run_dir = getattr(getattr(trainer, "run_dir", None), "path", None)
+    rerun = _rerun(str(run_dir), trainer) if run_dir is not None else "rerun the same command"
+    return f"{type(found).__name__}: {path} is {what}: move it out of the way, then {rerun}"
 
 
 def no_space_where(error: BaseException, default=None):
@@ -164,7 +166,7 @@ def _disk_full(error: BaseException, trainer) -> str:
     where = no_space_where(error, run_dir or "the run directory")
     if where is None:
         return ""
-    fix = "free space on that disk, then rerun the same command"
+    fix = f"free space on that disk, then {_rerun(str(run_dir), trainer) if run_dir else 'rerun the same command'}"
     if run_dir is None:
         state = f"{fix} (it resumes from a checkpoint, if one was written)"
     elif (Path(run_dir) / METRICS_FILE).is_file():
@@ -177,20 +179,24 @@ def _disk_full(error: BaseException, trainer) -> str:
 
 
 def _resume_hint(run_dir: str, trainer=None) -> str:
-    """How to resume: the same command where it names the run directory (`--run-dir`), else with `--run-dir` (a
-    parameter-server job's server tasks do not know it; `--resume` may find a newer run); the path quoted for a
-    shell."""
+    """`To resume, ` and `_rerun`."""
+    return f"To resume, {_rerun(run_dir, trainer)}."
+
+
+def _rerun(run_dir: Optional[str], trainer=None) -> str:
+    """How to run the same run again: the same command where it names the run directory (`--run-dir`), else with
+    `--run-dir` (a parameter-server job's server tasks do not know it; `--resume` may find a newer run); the path
+    quoted for a shell."""
     import shlex
 
     launched = bool(os.environ.get(RUN_ID_ENV))  # a task of `python -m tftrain.launch`: the user's command is its
     command = "the same python -m tftrain.launch command" if launched else "the same command"
     if not run_dir:
-        return f"To resume, rerun {command} (the chief's line names the run directory)."
+        return f"rerun {command} (the chief's line names the run directory)"
     if trainer is not None and getattr(getattr(trainer, "config", None), "run_dir", None) is not None:
-        return f"To resume, rerun {command}."
+        return f"rerun {command}"
     flags = f"--run-dir {shlex.quote(run_dir)} (--resume takes the newest unfinished run of these settings)"
-    return f"To resume, rerun {command} with {flags}" + (" added to the training command after --." if launched
-                                                         else ".")
+    return f"rerun {command} with {flags}" + (" added to the training command after --" if launched else "")
 
 
 def _fit(trainer, started: float, quiet_threads: bool) -> None:

@@ -304,8 +304,11 @@ def test_a_full_disk_anywhere_is_one_line_naming_the_file_and_the_fix(tmp_path):
                     "then rerun the same command (it resumes from a checkpoint, if one was written)")
     assert run._disk_full(ValueError("bad value"), None) == ""
     trainer = SimpleNamespace(run_dir=SimpleNamespace(path=tmp_path))  # what the line says follows the run's state
-    assert run._disk_full(error, trainer).endswith("no checkpoint was written yet: free space on that disk, then "
-                                                   "rerun the same command")
+    assert run._disk_full(error, trainer).endswith(  # a command without --run-dir would start a new run
+        f"no checkpoint was written yet: free space on that disk, then rerun the same command with --run-dir "
+        f"{tmp_path} (--resume takes the newest unfinished run of these settings)")
+    named = SimpleNamespace(run_dir=trainer.run_dir, config=SimpleNamespace(run_dir=str(tmp_path)))
+    assert run._disk_full(error, named).endswith("free space on that disk, then rerun the same command")
     (tmp_path / "backup").mkdir()
     (tmp_path / "backup" / "ckpt-0.json").write_text("{}")
     assert "the last checkpoint in the run directory is kept" in run._disk_full(error, trainer)
