@@ -29,13 +29,15 @@ KERAS_WEIGHTS, KERAS_METADATA = "latest.weights.h5", "training_metadata.json"
 class BackupPosition:
     """Where a checkpoint stands in the run: `epoch`s completed, batches of the next epoch done
     (`steps_in_epoch`, 0 at an epoch end), `optimizer_iterations` (None from Keras's `BackupAndRestore`), and the
-    run's `batch_size` and dtype policy (`precision`) it trained at (None where not recorded)."""
+    run's `batch_size` and dtype policy (`precision`) it trained at, and the CRC-32 of its weights file (`crc32`:
+    HDF5 checks none of its data) (None where not recorded)."""
 
     epoch: int
     steps_in_epoch: int = 0
     optimizer_iterations: Optional[int] = None
     batch_size: Optional[int] = None
     precision: Optional[str] = None
+    crc32: Optional[int] = None
 
     def where(self) -> str:
         """`the end of epoch 2` or `epoch 3, batch 16`, with the optimizer step when known."""
@@ -59,13 +61,24 @@ class Checkpoint:
         return self.metadata.name
 
 
+def crc32(path) -> int:
+    """The CRC-32 of the file at `path` (zlib's), read in 16 MiB blocks."""
+    import zlib
+
+    crc = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(16 << 20), b""):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
 def _position(meta: Path) -> Optional[BackupPosition]:
     try:
         data = json.loads(meta.read_text(encoding="utf-8"))
-        precision = data.get("precision")
+        precision, crc = data.get("precision"), data.get("crc32")
         return BackupPosition(int(data["epoch"]), int(data.get("steps_in_epoch", 0)),
                               data.get("optimizer_iterations"), data.get("batch_size"),
-                              precision if isinstance(precision, str) else None)
+                              precision if isinstance(precision, str) else None, crc if isinstance(crc, int) else None)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
@@ -96,7 +109,7 @@ def read_position(path) -> Optional[BackupPosition]:
     path = Path(path)
     if not path.is_dir():
         return _position(path)
-    return next((c.position for c in checkpoints(path) if c.position is not None and _opens(c.weights)), None)
+    return next((c.position for c in checkpoints(path) if c.position is not None and _whole(c)), None)
 
 
 def diverged_note(backup_dir) -> str:
@@ -109,14 +122,17 @@ def diverged_note(backup_dir) -> str:
     return f"{kept}. Lower --learning-rate (or check the data), then train into a new --run-dir."
 
 
-def _opens(weights: Path) -> bool:
-    """Whether `weights` opens as an HDF5 file, without TensorFlow (the restore reads it whole later); True when it
-    is not there (the restore names it)."""
+def _whole(checkpoint: Checkpoint) -> bool:
+    """Whether the weights file has the CRC-32 saved with it (where saved) and opens as an HDF5 file, without
+    TensorFlow (the restore reads it whole later); True when it is not there (the restore names it)."""
     import h5py
 
+    weights = checkpoint.weights
     if not weights.is_file():
         return True
     try:
+        if checkpoint.position.crc32 is not None and crc32(weights) != checkpoint.position.crc32:
+            return False
         with h5py.File(weights, "r"):
             return True
     except Exception:  # noqa: BLE001 (h5py raises OSError or others on a damaged file)

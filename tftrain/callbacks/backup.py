@@ -126,6 +126,12 @@ class StepBackup(keras.callbacks.Callback):
         """Loads `checkpoint`; returns why it cannot be used, or None once loaded."""
         if checkpoint.position is None:
             return "its metadata cannot be read"
+        crc = checkpoint.position.crc32
+        try:
+            if crc is not None and checkpoint_files.crc32(checkpoint.weights) != crc:
+                return f"{checkpoint.weights.name} is damaged (its CRC-32 is not the one saved with it)"
+        except OSError as error:
+            return f"{checkpoint.weights.name} cannot be read: {error.strerror or error}"
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None and not optimizer.built:  # its state must exist to be loaded (as in Keras)
             optimizer.build(self.model.trainable_variables)
@@ -218,9 +224,9 @@ class StepBackup(keras.callbacks.Callback):
         self._check_space()
         with replaced(checkpoint_files.weights_path(self.backup_dir, self._number), durable=True) as tmp:
             self.model.save_weights(tmp)
-            self._size = os.path.getsize(tmp)
+            self._size, crc = os.path.getsize(tmp), checkpoint_files.crc32(tmp)
         policy = getattr(getattr(self.model, "dtype_policy", None), "name", None)  # the policy it trains in
-        position = BackupPosition(epoch, steps_in_epoch, optimizer_steps(self.model), self.batch_size, policy)
+        position = BackupPosition(epoch, steps_in_epoch, optimizer_steps(self.model), self.batch_size, policy, crc)
         checkpoint_files.commit(self.backup_dir, self._number, position)
         self._number += 1
         self._since_save = 0

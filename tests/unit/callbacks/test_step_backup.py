@@ -150,7 +150,8 @@ def _resume(tmp_path, **kwargs):
     return backup, model, said
 
 
-@pytest.mark.parametrize("damage", ["truncated weights", "truncated metadata", "weights of another step"])
+@pytest.mark.parametrize("damage", ["truncated weights", "truncated metadata", "weights of another step",
+                                    "bytes changed mid-file"])
 @pytest.mark.slow
 def test_a_damaged_newest_checkpoint_is_named_and_the_previous_one_resumes_at_its_own_position(tmp_path, damage):
     with pytest.raises(KeyboardInterrupt):
@@ -158,6 +159,10 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_previous_one_resumes_at_it
     victim = tmp_path / ("ckpt-2.json" if damage == "truncated metadata" else "ckpt-2.weights.h5")
     if damage == "weights of another step":
         victim.write_bytes((tmp_path / "ckpt-1.weights.h5").read_bytes())
+    elif damage == "bytes changed mid-file":  # HDF5 checks none of its data: the CRC-32 in the metadata does
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 3: len(data) // 3 + 64] = bytes(b ^ 0x5A for b in data[len(data) // 3: len(data) // 3 + 64])
+        victim.write_bytes(bytes(data))
     else:
         victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
     if damage != "weights of another step":  # the run's first line, read before TensorFlow starts, says the same
