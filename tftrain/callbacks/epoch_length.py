@@ -35,13 +35,14 @@ class EpochLengthWatch(keras.callbacks.Callback):
         self.ran = 0
 
     def on_train_batch_end(self, batch, logs=None):
-        self.ran = batch + 1  # the epoch's steps so far (the last of an execution's); the optimizer's count
-        # may not be: Keras adds one when it finds a dataset of unknown length exhausted
+        self.ran = batch + 1  # the last step of the execution, counted as a whole one even when the data ended
 
     def on_epoch_end(self, epoch, logs=None):
         if self.begin is None:
             return
-        self.done, ran = True, self.ran
+        # Each count runs over in one case: the batch hooks' by the rest of a last execution the data cut short,
+        # the optimizer's by one when Keras finds a dataset of unknown length exhausted at 1 step per execution.
+        self.done, ran = True, min(self.ran, train_steps(self.model) - self.begin)
         if abs(ran - self.planned) > self.slack:
             self.say(f"epoch {epoch + 1} ran {ran} steps where the plan counts {self.planned} from {self.why}: a "
                      "learning-rate schedule, --backup-every-steps and --profile count the planned steps, so a "

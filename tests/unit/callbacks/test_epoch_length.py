@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tftrain.callbacks.epoch_length import EpochLengthWatch
@@ -43,11 +44,23 @@ def test_the_planned_length_within_a_step_and_a_resumed_epoch_are_left_alone():
     assert said == []
 
 
-def test_batches_of_a_dataset_of_unknown_length_are_counted_as_keras_runs_them():
-    # Keras adds one to the optimizer's count when it finds such a dataset exhausted: 11 batches, 12 iterations.
+@pytest.mark.parametrize("unknown_length", [True, False])
+@pytest.mark.parametrize("steps_per_execution", [1, 8])
+def test_the_batches_keras_runs_are_counted_at_any_steps_per_execution_and_data_length(unknown_length,
+                                                                                       steps_per_execution):
+    # 11 batches: the optimizer counts 12 at 1 step per execution on data of unknown length; the batch hooks
+    # say 16 at 8 steps per execution (indices 7 and 15).
     x = np.zeros((42, 3), "float32")
-    unknown = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).filter(lambda a, b: True).batch(4)  # 10 + 1 of 2
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1]))
+    data = (data.filter(lambda a, b: True) if unknown_length else data).batch(4)  # 10 batches and one of 2
     said, model = [], _model()
-    model.fit(unknown, epochs=1, verbose=0,
-              callbacks=[EpochLengthWatch(10, "the task's 42 training examples at batch 4", say=said.append)])
-    assert said == []  # 11 batches: the planned 10 and the last partial one
+    model.compile("sgd", "mse", steps_per_execution=steps_per_execution)
+    for planned in (10, 14):
+        said.clear()
+        model.fit(data, epochs=1, verbose=0,
+                  callbacks=[EpochLengthWatch(planned, "the task's 42 training examples at batch 4", say=said.append)])
+        model.optimizer.iterations.assign(0)  # each fit's first epoch starts where its plan says
+        if planned == 10:
+            assert said == []  # the planned 10 and the last partial one
+        else:
+            assert len(said) == 1 and said[0].startswith("epoch 1 ran 11 steps where the plan counts 14"), said
