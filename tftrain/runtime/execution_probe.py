@@ -264,8 +264,8 @@ def _timed_and_restored(model, dataset, snapshot, **timing_args) -> StepTiming:
 
 def held_optimizers(model) -> dict:
     """`{attribute: optimizer}` a model holds besides `model.optimizer`: those its own `train_step` applies
-    (a GAN's two). Keras builds each on its first step, so the state of one unbuilt before a timed step
-    cannot be restored, and `save_weights` holds none of them."""
+    (a GAN's two). Keras builds each on its first step (`ModelState` then replaces it), and loads one's state
+    from a weights file only into a built one."""
     import keras
 
     compiled = getattr(model, "optimizer", None)
@@ -304,8 +304,15 @@ class ModelState:
                     seen.add(id(v))
                     self.variables.append(v)
         self.values = [np.array(keras.ops.convert_to_numpy(v), copy=True) for v in self.variables]
+        self.model = model
+        self.unbuilt = {name: (type(o), o.get_config()) for name, o in held_optimizers(model).items() if not o.built}
 
     def restore(self) -> None:
-        """Assigns the saved values back."""
+        """Assigns the saved values back; a held optimizer built since (on its first step: its slots cannot be
+        put back) is replaced by a new one of its class and config, and the train function made again."""
         for v, value in zip(self.variables, self.values):
             v.assign(value)
+        for name, (cls, config) in self.unbuilt.items():
+            if getattr(self.model, name).built:
+                setattr(self.model, name, cls.from_config(config))
+                self.model.train_function = None

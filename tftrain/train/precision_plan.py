@@ -80,7 +80,6 @@ class PrecisionPlanner:
         machine unless not `remember`. `build(fall_back)` builds and compiles the task's model under the policy
         set. Returns the model to train; its policy is `info`."""
         from tftrain.runtime.execution_memory import ExecutionMemory, execution_key
-        from tftrain.runtime.execution_probe import held_optimizers
         from tftrain.runtime.precision import choose_precision
 
         model = self._built("float32", build)
@@ -95,10 +94,10 @@ class PrecisionPlanner:
         choice = self.decide(choice, remembered, memory, key)
         if choice.policy == "mixed_bfloat16":
             twin = twins[-1] if twins else self._remembered_twin(build, memory, key)
-            if twin is not None:  # optimizers its train_step holds were built, and stepped, by the timing
-                return self._built("mixed_bfloat16", build, False) if twins and held_optimizers(twin) else twin
+            if twin is not None:
+                return twin
         self.set("float32")
-        return self._built("float32", build) if not remembered and held_optimizers(model) else model
+        return model
 
     def _built(self, policy: str, build: Callable, fall_back: bool = True):
         self.set(policy)

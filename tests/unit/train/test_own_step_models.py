@@ -162,6 +162,11 @@ def test_model_state_restores_the_optimizers_a_model_holds_besides_the_compiled_
     state.restore()
     assert int(model.own.iterations.numpy()) == 0
     assert all(not np.any(v.numpy()) for v in model.own.variables if "moment" in v.path or "velocity" in v.path)
+    model.late = keras.optimizers.Adam(0.05)  # unbuilt: Keras builds it on its first step, slots and all
+    state = ModelState(model)
+    model.late.apply_gradients([(np.ones(v.shape, "float32"), v) for v in model.trainable_variables])
+    state.restore()
+    assert not model.late.built and model.late.get_config()["learning_rate"] == pytest.approx(0.05)
 
 
 @pytest.mark.slow
