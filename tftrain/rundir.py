@@ -225,6 +225,30 @@ def restarted_job(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     return job_id(env) if any(c.isdigit() and int(c) > 0 for c in counts) else None
 
 
+def restarted_run_dir(task: str, config: dict, root: str = "runs", env: Optional[Mapping[str, str]] = None):
+    """On a scheduler's restart of a job (`restarted_job`), the newest `root/<task>-*` an attempt of it made (its
+    `JOB_FILE`) that may hold these settings (`check_run_dir`), finished or not; else None. A command without
+    `--run-dir` then goes on where the job's attempt before stopped, not in a new directory."""
+    job = restarted_job(env)
+    if job is None:
+        return None
+    made = [p for p in Path(root).glob(f"{task}-*") if _job_file(p) == job]
+    for path in sorted(made, key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            check_run_dir(path, config, job)
+        except RunDirError:
+            continue
+        return path
+    return None
+
+
+def _job_file(p: Path) -> Optional[str]:
+    try:
+        return (p / JOB_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+
+
 def note_job(path: Path, env: Optional[Mapping[str, str]] = None) -> None:
     """Records this attempt's `job_id` in `path/JOB_FILE` (removed outside a job), so a restart that finds the
     run finished knows it did (`check_run_dir`'s `restart_of`)."""
@@ -313,7 +337,7 @@ def pending_after_steps(p) -> tuple:
 
 def _finished_by(p: Path, job: Optional[str]) -> bool:
     """Whether an attempt of `job` finished the run in `p` and nothing failed after its `metrics.json`."""
-    if job is None or not (p / JOB_FILE).is_file() or (p / JOB_FILE).read_text().strip() != job:
+    if job is None or _job_file(p) != job:
         return False
     failure = p / FAILURE_LOG
     return not failure.exists() or failure.stat().st_mtime < (p / METRICS_FILE).stat().st_mtime

@@ -244,9 +244,11 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
 
     # -- check, set-up ---------------------------------------------------------
     def _default_run_dir(self):
-        """`runs/<task>-<time>`; in a cluster `runs/<task>-<run id>`, the same for every task."""
+        """`runs/<task>-<time>` (a restarted job's attempt's own: `restarted_run_dir`); in a cluster
+        `runs/<task>-<run id>`, the same for every task."""
         if self.cluster is None:
-            return rundir_lib.default_run_dir(self.task.name)
+            return (rundir_lib.restarted_run_dir(self.task.name, self.config.to_dict())
+                    or rundir_lib.default_run_dir(self.task.name))
         return Path("runs") / f"{self.task.name}-{rundir_lib.cluster_run_id(self.cluster.cluster)}"
 
     def check(self) -> None:

@@ -305,3 +305,22 @@ def test_a_resumed_run_whose_epoch_log_is_gone_says_its_history_starts_there(tmp
     assert "history.csv is missing or empty: the epoch log, and metrics.json's history, hold only the epochs from " \
            "3 on" in printed.out + printed.err
     assert len(record.history["loss"]) == 1
+
+
+@pytest.mark.slow
+def test_a_scheduler_s_restart_of_a_command_without_run_dir_resumes_its_attempt_s_run(tmp_path, monkeypatch):
+    # SLURM requeues the same command: without --run-dir it must find the run its job's attempt made, not start a new
+    # one (the run before it, of another job, is left alone).
+    monkeypatch.chdir(tmp_path)
+    for name in ("SLURM_RESTART_COUNT", "TFTRAIN_RUN_ID", "TF_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4241")
+    _run(tmp_path, run_dir=None, backup_every_steps=4, epochs=2)  # another job's finished run of these settings
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    with pytest.raises(tftrain.Interrupted) as stopped:
+        _run(tmp_path, callbacks=[_killer(20)], run_dir=None, backup_every_steps=4, epochs=2)  # 16 steps an epoch
+    first = stopped.value.run_dir
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    record = _run(tmp_path, run_dir=None, backup_every_steps=4, epochs=2)
+    assert record.run_dir == first and record.extras["backup"]["resumed_from"]["optimizer_iterations"] == 20
+    assert len(list((tmp_path / "runs").iterdir())) == 2
