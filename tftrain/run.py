@@ -24,7 +24,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from tftrain import cli
 from tftrain.checkpoint_files import checkpoints, read_position
 from tftrain.errors import AlreadyFinished, ConfigError, Preempted, RuntimeStartedError, RuntimeStartedWarning
-from tftrain.rundir import BACKUP_DIR, FAILURE_LOG, METRICS_FILE, RUN_ID_ENV
+from tftrain.rundir import BACKUP_DIR, FAILURE_LOG, METRICS_FILE, RUN_ID_ENV, pending_after_steps
 from tftrain.errors import one_line
 from tftrain.train.user_code import import_where, line_of
 
@@ -107,17 +107,21 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
     except AlreadyFinished as e:  # a scheduler restarted a job that had finished: nothing to do
         print(f"{prog}: {e}", flush=True)
         return 0
-    except Interrupted as e:
-        print(f"\n{prog}: interrupted. {_resume_hint(e.run_dir, trainer)}", file=sys.stderr)
-        return 130
-    except Preempted as e:  # SIGTERM / SIGUSR1: the checkpoint of the current step is saved
-        print(f"{prog}: {e}. {_resume_hint(e.run_dir, trainer)}", file=sys.stderr)
-        return 128 + e.signum
-    except KeyboardInterrupt:  # before the run directory, or a second Ctrl-C while the Trainer handled the first
+    except KeyboardInterrupt as e:  # Interrupted: during training; else before the run directory, or a second
+        if _written(trainer):  # Ctrl-C while the Trainer handled the first; at the report, the run is on disk
+            print(f"\n{prog}: interrupted after the run was written ({trainer.run_dir.path / METRICS_FILE}): it is "
+                  "complete", file=sys.stderr)
+            return 0
+        if isinstance(e, Interrupted):
+            print(f"\n{prog}: interrupted. {_resume_hint(e.run_dir, trainer)}", file=sys.stderr)
+            return 130
         written = trainer is not None and getattr(trainer, "out_dir", None) is not None
         print(f"\n{prog}: interrupted" + (f". {_resume_hint(str(trainer.run_dir.path), trainer)}" if written
                                          else " before training started."), file=sys.stderr)
         return 130
+    except Preempted as e:  # SIGTERM / SIGUSR1: the checkpoint of the current step is saved
+        print(f"{prog}: {e}. {_resume_hint(e.run_dir, trainer)}", file=sys.stderr)
+        return 128 + e.signum
     except Exception as e:  # one line; the traceback goes to the run directory
         advice = _disk_full(e, trainer) or _in_the_way(e, trainer)  # each says what to do next
         print(f"{prog}: run failed: {advice or one_line(e)}{_failure_log(trainer, e, not advice)}", file=sys.stderr)
@@ -131,6 +135,12 @@ def _chain(error: BaseException) -> list:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
     return chain
+
+
+def _written(trainer) -> bool:
+    """Whether the trainer's run is written whole: `metrics.json`, nothing pending after it."""
+    run_dir = getattr(getattr(trainer, "run_dir", None), "path", None)
+    return run_dir is not None and (Path(run_dir) / METRICS_FILE).is_file() and not pending_after_steps(run_dir)
 
 
 def _in_the_way(error: BaseException, trainer=None) -> str:

@@ -27,10 +27,10 @@ def kill(times=1, signum=signal.SIGTERM):
     for _ in range(times):
         os.kill(os.getpid(), signum)
 
-def before(owner, name, times=1):
+def before(owner, name, times=1, signum=signal.SIGTERM):
     real = getattr(owner, name)
     def wrapped(*args, **kwargs):
-        kill(times)
+        kill(times, signum)
         return real(*args, **kwargs)
     setattr(owner, name, wrapped)
 
@@ -44,6 +44,8 @@ elif moment == "export":
     before(after_steps, "export")
 elif moment == "report":
     before(Trainer, "report")
+elif moment == "report, SIGINT":
+    before(Trainer, "report", signum=signal.SIGINT)
 elif moment == "second trial":  # in its first epoch's batches: inside keras-tuner, which fails a trial on errors
     from tftrain.tuning import keras_tuner
     trial_fit = keras_tuner.TrainingHyperModel.fit
@@ -199,3 +201,11 @@ def test_a_folder_where_the_run_writes_a_file_is_named_in_one_line(tmp_path, nam
         return
     done = _run(run_dir, "")  # the fix the line gives: the run resumes
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_ctrl_c_during_the_report_of_a_written_run_says_it_is_complete_and_exits_0(tmp_path):
+    run_dir = tmp_path / "run"
+    done = _run(run_dir, "report, SIGINT")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _last_line(done) == f"sig: interrupted after the run was written ({run_dir / 'metrics.json'}): it is complete"
+    assert json.loads((run_dir / "metrics.json").read_text())["optimizer_steps"] == 24
