@@ -195,5 +195,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
+def _main() -> int:
+    """`main`, with Ctrl-C one line (exit 130): the trained run is unchanged, the same command exports again."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted; the trained run is unchanged: rerun this command to export", file=sys.stderr)
+        return 130
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main())

@@ -360,3 +360,21 @@ def test_device_copy_and_all_reduce_code_runs_on_logical_cpus():
     assert result["copies"]["bytes"] == 1 << 16 and result["copies"]["h2d_bytes_per_s"] > 0
     assert result["allreduce"]["gpus"] == 2 and result["allreduce"]["bus_bytes_per_s"] > 0
     assert result["matmul"] > 0
+
+
+def test_the_figures_of_a_subclassed_model_without_weights_say_why_they_are_missing():
+    import keras
+
+    from tftrain.doctor.tasks import task_figures
+
+    class Sub(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.dense(x)
+
+    figures = task_figures("sub", Sub(), 32)
+    assert figures["input_bytes_per_example"] is None and figures["parameters"] == 0
+    assert figures["note"].startswith("The model has no weights before it sees data (a subclassed model)")

@@ -46,8 +46,12 @@ def _input_bytes(model) -> Optional[int]:
     """Bytes of one example's model inputs, or None when a dimension is unknown."""
     import numpy as np
 
+    try:
+        inputs = model.inputs
+    except AttributeError:  # a subclassed model has none
+        return None
     total = 0
-    for tensor in model.inputs:
+    for tensor in inputs:
         dims = tuple(tensor.shape[1:])
         if any(d is None for d in dims):
             return None
@@ -64,6 +68,10 @@ def task_figures(name: str, model, batch_size: int) -> dict:
     out = {"name": name, "batch_size": batch_size, "parameters": trainable, "gradient_bytes": 4 * trainable,
            "input_bytes_per_example": _input_bytes(model), "training_flops_per_example": None,
            "forward_flops_per_example": None, "note": ""}
+    if not model.weights:
+        out["note"] = ("The model has no weights before it sees data (a subclassed model): call it on a batch in "
+                       "build_model for its figures.")
+        return out
     try:
         count = count_training_flops(model)
     except ValueError as e:

@@ -94,6 +94,10 @@ def check_element_spec(dataset, what: str) -> None:
         return
     import tensorflow as tf
 
+    if not isinstance(dataset, tf.data.Dataset):
+        raise ConfigError(f"The task's {what} is a {type(dataset).__name__}, not a tf.data.Dataset: return one from "
+                          "the task (tf.data.Dataset.from_generator over a keras.utils.PyDataset or a generator, or "
+                          "from_tensor_slices over arrays).")
     spec = dataset.element_spec
     parts = spec if isinstance(spec, tuple) else (spec,)
     names = ("features", "labels", "sample weights")

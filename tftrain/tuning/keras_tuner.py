@@ -10,6 +10,7 @@ import keras
 import keras_tuner as kt
 import tensorflow as tf
 
+from tftrain.data.pipeline import lists_as_tuples
 from tftrain.errors import TuningError, check_int
 
 ALGORITHMS = ("random", "hyperband", "bayesian")
@@ -221,7 +222,7 @@ def evenly_first(validation, batch_size: int, num_replicas: int):
     if num_replicas <= 1 or validation is None or isinstance(validation, tf.distribute.DistributedDataset):
         return validation
     if not isinstance(validation, tf.data.Dataset):
-        validation = tf.data.Dataset.from_tensor_slices(tuple(validation)).batch(batch_size)
+        validation = tf.data.Dataset.from_tensor_slices(lists_as_tuples(tuple(validation))).batch(batch_size)
     if not tf.executing_eagerly():
         return even_first_batch(validation, num_replicas)
     first = next(iter(validation.take(1)), None)

@@ -313,3 +313,15 @@ def test_python_m_tftrain_export_on_a_full_disk_says_so_in_one_line(tmp_path, ca
         f"python -m tftrain.export: export failed: no space left on the disk holding {tmp_path}/run/export/x; free "
         "space on that disk, then rerun this command (the trained run is unchanged)")
     assert (tmp_path / "run" / "metrics.json").read_text() == before
+
+
+def test_ctrl_c_during_the_export_command_is_one_line_and_exit_130(monkeypatch, capsys):
+    from tftrain import export as export_command
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export_command, "main", interrupted)
+    assert export_command._main() == 130
+    assert capsys.readouterr().err.strip() == ("python -m tftrain.export: interrupted; the trained run is unchanged: "
+                                               "rerun this command to export")

@@ -424,3 +424,21 @@ def test_loss_weights_reach_compile():
                              loss={"a": "mse", "b": "mae"}, loss_weights={"a": 1.0, "b": 0.5})
     assert task.compile_args(None)["loss_weights"] == {"a": 1.0, "b": 0.5}
     assert "loss_weights" not in tftrain.ArrayTask(lambda: None, np.ones((4, 2)), np.ones(4), loss="mse").compile_args(None)
+
+
+def test_a_task_whose_data_is_not_a_tf_data_dataset_is_refused_in_one_line():
+    import keras
+
+    from tftrain.errors import ConfigError
+    from tftrain.train.sanity import check_element_spec
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 1
+
+        def __getitem__(self, index):
+            return np.zeros((2, 3), "float32"), np.zeros((2, 1), "float32")
+
+    with pytest.raises(ConfigError, match=r"^The task's training data is a Batches, not a tf\.data\.Dataset: return "
+                                          r"one from the task \(tf\.data\.Dataset\.from_generator"):
+        check_element_spec(Batches(), "training data")

@@ -65,3 +65,9 @@ def test_validation_made_even_first_keeps_a_known_cardinality_so_keras_ends_its_
     even = evenly_first(odd_first, 51, 2)
     assert int(even.cardinality()) == 3  # unknown (-2) before: Keras then warned the input "ran out of data"
     assert [int(tf.shape(b)[0]) for b in even] == [50, 1, 32]
+
+
+def test_validation_arrays_of_a_list_of_inputs_become_one_dataset_of_a_tuple():
+    x = [np.zeros((5, 3), "float32"), np.zeros((5, 2), "float32")]  # two inputs of other shapes
+    batches = list(evenly_first((x, np.zeros((5, 1), "float32")), 8, 2))
+    assert [tuple(int(d) for d in t.shape) for t in batches[0][0]] == [(4, 3), (4, 2)]  # cut evenly, not stacked
