@@ -27,7 +27,7 @@ from typing import Callable, List, Mapping, Optional, Sequence, TextIO
 from tftrain.errors import LaunchError, check_int
 from tftrain.runtime.processes import (TaskOutput, describe_exit, exit_code, group_alive, parent_death_signal,
                                        pump_lines, signal_group)
-from tftrain.rundir import METRICS_FILE, RESTART_COUNT_ENV, RUN_ID_ENV
+from tftrain.rundir import RESTART_COUNT_ENV, RUN_ID_ENV
 
 PROG = "python -m tftrain.launch"
 
@@ -272,17 +272,20 @@ def launch(
 
 
 def resume_advice(command: Sequence[str], run_id: str, root: Path = Path("runs")) -> str:
-    """How a stopped job's run resumes: by the same command where the training command names its run directory
-    (`--run-dir`, `--resume`); else each launch has a new run id, so with `--run-dir` of the unfinished directory
-    this job's tasks made (`<root>/<task>-<run id>`), or `--resume` when there is not exactly one."""
+    """How a stopped job's run goes on: by the same command where the training command names its run directory
+    (`--run-dir`, `--resume`); else each launch has a new run id, so with `--run-dir` of the directory this job's
+    tasks made (`<root>/<task>-<run id>`: a checkpoint resumes, a pending export is done, a finished run says so)."""
     import shlex
 
     if any(arg == "--resume" or arg.split("=")[0] == "--run-dir" for arg in command):
         return "a run stopped by a signal resumes from its last checkpoint when the same command runs again"
-    made = [p for p in sorted(root.glob(f"*-{run_id}")) if p.is_dir() and not (p / METRICS_FILE).exists()]
-    flag = f"--run-dir {shlex.quote(str(made[0]))}" if len(made) == 1 else "--resume"
-    return (f"to resume its run from the last checkpoint, rerun the same command with {flag} added to the training "
-            "command after -- (each launch starts a new run directory)")
+    made = [p for p in sorted(root.glob(f"*-{run_id}")) if p.is_dir()]
+    if not made:
+        return "no run directory was made, so the same command starts the run again"
+    flag = f"--run-dir {shlex.quote(str(made[0]))}" if len(made) == 1 else "--run-dir of its run (one of " + \
+        ", ".join(shlex.quote(str(p)) for p in made) + ")"
+    return (f"to go on with its run (from the last checkpoint, or its pending export), rerun the same command with "
+            f"{flag} added to the training command after -- (each launch starts a new run directory)")
 
 
 @contextlib.contextmanager

@@ -23,9 +23,9 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from tftrain import cli
 from tftrain.checkpoint_files import checkpoints, read_position
-from tftrain.errors import AlreadyFinished, ConfigError, Preempted, RuntimeStartedError, RuntimeStartedWarning
+from tftrain.errors import (AlreadyFinished, ConfigError, Preempted, RuntimeStartedError, RuntimeStartedWarning,
+                            one_line)
 from tftrain.rundir import BACKUP_DIR, FAILURE_LOG, METRICS_FILE, RUN_ID_ENV, pending_after_steps
-from tftrain.errors import one_line
 from tftrain.train.user_code import import_where, line_of
 
 PROG = "python -m tftrain.run"

@@ -180,6 +180,11 @@ def test_task_hyperparameters_of_a_module_run_by_runpy_are_read():
     assert cfg.task.width == 4
     with pytest.raises(ConfigError, match="width"):
         cfg.override({"width": "wide"})
+    aliased = {"__name__": "__main__"}
+    exec(compile(source.replace("Optional[int]", "Opt[int]").replace("import Optional", "import Optional as Opt"),
+                 "<task module>", "exec"), aliased)
+    with pytest.raises(ConfigError, match=r"^The annotations of HParams cannot be read \(name 'Opt' is not defined\)"):
+        RecipeConfig(task=aliased["HParams"]())
 
 
 def test_yaml_float_written_in_exponent_form_is_a_float(tmp_path):

@@ -123,10 +123,9 @@ def test_crashing_worker_stops_the_job_and_leaves_no_process(tmp_path):
     result = _launch(["--workers", "3", "--grace", "2", "--", PY, script])
     assert result.returncode == 3, result.stderr
     assert "worker:1 exited with code 3; stopping worker:0, worker:2" in result.stderr
-    assert result.stderr.splitlines()[-1].endswith(  # no run directory made: --resume finds the run
-        "the job stopped: worker:1 exited with code 3. Its tasks' lines above say why; to resume its run from the "
-        "last checkpoint, rerun the same command with --resume added to the training command after -- (each launch "
-        "starts a new run directory)")
+    assert result.stderr.splitlines()[-1].endswith(
+        "the job stopped: worker:1 exited with code 3. Its tasks' lines above say why; no run directory was made, so "
+        "the same command starts the run again")
     pids = _started_pids(result.stderr)
     assert len(pids) == 3
     assert _alive_in_groups(set(pids.values())) == []
@@ -339,11 +338,11 @@ def test_the_resume_advice_names_the_run_directory_a_launch_without_one_made(tmp
     assert resume_advice([*recipe, "--run-dir=r"], "20261206-1", tmp_path).endswith(
         "resumes from its last checkpoint when the same command runs again")  # the same command finds it
     assert resume_advice([*recipe, "--resume"], "20261206-1", tmp_path).endswith("when the same command runs again")
+    assert resume_advice(recipe, "20261206-1", tmp_path) == ("no run directory was made, so the same command starts "
+                                                            "the run again")
     (tmp_path / "mnist-20261206-1").mkdir()  # this launch's run: a new launch would make mnist-<its own id>
     (tmp_path / "mnist-20261206-0").mkdir()  # an earlier launch's
     assert resume_advice(recipe, "20261206-1", tmp_path) == (
-        f"to resume its run from the last checkpoint, rerun the same command with --run-dir "
-        f"{tmp_path / 'mnist-20261206-1'} added to the training command after -- (each launch starts a new run "
-        "directory)")
-    (tmp_path / "mnist-20261206-1" / "metrics.json").write_text("{}")  # finished: nothing of it to resume
-    assert "with --resume added" in resume_advice(recipe, "20261206-1", tmp_path)
+        f"to go on with its run (from the last checkpoint, or its pending export), rerun the same command with "
+        f"--run-dir {tmp_path / 'mnist-20261206-1'} added to the training command after -- (each launch starts a new "
+        "run directory)")

@@ -135,7 +135,7 @@ class StepBackup(keras.callbacks.Callback):
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None and not optimizer.built:  # its state must exist to be loaded (as in Keras)
             optimizer.build(self.model.trainable_variables)
-        held = held_optimizers(self.model)
+        held, self.held_afresh = held_optimizers(self.model), ()
         try:
             with warnings.catch_warnings():
                 if held or checkpoint.position.optimizer_iterations == 0:  # restore says what was not loaded; a

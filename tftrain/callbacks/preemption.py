@@ -2,7 +2,7 @@
 
 While training (`polling()`) a signal is only recorded, and `StepBackup` saves and raises `Preempted`; while a file
 is written (`holding()`) it waits; elsewhere it raises `Preempted` at once, naming `phase`. Ctrl-C (SIGINT) stays
-`KeyboardInterrupt` until such a stop is on its way; then it waits for its save too. After a signal, closing
+`KeyboardInterrupt` until such a stop is on its way; then the first waits for its save too. After a signal, closing
 leaves the other signals ignored so a second one cannot kill the exiting process. Main thread only.
 Source: https://slurm.schedmd.com/sbatch.html#OPT_signal
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from typing import Optional
 
@@ -34,7 +35,7 @@ class PreemptionWatch:
 
     def __init__(self):
         self._signum: Optional[int] = None
-        self._raised = False
+        self._raised = self._waited = False
         self._polled = self._held = 0
         self._previous: dict = {}
         self.phase = "start-up"
@@ -50,9 +51,12 @@ class PreemptionWatch:
             self._raise()
 
     def _interrupt(self, signum, frame):
-        """Ctrl-C: Python's `KeyboardInterrupt` (or the handler before), unless a stop is on its way, whose
-        save it then waits for, as a second SIGTERM does."""
-        if self._signum is not None:
+        """Ctrl-C: Python's `KeyboardInterrupt` (or the handler before), unless a stop is on its way: the first
+        then waits for its save, as a second SIGTERM does, and says so; a second stops at once."""
+        if self._signum is not None and not self._waited:
+            self._waited = True
+            print(f"Ctrl-C: the run stops for {signal.Signals(self._signum).name} once its checkpoint is saved; Ctrl-C "
+                  "again stops at once", file=sys.stderr, flush=True)
             return
         previous = self._previous.get(signal.SIGINT)
         if callable(previous):

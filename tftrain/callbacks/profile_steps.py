@@ -247,8 +247,8 @@ class ProfileSteps:
         if self.steps_done > self.window.start:  # an execution holding the start begins before it: a resume
             self._told_alignment = True
             self.say(f"profile: the run resumed at step {self.steps_done}, inside the window [{self.window.start}, "
-                     f"{self.window.stop}); tracing steps [{self.steps_done}, {end}) (the attempt before traced "
-                     "the steps it ran, in its own trace)")
+                     f"{self.window.stop}); tracing steps [{self.steps_done}, {end}) (the steps before are in the "
+                     "attempt before's trace, if it finished one)")
         elif (self.steps_done, end) != (self.window.start, self.window.stop):
             self._told_alignment = True
             self.say(f"profile: steps [{self.window.start}, {self.window.stop}) fall inside executions of {n} "

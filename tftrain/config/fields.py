@@ -63,11 +63,21 @@ def _expect_choice(name, value, choices, fix=""):
 
 def type_hints(cls) -> dict:
     """`typing.get_type_hints(cls)`; for a class of a module run by runpy or exec, whose globals are not
-    `sys.modules[cls.__module__]`'s, its string annotations are read with `typing`'s names."""
+    `sys.modules[cls.__module__]`'s, its string annotations are read with `typing`'s names.
+
+    Raises:
+        ConfigError: an annotation names something neither place has.
+    """
     try:
         return typing.get_type_hints(cls)
     except NameError:
+        pass
+    try:
         return typing.get_type_hints(cls, localns=vars(typing))
+    except NameError as e:
+        raise ConfigError(f"The annotations of {cls.__name__} cannot be read ({e}): annotate each field with int, "
+                          "float, str or bool (or typing.Optional of one), or define the class in a module Python "
+                          "imports.") from None
 
 
 def _validate_fields(obj) -> None:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import contextlib
 from typing import Optional
 
-from tftrain.errors import ConfigError
+from tftrain.errors import ConfigError, cause_line
 from tftrain.files import replaced
 from tftrain.train.tasks.base import check_compile_args
-from tftrain.errors import cause_line
 
 
 class ModelStages:

@@ -262,5 +262,6 @@ def _result_line(record: RunRecord, unit: str = "examples") -> str:
     test = ", ".join(f"test {k} {v:.4f}" for k, v in (record.test or {}).items()) or "no test data"
     speed = (f"{record.examples_per_sec:,.0f} {unit}/sec over {record.epochs_trained} epoch(s)"
              if record.examples_per_sec else f"{record.epochs_trained} epoch(s)" if record.epochs_trained
-             else "nothing left to train (the checkpoint held every epoch)")
+             else "nothing left to train (" + ("the checkpoint held every epoch)" if record.resumed_from_epoch >=
+                                               record.epochs else "early stopping had ended the run)"))
     return f"{test}; {speed}; wall time {record.wall_time_s:.1f} s"

@@ -8,13 +8,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import re
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Tuple
 
-from tftrain.errors import ConfigError
-from tftrain.errors import cause_line, words_within
+from tftrain.errors import ConfigError, cause_line, words_within
 
 EXACT_INTEGERS = {"bfloat16": 256, "float16": 2048}
 """Up to these, every integer is exact in each low-precision float (8 and 11 significant bits)."""
@@ -95,9 +95,8 @@ def check_element_spec(dataset, what: str) -> None:
     import tensorflow as tf
 
     if not isinstance(dataset, tf.data.Dataset):
-        raise ConfigError(f"The task's {what} is a {type(dataset).__name__}, not a tf.data.Dataset: return one from "
-                          "the task (tf.data.Dataset.from_generator over a keras.utils.PyDataset or a generator, or "
-                          "from_tensor_slices over arrays).")
+        raise ConfigError(f"The task's {what} is a {type(dataset).__name__}, not a tf.data.Dataset: return one "
+                          "(tf.data.Dataset.from_generator over a keras.utils.PyDataset or a generator).")
     spec = dataset.element_spec
     parts = spec if isinstance(spec, tuple) else (spec,)
     names = ("features", "labels", "sample weights")
@@ -198,8 +197,8 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
         init_weights.load(_step("float32 build for --init-from", plan.build_float32), *plan.init_from)
         checked.append("--init-from")
     if plan.graph and _user_code(model):  # first: a graph run's first step builds the loss in the graph
-        _step("training step in graph mode", lambda: _traced_train_step(model, train),
-              " (a model that runs only eagerly, with NumPy or .numpy() in its call, trains under --execution eager)")
+        _step("training step in graph mode", lambda: _traced_train_step(model, train), " (a model that runs only "
+              "eagerly, with NumPy or .numpy() in its call, trains under --execution eager)")
     class_weight = every_class_weighed(plan.class_weight, model, train)
     # Model.fit itself on one batch: the data as fit passes it; the logs' keys are fit's.
     what = "training and validation step" if validation is not None else "training step"
@@ -300,8 +299,6 @@ def _one_batch(dataset, size: int):
 def _user_code(model) -> bool:
     """Whether `model`'s step runs code Keras does not own (its class, a layer's, a name made a graph name scope):
     only then may it work eagerly and fail in a graph."""
-    import re
-
     def own(layer) -> bool:
         return type(layer).__module__.startswith("keras.") and all(own(inner) for inner in getattr(layer, "layers", ()))
 
@@ -330,12 +327,14 @@ def _unpacked(dataset):
 
 
 def _step(what: str, fn: Callable, hint: str = ""):
-    """`fn()`; an error becomes a `SanityError` naming the step, the cause (`cause_line`) and `hint`."""
+    """`fn()`; an error becomes a `SanityError` naming the step, the cause (`cause_line`) and `hint` where the
+    cause speaks of NumPy or of a symbolic tensor."""
     try:
         return fn()
     except ConfigError:
         raise
     except Exception as error:  # noqa: BLE001 (the model's own error, in one line)
+        hint = hint if re.search(r"numpy|[Ss]ymbolic", str(error)) else ""
         raise SanityError(f"The sanity check's {what} failed on the first batch, before training: "
                           f"{cause_line(error)}{hint}", error) from error
 
@@ -458,8 +457,6 @@ def unserializable(model) -> Optional[Tuple[str, str]]:
     """Why Keras cannot serialize `model` (its config, build and compile configs), in one sentence, and how to make
     it serializable; None if it can. A subclassed model whose `__init__` takes arguments needs `get_config`; a loss
     or metric that is not a Keras name or class needs registering (https://keras.io/guides/serialization_and_saving/)."""
-    import re
-
     import keras
 
     try:

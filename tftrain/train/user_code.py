@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import re
 import sys
 import traceback
 from pathlib import Path

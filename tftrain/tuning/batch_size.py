@@ -287,10 +287,10 @@ def find_batch_size(
     multiple_of = strategy.num_replicas_in_sync if multiple_of is None else multiple_of
     make_dataset, max_val = _dataset_source(data, multiple_of, max_val)
     init_val, max_val = _bounds(init_val, max_val, multiple_of, target_batch_size, objective)
-    _build(model, make_dataset, init_val)
     validate_search_args(mode, objective, init_val, max_val, max_trials, margin, min_gain, multiple_of)
     if steps_per_trial < 1:
         raise ConfigError(f"steps_per_trial must be >= 1. Received: steps_per_trial={steps_per_trial!r}.")
+    _build(model, make_dataset, init_val)
     base_lr = _base_learning_rate(model, scale_learning_rate, base_batch_size)
     device_kind = "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
     budget = memory_budget_bytes(memory_budget, device_kind)

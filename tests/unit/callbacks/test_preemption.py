@@ -49,7 +49,7 @@ def test_a_write_under_way_finishes_before_the_stop_and_a_second_signal_waits_fo
         os.kill(os.getpid(), signal.SIGTERM)  # after the stop was raised: nothing more is raised
 
 
-def test_ctrl_c_is_a_keyboard_interrupt_until_a_stop_is_on_its_way_then_it_waits_for_its_save():
+def test_ctrl_c_is_a_keyboard_interrupt_until_a_stop_is_on_its_way_then_it_waits_for_its_save(capsys):
     written = []
     with PreemptionWatch() as watch:
         with pytest.raises(KeyboardInterrupt):
@@ -61,4 +61,8 @@ def test_ctrl_c_is_a_keyboard_interrupt_until_a_stop_is_on_its_way_then_it_waits
                 os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C after the scheduler's notice: the save goes on
                 written.append("checkpoint")
         assert written == ["checkpoint"]
+        assert capsys.readouterr().err == ("Ctrl-C: the run stops for SIGTERM once its checkpoint is saved; Ctrl-C "
+                                           "again stops at once\n")
+        with pytest.raises(KeyboardInterrupt):  # the second: at once
+            os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is the user's again

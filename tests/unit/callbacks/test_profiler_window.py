@@ -171,7 +171,7 @@ def test_resumed_fit_counts_the_models_steps_and_does_not_trace_a_passed_window_
               shuffle=False)  # steps 12..17
     assert inside.captured == (12, 14)  # labelled with the model's steps, not this fit's
     assert said == ["profile: the run resumed at step 12, inside the window [10, 14); tracing steps [12, 14) (the "
-                    "attempt before traced the steps it ran, in its own trace)"]  # not a steps_per_execution cause
+                    "steps before are in the attempt before's trace, if it finished one)"]  # not steps_per_execution
     assert optimizer_steps_in_trace(read_xspace(inside.trace_files[0])) == 2
 
 

@@ -118,3 +118,16 @@ def test_each_loop_says_its_own_reason_for_refusing_a_search():
             loop_for(strategy).check(cfg)
         assert f"{strategy}: " in str(refused.value) and reason in str(refused.value)
     assert "lockstep" not in loop_for("parameter_server").no_search_reason  # its workers are asynchronous
+
+
+def test_the_result_line_of_a_resume_with_nothing_left_says_why():
+    from types import SimpleNamespace
+
+    from tftrain.train.reporting import _result_line
+
+    record = SimpleNamespace(test={"loss": 0.5}, examples_per_sec=None, epochs_trained=0, resumed_from_epoch=3,
+                             epochs=3, wall_time_s=1.0)
+    assert _result_line(record) == ("test loss 0.5000; nothing left to train (the checkpoint held every epoch); "
+                                    "wall time 1.0 s")
+    record.resumed_from_epoch = 2  # fewer than asked: the restored run had stopped early
+    assert "nothing left to train (early stopping had ended the run)" in _result_line(record)

@@ -440,5 +440,5 @@ def test_a_task_whose_data_is_not_a_tf_data_dataset_is_refused_in_one_line():
             return np.zeros((2, 3), "float32"), np.zeros((2, 1), "float32")
 
     with pytest.raises(ConfigError, match=r"^The task's training data is a Batches, not a tf\.data\.Dataset: return "
-                                          r"one from the task \(tf\.data\.Dataset\.from_generator"):
+                                          r"one \(tf\.data\.Dataset\.from_generator over a keras\.utils\.PyDataset"):
         check_element_spec(Batches(), "training data")
