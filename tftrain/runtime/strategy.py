@@ -168,3 +168,22 @@ def _refused_once_started(name: str):
         raise RuntimeStartedError(f"{name} cannot set up its cluster: TensorFlow's runtime started before it "
                                   f"({e}). Start the strategy before any TensorFlow op runs.",
                                   setting="strategy") from None
+
+
+def agree_replicas(model, strategy) -> int:
+    """Sets each floating-point variable whose local replicas' copies drifted apart (Keras's BatchNormalization
+    moving statistics under MirroredStrategy: each replica updates its own) to their mean on every replica, so the
+    model evaluates as it saves (one copy). Returns how many variables it set."""
+    import numpy as np
+
+    agreed = 0
+    for variable in model.non_trainable_variables:
+        value = getattr(variable, "value", variable)
+        if not isinstance(value, tf.distribute.DistributedValues) or not value.dtype.is_floating:
+            continue
+        local = [np.asarray(t) for t in strategy.experimental_local_results(value)]
+        if len(local) > 1 and any(not np.array_equal(local[0], other) for other in local[1:]):
+            with strategy.scope():
+                value.assign(np.mean(local, axis=0).astype(local[0].dtype))
+            agreed += 1
+    return agreed

@@ -63,9 +63,14 @@ class ModelStages:
 
     def evaluate(self, model) -> Optional[dict]:
         """The loop's evaluation on the task's test data (None when the task has none), with the output layers
-        computing as `save` writes them (`float32_output_layers`): the figures are `model.keras`'s."""
+        computing as `save` writes them (`float32_output_layers`) and the replicas' copies agreed
+        (`agree_replicas`): the figures are `model.keras`'s."""
         from tftrain.runtime.precision import user_model
 
+        from tftrain.runtime.strategy import agree_replicas
+
+        if self.runtime.num_replicas > 1 and self.cluster is None:  # before the save too: one copy is saved
+            agree_replicas(model, self.runtime.strategy)
         dataset = self._evenly_first(self.task.test_data(self.batch.global_batch_size))
         if dataset is None:
             return None
