@@ -192,6 +192,7 @@ class ModelStages:
             return
         if self.run_dir.resumed:  # its checkpoint replaces them: PATH may have moved since
             self.console.line(f"init:      --init-from {path} not read: the run resumes from its own checkpoint")
+            self.extras["init_from"] = {"path": str(path), "kind": None, "read": "when the run started"}
             return
         from tftrain.train import init_weights
 

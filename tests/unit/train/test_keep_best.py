@@ -149,6 +149,8 @@ def test_a_run_started_from_init_weights_resumes_from_its_checkpoint_after_their
                   verbose=1)
     assert record.to_dict()["resumed_from_epoch"] == 2 and len(record.history["loss"]) == 4
     assert "not read: the run resumes from its own checkpoint" in capsys.readouterr().out
+    assert record.extras["init_from"] == {"path": str(tmp_path / "source" / "model.keras"), "kind": None,
+                                          "read": "when the run started"}  # metrics.json says where it began
 
 
 def test_init_from_a_path_without_weights_is_refused_before_the_run_directory(tmp_path):
