@@ -140,11 +140,11 @@ def _assert_keeps_the_best_epoch(run_dir, metrics, monitor, best):
     assert metrics["keep_best"]["mode"] == ("max" if best is max else "min")
 
 
-def _kill_in_epoch_2(cmd, env, watched: str, victim: str, timeout_s: float = 240):
-    """Runs the launcher `cmd` and sends SIGKILL to task `victim` once task `watched` has begun epoch 2 (so
-    epoch 1's checkpoint is written); returns `(launcher exit code, its output, task pids)`. Fails the test
+def _kill_in_epoch_2(cmd, env, watched: str, victim: str, timeout_s: float = 240, cwd=REPO):
+    """Runs the launcher `cmd` (in `cwd`) and sends SIGKILL to task `victim` once task `watched` has begun epoch 2
+    (so epoch 1's checkpoint is written); returns `(launcher exit code, its output, task pids)`. Fails the test
     when the job ends first."""
-    launcher = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pids, killed, lines = {}, False, []
     try:
         deadline = time.monotonic() + timeout_s
@@ -377,27 +377,10 @@ def test_the_launcher_s_advice_after_a_killed_worker_resumes_a_job_started_witho
     cmd = _launcher(["--workers", "2"], [*MWMS, *FLAGS, "--backup-every-steps", "8", "--steps-per-execution", "1"],
                     200)
     env = _env(tmp_path / "tmp")
-    launcher = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines, pids, killed = [], {}, False
-    try:
-        for line in launcher.stdout:
-            lines.append(line)
-            match = re.search(r"started (\S+) \(pid (\d+)\)", line)
-            if match:
-                pids[match.group(1)] = int(match.group(2))
-            if not killed and line.startswith("[worker:0] Epoch 2/3"):
-                time.sleep(0.5)  # into epoch 2: epoch 1's checkpoint is written
-                os.kill(pids["worker:1"], signal.SIGKILL)
-                killed = True
-        launcher.wait(timeout=60)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
-    output = "".join(lines)
+    _, output, _ = _kill_in_epoch_2(cmd, env, "worker:0", "worker:1", cwd=tmp_path)
     (first,) = list((tmp_path / "runs").iterdir())
     advice = re.search(r"rerun the same command with --run-dir (\S+) added to the training command after --", output)
-    assert killed and advice and advice.group(1) == f"runs/{first.name}", output[-3000:]
+    assert advice and advice.group(1) == f"runs/{first.name}", output[-3000:]
     again = subprocess.run(cmd + ["--run-dir", advice.group(1)], cwd=tmp_path, env=env, capture_output=True,
                            text=True, timeout=300)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
