@@ -263,13 +263,27 @@ def _timed_and_restored(model, dataset, snapshot, **timing_args) -> StepTiming:
 
 
 def held_optimizers(model) -> dict:
-    """`{attribute: optimizer}` a model holds besides `model.optimizer`: those its own `train_step` applies
-    (a GAN's two). Keras builds each on its first step (`ModelState` then replaces it), and loads one's state
-    from a weights file only into a built one."""
+    """`{name: optimizer}` a model holds besides `model.optimizer`, directly or in a list, tuple or dict
+    attribute (named `attr`, `attr[0]`, `attr['key']`): those its own `train_step` applies (a GAN's two).
+    Keras builds each on its first step (`ModelState` then replaces it), and loads one's state from a
+    weights file only into a built one."""
+    return {name: optimizer for name, _, _, optimizer in _held(model)}
+
+
+def _held(model):
+    """(name, attribute, key or None, optimizer) for each of `held_optimizers`."""
     import keras
 
-    compiled = getattr(model, "optimizer", None)
-    return {k: v for k, v in vars(model).items() if isinstance(v, keras.optimizers.Optimizer) and v is not compiled}
+    seen = {id(getattr(model, "optimizer", None))}
+    for attribute, value in list(vars(model).items()):
+        if attribute.startswith("_self_"):  # TensorFlow's tracking of the same attributes
+            continue
+        items = (value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple))
+                 else [(None, value)])
+        for key, item in items:
+            if isinstance(item, keras.optimizers.Optimizer) and id(item) not in seen:
+                seen.add(id(item))
+                yield (attribute if key is None else f"{attribute}[{key!r}]"), attribute, key, item
 
 
 class ModelState:
@@ -305,14 +319,21 @@ class ModelState:
                     self.variables.append(v)
         self.values = [np.array(keras.ops.convert_to_numpy(v), copy=True) for v in self.variables]
         self.model = model
-        self.unbuilt = {name: (type(o), o.get_config()) for name, o in held_optimizers(model).items() if not o.built}
+        self.unbuilt = [(attribute, key, o, o.get_config()) for _, attribute, key, o in _held(model) if not o.built]
 
     def restore(self) -> None:
         """Assigns the saved values back; a held optimizer built since (on its first step: its slots cannot be
         put back) is replaced by a new one of its class and config, and the train function made again."""
         for v, value in zip(self.variables, self.values):
             v.assign(value)
-        for name, (cls, config) in self.unbuilt.items():
-            if getattr(self.model, name).built:
-                setattr(self.model, name, cls.from_config(config))
+        for attribute, key, optimizer, config in self.unbuilt:
+            if optimizer.built:
+                fresh = type(optimizer).from_config(config)
+                value = getattr(self.model, attribute)
+                if key is None:
+                    setattr(self.model, attribute, fresh)
+                elif isinstance(value, tuple):
+                    setattr(self.model, attribute, (*value[:key], fresh, *value[key + 1:]))
+                else:
+                    value[key] = fresh
                 self.model.train_function = None

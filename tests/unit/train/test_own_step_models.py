@@ -189,3 +189,24 @@ def test_a_step_with_its_own_optimizer_counts_its_steps_and_says_what_a_resume_d
     afresh = ("resuming: the optimizers the model's train_step applies (own) are not built yet, so Keras loads none "
               "of their state")
     assert (afresh in printed.out) == (own == "adam") and "Skipping variable loading" not in printed.err
+
+
+def test_model_state_finds_the_optimizers_a_model_holds_in_a_list_or_dict():
+    import keras
+
+    from tftrain.runtime.execution_probe import ModelState, held_optimizers
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    model.pair = [keras.optimizers.Adam(0.1), keras.optimizers.Adam(0.2)]
+    model.named = {"critic": keras.optimizers.Adam(0.3)}
+    model.pair[0].build(model.trainable_variables)
+    held = held_optimizers(model)
+    assert list(held) == ["pair[0]", "pair[1]", "named['critic']"] and held["named['critic']"] is model.named["critic"]
+    state = ModelState(model)
+    for optimizer in (model.pair[0], model.pair[1], model.named["critic"]):
+        optimizer.apply_gradients([(np.ones(v.shape, "float32"), v) for v in model.trainable_variables])
+    state.restore()
+    assert int(model.pair[0].iterations.numpy()) == 0  # built before: its state is put back
+    assert not model.pair[1].built and model.pair[1].get_config()["learning_rate"] == pytest.approx(0.2)
+    assert not model.named["critic"].built and held_optimizers(model)["named['critic']"] is model.named["critic"]
