@@ -171,16 +171,29 @@ def _refused_once_started(name: str):
 
 
 def agree_replicas(model, strategy) -> int:
-    """Sets each floating-point variable whose local replicas' copies drifted apart (Keras's BatchNormalization
-    moving statistics under MirroredStrategy: each replica updates its own) to their mean on every replica, so the
-    model evaluates as it saves (one copy). Returns how many variables it set."""
+    """Sets each floating-point variable whose replicas' copies drift apart (Keras's BatchNormalization moving
+    statistics under MirroredStrategy and MultiWorkerMirroredStrategy: each replica updates its own) to their mean
+    on every replica, so the model evaluates as it saves (one copy). Across workers every such variable is
+    averaged by all-reduce, which each worker must call at the same point. Returns how many variables it set."""
     import numpy as np
 
+    drifting = [v for v in model.non_trainable_variables
+                if isinstance(getattr(v, "value", v), tf.distribute.DistributedValues)
+                and getattr(v, "value", v).dtype.is_floating]
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return 0  # one copy of each variable, on the parameter servers
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        if not drifting:
+            return 0
+        means = strategy.experimental_local_results(strategy.run(tf.function(lambda: tf.distribute.get_replica_context(
+        ).all_reduce(tf.distribute.ReduceOp.MEAN, [tf.identity(getattr(v, "value", v)) for v in drifting]))))[0]
+        with strategy.scope():
+            for variable, mean in zip(drifting, means):
+                getattr(variable, "value", variable).assign(mean)
+        return len(drifting)
     agreed = 0
-    for variable in model.non_trainable_variables:
+    for variable in drifting:
         value = getattr(variable, "value", variable)
-        if not isinstance(value, tf.distribute.DistributedValues) or not value.dtype.is_floating:
-            continue
         local = [np.asarray(t) for t in strategy.experimental_local_results(value)]
         if len(local) > 1 and any(not np.array_equal(local[0], other) for other in local[1:]):
             with strategy.scope():

@@ -69,7 +69,7 @@ class ModelStages:
 
         from tftrain.runtime.strategy import agree_replicas
 
-        if self.runtime.num_replicas > 1 and self.cluster is None:  # before the save too: one copy is saved
+        if self.runtime.num_replicas > 1:  # before the save too: one copy is saved
             agree_replicas(model, self.runtime.strategy)
         dataset = self._evenly_first(self.task.test_data(self.batch.global_batch_size))
         if dataset is None:
