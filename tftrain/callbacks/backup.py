@@ -23,6 +23,7 @@ from tftrain.checkpoint_files import BackupPosition
 from tftrain.errors import ConfigError, check_int
 from tftrain.files import replaced
 from tftrain.runtime.execution_probe import held_optimizers
+from tftrain.runtime.precision import built_by_own_step
 
 SPACE_MARGIN = 1 << 20
 """Bytes a save needs beyond the checkpoint's size (HDF5 structure, metadata)."""
@@ -92,6 +93,8 @@ class StepBackup(keras.callbacks.Callback):
         # fit builds a model made outside a strategy on its first step; Keras 3's build(shape) of a subclassed
         # model leaves its layers unbuilt, without weights
         unbuilt = not self.model.built or not self.model.weights and not all(l.built for l in self.model.layers)
+        if unbuilt and self.model.weights and built_by_own_step(self.model):  # a VAE without call(): its layers
+            self.model.built, unbuilt = True, False  # are built, and Keras saves weights only of a model marked built
         if unbuilt and not checkpoints:
             self.say("warning: the model is not built as fit starts (a subclassed model builds on its first batch): "
                      "call it on one batch before fit (model(x[:1])), or a resume cannot load its checkpoints")

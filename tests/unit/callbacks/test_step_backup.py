@@ -462,3 +462,40 @@ def test_a_model_unbuilt_as_fit_starts_is_warned_of_and_its_resume_refused_in_on
     built(x[:1])
     built.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0, callbacks=[StepBackup(tmp_path)])
     assert int(built.optimizer.iterations) == 20  # epoch 1 restored, epoch 2 trained
+
+
+def test_a_model_without_call_whose_own_train_step_builds_nothing_is_backed_up_and_resumed(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    from tftrain.callbacks import StepBackup
+
+    class VAE(keras.Model):  # keras.io's shape: encoder and decoder built in __init__, no call()
+        def __init__(self):
+            super().__init__()
+            self.encoder = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+            self.decoder = keras.Sequential([keras.Input((2,)), keras.layers.Dense(4)])
+
+        def train_step(self, data):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(data - self.decoder(self.encoder(data))))
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_weights), self.trainable_weights))
+            return {"loss": loss}
+
+    class StopInEpoch2(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations) == 13:
+                raise KeyboardInterrupt
+
+    def fit(*callbacks):
+        model = VAE()
+        model.compile("adam")
+        model.fit(x, batch_size=8, epochs=2, verbose=0, callbacks=[StepBackup(tmp_path, every_steps=1,
+                                                                               say=said.append), *callbacks])
+        return model
+
+    x = np.random.default_rng(0).standard_normal((80, 4)).astype("float32")
+    said = []
+    with pytest.raises(KeyboardInterrupt):
+        fit(StopInEpoch2())
+    assert int(fit().optimizer.iterations) == 20 and not [s for s in said if "warning" in s], said
