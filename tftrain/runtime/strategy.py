@@ -180,7 +180,7 @@ def agree_replicas(model, strategy) -> int:
     drifting = [v for v in model.non_trainable_variables
                 if isinstance(getattr(v, "value", v), tf.distribute.DistributedValues)
                 and getattr(v, "value", v).dtype.is_floating]
-    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+    if isinstance(strategy, tf.distribute.ParameterServerStrategy):
         return 0  # one copy of each variable, on the parameter servers
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         if not drifting:
