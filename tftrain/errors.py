@@ -132,12 +132,28 @@ KERAS_WRAPPER_LINES = ("Exception encountered when calling", "Arguments received
 """How the lines Keras wraps a layer's error in start (not its cause)."""
 
 
+def _readable(error: BaseException) -> str:
+    """`str(error)` without colour codes, and for a TensorFlow op's error its cause: past a graph's trace ("Graph
+    execution error: Detected at node ... File ...") and without `{{function_node ...}}` and `[[{{node ...}}]]`
+    names; a `tf.data` function's error names its transformation, not the iterator's chain."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    if text.startswith("Graph execution error"):
+        lines = text.splitlines()
+        trace = [i for i, line in enumerate(lines) if re.match(r'\s+File "', line)]
+        after = [line for line in lines[trace[-1] + 1 if trace else 1:] if line.strip() and not line[0].isspace()]
+        text = "\n".join(after) or text
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
+    text = re.sub(r"^\s*\[\[\{\{node .*$", "", text, flags=re.M)
+    return re.sub(r"Error in user-defined function passed to (\w+?)(:\d+)? transformation with iterator: "
+                  r"Iterator::\S+?: ", r"the input pipeline's function (in \1) failed: ", text)
+
+
 def one_line(error: BaseException) -> str:
     """`Type: first line` of an error (with the next line when the first ends in a colon), past the lines Keras
-    wraps a layer's error in (`KERAS_WRAPPER_LINES`) and its colour codes."""
+    wraps a layer's error in (`KERAS_WRAPPER_LINES`) and its colour codes (`_readable`)."""
     if isinstance(error, SyntaxError) and error.msg:  # its str() repeats the file and line `line_of` names
         return f"{type(error).__name__}: {error.msg}"
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    text = _readable(error)
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     lines = [line for line in lines if not line.startswith(KERAS_WRAPPER_LINES)] or lines
     if not lines:
@@ -148,8 +164,8 @@ def one_line(error: BaseException) -> str:
 
 def cause_line(error: BaseException) -> str:
     """`Type: cause` of `error` (at most 300 characters): the first line after Keras's "Exception encountered
-    when calling" header, colour codes removed."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    when calling" header, colour codes removed (`_readable`)."""
+    text = _readable(error)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if lines and lines[0] == "in user code:":  # traced: the error's own line closes the trace
         raised = [line for line in lines if re.match(r"[A-Z]\w*(Error|Exception): ", line)]

@@ -102,7 +102,7 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
               file=sys.stderr)
         return 2
     except ConfigError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {_with_data_error_hint(str(e), trainer, getattr(e, 'error', None))}", file=sys.stderr)
         return 2
     except AlreadyFinished as e:  # a scheduler restarted a job that had finished: nothing to do
         print(f"{prog}: {e}", flush=True)
@@ -124,8 +124,18 @@ def main(argv: Optional[Sequence[str]] = None, *, task=None, prog: str = PROG, d
         return 128 + e.signum
     except Exception as e:  # one line; the traceback goes to the run directory
         advice = _disk_full(e, trainer) or _in_the_way(e, trainer)  # each says what to do next
-        print(f"{prog}: run failed: {advice or one_line(e)}{_failure_log(trainer, e, not advice)}", file=sys.stderr)
+        print(f"{prog}: run failed: {advice or _with_data_error_hint(one_line(e), trainer, e)}"
+              f"{_failure_log(trainer, e, not advice)}", file=sys.stderr)
         return 1
+
+
+def _with_data_error_hint(message: str, trainer, error) -> str:
+    """`message`, and what in the task's data caused `error` (`Task.data_error_hint`) when it knows."""
+    try:
+        hint = trainer.task.data_error_hint(error) if error is not None and trainer is not None else ""
+    except Exception:  # noqa: BLE001 (a hint must not hide the failure it explains)
+        hint = ""
+    return f"{message.rstrip('.')}: {hint}" if hint else message
 
 
 def _chain(error: BaseException) -> list:

@@ -12,3 +12,26 @@ def test_the_one_integer_check_says_the_bound_and_the_value():
             check_int(bad, "steps")
     with pytest.raises(ConfigError, match=r"port must be an integer in 1\.\.65535 or None\. Received: port=70000\."):
         check_int(70000, "port", maximum=65535, error=ConfigError, none_ok=True)
+
+
+def test_a_tensorflow_op_error_is_told_by_its_cause_not_the_graph_trace_or_the_iterator_chain():
+    import tensorflow as tf
+
+    from tftrain.errors import cause_line, one_line
+
+    @tf.function
+    def loss(labels):
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels, tf.zeros((2, 3)))
+
+    with pytest.raises(tf.errors.InvalidArgumentError) as graph:
+        loss(tf.constant([0, 3]))
+    assert one_line(graph.value).startswith("InvalidArgumentError: Received a label value of 3 which is outside the "
+                                            "valid range of [0, 3)"), str(graph.value)
+    pipeline = tf.data.Dataset.from_tensor_slices([b"\xff\xd8\xff\xe0garbage"]).map(tf.io.decode_image)
+    with pytest.raises(tf.errors.InvalidArgumentError) as data:
+        list(pipeline)
+    assert "{{" not in cause_line(data.value) and "Iterator::" not in cause_line(data.value)
+    assert cause_line(data.value).startswith("InvalidArgumentError: the input pipeline's function (in "
+                                             "ParallelMapDatasetV2) failed: ") or \
+        cause_line(data.value).startswith("InvalidArgumentError: the input pipeline's function (in MapDataset) "
+                                          "failed: "), cause_line(data.value)

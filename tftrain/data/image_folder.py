@@ -167,6 +167,18 @@ def decode_and_resize(path, label, image_size: Tuple[int, int], num_channels: in
     return tf.ensure_shape(image, (*image_size, num_channels)), label
 
 
+def undecodable(paths, num_channels: int = 3) -> list:
+    """The paths among `paths` that `decode_and_resize` cannot decode (reads and decodes every file once)."""
+    import tensorflow as tf
+
+    decoded = tf.data.Dataset.from_tensor_slices(list(paths)).map(
+        lambda path: (path, tf.shape(tf.io.decode_image(tf.io.read_file(path), channels=num_channels,
+                                                        expand_animations=False))),
+        num_parallel_calls=tf.data.AUTOTUNE).ignore_errors()
+    good = {path.decode() for path, _ in decoded.as_numpy_iterator()}
+    return [path for path in paths if path not in good]
+
+
 def _training_order(files: ImageFiles, seed: Optional[int]):
     """Paths and labels in one seeded order (the same in every worker), so a small shuffle buffer mixes classes."""
     order = np.random.default_rng(0 if seed is None else seed).permutation(len(files))

@@ -301,3 +301,21 @@ def test_dataset_rejects_bad_arguments(png_folder, change, error, message):
     kwargs.update(change)
     with pytest.raises(error, match=message):
         image_folder_dataset(**kwargs)
+
+
+def test_an_image_file_that_does_not_decode_is_named_after_a_failure(tmp_path):
+    import tftrain
+
+    write_mnist_image_folder(tmp_path, per_class=2, formats=("png",))
+    broken = tmp_path / "3" / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8\xff\xe0garbage")
+    from tftrain.data.image_folder import undecodable
+
+    paths = list_image_files(tmp_path).paths
+    assert undecodable(paths, 1) == [str(broken)]
+    task = tftrain.ImageFolderTask(lambda: None, tmp_path, image_size=(28, 28), num_channels=1).bind(
+        tftrain.ImageFolderTask(lambda: None, tmp_path, image_size=(28, 28), num_channels=1).default_config())
+    with pytest.raises(tf.errors.InvalidArgumentError) as failed:
+        list(task.train_data(4))
+    assert task.data_error_hint(failed.value) == f"{broken} cannot be decoded as an image: remove or replace it"
+    assert task.data_error_hint(ValueError("another failure")) == ""

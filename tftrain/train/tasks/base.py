@@ -188,6 +188,11 @@ class Task:
         """What to try when training waits for input; "" (default) for nothing."""
         return ""
 
+    def data_error_hint(self, error: BaseException) -> str:
+        """What in the data caused `error` (a failed run's), e.g. the files that do not decode; "" (default):
+        nothing known. Read only after a failure, so it may take as long as an epoch's input."""
+        return ""
+
     def tune_space(self) -> Mapping[str, Sequence]:
         """Model hyperparameters `--tune` chooses from, `{name: values}` (not data knobs). Defaults to {}."""
         return {}

@@ -116,6 +116,18 @@ class ImageFolderTask(FileSplitTask):
                 "later ones read the cache): store the images at the training size, train more epochs per run, "
                 "or raise --private-threads")
 
+    def data_error_hint(self, error: BaseException) -> str:
+        if "decode_image" not in str(error) or self._files is None:
+            return ""
+        from tftrain.data.image_folder import undecodable
+
+        bad = [path for files in self._files.values() if files is not None
+               for path in undecodable(files.paths, self.num_channels)]
+        if not bad:
+            return ""
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        return f"{bad[0]}{more} cannot be decoded as an image: remove or replace {'them' if more else 'it'}"
+
     def describe_data(self) -> list:
         files = self._files
         counts = ", ".join(f"{len(v):,} {k}" for k, v in files.items() if v is not None)
