@@ -468,9 +468,12 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         return dataset.take(self.steps_per_epoch * self.accumulation_steps)
 
     def _evenly_first(self, dataset):
-        """`dataset` whose first batch splits evenly over the replicas: Keras reads its shapes by a
-        cross-replica reduce, which fails on parts of different sizes."""
-        if dataset is None or self.cluster is not None or self.runtime.num_replicas == 1:
+        """`dataset` whose first batch splits evenly over the replicas (of every worker): Keras reads its shapes
+        by a cross-replica reduce, which fails on parts of different sizes."""
+        import tensorflow as tf
+
+        if dataset is None or self.runtime.num_replicas == 1 or \
+                isinstance(self.runtime.strategy, tf.distribute.ParameterServerStrategy):  # the chief evaluates
             return dataset
         from tftrain.tuning.keras_tuner import evenly_first
 
