@@ -23,6 +23,12 @@ def set_initial_epoch(model, epoch: int) -> None:
     model._initial_epoch = epoch
 
 
+def clear_initial_epoch(model) -> None:
+    """Undoes `set_initial_epoch` (from `on_train_end`): Keras never clears it, so a later `fit` of the model would
+    start at that epoch too."""
+    model._initial_epoch = None
+
+
 def initial_epoch(model, default: int) -> int:
     """The epoch a restoring callback set with `set_initial_epoch` (or Keras's `BackupAndRestore`), else `default`."""
     return getattr(model, "_initial_epoch", None) or default

@@ -29,6 +29,17 @@ SPACE_MARGIN = 1 << 20
 """Bytes a save needs beyond the checkpoint's size (HDF5 structure, metadata)."""
 
 
+class _EndOfResumedEpoch:
+    """The `model.stop_training` that ends only the resumed epoch: truthy for `fit`'s loop, and told apart from a
+    stop another callback asks for (which sets True) at the epoch's end."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+_END_OF_RESUMED_EPOCH = _EndOfResumedEpoch()
+
+
 class StepBackup(keras.callbacks.Callback):
     """Backs up the training state at each epoch end and every `every_steps` optimizer steps; a rerun resumes at
     that step. Saves fall between executions, so a kill loses at most `every_steps` steps when it is a multiple of
@@ -68,7 +79,6 @@ class StepBackup(keras.callbacks.Callback):
         self._current_epoch = 0
         self._steps = self._since_save = 0
         self._last_batch = -1
-        self._ended_early = False
         self._number = 0  # the next checkpoint's number
         self._size: Optional[int] = None  # bytes of the newest weights file written here
 
@@ -169,21 +179,24 @@ class StepBackup(keras.callbacks.Callback):
         self._since_save += ran
         epoch_steps = (self.params or {}).get("steps") or self.steps_per_epoch
         if epoch_steps and self._steps >= epoch_steps:  # last execution: on_epoch_end saves
-            if self._resume is not None:  # the resumed epoch would read a whole pass
-                self.model.stop_training = self._ended_early = True
+            if self._resume is not None and not self.model.stop_training:  # the resumed epoch would read a
+                self.model.stop_training = _END_OF_RESUMED_EPOCH  # whole pass
             return
         if self.every_steps and self._since_save >= self.every_steps:
             self._save(self._current_epoch, self._steps)
         self._stop_if_requested(self._current_epoch, self._steps)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._ended_early:
-            self.model.stop_training = self._ended_early = False
+        if self.model.stop_training is _END_OF_RESUMED_EPOCH:  # not a stop another callback asked for since
+            self.model.stop_training = False
         self._resume = None
         self._save(epoch + 1, 0)
         self._stop_if_requested(epoch + 1, 0)
 
     def on_train_end(self, logs=None):
+        from tftrain import _compat
+
+        _compat.clear_initial_epoch(self.model)
         if self.delete_checkpoint:
             shutil.rmtree(self.backup_dir, ignore_errors=True)
 

@@ -72,6 +72,12 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
         if self.stopped_epoch == last and last > 0:  # the run had stopped at its checkpoint's epoch
             _compat.set_initial_epoch(self.model, self.params.get("epochs", last + 1))
 
+    def on_train_end(self, logs=None):
+        from tftrain import _compat
+
+        super().on_train_end(logs)
+        _compat.clear_initial_epoch(self.model)
+
     def _replayed(self, last: int) -> bool:
         """Runs Keras's own rule (`EarlyStopping.on_epoch_end`, weights aside) over `history_file`'s `monitor` for
         epochs 0..`last`; False if a value is missing or the direction is not known yet (`mode="auto"` on a

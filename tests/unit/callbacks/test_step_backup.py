@@ -499,3 +499,30 @@ def test_a_model_without_call_whose_own_train_step_builds_nothing_is_backed_up_a
     with pytest.raises(KeyboardInterrupt):
         fit(StopInEpoch2())
     assert int(fit().optimizer.iterations) == 20 and not [s for s in said if "warning" in s], said
+
+
+def test_a_stop_another_callback_asks_for_in_the_resumed_epoch_stops_whatever_the_order_and_a_later_fit_starts_at_0(
+        tmp_path):
+    import keras
+
+    from tftrain.callbacks import StepBackup
+
+    class KillAt13(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations) == 13:
+                raise KeyboardInterrupt
+
+    class StopAtEpochEnd(keras.callbacks.Callback):  # as EarlyStopping deciding to stop
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.stop_training = True
+
+    x = np.random.default_rng(0).standard_normal((80, 4)).astype("float32")
+    model = _fresh_model()
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(x, x[:, :1], batch_size=8, epochs=3, verbose=0, callbacks=[StepBackup(tmp_path, every_steps=2),
+                                                                              KillAt13()])
+    model = _fresh_model()
+    history = model.fit(x, x[:, :1], batch_size=8, epochs=3, verbose=0,
+                        callbacks=[StopAtEpochEnd(), StepBackup(tmp_path, every_steps=2)])
+    assert history.epoch == [1] and int(model.optimizer.iterations) == 20  # resumed inside epoch 2, stopped there
+    assert model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0).epoch == [0, 1]  # no restoring callback now
