@@ -197,7 +197,8 @@ class StepBackup(keras.callbacks.Callback):
         from tftrain import _compat
 
         _compat.clear_initial_epoch(self.model)
-        if self.delete_checkpoint:
+        if self.delete_checkpoint and not (self.stop_requested and self.stop_requested()):  # a stop asked for
+            # after the last check raises once fit returns: its rerun resumes from here
             shutil.rmtree(self.backup_dir, ignore_errors=True)
 
     def _stop_if_requested(self, epoch: int, steps_in_epoch: int) -> None:

@@ -1,6 +1,7 @@
 """SIGTERM (schedulers), SIGUSR1 (SLURM's `--signal=USR1@SECONDS`) and SIGHUP become a request to checkpoint and stop.
 
-While training (`polling()`) a signal is only recorded, and `StepBackup` saves and raises `Preempted`; while a file
+While training (`polling()`) a signal is only recorded, and `StepBackup` saves and raises `Preempted` (or leaving
+`polling()` does, for one received after the loop's last check); while a file
 is written (`holding()`) it waits; elsewhere it raises `Preempted` at once, naming `phase`. Ctrl-C (SIGINT) stays
 `KeyboardInterrupt` until such a stop is on its way; then the first waits for its save too. After a signal, closing
 leaves the other signals ignored so a second one cannot kill the exiting process. Main thread only.
@@ -79,13 +80,17 @@ class PreemptionWatch:
         return Preempted(f"stopped by {signal.Signals(self._signum).name} during {self.phase}", self._signum, run_dir)
 
     @contextlib.contextmanager
-    def polling(self):
-        """While open, a signal is only recorded: the training loop reads `requested()` and stops."""
+    def polling(self, stop_after: bool = True):
+        """While open, a signal is only recorded: the training loop reads `requested()` and stops. With
+        `stop_after`, one the loop did not act on (received after its last check) raises `Preempted` on leaving."""
         self._polled += 1
         try:
             yield self
         finally:
             self._polled -= 1
+        if stop_after and not (self._held or self._polled):
+            self.phase = "training" if self.phase == "start-up" else self.phase
+            self._raise()
 
     @contextlib.contextmanager
     def holding(self, stop_after: bool = True):

@@ -130,7 +130,7 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
     from tftrain.tuning.keras_tuner import StopSearch
 
     stop = [StopSearch(watch.requested)] if watch is not None else []
-    with watch.polling() if watch is not None else contextlib.nullcontext():  # a signal stops at a batch's end
+    with watch.polling(stop_after=False) if watch is not None else contextlib.nullcontext():  # stops at a batch end
         try:
             tuner.search(epochs=cfg.train.epochs, verbose=keras_progress(cfg.train.verbose)[0],  # no bar in a pipe
                          callbacks=[ScalarLogs(), *stop], **weights)  # ScalarLogs first: it names the objective

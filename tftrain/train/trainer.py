@@ -419,7 +419,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         verbose, progress = keras_progress(self.config.train.verbose)
         started = time.perf_counter()
         try:
-            with self.preemption.polling() if self.preemption else contextlib.nullcontext():
+            with self.preemption.polling(stop_after=False) if self.preemption else contextlib.nullcontext():
                 history = self.loop.fit(
                     model, self._train_data, epochs=self.config.train.epochs, steps_per_epoch=micro_steps,
                     callbacks=[*callbacks.all, *progress], verbose=verbose, validation_data=validation,

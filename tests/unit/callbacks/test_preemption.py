@@ -17,7 +17,7 @@ def test_each_signal_is_a_request_while_training_polls_and_later_ones_are_ignore
     assert {s: signal.getsignal(s) for s in before} == before  # no signal: the handlers come back
     try:
         for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
-            with PreemptionWatch() as watch, watch.polling():
+            with PreemptionWatch() as watch, watch.polling(stop_after=False):
                 assert watch.requested() is None
                 os.kill(os.getpid(), signum)  # handled at once, in this (the main) thread
                 assert watch.requested() == signum
@@ -66,3 +66,34 @@ def test_ctrl_c_is_a_keyboard_interrupt_until_a_stop_is_on_its_way_then_it_waits
         with pytest.raises(KeyboardInterrupt):  # the second: at once
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is the user's again
+
+
+def test_a_signal_after_the_loop_s_last_check_stops_on_leaving_and_a_plain_fit_keeps_its_checkpoint(tmp_path):
+    import keras
+    import numpy as np
+
+    from tftrain.callbacks import StepBackup
+
+    class SignalAtTheEnd(keras.callbacks.Callback):  # the notice lands after the last batch's check (in a slow upload)
+        def on_train_end(self, logs=None):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def fit(*callbacks):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        backup = StepBackup(tmp_path / "backup", stop_requested=watch.requested)
+        return model, model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0, callbacks=[*callbacks, backup])
+
+    x = np.random.default_rng(0).standard_normal((32, 4)).astype("float32")
+    before = {s: signal.getsignal(s) for s in SIGNALS}
+    try:
+        with pytest.raises(Preempted, match="^stopped by SIGTERM during training$"):
+            with PreemptionWatch() as watch, watch.polling():
+                fit(SignalAtTheEnd())
+        with PreemptionWatch() as watch, watch.polling():  # the rerun: every epoch was done
+            model, history = fit()
+        assert history.epoch == [] and int(model.optimizer.iterations) == 8
+        assert not (tmp_path / "backup").exists()  # deleted once a fit ended without a stop
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
