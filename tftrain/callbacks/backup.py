@@ -87,7 +87,7 @@ class StepBackup(keras.callbacks.Callback):
         position = self.restore()
         self.restored = position
         self._resume = position if position is not None and position.steps_in_epoch > 0 else None
-        self._since_save, self._size = 0, None
+        self._since_save, self._size, self._epochs_ended = 0, None, 0
         self._number = checkpoint_files.next_number(self.backup_dir)
 
     def restore(self) -> Optional[BackupPosition]:
@@ -189,7 +189,7 @@ class StepBackup(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self.model.stop_training is _END_OF_RESUMED_EPOCH:  # not a stop another callback asked for since
             self.model.stop_training = False
-        self._resume = None
+        self._resume, self._epochs_ended = None, self._epochs_ended + 1
         self._save(epoch + 1, 0)
         self._stop_if_requested(epoch + 1, 0)
 
@@ -197,8 +197,10 @@ class StepBackup(keras.callbacks.Callback):
         from tftrain import _compat
 
         _compat.clear_initial_epoch(self.model)
-        if self.delete_checkpoint and not (self.stop_requested and self.stop_requested()):  # a stop asked for
-            # after the last check raises once fit returns: its rerun resumes from here
+        epochs = (self.params or {}).get("epochs", 0)
+        ended = self._epochs_ended or (self.restored is not None and self.restored.epoch >= epochs)
+        if self.delete_checkpoint and ended and not (self.stop_requested and self.stop_requested()):  # not when
+            # a stop is pending (raised once fit returns: its rerun resumes here) or no epoch ran (BatchSizeFinder)
             shutil.rmtree(self.backup_dir, ignore_errors=True)
 
     def _stop_if_requested(self, epoch: int, steps_in_epoch: int) -> None:

@@ -18,9 +18,10 @@ from tftrain.tuning.batch_size import BatchSizeResult, find_batch_size
 class BatchSizeFinder(keras.callbacks.Callback):
     """Finds a global batch size when `fit` begins (see `find_batch_size`).
 
-    `data` and `**search_kwargs` go to `find_batch_size`. `stop_training` stops this
-    `fit` after the search, leaving the model as it was; defaults to True. `result`
-    is the `BatchSizeResult` (None before `fit`).
+    `data` and `**search_kwargs` go to `find_batch_size`. `stop_training` ends this `fit` after the search
+    without training an epoch (no other callback sees one), leaving the model as it was; defaults to True.
+    List it after a callback that restores a checkpoint (`StepBackup`), which would otherwise move the first
+    epoch again. `result` is the `BatchSizeResult` (None before `fit`).
 
     Example:
         >>> finder = BatchSizeFinder(make_dataset, mode="binsearch")
@@ -42,13 +43,20 @@ class BatchSizeFinder(keras.callbacks.Callback):
         return None if self.result is None else self.result.batch_size
 
     def on_train_begin(self, logs=None):
+        from tftrain import _compat
+
+        history = getattr(self.model, "history", None)  # this fit's, which the search's own fits replace
         self.result = find_batch_size(self.model, self.data, **self.search_kwargs)
-        if self.stop_after_search:
-            # Keras runs one step before it checks stop_training; undo it at the end.
-            self._state = ModelState(self.model)
+        self.model.history = history
+        if self.stop_after_search:  # no epoch left: fit goes on to on_train_end
+            _compat.set_initial_epoch(self.model, (self.params or {}).get("epochs", 1))
+            self._state = ModelState(self.model)  # for a step a later callback's restore lets run
             self.model.stop_training = True
 
     def on_train_end(self, logs=None):
+        from tftrain import _compat
+
         if self._state is not None:
             self._state.restore()
             self._state = None
+            _compat.clear_initial_epoch(self.model)

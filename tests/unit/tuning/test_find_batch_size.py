@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tftrain.callbacks import BatchSizeFinder
+from tftrain.callbacks import BatchSizeFinder, StepBackup
 from tftrain.errors import BatchSizeSearchError, ConfigError
 from tftrain.tuning import find_batch_size
 from tftrain.runtime.execution_probe import ModelState
@@ -134,15 +134,19 @@ def test_uncompiled_model_is_refused():
 
 
 @pytest.mark.slow
-def test_batch_size_finder_callback_searches_then_leaves_the_model_untouched():
+def test_batch_size_finder_callback_searches_then_leaves_the_model_and_the_other_callbacks_untouched(tmp_path):
     model = trained_model()
     before = state_values(model)
     x, y = data()
     finder = BatchSizeFinder((x, y), init_val=16, max_val=64, steps_per_trial=1, verbose=0)
-    history = model.fit(x, y, batch_size=16, epochs=3, callbacks=[finder], verbose=0)
+    seen = []
+    epochs_seen = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(epoch))
+    backup = StepBackup(tmp_path / "backup", delete_checkpoint=False)
+    history = model.fit(x, y, batch_size=16, epochs=3, callbacks=[backup, finder, epochs_seen], verbose=0)
     assert finder.batch_size in (16, 32, 64) and finder.result.trials
-    assert len(history.epoch) == 1  # stopped after the search
+    assert history.epoch == [] and seen == [] and not (tmp_path / "backup").exists()  # no epoch, no checkpoint
     assert_same_state(before, state_values(model))
+    assert model.fit(x, y, batch_size=finder.batch_size, epochs=2, verbose=0).epoch == [0, 1]  # the real fit
 
 
 def test_describe_names_the_fastest_trial_when_the_choice_is_another(capfd):
