@@ -102,7 +102,7 @@ def check_monitor(monitor: str, mode: str, logs_keys: Iterable[str]) -> None:
 
 def _unknown_direction(monitor: str) -> str:
     return (f"--monitor {monitor!r}: the metric's direction is unknown (it is neither a loss nor one of Keras's "
-            "built-in metrics); pass --monitor-mode min or max.")
+            "built-in metrics); pass --monitor-mode min or max (mode= in Python), or check the name.")
 
 
 class KeepBest(keras.callbacks.Callback):
@@ -144,8 +144,11 @@ class KeepBest(keras.callbacks.Callback):
         self.kept: List[dict] = []
         self.last: Optional[str] = None
         self._warned = False
+        self._ended, self._offset = 0, None  # the last 1-based epoch this instance ranked; this fit's shift
+        self._logs, self._valued = None, False  # this fit's last epoch logs; whether one held the monitor
 
     def on_train_begin(self, logs=None):
+        self._offset, self._logs, self._valued = None, None, False
         self._checkpoint = tf.train.Checkpoint(model=self.model)
         pointer = self.directory / "last" / "checkpoint"  # TensorFlow prints a damaged one's bytes to the terminal
         if pointer.is_file() and not _text(pointer):  # the checkpoint it names is unknown: the folder goes whole
@@ -211,6 +214,13 @@ class KeepBest(keras.callbacks.Callback):
             self._epoch_end(epoch, logs)
 
     def _epoch_end(self, epoch, logs):
+        from tftrain import _compat
+
+        if self._offset is None:  # a later fit of this callback that numbers its epochs from the start again
+            resumed = _compat.initial_epoch(self.model, 0) > 0  # (a restore's epochs are those trained again)
+            self._offset = self._ended - epoch if self._ended > epoch and not resumed else 0
+        epoch += self._offset
+        self._ended = epoch + 1
         self.last = self._last.save(checkpoint_number=epoch + 1)
         redone = [k for k in self.kept if k["epoch"] >= epoch + 1]  # ranked before a kill, trained again
         if redone:
@@ -218,14 +228,13 @@ class KeepBest(keras.callbacks.Callback):
                 _delete(k["checkpoint"])
             self.kept = [k for k in self.kept if k["epoch"] < epoch + 1]
             _write_state(self.directory, self.kept)
-        value = (logs or {}).get(self.monitor)
-        if value is None:
-            if not self._warned:
-                names = ", ".join(sorted(logs or {}))
-                self.say(f"keep-best: the epoch logs have no {self.monitor!r} (they have {names}); pass --monitor "
-                         "with one of them. Only the last checkpoint is kept.")
-                self._warned = True
+        value, self._logs = (logs or {}).get(self.monitor), logs or {}
+        unvalidated = self.monitor.startswith("val_") and not any(k.startswith("val_") for k in logs or {})
+        if value is None:  # an epoch without validation (validation_freq) says nothing of the name
+            if not unvalidated:
+                self._warn_missing()
             return
+        self._valued = True
         value = float(value)
         if not math.isfinite(value):  # a diverged epoch ranks nowhere (a NaN would sort first)
             return
@@ -233,6 +242,16 @@ class KeepBest(keras.callbacks.Callback):
             return
         path = self._checkpoint.write(str(self.directory / "best" / f"epoch-{epoch + 1}"))
         self._rank(self.kept + [{"epoch": epoch + 1, "value": value, "checkpoint": path}])
+
+    def on_train_end(self, logs=None):
+        if self._logs is not None and not self._valued:  # epochs ended, none with the monitor (no validation)
+            self._warn_missing()
+
+    def _warn_missing(self) -> None:
+        if not self._warned:
+            self._warned = True
+            self.say(f"keep-best: the epoch logs have no {self.monitor!r} (they have {', '.join(sorted(self._logs))}); "
+                     "pass --monitor (monitor= in Python) with one of them. Only the last checkpoint is kept.")
 
     def _rank(self, candidates: List[dict]) -> None:
         """Keeps the `keep` best of `candidates` (best first), deletes the others' checkpoints, writes the ranking."""

@@ -53,6 +53,11 @@ def xplane_files(log_dir) -> List[Path]:
     return sorted(root.glob("**/plugins/profile/*/*.xplane.pb")) if root.is_dir() else []
 
 
+def _window(start: int, stop: int) -> str:
+    """A window as the command line and Python each take it."""
+    return f"--profile {start},{stop}, or start={start}, stop={stop} in Python"
+
+
 def check_window_fits(start: int, stop: int, total_steps: Optional[int]) -> None:
     """Raises `ProfilerError`, suggesting a window, if `total_steps` (None: unknown, passes) never reaches `start`."""
     if total_steps is not None and start >= total_steps:
@@ -60,7 +65,7 @@ def check_window_fits(start: int, stop: int, total_steps: Optional[int]) -> None
         raise ProfilerError(
             f"The profile window [{start}, {stop}) starts after the end of training, which runs "
             f"{total_steps} optimizer step(s). Pass a window inside the run "
-            f"(e.g. --profile {first},{min(total_steps, first + 5)}) or train longer."
+            f"(e.g. {_window(first, min(total_steps, first + 5))}) or train longer."
         )
 
 
@@ -74,7 +79,7 @@ class StepWindow:
                 raise ProfilerError(f"Profile window {name} must be an integer step. Received: {name}={value!r}.")
         if start < 0 or stop <= start:
             raise ProfilerError(
-                f"Invalid profile window [{start}, {stop}). Expected 0 <= start < stop, e.g. --profile 10,15. "
+                f"Invalid profile window [{start}, {stop}). Expected 0 <= start < stop, e.g. {_window(10, 15)}. "
                 f"Received: start={start}, stop={stop}."
             )
         self.start = start
@@ -314,7 +319,7 @@ class ProfileSteps:
             raise ProfilerError(
                 f"The profile window [{self.window.start}, {self.window.stop}) was never reached: training ran "
                 f"only {ran} optimizer step(s), so nothing was traced. Pass a window inside the run "
-                f"(e.g. --profile {first},{max(first + 1, min(ran, first + 5))}) or train longer."
+                f"(e.g. {_window(first, max(first + 1, min(ran, first + 5)))}) or train longer."
             )
 
     def __enter__(self) -> "ProfileSteps":

@@ -131,6 +131,22 @@ def test_an_epoch_trained_again_after_a_kill_replaces_its_first_ranking(tmp_path
     assert sorted(p.stem for p in (tmp_path / "best").glob("*.index")) == ["epoch-2", "epoch-3"]
 
 
+def test_a_second_fit_with_the_same_callback_ranks_its_epochs_after_the_first_fit_s(tmp_path):
+    import keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    best = KeepBest(tmp_path, keep=2, monitor="loss")
+    best.set_model(model)
+    for losses in ((0.9, 0.5, 0.2), (2.4, 2.6)):  # a second fit, numbered from epoch 0 again, does worse
+        best.on_train_begin()
+        for epoch, loss in enumerate(losses):
+            best.on_epoch_end(epoch, {"loss": loss})
+        best.on_train_end()
+    assert [(k["epoch"], k["value"]) for k in best.kept] == [(3, 0.2), (2, 0.5)]  # the first fit's, kept
+    assert best.last.endswith("epoch-5")
+    assert sorted(p.stem for p in (tmp_path / "best").glob("*.index")) == ["epoch-2", "epoch-3"]
+
+
 def test_a_damaged_kept_checkpoint_and_files_no_ranking_owns_are_removed_when_a_run_resumes(tmp_path):
     import keras
 
@@ -212,3 +228,22 @@ def test_the_trainer_ranks_an_epoch_before_its_backup_commits_it(tmp_path):
     trainer.out_dir = trainer.run_dir
     kinds = [type(c) for c in trainer.make_callbacks().all]
     assert kinds.index(KeepBest) < kinds.index(StepBackup)
+
+
+def test_an_epoch_without_validation_is_no_missing_monitor_but_a_fit_that_never_logs_it_is_said(tmp_path):
+    import keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    said = []
+    best = KeepBest(tmp_path, keep=1, say=said.append)
+    best.set_model(model)
+    best.on_train_begin()
+    best.on_epoch_end(0, {"loss": 0.9})  # validation_freq=2: no validation this epoch
+    best.on_epoch_end(1, {"loss": 0.5, "val_loss": 0.6})
+    best.on_train_end()
+    assert said == [] and [k["epoch"] for k in best.kept] == [2]
+    best.on_train_begin()
+    best.on_epoch_end(0, {"loss": 0.4})  # a fit without validation data
+    best.on_train_end()
+    assert said == ["keep-best: the epoch logs have no 'val_loss' (they have loss); pass --monitor (monitor= in "
+                    "Python) with one of them. Only the last checkpoint is kept."]
