@@ -7,6 +7,7 @@ import contextlib
 import importlib.util
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
@@ -237,7 +238,10 @@ class ProfileSteps:
 
     # -- start / stop ----------------------------------------------------------
     def _start(self) -> None:
-        self._before = set(xplane_files(self.trace_dir))
+        self._before = {path: path.stat().st_mtime_ns for path in xplane_files(self.trace_dir)}
+        latest = max((path.parent.stat().st_mtime for path in self._before), default=0.0)
+        if int(latest) == int(time.time()):  # TensorFlow names a capture's folder by the second: wait for the next
+            time.sleep(1 - time.time() % 1)  # one, or this capture would overwrite that one
         try:
             tf.profiler.experimental.start(str(self.trace_dir), options=self.options)
         except (tf.errors.AlreadyExistsError, tf.errors.UnavailableError) as e:
@@ -268,7 +272,7 @@ class ProfileSteps:
         if self.steps_done > self.window.stop and not self._told_alignment:
             self.say(f"profile: steps [{self.window.start}, {self.window.stop}) end inside an execution of several "
                      f"steps (steps_per_execution); traced up to step {self.steps_done}.")
-        self.trace_files = [p for p in xplane_files(self.trace_dir) if p not in self._before]
+        self.trace_files = [p for p in xplane_files(self.trace_dir) if self._before.get(p) != p.stat().st_mtime_ns]
         if not self.trace_files:
             raise ProfileNotWritten(
                 f"The profiler stopped but wrote no .xplane.pb file under {self.trace_dir}/plugins/profile. "

@@ -32,7 +32,7 @@ class ProfilerWindow(keras.callbacks.Callback):
 
     Raises:
         ProfilerError: an invalid window or missing plugin (construction); a run shorter than `start` (`fit`'s
-            start); a window never reached or no `.xplane.pb` written (its end).
+            first epoch, before a step); a window never reached or no `.xplane.pb` written (its end).
 
     Example:
         >>> model.fit(ds, epochs=2, callbacks=[ProfilerWindow("logs", start=10, stop=15)])
@@ -55,15 +55,20 @@ class ProfilerWindow(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if self.profile.window.started_at is not None:  # a second fit(): fresh window
             self.profile = ProfileSteps(self.log_dir, self.start, self.stop, **self._kwargs)
-        steps, epochs = self.params.get("steps"), self.params.get("epochs")
-        check_window_fits(self.start, self.stop, steps * epochs if steps and epochs else None)
-        done, self.passed = train_steps(self.model), None
+        done, self.passed, self._checked = train_steps(self.model), None, False
         self._base = 0 if self.resumes else done
         if self.resumes and done >= self.stop:
             self.passed = done
             self.profile.say(f"profile: steps [{self.start}, {self.stop}) ran before step {done}, where this run "
                              "resumed; not traced again")
         self.profile.steps_done = done - self._base
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if not self._checked and self.passed is None:  # the first epoch: fit's initial_epoch is known here
+            self._checked = True
+            steps, epochs = self.params.get("steps"), self.params.get("epochs")
+            planned = steps * (epochs - epoch) + self.profile.steps_done if steps and epochs else None
+            check_window_fits(self.start, self.stop, planned)
 
     def on_train_batch_begin(self, batch, logs=None):
         if self.passed is None and self.profile.needs_steps:

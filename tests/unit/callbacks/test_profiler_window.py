@@ -184,6 +184,24 @@ def test_window_past_the_end_of_training_fails_before_training(tmp_path):
     assert not (tmp_path / "train").exists()
 
 
+def test_a_window_past_the_end_of_a_fit_resumed_by_hand_fails_before_training(tmp_path):
+    model = small_model()
+    window = ProfilerWindow(tmp_path, start=8, stop=10, verbose=0)
+    with pytest.raises(ProfilerError, match=r"starts after the end of training, which runs 5 optimizer step"):
+        model.fit(small_dataset(batches=5), epochs=3, initial_epoch=2, callbacks=[window], verbose=0, shuffle=False)
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+def test_two_captures_within_one_second_keep_both_traces(tmp_path):
+    model = small_model()
+    traces = []
+    for _ in range(2):  # the second fit's window starts well within the first capture's second
+        window = ProfilerWindow(tmp_path, start=0, stop=1, verbose=0)
+        model.fit(small_dataset(batches=2), epochs=1, callbacks=[window], verbose=0, shuffle=False)
+        traces += window.trace_files
+    assert len(set(traces)) == 2 and all(path.is_file() for path in traces)
+
+
 def test_window_never_reached_on_data_of_unknown_length(tmp_path):
     ds = small_dataset(batches=3).filter(lambda x, y: True)  # unknown length: Keras cannot tell up front
     model = small_model()
