@@ -88,6 +88,10 @@ class StepBackup(keras.callbacks.Callback):
         self.restored = position
         self._resume = position if position is not None and position.steps_in_epoch > 0 else None
         self._since_save, self._size, self._epochs_ended = 0, None, 0
+        if self._resume is not None and not ((self.params or {}).get("steps") or self.steps_per_epoch):
+            self.say(f"resuming inside epoch {position.epoch + 1} after its {position.steps_in_epoch} step(s) on data "
+                     "of unknown length: that epoch reads its whole data again on top of them; pass steps_per_epoch "
+                     "to fit and StepBackup to resume it exactly")
         self._number = checkpoint_files.next_number(self.backup_dir)
 
     def restore(self) -> Optional[BackupPosition]:

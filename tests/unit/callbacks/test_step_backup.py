@@ -526,3 +526,24 @@ def test_a_stop_another_callback_asks_for_in_the_resumed_epoch_stops_whatever_th
                         callbacks=[StopAtEpochEnd(), StepBackup(tmp_path, every_steps=2)])
     assert history.epoch == [1] and int(model.optimizer.iterations) == 20  # resumed inside epoch 2, stopped there
     assert model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0).epoch == [0, 1]  # no restoring callback now
+
+
+def test_a_resume_inside_an_epoch_of_data_of_unknown_length_says_the_epoch_reads_its_data_again(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    from tftrain.callbacks import StepBackup
+
+    class KillAt13(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations) == 13:
+                raise KeyboardInterrupt
+
+    x = np.random.default_rng(0).standard_normal((80, 4)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).filter(lambda *_: True).batch(8)  # length unknown
+    said = []
+    with pytest.raises(KeyboardInterrupt):
+        _fresh_model().fit(data, epochs=2, verbose=0, callbacks=[StepBackup(tmp_path, every_steps=2), KillAt13()])
+    _fresh_model().fit(data, epochs=2, verbose=0, callbacks=[StepBackup(tmp_path, every_steps=2, say=said.append)])
+    assert said == ["resuming inside epoch 2 after its 2 step(s) on data of unknown length: that epoch reads its whole "
+                    "data again on top of them; pass steps_per_epoch to fit and StepBackup to resume it exactly"]
