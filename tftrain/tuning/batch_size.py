@@ -80,8 +80,10 @@ class BatchSizeResult(SearchResult):
         if self.gradient_accumulation_steps == 1:
             return ""
         micro, steps = self.micro_batch_size, self.gradient_accumulation_steps
-        return (f"; the batch of {self.target_batch_size} asked for does not fit: accumulate {steps} micro-batches of "
-                f"{micro} (effective {micro * steps}; --batch-size {micro} --gradient-accumulation-steps {steps})")
+        why = "does not fit" if self.limit == "failure" else f"was not tried (the search ended by {self.limit})"
+        return (f"; the batch of {self.target_batch_size} asked for {why}: accumulate {steps} micro-batches of "
+                f"{micro} (effective {micro * steps}; batch_size={micro}, gradient_accumulation_steps={steps}, or "
+                f"--batch-size {micro} --gradient-accumulation-steps {steps})")
 
 
 def _constant_learning_rate(optimizer) -> Optional[float]:
@@ -134,8 +136,8 @@ def _dataset_source(data, multiple_of: int, max_val: Optional[int]) -> tuple:
     """`(make_dataset, max_val)`; arrays cap `max_val` at their length. Raises ConfigError on other data."""
     if isinstance(data, tuple) and len(data) == 2 and not callable(data[0]):
         x, y = data
-        if max_val is None:  # examples, not inputs: x may be a dict or list of arrays
-            max_val = max(multiple_of, (num_examples_of(x, y) // multiple_of) * multiple_of)
+        examples = max(multiple_of, (num_examples_of(x, y) // multiple_of) * multiple_of)  # x: maybe a dict
+        max_val = examples if max_val is None else min(max_val, examples)
         return _arrays_dataset_fn(x, y), max_val
     if callable(data):
         return data, max_val
@@ -258,7 +260,8 @@ def find_batch_size(
         steps_per_trial: timed steps per trial. Defaults to 5.
         warmup_steps: untimed steps first. Defaults to None (one execution).
         max_trials: Defaults to 20.
-        margin: fraction taken off the largest fitting size in binsearch mode. Defaults to 0.05.
+        margin: fraction taken off the largest fitting size in binsearch mode, when a failure bounded it. Defaults
+            to 0.05.
         min_gain: relative examples/sec gain below which a trial is no improvement. Defaults to 0.05.
         patience: trials without improvement that end a throughput search. Defaults to 2.
         memory_budget: bytes a trial may use above the start's; `"auto"`: half the

@@ -46,7 +46,8 @@ class SearchResult:
 
     Attributes:
         batch_size: `best_throughput` or `largest_fitting`, by objective.
-        largest_fitting: less the margin in binsearch mode; None when growth stopped on a throughput plateau.
+        largest_fitting: less the margin in binsearch mode (when a failure bounded it); None when growth stopped on a
+            throughput plateau.
         best_throughput: see `best_throughput_trial`.
         limit: what ended growth: "failure", "max_val", "plateau" or "max_trials".
     """
@@ -240,7 +241,7 @@ class _Search:
     def result(self, mode: str, objective: str, margin: float) -> SearchResult:
         if self.limit == "plateau":
             largest_fitting = None
-        elif mode == "binsearch":
+        elif mode == "binsearch" and self.high_fail is not None:  # the margin keeps off a failure's edge
             largest_fitting = max(self.multiple_of, _round_down(int(self.low_ok * (1 - margin)), self.multiple_of))
         else:
             largest_fitting = self.low_ok

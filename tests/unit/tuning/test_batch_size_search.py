@@ -37,6 +37,24 @@ def test_binsearch_mode_finds_the_threshold_then_takes_the_margin():
     assert with_margin.largest_tried_ok == 1000 and with_margin.batch_size == 950
 
 
+def test_binsearch_that_reaches_max_val_without_a_failure_takes_it_whole():
+    result = search_batch_size(fake_oom_above(10_000), mode="binsearch", objective="largest", init_val=32,
+                               max_val=256, margin=0.05)
+    assert result.limit == "max_val" and result.batch_size == result.largest_fitting == 256  # a size it tried
+
+
+def test_accumulation_is_told_why_the_target_was_not_trained_at_once():
+    from tftrain.tuning.batch_size import BatchSizeResult
+
+    common = dict(batch_size=256, objective="largest", mode="power", trials=(Trial(256, "ok"),), best_throughput=256,
+                  best_examples_per_sec=None, largest_fitting=256, largest_tried_ok=256, target_batch_size=4096,
+                  micro_batch_size=256, gradient_accumulation_steps=16)
+    assert "4096 asked for was not tried (the search ended by max_val): accumulate 16 micro-batches of 256 " \
+        "(effective 4096; batch_size=256, gradient_accumulation_steps=16, or --batch-size 256 " \
+        "--gradient-accumulation-steps 16)" in BatchSizeResult(limit="max_val", **common).describe()
+    assert "4096 asked for does not fit" in BatchSizeResult(limit="failure", **common).describe()
+
+
 def test_binsearch_respects_multiple_of_the_replica_count():
     result = search_batch_size(
         fake_oom_above(1000), mode="binsearch", objective="largest", init_val=32, margin=0.0, multiple_of=8

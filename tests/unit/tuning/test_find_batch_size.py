@@ -219,3 +219,11 @@ def test_a_model_that_does_not_build_on_the_features_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^find_batch_size builds the model on a batch's features, which failed "
                                           r"\(ValueError: takes noise, not features\)\. Build it first"):
         find_batch_size(model, (np.ones((64, 2), "float32"), np.ones((64, 1), "float32")), max_val=16, verbose=0)
+
+
+def test_arrays_cap_a_max_val_above_their_length():
+    from tftrain.tuning.batch_size import _dataset_source
+
+    x, y = np.zeros((40, 8), "float32"), np.zeros((40, 2), "float32")
+    assert _dataset_source((x, y), 1, 256)[1] == 40 and _dataset_source((x, y), 1, 16)[1] == 16
+    assert _dataset_source((x, y), 1, None)[1] == 40
