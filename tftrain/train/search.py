@@ -146,7 +146,8 @@ def _tuning_figures(tuner, directory, config, console, chief: bool) -> Tuple[dic
     trials = [t for t in tuner.oracle.get_best_trials(config.train.tune) if t.score is not None]
     if not trials:
         raise TuningFailed("keras-tuner finished no trial; see its messages above.")
-    values = trials[0].hyperparameters.values
+    values = {k: v for k, v in trials[0].hyperparameters.values.items()
+              if not k.startswith("tuner/")}  # not Hyperband's bookkeeping
     best = {k: (float(v) if k == "learning_rate" else v) for k, v in values.items()}
     console.line(f"tuning:    best {tuner.oracle.objective.name} {trials[0].score:.4f} with {best}")
     figures = {
@@ -170,7 +171,7 @@ def _log_trials(directory, objective: str, trials) -> None:
     from tftrain.train import hparams_log
 
     for t in trials:
-        values = {f"tune.{k}": v for k, v in t.hyperparameters.values.items()}
+        values = {f"tune.{k}": v for k, v in t.hyperparameters.values.items() if not k.startswith("tuner/")}
         hparams_log.write_session(directory / "hparams" / f"trial-{t.trial_id}", f"trial {t.trial_id}", values,
                                   {objective: float(t.score)})
 

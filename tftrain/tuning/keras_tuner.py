@@ -61,6 +61,14 @@ def check_strategy(strategy: Optional[tf.distribute.Strategy]) -> Optional[tf.di
     return strategy
 
 
+def _choice(hp, name: str, values):
+    """`hp.Choice(name, values)`, except that booleans stay booleans (keras-tuner's Choice gives 0 and 1)."""
+    values = list(values)
+    if values and all(isinstance(v, bool) for v in values):
+        return hp.Boolean(name, default=values[0]) if len(set(values)) > 1 else hp.Fixed(name, values[0])
+    return hp.Choice(name, values)
+
+
 def make_tuner(
     hypermodel: kt.HyperModel,
     *,
@@ -196,7 +204,7 @@ class TrainingHyperModel(kt.HyperModel):
         else:
             lr = hp.Fixed("learning_rate", float(self.learning_rate))
         if self.choices is not None:
-            model = self.model_fn({k: hp.Choice(k, values) for k, values in self.choices.items()})
+            model = self.model_fn({k: _choice(hp, k, values) for k, values in self.choices.items()})
         else:
             model = self.model_fn(hp.Choice("width", self.widths) if self.widths else None)
         args = (self.compile_args(lr) if self.compile_args is not None else
