@@ -385,17 +385,17 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
 
     def check_task(self) -> None:
         """Raises `ConfigError` on flags the bound task cannot serve (e.g. `--tune` without validation data)."""
-        from tftrain.train import sanity
+        from tftrain.train import data_checks
 
         validation = self.task.validation_data(32)  # raises now on a split the task refuses
         has_validation = validation is not None
         train = self.task.train_data(32)
         for dataset, what in ((train, "training data"), (validation, "validation data"),
                               (self.task.test_data(32), "test data")):
-            sanity.check_element_spec(dataset, what)
-        sanity.check_class_weight(train, self.task.class_weight)
+            data_checks.check_element_spec(dataset, what)
+        data_checks.check_class_weight(train, self.task.class_weight)
         if self.config.runtime.strategy in ("mirrored", "multi_worker_mirrored"):
-            sanity.check_dense(train, self.config.runtime.strategy)
+            data_checks.check_dense(train, self.config.runtime.strategy)
         if self.config.train.tune and not has_validation:
             raise ConfigError("--tune scores trials on validation data, never on the test set: pass "
                               "--validation-split F (e.g. 0.1) or give the task its own validation data.")

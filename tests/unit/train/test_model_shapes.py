@@ -432,7 +432,7 @@ def test_sample_weight_with_class_weight_is_refused_as_keras_refuses_it():
 def test_class_weight_over_batches_carrying_sample_weights_is_refused_before_training():
     import tensorflow as tf
 
-    from tftrain.train.sanity import check_class_weight
+    from tftrain.train.data_checks import check_class_weight
 
     weighted = tf.data.Dataset.from_tensor_slices((X, CLASSES, np.ones(96, "float32"))).batch(8)
     with pytest.raises(ConfigError, match="class_weight and sample weights"):
@@ -616,7 +616,7 @@ def test_a_sparse_input_trains_and_what_cannot_take_it_is_refused_before_trainin
     with pytest.raises(ConfigError, match="takes a SparseTensor input, which tftrain's export check cannot feed"):
         _fit(_sparse_task(), tmp_path, name="export", export="saved_model")
     assert not (tmp_path / "export").exists()
-    from tftrain.train.sanity import check_dense
+    from tftrain.train.data_checks import check_dense
 
     with pytest.raises(ConfigError, match="--strategy mirrored: the features are a tf.SparseTensor"):
         check_dense(_sparse_task().train_data(32), "mirrored")  # Trainer.check_task, before any work

@@ -430,7 +430,7 @@ def test_a_task_whose_data_is_not_a_tf_data_dataset_is_refused_in_one_line():
     import keras
 
     from tftrain.errors import ConfigError
-    from tftrain.train.sanity import check_element_spec
+    from tftrain.train.data_checks import check_element_spec
 
     class Batches(keras.utils.PyDataset):
         def __len__(self):

@@ -1,0 +1,75 @@
+"""Checks of a task's datasets before any model is built: each answers with one `ConfigError` line and the fix."""
+
+from __future__ import annotations
+
+from tftrain.errors import ConfigError
+
+
+def check_element_spec(dataset, what: str) -> None:
+    """Raises `ConfigError` (with the fix) if a dataset's features or labels have an unknown rank, or if
+    validation or test data never end (`Model.fit` and `evaluate` would read them forever)."""
+    if dataset is None:
+        return
+    import tensorflow as tf
+
+    if not isinstance(dataset, tf.data.Dataset):
+        raise ConfigError(f"The task's {what} is a {type(dataset).__name__}, not a tf.data.Dataset: return one "
+                          "(tf.data.Dataset.from_generator over a keras.utils.PyDataset or a generator).")
+    if what != "training data" and int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
+        raise ConfigError(f"The task's {what} never ends (an endless .repeat()), so each evaluation would read it "
+                          "forever: drop the .repeat(), or .take(N) batches.")
+    spec = dataset.element_spec
+    parts = spec if isinstance(spec, tuple) else (spec,)
+    names = ("features", "labels", "sample weights")
+    for name, part in zip(names, parts):
+        for path, leaf in _leaves(part):
+            shape = getattr(leaf, "shape", None)
+            if isinstance(leaf, tf.TensorSpec) and shape is not None and shape.rank is None:
+                where = f"{name}{path}"
+                raise ConfigError(
+                    f"The {what}'s {where} have an unknown shape (rank unknown), so Keras cannot build or run the "
+                    "model on them; a tf.numpy_function or tf.py_function in the pipeline loses it. Give the shape "
+                    "back in the pipeline: tensor.set_shape([None, ...]) or tf.ensure_shape(tensor, [None, ...]).")
+
+
+def _leaves(structure, path: str = ""):
+    """`(path, leaf)` pairs of a nested structure of specs (`["a"]`, `[0]`)."""
+    if isinstance(structure, dict):
+        for key in sorted(structure):
+            yield from _leaves(structure[key], f"{path}[{key!r}]")
+    elif isinstance(structure, (tuple, list)):
+        for i, item in enumerate(structure):
+            yield from _leaves(item, f"{path}[{i}]")
+    else:
+        yield path, structure
+
+
+def check_dense(dataset, strategy: str) -> None:
+    """Raises `ConfigError` on a sparse feature under a mirrored strategy, whose `fit` cannot split a
+    `tf.SparseTensor` across replicas (TensorFlow 2.21: "'SparseTensor' object has no attribute 'device'")."""
+    import tensorflow as tf
+
+    spec = dataset.element_spec if dataset is not None else None
+    features = spec[0] if isinstance(spec, tuple) else spec
+    sparse = [path or "features" for path, leaf in _leaves(features) if isinstance(leaf, tf.SparseTensorSpec)]
+    if sparse:
+        raise ConfigError(f"--strategy {strategy}: the features{sparse[0] if sparse[0] != 'features' else ''} are a "
+                          "tf.SparseTensor, which Keras's fit cannot split across replicas. Train with --strategy "
+                          "default, or make them dense in the input pipeline (tf.sparse.to_dense).")
+
+
+def check_class_weight(dataset, class_weight) -> None:
+    """Raises `ConfigError` on `class_weight` with labels of several outputs (Keras weighs one) or with batches
+    that carry sample weights (Keras takes one or the other)."""
+    if class_weight is None or dataset is None:
+        return
+    spec = dataset.element_spec
+    if isinstance(spec, tuple) and len(spec) > 2:
+        raise ConfigError("class_weight and sample weights (the third element of each batch) do not go together, as "
+                          "in Model.fit: fold the class weights into the sample weights, or drop class_weight.")
+    labels = spec[1] if isinstance(spec, tuple) and len(spec) > 1 else None
+    if labels is not None and len(list(_leaves(labels))) > 1:
+        raise ConfigError(
+            "class_weight weighs the classes of one output, and this task's labels are for "
+            f"{len(list(_leaves(labels)))} outputs. Drop class_weight and give sample weights per output instead "
+            "(a third element of each batch: {output: weights}), or weigh the classes in that output's loss.")
