@@ -74,3 +74,18 @@ def fsync_dir(folder) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def remove_temporaries(path: Path) -> None:
+    """Removes the temporary files of writes a kill cut short (`TEMPORARY`, and earlier versions'
+    `.<name>.tmp-<pid>`) in the run directory `path` and its `checkpoints/`, and TensorFlow's `<name>_temp`
+    folders of checkpoint writes in `checkpoints/last` and `checkpoints/best`."""
+    import shutil
+
+    earlier = re.compile(r"\..+\.tmp-\d+")  # only tftrain's own names
+    for folder in (path, path / "checkpoints"):
+        for stale in folder.glob(".*"):
+            if (TEMPORARY.fullmatch(stale.name) or earlier.fullmatch(stale.name)) and stale.is_file():
+                stale.unlink(missing_ok=True)
+    for stale in (*path.glob("checkpoints/last/*_temp"), *path.glob("checkpoints/best/*_temp")):
+        shutil.rmtree(stale, ignore_errors=True)

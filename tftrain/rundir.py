@@ -44,8 +44,7 @@ LOCK_FILE, HOLDER_FILE = ".tftrain.lock", ".tftrain.holder"
 
 _IGNORED_WHEN_RESUMING = (("train", "verbose"), ("train", "profile"), ("train", "backup_every_steps"),
                           ("train", "callbacks"), ("train", "mlflow"), ("runtime", "nvtx"),
-                          ("runtime", "remember_execution"), ("run_dir",), ("resume",),
-                         ("sanity_check",))
+                          ("runtime", "remember_execution"), ("run_dir",), ("resume",), ("sanity_check",))
 """Config fields that may differ between a run and its resumption."""
 
 
@@ -59,6 +58,7 @@ class RunDir:
         finished_before: a scheduler's restart found this run finished with the same config.
         after_steps_pending: after-steps (`"export"`) a finished run has not done; a rerun does only these.
         config_repaired: its damaged `config.yaml` is rewritten (this run's settings match its digest).
+        end_unwritten: what of a finished run's end is damaged, its checkpoint kept: this run writes it again.
     """
 
     path: Path
@@ -67,6 +67,7 @@ class RunDir:
     finished_before: bool = False
     after_steps_pending: tuple = ()
     config_repaired: bool = False
+    end_unwritten: Optional[str] = None
 
     @property
     def resumed(self) -> bool:
@@ -286,6 +287,8 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
             "Pass --run-dir with a new or empty directory."
         )
     finished = (p / METRICS_FILE).exists()
+    unwritten = finished and (p / BACKUP_DIR).is_dir() and _unwritten(p)  # a damaged end beside its checkpoint:
+    finished = finished and not unwritten  # the resume writes it again
     pending = pending_after_steps(p) if finished else ()
     if finished and not pending and not _finished_by(p, restart_of) and not (p / BACKUP_DIR).is_dir():
         raise _finished_error(p)  # a backup beside metrics.json: killed as it ended, which a rerun completes
@@ -317,7 +320,20 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
     if finished:
         return RunDir(p, finished_before=True, after_steps_pending=pending, config_repaired=repaired)
     return RunDir(p, resumed_epochs=completed_epochs(p / BACKUP_DIR), config_repaired=repaired,
-                  resumed_steps=_backup_metadata(p / BACKUP_DIR, "steps_in_epoch"))
+                  resumed_steps=_backup_metadata(p / BACKUP_DIR, "steps_in_epoch"), end_unwritten=unwritten)
+
+
+def _unwritten(p: Path) -> Optional[str]:
+    """What of a finished run's end in `p` is damaged or missing, or None when it is whole."""
+    import json
+
+    try:
+        whole = isinstance(json.loads((p / METRICS_FILE).read_text(encoding="utf-8")), dict)
+    except (OSError, ValueError):
+        whole = False
+    if not whole:
+        return f"its {METRICS_FILE} cannot be read as a record"
+    return None if (p / MODEL_FILE).is_file() or (p / WEIGHTS_FILE).is_file() else f"its {MODEL_FILE} is missing"
 
 
 AFTER_STEPS_KEY = "after_steps"
@@ -344,10 +360,8 @@ def _finished_by(p: Path, job: Optional[str]) -> bool:
 
 
 def _finished_error(p: Path) -> RunDirError:
-    return RunDirError(
-        f"Run directory {str(p)!r} holds a finished run ({METRICS_FILE} exists). "
-        "Pass --run-dir with a new directory; tftrain never overwrites a finished run."
-    )
+    return RunDirError(f"Run directory {str(p)!r} holds a finished run ({METRICS_FILE} exists). Pass --run-dir with a "
+                       "new directory; tftrain never overwrites a finished run.")
 
 
 def completed_epochs(backup_dir) -> int:
@@ -428,7 +442,7 @@ def create_run_dir(run_dir: RunDir, config_yaml: str) -> None:
 def _check_unchanged(run_dir: RunDir, config_yaml: str) -> None:
     """Under the lock: `RunDirError` if another process has since finished the run or written other settings."""
     p = run_dir.path
-    if not run_dir.finished_before and (p / METRICS_FILE).exists():
+    if not run_dir.finished_before and not run_dir.end_unwritten and (p / METRICS_FILE).exists():
         raise _finished_error(p)
     if not (p / CONFIG_FILE).exists():
         return
@@ -474,15 +488,3 @@ def task_run_dir(run_dir: RunDir, config_yaml: str, is_chief: bool = True, task:
         yield RunDir(scratch, resumed_epochs=run_dir.resumed_epochs)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def remove_temporaries(path: Path) -> None:
-    """Removes the temporary files of writes a kill cut short (`tftrain.files.TEMPORARY`, and earlier versions'
-    `.<name>.tmp-<pid>`) in the run directory `path` and its `checkpoints/`."""
-    from tftrain.files import TEMPORARY
-
-    earlier = re.compile(r"\..+\.tmp-\d+")  # only tftrain's own names
-    for folder in (path, path / "checkpoints"):
-        for stale in folder.glob(".*"):
-            if (TEMPORARY.fullmatch(stale.name) or earlier.fullmatch(stale.name)) and stale.is_file():
-                stale.unlink(missing_ok=True)

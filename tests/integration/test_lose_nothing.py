@@ -118,6 +118,22 @@ def test_a_kill_right_after_metrics_json_is_completed_by_the_same_command(tmp_pa
     assert again.returncode == 1 and "holds a finished run" in again.stderr, again.stderr[-2000:]
 
 
+@pytest.mark.parametrize("damage", ["metrics.json garbled", "model.keras deleted"])
+def test_a_damaged_end_beside_its_checkpoint_is_written_again_from_it(tmp_path, damage):
+    run_dir = tmp_path / "run"
+    killed = _run(run_dir, kill=False, after_metrics=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    if damage == "model.keras deleted":
+        (run_dir / "model.keras").unlink()
+    else:
+        (run_dir / "metrics.json").write_bytes(b"\x8f{garbage")
+    done = _run(run_dir, kill=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["resumed_from_epoch"] == 3 and metrics["epochs_trained"] == 0 and metrics["optimizer_steps"] == 24
+    assert (run_dir / "model.keras").is_file() and not (run_dir / "backup").exists()
+
+
 def test_a_kill_between_metrics_json_and_report_md_with_an_export_pending_is_completed_by_the_same_command(tmp_path):
     run_dir = tmp_path / "run"
     killed = _run(run_dir, kill=False, KILL_BEFORE_REPORT="1", EXPORT="saved_model")

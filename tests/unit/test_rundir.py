@@ -346,3 +346,21 @@ def test_an_unwritable_run_directory_holding_a_checkpoint_is_told_how_to_resume(
         rundir._check_writable(tmp_path / "run")
     with pytest.raises(RunDirError, match=r"Pass --run-dir with a folder you can write to\.$"):
         rundir._check_writable(tmp_path / "new-run")
+
+
+@pytest.mark.parametrize("metrics, model, unwritten", [("{garbage", True, "its metrics.json cannot be read as a record"),
+                                                       ("[]", True, "its metrics.json cannot be read as a record"),
+                                                       ("{}", False, "its model.keras is missing")])
+def test_a_damaged_end_beside_its_checkpoint_resumes_from_it_and_a_whole_one_is_finished(tmp_path, metrics, model,
+                                                                                         unwritten):
+    run = started(tmp_path / "run").path
+    (run / "backup").mkdir()
+    (run / "backup" / "training_metadata.json").write_text(json.dumps({"epoch": 3, "batch": -1}))
+    (run / "metrics.json").write_text(metrics)
+    if model:
+        (run / "model.keras").write_bytes(b"trained")
+    again = rundir.check_run_dir(run, CFG.to_dict())
+    assert again.end_unwritten == unwritten and again.resumed_epochs == 3 and not again.finished_before
+    (run / "metrics.json").write_text("{}")
+    (run / "model.keras").write_bytes(b"trained")
+    assert rundir.check_run_dir(run, CFG.to_dict(), restart_of=None).end_unwritten is None

@@ -80,6 +80,9 @@ def announce_run_dir(trainer) -> None:
     if run_dir.config_repaired:
         console.warn(f"{run_dir.path / 'config.yaml'} was damaged; this command's settings are those it was written "
                      "with (their digest matches), so it is written back")
+    if run_dir.end_unwritten:
+        console.warn(f"the run in {run_dir.path} finished, but {run_dir.end_unwritten}; its checkpoint is kept, so "
+                     "this run writes its end again from it")
     if run_dir.resumed:
         done = run_dir.resumed_steps // trainer.accumulation_steps  # the checkpoint counts micro-batches
         steps = f" and {done} optimizer steps of the next" if done else ""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from tftrain import config as config_lib
-from tftrain import epoch_log
+from tftrain import epoch_log, files
 from tftrain import rundir as rundir_lib
 from tftrain.checkpoint_files import diverged_note
 from tftrain.errors import AlreadyFinished, ConfigError, Preempted, TrainingDiverged
@@ -237,7 +237,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
             return
         shutil.rmtree(self.run_dir.backup_dir, ignore_errors=True)
         (self.run_dir.path / rundir_lib.FAILURE_LOG).unlink(missing_ok=True)
-        rundir_lib.remove_temporaries(self.run_dir.path)
+        files.remove_temporaries(self.run_dir.path)
         from tftrain import reports
 
         reports.write_missing_report(self.run_dir.path, self.config.task)

@@ -500,14 +500,17 @@ def test_array_task_inputs_that_would_shift_or_vanish_are_refused_in_one_line():
 
 
 def test_only_tftrain_s_own_temporary_files_are_removed_from_a_run_directory(tmp_path):
-    from tftrain import rundir
+    from tftrain import files
 
     ours = [".tmp-123-model.keras", ".tmp-9-model.weights.h5", ".metrics.json.tmp-77"]
     users = [".tmp-notes.txt", ".plan.tmp-old", "notes.tmp-1"]
     for name in ours + users:
         (tmp_path / name).write_text("x")
-    rundir.remove_temporaries(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(users)
+    (tmp_path / "checkpoints" / "last" / "epoch-2_temp").mkdir(parents=True)  # TensorFlow's, cut by a kill
+    (tmp_path / "checkpoints" / "last" / "epoch-2_temp" / "part-0").write_text("x")
+    files.remove_temporaries(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(users + ["checkpoints"])
+    assert not list((tmp_path / "checkpoints" / "last").iterdir())
 
 
 def test_what_keras_cannot_serialize_is_named_with_its_own_fix():
