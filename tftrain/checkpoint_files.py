@@ -72,9 +72,21 @@ def crc32(path) -> int:
     return crc
 
 
-def _position(meta: Path) -> Optional[BackupPosition]:
+def _metadata_crc(data: dict) -> int:
+    """The CRC-32 of a checkpoint's metadata fields (its `"metadata_crc32"` aside), as `commit` writes them."""
+    import zlib
+
+    return zlib.crc32(json.dumps({k: v for k, v in data.items() if k != "metadata_crc32"}, sort_keys=True).encode())
+
+
+def _position(meta: Path, numbered: bool = True) -> Optional[BackupPosition]:
+    """The position `meta` holds; None when it cannot be read, a byte of it changed (`metadata_crc32`), or a
+    numbered checkpoint's lacks the step count `commit` always writes."""
     try:
         data = json.loads(meta.read_text(encoding="utf-8"))
+        if data.get("metadata_crc32", _metadata_crc(data)) != _metadata_crc(data) or \
+                (numbered and "optimizer_iterations" not in data):
+            return None
         precision, crc = data.get("precision"), data.get("crc32")
         return BackupPosition(int(data["epoch"]), int(data.get("steps_in_epoch", 0)),
                               data.get("optimizer_iterations"), data.get("batch_size"),
@@ -84,17 +96,22 @@ def _position(meta: Path) -> Optional[BackupPosition]:
 
 
 def checkpoints(backup_dir) -> List[Checkpoint]:
-    """The committed checkpoints in `backup_dir`, newest first (empty when there is none)."""
+    """The committed checkpoints in `backup_dir`, newest first (empty when there is none), and the weights whose
+    metadata was lost (position None): all but the newest uncommitted one, which a kill before its commit leaves
+    above every committed one."""
     folder = Path(backup_dir)
     try:
         names = os.listdir(folder)
     except OSError:
         return []
+    committed = _committed(names)
+    uncommitted = sorted({int(m.group(1)) for m in map(_NAME.match, names) if m} - set(committed))
+    lost = [n for n in uncommitted if n != uncommitted[-1] or n < max(committed, default=-1)]
     found = [Checkpoint(number, folder / f"ckpt-{number}.weights.h5", folder / f"ckpt-{number}.json",
-                        _position(folder / f"ckpt-{number}.json")) for number in _committed(names)]
+                        _position(folder / f"ckpt-{number}.json")) for number in committed + lost]
     if KERAS_METADATA in names:
         meta = folder / KERAS_METADATA
-        found.append(Checkpoint(-1, folder / KERAS_WEIGHTS, meta, _position(meta)))
+        found.append(Checkpoint(-1, folder / KERAS_WEIGHTS, meta, _position(meta, numbered=False)))
     return sorted(found, key=lambda c: c.number, reverse=True)
 
 
@@ -108,7 +125,7 @@ def read_position(path) -> Optional[BackupPosition]:
     weights file opening as HDF5; a truncated one does not), or of metadata file `path`; None when there is none."""
     path = Path(path)
     if not path.is_dir():
-        return _position(path)
+        return _position(path, numbered=_NAME.match(path.name) is not None)
     return next((c.position for c in checkpoints(path) if c.position is not None and _whole(c)), None)
 
 
@@ -124,12 +141,12 @@ def diverged_note(backup_dir) -> str:
 
 def _whole(checkpoint: Checkpoint) -> bool:
     """Whether the weights file has the CRC-32 saved with it (where saved) and opens as an HDF5 file, without
-    TensorFlow (the restore reads it whole later); True when it is not there (the restore names it)."""
+    TensorFlow (the restore reads it whole later)."""
     import h5py
 
     weights = checkpoint.weights
-    if not weights.is_file():
-        return True
+    if not weights.is_file():  # Keras's own pair: its restore names it
+        return checkpoint.number < 0
     try:
         if checkpoint.position.crc32 is not None and crc32(weights) != checkpoint.position.crc32:
             return False
@@ -154,7 +171,8 @@ def commit(backup_dir, number: int, position: BackupPosition) -> Checkpoint:
     then deletes what no longer counts (`prune`)."""
     folder = Path(backup_dir)
     weights, meta = weights_path(folder, number), folder / f"ckpt-{number}.json"
-    write_text_atomic(meta, json.dumps(dataclasses.asdict(position)), durable=True)
+    data = dataclasses.asdict(position)
+    write_text_atomic(meta, json.dumps({**data, "metadata_crc32": _metadata_crc(data)}), durable=True)
     prune(folder, keep_from=number)
     return Checkpoint(number, weights, meta, position)
 

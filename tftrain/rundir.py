@@ -287,8 +287,8 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
             "Pass --run-dir with a new or empty directory."
         )
     finished = (p / METRICS_FILE).exists()
-    unwritten = finished and (p / BACKUP_DIR).is_dir() and _unwritten(p)  # a damaged end beside its checkpoint:
-    finished = finished and not unwritten  # the resume writes it again
+    unwritten = (finished and (p / BACKUP_DIR).is_dir() and _unwritten(p)) or None  # a damaged end beside its
+    finished = finished and not unwritten  # checkpoint: the resume writes it again
     pending = pending_after_steps(p) if finished else ()
     if finished and not pending and not _finished_by(p, restart_of) and not (p / BACKUP_DIR).is_dir():
         raise _finished_error(p)  # a backup beside metrics.json: killed as it ended, which a rerun completes

@@ -142,7 +142,7 @@ class StepBackup(keras.callbacks.Callback):
     def _load(self, checkpoint) -> Optional[str]:
         """Loads `checkpoint`; returns why it cannot be used, or None once loaded."""
         if checkpoint.position is None:
-            return "its metadata cannot be read"
+            return "its metadata cannot be read" if checkpoint.metadata.exists() else "its metadata is missing"
         crc = checkpoint.position.crc32
         try:
             if crc is not None and checkpoint_files.crc32(checkpoint.weights) != crc:

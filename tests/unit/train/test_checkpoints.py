@@ -126,8 +126,36 @@ def test_a_checkpoint_whose_metadata_lags_its_weights_gives_way_to_the_previous_
     counter = _step_counter()
     _run(tmp_path, callbacks=[counter], backup_every_steps=5)
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert m["optimizer_steps"] == 3 * STEPS_PER_EPOCH and m["backup"]["resumed_from"] == previous
+    fields = {k: v for k, v in previous.items() if k != "metadata_crc32"}  # the position it holds
+    assert m["optimizer_steps"] == 3 * STEPS_PER_EPOCH and m["backup"]["resumed_from"] == fields
     assert counter.steps == 3 * STEPS_PER_EPOCH - previous["optimizer_iterations"]
+
+
+@pytest.mark.parametrize("damage", ["a changed byte", "fields missing", "every metadata file deleted"])
+def test_metadata_changed_or_lost_is_said_never_trusted(tmp_path, damage):
+    with pytest.raises(tftrain.Interrupted):
+        _run(tmp_path, callbacks=[_killer(25)], backup_every_steps=5)
+    from tftrain.checkpoint_files import checkpoints
+    from tftrain.errors import RunDirError
+
+    newest, before = checkpoints(tmp_path / "run" / "backup")[:2]
+    text = newest.metadata.read_text()
+    if damage == "a changed byte":  # the epoch, one bit off: its CRC-32 no longer matches
+        newest.metadata.write_text(text.replace('"epoch": 1', '"epoch": 3'))
+        assert newest.metadata.read_text() != text
+    elif damage == "fields missing":
+        newest.metadata.write_text('{"epoch": 7}')
+    else:
+        newest.metadata.unlink()
+        before.metadata.unlink()
+        with pytest.raises(RunDirError, match=r"no checkpoint in .*backup can be read \(ckpt-\d+\.json: its metadata "
+                                              r"is missing\)"):
+            _run(tmp_path, backup_every_steps=5)
+        return
+    _run(tmp_path, backup_every_steps=5)
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["optimizer_steps"] == 3 * STEPS_PER_EPOCH and m["backup"]["resumed_from"]["optimizer_iterations"] == \
+        before.position.optimizer_iterations
 
 
 def test_backup_every_steps_must_hold_one_execution(tmp_path):
