@@ -277,7 +277,8 @@ def check_run_dir(path, config: dict, restart_of: Optional[str] = None) -> RunDi
     if p.exists() and not p.is_dir():
         raise RunDirError(f"Run directory {str(p)!r} is a file. Pass --run-dir with a new directory.")
     _check_writable(p)
-    entries = [x.name for x in p.iterdir() if x.name not in (LOCK_FILE, HOLDER_FILE, DIGEST_FILE)] if p.exists() else []
+    entries = [x.name for x in p.iterdir()  # a failure.log alone: an attempt that failed as it started (full disk)
+               if x.name not in (LOCK_FILE, HOLDER_FILE, DIGEST_FILE, FAILURE_LOG)] if p.exists() else []
     if not entries:
         return RunDir(p)
     if not (p / CONFIG_FILE).is_file() and _digest(p) is None:

@@ -364,3 +364,14 @@ def test_a_damaged_end_beside_its_checkpoint_resumes_from_it_and_a_whole_one_is_
     (run / "metrics.json").write_text("{}")
     (run / "model.keras").write_bytes(b"trained")
     assert rundir.check_run_dir(run, CFG.to_dict(), restart_of=None).end_unwritten is None
+
+
+def test_a_directory_holding_only_the_failure_log_of_an_attempt_that_failed_as_it_started_is_a_new_run(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".tftrain.lock").write_text("")
+    (run / "failure.log").write_text("OSError: [Errno 28] No space left on device\n")
+    assert not rundir.check_run_dir(run, CFG.to_dict()).resumed  # the same command, once space is freed
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirError, match="already holds files tftrain did not write"):
+        rundir.check_run_dir(run, CFG.to_dict())
