@@ -102,20 +102,28 @@ def default_run_dir(recipe: str, root: str = "runs", now: Optional[datetime.date
 def newest_unfinished(task: str, config: dict, root: str = "runs", restart_of: Optional[str] = None,
                       in_use_ok: bool = False) -> Optional[Path]:
     """The newest `root/<task>-*` this run may resume (`--resume`), or None: same config, unfinished (or finished
-    by job `restart_of`: `check_run_dir`), not held by another process unless `in_use_ok` (its chief holds it).
-    A run with a checkpoint comes before one without (killed before its first): that one has nothing to resume."""
+    by job `restart_of`: `check_run_dir`), not held by another process unless `in_use_ok` (its chief holds it);
+    `RunDirError` naming the holder when the only such run is held. A run with a checkpoint comes before one
+    without (killed before its first): that one has nothing to resume."""
     from tftrain.checkpoint_files import checkpoints
 
     candidates = [p for p in Path(root).glob(f"{task}-*") if (p / CONFIG_FILE).is_file()]
     newest = sorted(candidates, key=lambda p: (bool(checkpoints(p / BACKUP_DIR)), p.stat().st_mtime), reverse=True)
+    in_use = None  # the newest run of these settings another process is training: not one to start beside
     for path in newest:
         try:
             check_run_dir(path, config, restart_of)
-            if not in_use_ok:
-                check_not_in_use(path)
         except RunDirError:
             continue
+        try:
+            if not in_use_ok:
+                check_not_in_use(path)
+        except RunDirError as error:
+            in_use = in_use or error
+            continue
         return path
+    if in_use is not None:
+        raise in_use
     return None
 
 

@@ -375,3 +375,25 @@ def test_a_directory_holding_only_the_failure_log_of_an_attempt_that_failed_as_i
     (run / "notes.txt").write_text("mine")
     with pytest.raises(RunDirError, match="already holds files tftrain did not write"):
         rundir.check_run_dir(run, CFG.to_dict())
+
+
+def test_resume_names_the_process_training_the_run_it_would_take(tmp_path):
+    import subprocess
+    import sys
+
+    root = tmp_path / "runs"
+    run = started(root / "mnist-20260101-000000").path
+    (run / "backup").mkdir()
+    (run / "backup" / "training_metadata.json").write_text(json.dumps({"epoch": 1, "batch": -1}))
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from tftrain import rundir\n"
+                               "with rundir.locked(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)",
+                               str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirError, match=rf"Run directory '{run}' is in use by another tftrain process \(pid "
+                                              rf"{holder.pid} "):
+            rundir.newest_unfinished("mnist", CFG.to_dict(), str(root))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rundir.newest_unfinished("mnist", CFG.to_dict(), str(root)) == run
