@@ -178,3 +178,24 @@ def cause_line(error: BaseException) -> str:
 def words_within(text: str, most: int) -> str:
     """`text`, or its whole words within `most` characters followed by ` ...`."""
     return text if len(text) <= most else text[:most - 4].rsplit(" ", 1)[0] + " ..."
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to a tool's command (`tftrain.export`, the doctor), raised where Ctrl-C would be
+    (`sigterm_as_interrupt`): the same one line, exit 143."""
+
+
+def sigterm_as_interrupt():
+    """Makes SIGTERM raise `Terminated` in the main thread, so a command ends as on Ctrl-C, in its one line;
+    returns the handler it replaced."""
+    import signal
+
+    def _raise(signum, frame):
+        raise Terminated()
+
+    return signal.signal(signal.SIGTERM, _raise)
+
+
+def interrupted(error: KeyboardInterrupt) -> tuple:
+    """`(words, exit code)` for a Ctrl-C or a `Terminated`: ("interrupted", 130) or ("stopped by SIGTERM", 143)."""
+    return ("stopped by SIGTERM", 143) if isinstance(error, Terminated) else ("interrupted", 130)

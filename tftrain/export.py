@@ -12,6 +12,7 @@ installed); 1 an export that failed.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -196,12 +197,19 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _main() -> int:
-    """`main`, with Ctrl-C one line (exit 130): the trained run is unchanged, the same command exports again."""
+    """`main`, with Ctrl-C (exit 130) or SIGTERM (143) one line: the trained run is unchanged, the same command
+    exports again."""
+    from tftrain.errors import interrupted, sigterm_as_interrupt
+
+    previous = sigterm_as_interrupt()
     try:
         return main()
-    except KeyboardInterrupt:
-        print(f"\n{PROG}: interrupted; the trained run is unchanged: rerun this command to export", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        words, code = interrupted(e)
+        print(f"\n{PROG}: {words}; the trained run is unchanged: rerun this command to export", file=sys.stderr)
+        return code
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -42,9 +42,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"\n{PROG}: interrupted.", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        from tftrain.errors import interrupted
+
+        words, code = interrupted(e)
+        print(f"\n{PROG}: {words}.", file=sys.stderr)
+        return code
     except Exception as e:  # one line, as tftrain.run
         from tftrain.errors import one_line
 
@@ -57,5 +60,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from tftrain.errors import sigterm_as_interrupt
+
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    sigterm_as_interrupt()
     sys.exit(main())

@@ -325,3 +325,21 @@ def test_ctrl_c_during_the_export_command_is_one_line_and_exit_130(monkeypatch, 
     assert export_command._main() == 130
     assert capsys.readouterr().err.strip() == ("python -m tftrain.export: interrupted; the trained run is unchanged: "
                                                "rerun this command to export")
+
+
+def test_sigterm_during_the_export_command_is_one_line_and_exit_143(monkeypatch, capsys):
+    import os
+    import signal
+    import time
+
+    from tftrain import export as export_command
+
+    def terminated():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(export_command, "main", terminated)
+    assert export_command._main() == 143 and signal.getsignal(signal.SIGTERM) == before
+    assert capsys.readouterr().err.strip() == ("python -m tftrain.export: stopped by SIGTERM; the trained run is "
+                                               "unchanged: rerun this command to export")
