@@ -68,6 +68,15 @@ def check(run_dir: Path, formats_text: str):
     if not isinstance(metrics, dict):  # the export's results are recorded there
         raise ConfigError(f"{run_dir / rundir_lib.METRICS_FILE} is damaged (not a JSON object), and the export "
                           "records its results there: write it back from a copy, then export again.")
+    from tftrain.train import after_steps
+
+    ours = (metrics.get("after_steps") or {}).get("export") not in (None, "done")  # a cut export's are its own
+    recorded = metrics.get("export") if isinstance(metrics.get("export"), dict) else {}
+    for name in formats:
+        target = run_dir / after_steps.EXPORT_DIR / export_lib.FORMATS[name][1]
+        if target.exists() and not ours and name not in recorded:
+            raise ConfigError(f"{target} exists and this run's {rundir_lib.METRICS_FILE} records no {name} export "
+                              "written there: move it out of the way, then rerun this command.")
     return formats
 
 

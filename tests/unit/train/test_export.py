@@ -343,3 +343,21 @@ def test_sigterm_during_the_export_command_is_one_line_and_exit_143(monkeypatch,
     assert export_command._main() == 143 and signal.getsignal(signal.SIGTERM) == before
     assert capsys.readouterr().err.strip() == ("python -m tftrain.export: stopped by SIGTERM; the trained run is "
                                                "unchanged: rerun this command to export")
+
+
+@pytest.mark.slow
+def test_python_m_tftrain_export_refuses_to_replace_what_it_did_not_write(tmp_path, capsys):
+    from tftrain import export
+
+    _fit(tmp_path)
+    mine = tmp_path / "run" / "export" / "saved_model"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("my own")
+    assert export.main([str(tmp_path / "run"), "--formats", "saved_model"]) == 2
+    assert f"{mine} exists and this run's metrics.json records no saved_model export written there" in \
+        capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    (mine / "notes.txt").unlink()
+    mine.rmdir()
+    assert export.main([str(tmp_path / "run"), "--formats", "saved_model"]) == 0  # its own: written again
+    assert export.main([str(tmp_path / "run"), "--formats", "saved_model"]) == 0
