@@ -25,15 +25,17 @@ def _csv_logger_keys(logs) -> list:
 
 def mend(path) -> Optional[str]:
     """Drops the lines of `history.csv` that are not text (not UTF-8, or with NUL bytes: a crash's or another
-    program's bytes), which Keras's `CSVLogger` cannot append after; returns None, or a line saying what went."""
+    program's bytes) and a last row cut short, which Keras's `CSVLogger` cannot append after (its next row would
+    join it); returns None, or a line saying what went."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError:
         return None
     lines = data.splitlines(keepends=True)
+    cut = bool(lines) and not lines[-1].endswith(b"\n")  # every row ends in a newline: a write cut short
     kept = []
-    for line in lines:
+    for line in lines[:-1] if cut else lines:
         try:
             kept.append(line.decode("utf-8")) if b"\0" not in line else None
         except UnicodeDecodeError:
@@ -41,8 +43,8 @@ def mend(path) -> Optional[str]:
     if len(kept) == len(lines):
         return None
     write_text_atomic(path, "".join(kept))
-    return (f"{path} had {len(lines) - len(kept)} damaged line(s) (not text); dropped, so the epoch log and "
-            "metrics.json's history lack those epochs")
+    return (f"{path} had {len(lines) - len(kept)} damaged line(s) (not text, or a row cut short); dropped, so the "
+            "epoch log and metrics.json's history lack those epochs")
 
 
 def tidy_history(path, attempt=None) -> Optional[str]:

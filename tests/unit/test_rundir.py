@@ -311,8 +311,8 @@ def test_lines_that_are_not_text_are_dropped_so_keras_can_append(tmp_path):
 
     path = tmp_path / "history.csv"  # saved back in cp1252, and a crash's NUL bytes
     path.write_bytes(b"epoch,loss\n0,0.9\n1,0.5 \xe9\n2,0.4\n\0\0\0\n")
-    assert mend(path) == f"{path} had 2 damaged line(s) (not text); dropped, so the epoch log and metrics.json's " \
-                         "history lack those epochs"
+    assert mend(path) == f"{path} had 2 damaged line(s) (not text, or a row cut short); dropped, so the epoch log " \
+                         "and metrics.json's history lack those epochs"
     assert read_history(path) == {"loss": [0.9, 0.4]} and mend(path) is None
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
@@ -397,3 +397,12 @@ def test_resume_names_the_process_training_the_run_it_would_take(tmp_path):
         holder.kill()
         holder.wait()
     assert rundir.newest_unfinished("mnist", CFG.to_dict(), str(root)) == run
+
+
+def test_a_last_row_cut_short_is_dropped_and_said(tmp_path):
+    from tftrain.epoch_log import mend, read_history
+
+    path = tmp_path / "history.csv"  # a kill inside CSVLogger's write of epoch 1's row
+    path.write_bytes(b"epoch,loss,val_loss\r\n0,0.9,0.8\r\n1,0.5")
+    assert mend(path).startswith(f"{path} had 1 damaged line(s) (not text, or a row cut short); dropped")
+    assert read_history(path) == {"loss": [0.9], "val_loss": [0.8]} and mend(path) is None
