@@ -110,9 +110,12 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
         return make_tuner(hypermodel, directory=directory, algorithm=cfg.train.tuner, max_trials=cfg.train.tune,
                           strategy=rt.strategy, seed=cfg.seed, max_epochs=cfg.train.epochs, objective=objective)
 
+    import tensorflow as tf
+
     try:
         tuner = tuner_of()  # a resumed run reloads the finished trials
-    except (ValueError, OSError, KeyError, TypeError) as e:  # keras-tuner's own files, cut by a kill or a full disk
+    except (ValueError, OSError, KeyError, TypeError, RuntimeError, tf.errors.OpError) as e:  # keras-tuner's files
+        # cut by a kill or a full disk, or lost (RuntimeError: its oracle names a trial file that is not there)
         if isinstance(e, ConfigError) or not Path(directory).exists():
             raise
         import shutil

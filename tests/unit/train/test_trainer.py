@@ -762,14 +762,17 @@ def test_a_tune_trial_s_values_reach_compile_args_and_the_data_as_well_as_the_mo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("damage", ["empty trial", "garbage oracle"])
+@pytest.mark.parametrize("damage", ["empty trial", "garbage oracle", "oracle deleted"])
 def test_a_tuning_folder_keras_tuner_cannot_read_back_is_said_and_its_trials_run_again(tmp_path, capsys, damage):
     first = _trainer(tmp_path, tune=1, validation_split=0.25, epochs=1)
     first.fit()
     tuner = tmp_path / "run" / "tuning" / "tuner"
     for written in ("metrics.json", "model.keras", "report.md"):  # as if killed after the search, before a checkpoint
         (tmp_path / "run" / written).unlink()
-    (tuner / "trial_0" / "trial.json" if damage == "empty trial" else tuner / "oracle.json").write_text(
-        "" if damage == "empty trial" else '{"garbage')
+    if damage.endswith("deleted"):
+        (tuner / "oracle.json").unlink()
+    else:
+        (tuner / "trial_0" / "trial.json" if damage == "empty trial" else tuner / "oracle.json").write_text(
+            "" if damage == "empty trial" else '{"garbage')
     record = _trainer(tmp_path, tune=1, validation_split=0.25, epochs=1, verbose=1).fit()
     assert "could not be read back" in capsys.readouterr().err and record.extras["tuning"]["trials"] == 1
