@@ -210,7 +210,7 @@ class KeepBest(keras.callbacks.Callback):
         return kept, unranked
 
     def on_epoch_end(self, epoch, logs=None):
-        with _quiet_retracing():
+        with quiet_retracing():
             self._epoch_end(epoch, logs)
 
     def _epoch_end(self, epoch, logs):
@@ -275,9 +275,10 @@ class _Retracing(logging.Filter):
 
 
 @contextlib.contextmanager
-def _quiet_retracing():
+def quiet_retracing():
     """While open, TensorFlow's retracing warning is dropped: a checkpoint's saver traces a function per save of
-    variables placed on parameter servers (TensorFlow 2.21), which warns from the fifth epoch on."""
+    variables placed on parameter servers (TensorFlow 2.21), which warns from the fifth epoch on, and keras-tuner's
+    trials trace theirs per batch size, as they should."""
     logger, quiet = tf.get_logger(), _Retracing()
     logger.addFilter(quiet)
     try:

@@ -128,12 +128,13 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
     console.section(f"tuning: {cfg.train.tune} {cfg.train.tuner} trial(s) over learning rate, batch size"
                             + "".join(f", {k}" for k in task.tune_space()) + f" (objective {getattr(objective, 'name', objective)})")
     weights = {"class_weight": task.class_weight} if task.class_weight is not None else {}  # trials as the run
+    from tftrain.callbacks.keep_best import quiet_retracing
     from tftrain.callbacks.scalar_logs import ScalarLogs
     from tftrain.train.console import keras_progress
     from tftrain.tuning.keras_tuner import StopSearch
 
     stop = [StopSearch(watch.requested)] if watch is not None else []
-    with watch.polling(stop_after=False) if watch is not None else contextlib.nullcontext():  # stops at a batch end
+    with watch.polling(stop_after=False) if watch is not None else contextlib.nullcontext(), quiet_retracing():
         try:
             tuner.search(epochs=cfg.train.epochs, verbose=keras_progress(cfg.train.verbose)[0],  # no bar in a pipe
                          callbacks=[ScalarLogs(), *stop], **weights)  # ScalarLogs first: it names the objective
