@@ -278,8 +278,8 @@ class ModelStages:
     def sanity_pass(self):
         """Tries every asked feature on the real model and data before training (`tftrain.train.sanity`).
 
-        Returns the `SanityResult`, also kept as `self.sanity` (None when the model does not build: the
-        build stage then fails the run). Under `--precision auto`, a mixed policy the model cannot step
+        Returns the `SanityResult`, also kept as `self.sanity`; a model that does not build raises its own error,
+        before the run directory is written. Under `--precision auto`, a mixed policy the model cannot step
         in, or whose outputs would round the labels, gives way to float32 here.
 
         Raises:
@@ -297,8 +297,8 @@ class ModelStages:
                     raise ConfigError(f"The model fails on a batch of the training features "
                                       f"({cause_line(e.error.error)}). Check the features' shapes, names "
                                       "and dtypes against the model's inputs.") from None
-                if isinstance(e, sanity.BuildFailed):  # the build stage raises it again, as any failed run
-                    return None
+                if isinstance(e, sanity.BuildFailed):  # the model's own error, before the run directory
+                    raise e.error
                 raise
             what = "build" if isinstance(e, sanity.BuildFailed) else "build or step"
             self.precision.fall_back(f"the model does not {what} under {self.precision.info.policy}", e.error)

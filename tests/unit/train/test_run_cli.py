@@ -88,10 +88,20 @@ def test_bad_input_exits_2_with_one_line(task_file, tmp_path, capsys):
 def test_a_run_that_fails_exits_1_naming_what_failed_and_the_traceback_file(task_file, tmp_path, capsys):
     run_dir = tmp_path / "run"
     code = run.main([f"{task_file}:task", "--units", "13", "--batch-size", "16", "--verbose", "0", "--run-dir", str(run_dir)])
+    err = capsys.readouterr().err.strip().splitlines()  # the model does not build: before the run directory
+    assert code == 1 and err == ["python -m tftrain.run: run failed: RuntimeError: unlucky width. (Set "
+                                 "TFTRAIN_TRACEBACK=1 to print the traceback.)"] and not run_dir.exists()
+    failing = tmp_path / "failing.py"
+    failing.write_text("import keras\n"
+                       "class Unlucky(keras.callbacks.Callback):\n"
+                       "    def on_epoch_begin(self, epoch, logs=None):\n"
+                       "        raise RuntimeError('unlucky epoch')\n")
+    code = run.main([f"{task_file}:task", "--batch-size", "16", "--verbose", "0", "--callbacks", f"{failing}:Unlucky",
+                     "--run-dir", str(run_dir)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1
-    assert "run failed: RuntimeError: unlucky width. Traceback:" in err[0] and str(run_dir / "failure.log") in err[0]
-    assert "unlucky width" in (run_dir / "failure.log").read_text()
+    assert "run failed: RuntimeError: unlucky epoch. Traceback:" in err[0] and str(run_dir / "failure.log") in err[0]
+    assert "unlucky epoch" in (run_dir / "failure.log").read_text()
 
 
 def test_a_run_that_fails_after_a_checkpoint_says_the_same_command_resumes(task_file, tmp_path, capsys):
