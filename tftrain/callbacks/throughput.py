@@ -30,8 +30,8 @@ def _check_input_data(input_data) -> None:
 
 class ThroughputMonitor(keras.callbacks.Callback):
     """Measures examples/sec and step time during `fit`, and checks for input-bound; figures go to `epochs`,
-    `result()` and TensorBoard (`throughput/*`). Executions are timed end to end; examples = steps x global batch.
-    Step counts come from the hooks, reconciled each epoch with the optimizer's (not per step: a device round trip;
+    `result()` and TensorBoard (`throughput/*`). Executions are timed end to end, an epoch's first from the epoch's
+    start (its input set-up); examples = steps x global batch. Step counts come from the hooks, reconciled each epoch with the optimizer's (not per step: a device round trip;
     not under dynamic loss scaling, whose skipped steps it misses).
 
     Args:
@@ -103,12 +103,10 @@ class ThroughputMonitor(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.meter.start_epoch(epoch)
-        self._t = None
+        self._t = self.clock()  # the first execution's time holds the epoch's input set-up (Keras makes it anew)
 
     def on_train_batch_begin(self, batch, logs=None):
         self._begin = batch
-        if self._t is None:  # first execution of the epoch: time it from here
-            self._t = self.clock()
 
     def on_train_batch_end(self, batch, logs=None):
         now = self.clock()

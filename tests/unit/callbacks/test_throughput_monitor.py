@@ -30,12 +30,14 @@ def fake_model():
     return types.SimpleNamespace(optimizer=types.SimpleNamespace(iterations=FakeIterations()), stop_training=False)
 
 
-def drive(monitor, model, clock, epochs, executions, steps_per_execution, seconds_per_step, first_execution_s):
+def drive(monitor, model, clock, epochs, executions, steps_per_execution, seconds_per_step, first_execution_s,
+          epoch_setup_s=0.0):
     """Calls the hooks as Keras 3 does: one batch hook pair per execution."""
     monitor.set_model(model)
     monitor.on_train_begin()
     for epoch in range(epochs):
         monitor.on_epoch_begin(epoch)
+        clock.now += epoch_setup_s  # Keras makes the epoch's input iterator before its first batch hook
         for i in range(executions):
             monitor.on_train_batch_begin(i * steps_per_execution)
             slow = epoch == 0 and i == 0
@@ -86,6 +88,16 @@ def test_monitor_figures_on_a_synthetic_clock(tmp_path):
     assert steps == [0, 1]
     value = tf.make_ndarray(events.Tensors("throughput/examples_per_sec")[1].tensor_proto)
     assert float(value) == pytest.approx(3200.0)
+
+
+def test_each_epoch_s_input_set_up_counts_in_its_first_execution():
+    clock, model = FakeClock(), fake_model()
+    monitor = ThroughputMonitor(batch_size=32, warmup_steps=4, clock=clock)
+    drive(monitor, model, clock, epochs=2, executions=5, steps_per_execution=4, seconds_per_step=0.01,
+          first_execution_s=3.0, epoch_setup_s=0.1)
+    result = monitor.result()  # epoch 2: 20 steps in 0.2 s plus its 0.1 s of set-up
+    assert result["epochs"][1]["examples_per_sec"] == pytest.approx(20 * 32 / 0.3)
+    assert result["step_time_median_s"] == pytest.approx(0.01)  # one slow execution an epoch: not the median
 
 
 def test_monitor_infers_the_global_batch_size_from_a_dataset():
