@@ -164,7 +164,7 @@ class KeepBest(keras.callbacks.Callback):
         `keep_best.json` is ranked again from the checkpoints and the epoch log: here with one line, deleting those
         beyond `keep`; read from `ranking_from`, without touching it (its own worker repairs it)."""
         if self.ranking_from is None or self.ranking_from.resolve() == self.directory.resolve():
-            if not _damaged(self.directory):
+            if not state_damaged(self.directory):
                 return self._readable(read_state(self.directory))
             kept, unranked = self._ranking_rebuilt(self.directory)
             self._rank(kept)
@@ -174,7 +174,7 @@ class KeepBest(keras.callbacks.Callback):
                      f"checkpoints and the epoch log: epochs {', '.join(str(k['epoch']) for k in self.kept) or 'none'}"
                      + left)
             return self.kept
-        if _damaged(self.ranking_from):  # the same ranking the chief rebuilds: its best are never deleted
+        if state_damaged(self.ranking_from):  # the same ranking the chief rebuilds: its best are never deleted
             kept = self._ranking_rebuilt(self.ranking_from)[0]
             kept = sorted(kept, key=lambda k: k["value"], reverse=self.mode == "max")[:self.keep]
         else:
@@ -299,7 +299,7 @@ def read_state(directory) -> List[dict]:
     return [k for k in kept if tf.io.gfile.exists(f"{k['checkpoint']}.index")]
 
 
-def _damaged(directory) -> bool:
+def state_damaged(directory) -> bool:
     """Whether `directory/keep_best.json` exists and does not read as a list of rankings."""
     path = Path(directory) / STATE_FILE
     if not path.is_file():

@@ -21,8 +21,12 @@ def resolve(path: str) -> Tuple[str, str]:
     if p.is_dir():
         state = p / CHECKPOINTS_DIR / "keep_best.json"
         if state.is_file():
-            from tftrain.callbacks.keep_best import best_checkpoint
+            from tftrain.callbacks.keep_best import best_checkpoint, state_damaged
 
+            if state_damaged(p / CHECKPOINTS_DIR):
+                raise ConfigError(f"--init-from {path}: its {CHECKPOINTS_DIR}/keep_best.json is damaged, so which kept "
+                                  f"checkpoint is best is unknown: pass one ({p / CHECKPOINTS_DIR}/best/epoch-N) or "
+                                  f"{p / 'model.keras'}.")
             best = best_checkpoint(p / CHECKPOINTS_DIR)
             if best is not None:
                 return "checkpoint", best

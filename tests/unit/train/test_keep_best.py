@@ -159,6 +159,18 @@ def test_init_from_a_path_without_weights_is_refused_before_the_run_directory(tm
     assert not (tmp_path / "run").exists()
 
 
+def test_init_from_a_run_whose_ranking_is_damaged_is_refused_naming_what_to_pass(tmp_path):
+    from tftrain.train.init_weights import resolve
+
+    run = tmp_path / "source"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "keep_best.json").write_text("{garbage")
+    (run / "model.keras").write_bytes(b"the last epoch's")
+    with pytest.raises(ConfigError, match=r"keep_best.json is damaged, so which kept checkpoint is best is unknown: "
+                                          r"pass one \(.*best/epoch-N\) or .*model.keras"):
+        resolve(str(run))
+
+
 @pytest.mark.slow
 def test_init_from_a_damaged_file_is_refused_in_one_line_naming_it_before_the_run_directory(tmp_path):
     _fit(tmp_path, "source", epochs=1, keep_best=1)
