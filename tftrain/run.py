@@ -211,8 +211,9 @@ def _rerun(run_dir: Optional[str], trainer=None) -> str:
 
     launched = bool(os.environ.get(RUN_ID_ENV))  # a task of `python -m tftrain.launch`: the user's command is its
     command = "the same python -m tftrain.launch command" if launched else "the same command"
-    if not run_dir:
-        return f"rerun {command} (the chief's line names the run directory)"
+    if not run_dir:  # none written yet, or a server task's, which does not know the chief's
+        alone = trainer is not None and getattr(trainer, "cluster", None) is None
+        return f"rerun {command}" + ("" if alone else " (the chief's line names the run directory)")
     if trainer is not None and getattr(getattr(trainer, "config", None), "run_dir", None) is not None:
         return f"rerun {command}"
     flags = f"--run-dir {shlex.quote(run_dir)} (--resume takes the newest unfinished run of these settings)"

@@ -178,6 +178,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
             with rundir_lib.task_run_dir(self.run_dir, config_lib.to_yaml(written), self.is_chief,
                                          self.task_name) as out:
                 self.out_dir = out
+                self.preemption.phase = "the start of the run (its directory is written)"
                 if self.is_chief:  # the same task's identity (another task's was refused), or a damaged one's
                     rundir_lib.write_text_atomic(out / TASK_FILE, json.dumps(self._task_identity()))
                     rundir_lib.note_job(out.path)

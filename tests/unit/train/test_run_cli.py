@@ -389,6 +389,10 @@ def test_the_resume_line_gives_the_same_command_where_it_names_the_run_directory
     assert _resume_hint("runs/task-1 ü", default) == \
         "To resume, rerun the same command with --run-dir 'runs/task-1 ü' (--resume takes the newest unfinished run " \
         "of these settings)."
+    alone = SimpleNamespace(config=SimpleNamespace(run_dir=None), cluster=None)  # stopped before the directory
+    assert _resume_hint("", alone) == "To resume, rerun the same command."
+    server = SimpleNamespace(config=SimpleNamespace(run_dir=None), cluster=object())
+    assert _resume_hint("", server) == "To resume, rerun the same command (the chief's line names the run directory)."
     monkeypatch.setenv("TFTRAIN_RUN_ID", "20261205-000000")
     assert _resume_hint("runs/t", default) == ("To resume, rerun the same python -m tftrain.launch command with "
                                                "--run-dir runs/t (--resume takes the newest unfinished run of these "
