@@ -179,7 +179,7 @@ class ExecutionTrial:
                     raise
                 return logs
             except Exception as error:  # noqa: BLE001 (an XLA candidate that does not compile is skipped)
-                if not self._skip(candidate, error):
+                if _ran_out(error) or not self._skip(candidate, error):  # the data's end: Keras ends the epoch
                     raise
                 continue
             done += steps
@@ -476,3 +476,10 @@ class ExecutionTrial:
         if self.choice is None:
             self._settle(complete=False)
         return self.choice
+
+
+def _ran_out(error: BaseException) -> bool:
+    """Whether `error` is the end of the data (an epoch of data of unknown length), not a candidate's failure."""
+    import tensorflow as tf
+
+    return isinstance(error, tf.errors.OutOfRangeError)

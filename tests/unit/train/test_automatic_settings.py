@@ -64,6 +64,21 @@ def test_an_unbuilt_sequential_trains_under_every_mode_and_precision(tmp_path, o
 
 
 @pytest.mark.slow
+def test_the_end_of_data_of_unknown_length_inside_a_candidate_s_steps_is_no_failure_of_it(tmp_path,
+                                                                                       fresh_execution_memory,
+                                                                                       xla_always_timed):
+    import keras
+    import tensorflow as tf
+
+    x, y = _arrays(160)
+    task = tftrain.DatasetTask(lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
+                               lambda: tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda *_: True),
+                               loss="mse", name="unknown", default_batch_size=8)  # 20 steps an epoch, not known
+    record = tftrain.Trainer(task, epochs=2, verbose=0, execution="auto", run_dir=str(tmp_path / "run")).fit()
+    assert not [s for s in record.execution_choice["skipped"] if "OutOfRange" in s], record.execution_choice
+
+
+@pytest.mark.slow
 def test_execution_auto_skips_xla_when_it_has_no_kernel_and_trains_in_graph(tmp_path, fresh_execution_memory,
                                                                             xla_always_timed):
     record = _fit(tmp_path, _string_op_model, "run", execution="auto")
