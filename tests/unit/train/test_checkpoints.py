@@ -131,6 +131,7 @@ def test_a_checkpoint_whose_metadata_lags_its_weights_gives_way_to_the_previous_
     assert counter.steps == 3 * STEPS_PER_EPOCH - previous["optimizer_iterations"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["a changed byte", "fields missing", "every metadata file deleted"])
 def test_metadata_changed_or_lost_is_said_never_trusted(tmp_path, damage):
     with pytest.raises(tftrain.Interrupted):

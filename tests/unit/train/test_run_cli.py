@@ -97,7 +97,7 @@ def test_a_run_that_fails_exits_1_naming_what_failed_and_the_traceback_file(task
                        "    def on_epoch_begin(self, epoch, logs=None):\n"
                        "        raise RuntimeError('unlucky epoch')\n")
     code = run.main([f"{task_file}:task", "--batch-size", "16", "--verbose", "0", "--callbacks", f"{failing}:Unlucky",
-                     "--run-dir", str(run_dir)])
+                     "--execution", "graph", "--precision", "float32", "--run-dir", str(run_dir)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1
     assert "run failed: RuntimeError: unlucky epoch. Traceback:" in err[0] and str(run_dir / "failure.log") in err[0]
