@@ -87,7 +87,8 @@ def signature_features(model, batch: int = 4):
     import tensorflow as tf
 
     if not getattr(model, "inputs", None):
-        raise ConfigError(f"{type(model).__name__} has no input signature (a subclassed model). Export it from "
+        raise ConfigError(f"{type(model).__name__} has no input signature (a subclassed model): its training "
+                          "command exports it when given --export before it trains; for this run, export it from "
                           "Python: build it, call it on a batch, model.load_weights('RUN_DIR/model.keras'), then "
                           "model.export(PATH, format=...).")
     rng = np.random.default_rng(0)
