@@ -130,11 +130,15 @@ class ModelStages:
         self._said_own_compile = True
         task = self.task
         optimizer = task.optimizer if isinstance(task.optimizer, str) else type(task.optimizer).__name__
+        spe = int(getattr(model, "steps_per_execution", 1) or 1)
+        own = [f"jit_compile=True (--execution xla)"] if getattr(model, "jit_compile", None) is True else []
+        own += [f"steps_per_execution={spe} (--steps-per-execution {spe})"] if spe > 1 else []
         self.console.warn(
             f"build_model returned a model compiled with {type(model.optimizer).__name__}; tftrain compiles it again "
             f"with the task's optimizer ({optimizer}), loss ({task.loss!r}) and metrics ({task.metrics!r}), so "
-            f"{type(model.optimizer).__name__} is not used. Give your optimizer and metrics to the task (e.g. "
-            "ArrayTask(..., optimizer=keras.optimizers.SGD(0.001), metrics=[...])) and return the model uncompiled.")
+            f"{type(model.optimizer).__name__} is not used" + (f", nor its {' and '.join(own)}" if own else "")
+            + ". Give your optimizer and metrics to the task (e.g. ArrayTask(..., optimizer=keras.optimizers.SGD("
+            "0.001), metrics=[...])) and return the model uncompiled.")
 
     def _seeded_build(self):
         """`task.build_model()`, after seeding Keras again under `--seed`."""

@@ -616,7 +616,8 @@ def test_a_model_compiled_by_build_model_is_compiled_again_with_the_task_s_argum
 
     def compiled():
         model = _model()
-        model.compile(optimizer=keras.optimizers.RMSprop(0.001), loss="mae", metrics=["mse"])
+        model.compile(optimizer=keras.optimizers.RMSprop(0.001), loss="mae", metrics=["mse"], jit_compile=True,
+                      steps_per_execution=8)
         return model
 
     rng = np.random.default_rng(0)
@@ -626,7 +627,8 @@ def test_a_model_compiled_by_build_model_is_compiled_again_with_the_task_s_argum
                              run_dir=str(tmp_path / "run")).fit()
     err = capsys.readouterr().err
     assert err.count("build_model returned a model compiled with RMSprop; tftrain compiles it again with the "
-                     "task's optimizer (sgd), loss ('mse') and metrics (None)") == 1
+                     "task's optimizer (sgd), loss ('mse') and metrics (None), so RMSprop is not used, nor its "
+                     "jit_compile=True (--execution xla) and steps_per_execution=8 (--steps-per-execution 8)") == 1
     saved = keras.saving.load_model(tmp_path / "run" / "model.keras")
     assert type(saved.optimizer).__name__ == "SGD" and "loss" in record.test
 
