@@ -131,7 +131,7 @@ class ModelStages:
         task = self.task
         optimizer = task.optimizer if isinstance(task.optimizer, str) else type(task.optimizer).__name__
         spe = int(getattr(model, "steps_per_execution", 1) or 1)
-        own = [f"jit_compile=True (--execution xla)"] if getattr(model, "jit_compile", None) is True else []
+        own = ["jit_compile=True (--execution xla)"] if getattr(model, "jit_compile", None) is True else []
         own += [f"steps_per_execution={spe} (--steps-per-execution {spe})"] if spe > 1 else []
         self.console.warn(
             f"build_model returned a model compiled with {type(model.optimizer).__name__}; tftrain compiles it again "
