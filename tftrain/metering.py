@@ -20,6 +20,11 @@ INPUT_BOUND_ADVICE = (
     "try cache() after decoding, a parallel map (num_parallel_calls=AUTOTUNE), prefetch(AUTOTUNE), "
     "vectorised (batched) preprocessing, or more tf.data threads"
 )
+PYTHON_INPUT_ADVICE = (
+    "a Python generator or PyDataset runs in one thread: give a PyDataset workers=N (use_multiprocessing=True for "
+    "CPU-heavy batches), vectorise (batch) its preprocessing, or move it into a tf.data pipeline"
+)
+"""The advice for input that is not a `tf.data.Dataset` (`INPUT_BOUND_ADVICE` is tf.data's)."""
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -228,12 +233,14 @@ def input_bound_verdict(
     input_time_per_step_s: float,
     step_time_s: float,
     threshold: float = DEFAULT_INPUT_BOUND_THRESHOLD,
+    advice: str = INPUT_BOUND_ADVICE,
 ) -> InputCheck:
     """Words whether much of a step waits for data (https://www.tensorflow.org/guide/data_performance_analysis).
 
     Args:
         input_time_per_step_s: seconds per batch for the input alone (`time_batches`).
         threshold: the fraction from which the run is input-bound, in (0, 1]. Defaults to 0.5.
+        advice: what to try when input-bound. Defaults to `INPUT_BOUND_ADVICE` (tf.data's).
 
     Raises:
         ValueError: `step_time_s` <= 0, a negative input time, or `threshold` outside (0, 1].
@@ -248,7 +255,7 @@ def input_bound_verdict(
     fraction = min(1.0, input_time_per_step_s / step_time_s)
     bound = fraction >= threshold
     if bound:
-        verdict = f"input-bound: {fraction:.0%} of each step waits for data; {INPUT_BOUND_ADVICE}"
+        verdict = f"input-bound: {fraction:.0%} of each step waits for data; {advice}"
     else:
         verdict = (
             f"not input-bound: the input pipeline needs {fraction:.0%} of each step's time "

@@ -136,8 +136,10 @@ class ThroughputMonitor(keras.callbacks.Callback):
             num = max(1, min(self.input_batches, stats.steps))
             per_batch = metering.time_batches(self.input_data, num, warmup_batches=1, clock=self.clock)
             if per_batch is not None:
+                advice = metering.INPUT_BOUND_ADVICE if isinstance(self.input_data, tf.data.Dataset) else \
+                    metering.PYTHON_INPUT_ADVICE
                 self.input_check = metering.input_bound_verdict(
-                    per_batch, stats.step_time_median_s, self.input_bound_threshold
+                    per_batch, stats.step_time_median_s, self.input_bound_threshold, advice
                 )
         if self._writer is not None:
             if self.input_check is not None:

@@ -76,6 +76,7 @@ def test_monitor_figures_on_a_synthetic_clock(tmp_path):
     assert result["epochs"][1]["examples_per_sec"] == pytest.approx(3200.0)
     assert result["input"]["input_fraction"] == pytest.approx(0.5)
     assert result["input"]["verdict"].startswith("input-bound: 50% of each step waits for data")
+    assert "PyDataset workers=N" in result["input"]["verdict"] and "cache()" not in result["input"]["verdict"]
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
