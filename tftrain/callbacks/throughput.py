@@ -180,7 +180,8 @@ class ThroughputMonitor(keras.callbacks.Callback):
 
 
 def _describe(stats: metering.ThroughputStats) -> str:
-    rate = f"{stats.examples_per_sec:,.0f} examples/sec, " if stats.examples_per_sec is not None else ""
+    rate = f"{stats.examples_per_sec:,.0f} examples/sec, " if stats.examples_per_sec is not None else \
+        "examples/sec unknown (the batches have no fixed size: pass batch_size=), "
     return (
         f"{rate}{stats.steps_per_sec:,.1f} steps/sec, step time median {stats.step_time_median_s * 1e3:.2f} ms, "
         f"p90 {stats.step_time_p90_s * 1e3:.2f} ms over {stats.steps} steps"

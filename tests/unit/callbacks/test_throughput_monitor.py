@@ -164,3 +164,12 @@ def test_monitor_refuses_arrays_as_input_data():
     x = np.zeros((64, 4), "float32")
     with pytest.raises(ConfigError, match="tuple of arrays, which has no input pipeline to time"):
         ThroughputMonitor(batch_size=8, input_data=(x, np.zeros(64)))
+
+
+def test_a_monitor_without_a_batch_size_says_why_it_gives_no_examples_per_sec(capsys):
+    clock, model = FakeClock(), fake_model()
+    monitor = ThroughputMonitor(clock=clock, warmup_steps=1, verbose=1)  # e.g. a .batch(64) without drop_remainder
+    drive(monitor, model, clock, epochs=1, executions=4, steps_per_execution=1, seconds_per_step=0.01,
+          first_execution_s=1.0)
+    assert monitor.result()["examples_per_sec"] is None
+    assert "examples/sec unknown (the batches have no fixed size: pass batch_size=)" in capsys.readouterr().out
