@@ -188,6 +188,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     try:
         with rundir_lib.locked(run_dir):
+            after_steps.update_metrics(run_dir, after_steps={"export": "pending"})  # what it writes is its own
             results = after_steps.export(model, formats, run_dir, features, print)
             after_steps.update_metrics(run_dir, export={**_recorded_exports(run_dir), **results},
                                        after_steps={"export": "done"})

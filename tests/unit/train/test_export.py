@@ -299,7 +299,7 @@ def test_python_m_tftrain_export_on_a_full_disk_says_so_in_one_line(tmp_path, ca
     from tftrain.train import after_steps
 
     _fit(tmp_path)
-    before = (tmp_path / "run" / "metrics.json").read_text()
+    before = json.loads((tmp_path / "run" / "metrics.json").read_text())
 
     def full(*args, **kwargs):  # as TensorFlow wraps a write that found the disk full
         try:
@@ -312,7 +312,9 @@ def test_python_m_tftrain_export_on_a_full_disk_says_so_in_one_line(tmp_path, ca
     assert capsys.readouterr().err.strip() == (
         f"python -m tftrain.export: export failed: no space left on the disk holding {tmp_path}/run/export/x; free "
         "space on that disk, then rerun this command (the trained run is unchanged)")
-    assert (tmp_path / "run" / "metrics.json").read_text() == before
+    after = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert after.pop("after_steps") == {"export": "pending"} and after == {k: v for k, v in before.items()
+                                                                            if k != "after_steps"}  # all else kept
 
 
 def test_ctrl_c_during_the_export_command_is_one_line_and_exit_130(monkeypatch, capsys):
@@ -359,5 +361,18 @@ def test_python_m_tftrain_export_refuses_to_replace_what_it_did_not_write(tmp_pa
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
     (mine / "notes.txt").unlink()
     mine.rmdir()
-    assert export.main([str(tmp_path / "run"), "--formats", "saved_model"]) == 0  # its own: written again
-    assert export.main([str(tmp_path / "run"), "--formats", "saved_model"]) == 0
+    from tftrain.train import after_steps
+
+    def cut_short(model, formats, run_dir, *args):  # Ctrl-C once part of the artifact is written
+        (run_dir / "export" / "saved_model").mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    export_all = after_steps.export
+    after_steps.export = cut_short
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            export.main([str(tmp_path / "run"), "--formats", "saved_model"])
+    finally:
+        after_steps.export = export_all
+    assert export.main([str(tmp_path / "run"), "--formats", "saved_model"]) == 0  # its own part: written again
+    assert export.main([str(tmp_path / "run"), "--formats", "saved_model"]) == 0  # recorded: written again
