@@ -140,8 +140,10 @@ def _readable(error: BaseException) -> str:
     if text.startswith("Graph execution error"):
         lines = text.splitlines()
         trace = [i for i, line in enumerate(lines) if re.match(r'\s+File "', line)]
-        after = [line for line in lines[trace[-1] + 1 if trace else 1:] if line.strip() and not line[0].isspace()]
-        text = "\n".join(after) or text
+        after = lines[trace[-1] + 1 if trace else 1:]
+        roots = [m.group(1) for line in after if (m := re.match(r"\s*\(\d+\) [A-Z_]+:\s+(.*)", line))]
+        after = roots[:1] or [line for line in after if line.strip() and not line[0].isspace()]  # N root errors:
+        text = "\n".join(after) or text  # the first (each replica's own)
     text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
     text = re.sub(r"^\s*\[\[\{\{node .*$", "", text, flags=re.M)
     return re.sub(r"Error in user-defined function passed to (\w+?)(:\d+)? transformation with iterator: "

@@ -35,3 +35,18 @@ def test_a_tensorflow_op_error_is_told_by_its_cause_not_the_graph_trace_or_the_i
                                              "ParallelMapDatasetV2) failed: ") or \
         cause_line(data.value).startswith("InvalidArgumentError: the input pipeline's function (in MapDataset) "
                                           "failed: "), cause_line(data.value)
+
+
+def test_the_first_root_error_of_several_replicas_is_the_cause():
+    from tftrain.errors import one_line
+
+    class InvalidArgumentError(Exception):
+        pass
+
+    error = InvalidArgumentError(
+        'Graph execution error:\n\nDetected at node Loss defined at (most recent call last):\n  File "x.py", line 7, '
+        "in f\n\n2 root error(s) found.\n  (0) INVALID_ARGUMENT:  Received a label value of 3 which is outside the "
+        "valid range of [0, 3).  Label values: 0 3\n\t [[{{node Loss}}]]\n  (1) CANCELLED:  Function was cancelled "
+        "before it was started\n0 successful operations.\n0 derived errors ignored. [Op:__inference_step_22]")
+    assert one_line(error) == ("InvalidArgumentError: Received a label value of 3 which is outside the valid range of "
+                               "[0, 3).  Label values: 0 3")
