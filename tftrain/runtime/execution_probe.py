@@ -267,22 +267,25 @@ def held_optimizers(model) -> dict:
     attribute (named `attr`, `attr[0]`, `attr['key']`): those its own `train_step` applies (a GAN's two).
     Keras builds each on its first step (`ModelState` then replaces it), and loads one's state from a
     weights file only into a built one."""
-    return {name: optimizer for name, _, _, optimizer in _held(model)}
+    held = {}
+    for name, _, _, optimizer in _held(model):
+        if all(optimizer is not other for other in held.values()):  # one held under two names: the first
+            held[name] = optimizer
+    return held
 
 
 def _held(model):
-    """(name, attribute, key or None, optimizer) for each of `held_optimizers`."""
+    """(name, attribute, key or None, optimizer) for every place a held optimizer is kept (one may be in two)."""
     import keras
 
-    seen = {id(getattr(model, "optimizer", None))}
+    compiled = getattr(model, "optimizer", None)
     for attribute, value in list(vars(model).items()):
         if attribute.startswith("_self_"):  # TensorFlow's tracking of the same attributes
             continue
         items = (value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple))
                  else [(None, value)])
         for key, item in items:
-            if isinstance(item, keras.optimizers.Optimizer) and id(item) not in seen:
-                seen.add(id(item))
+            if isinstance(item, keras.optimizers.Optimizer) and item is not compiled:
                 yield (attribute if key is None else f"{attribute}[{key!r}]"), attribute, key, item
 
 
@@ -326,9 +329,10 @@ class ModelState:
         put back) is replaced by a new one of its class and config, and the train function made again."""
         for v, value in zip(self.variables, self.values):
             v.assign(value)
+        fresh_of = {}  # one new optimizer for each built since, put in every place it is kept
         for attribute, key, optimizer, config in self.unbuilt:
             if optimizer.built:
-                fresh = type(optimizer).from_config(config)
+                fresh = fresh_of.setdefault(id(optimizer), type(optimizer).from_config(config))
                 value = getattr(self.model, attribute)
                 if key is None:
                     setattr(self.model, attribute, fresh)

@@ -174,12 +174,12 @@ class ExecutionTrial:
             steps = min(candidate.spe, todo - done)
             try:
                 logs = self._run(candidate, iterator, steps)
-            except StopIteration:
-                if logs is None:
-                    raise
-                return logs
             except Exception as error:  # noqa: BLE001 (an XLA candidate that does not compile is skipped)
-                if _ran_out(error) or not self._skip(candidate, error):  # the data's end: Keras ends the epoch
+                if isinstance(error, StopIteration) or _ran_out(error):  # the data's end: Keras ends the epoch
+                    if logs is None:
+                        raise
+                    return logs
+                if not self._skip(candidate, error):
                     raise
                 continue
             done += steps

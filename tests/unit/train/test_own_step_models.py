@@ -210,3 +210,8 @@ def test_model_state_finds_the_optimizers_a_model_holds_in_a_list_or_dict():
     assert int(model.pair[0].iterations.numpy()) == 0  # built before: its state is put back
     assert not model.pair[1].built and model.pair[1].get_config()["learning_rate"] == pytest.approx(0.2)
     assert not model.named["critic"].built and held_optimizers(model)["named['critic']"] is model.named["critic"]
+    model.g_opt = model.pair[1]  # one optimizer kept in two places: both get the new one
+    state = ModelState(model)
+    model.g_opt.apply_gradients([(np.ones(v.shape, "float32"), v) for v in model.trainable_variables])
+    state.restore()
+    assert model.g_opt is model.pair[1] and not model.g_opt.built
