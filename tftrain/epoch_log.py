@@ -33,7 +33,7 @@ def mend(path) -> Optional[str]:
     except OSError:
         return None
     lines = data.splitlines(keepends=True)
-    cut = bool(lines) and not lines[-1].endswith(b"\n")  # every row ends in a newline: a write cut short
+    cut = bool(lines) and not lines[-1].endswith((b"\n", b"\r"))  # every row ends in a newline: a write cut short
     kept = []
     for line in lines[:-1] if cut else lines:
         try:

@@ -133,7 +133,7 @@ def _with_data_error_hint(message: str, trainer, error) -> str:
     """`message`, and what in the task's data caused `error` (`Task.data_error_hint`) when it knows."""
     try:
         hint = trainer.task.data_error_hint(error) if error is not None and trainer is not None else ""
-    except Exception:  # noqa: BLE001 (a hint must not hide the failure it explains)
+    except BaseException:  # noqa: BLE001 (a hint must not hide the failure it explains, nor Ctrl-C during it)
         hint = ""
     return f"{message.rstrip('.')}: {hint}" if hint else message
 
@@ -212,7 +212,7 @@ def _rerun(run_dir: Optional[str], trainer=None) -> str:
     launched = bool(os.environ.get(RUN_ID_ENV))  # a task of `python -m tftrain.launch`: the user's command is its
     command = "the same python -m tftrain.launch command" if launched else "the same command"
     if not run_dir:  # none written yet, or a server task's, which does not know the chief's
-        alone = trainer is not None and getattr(trainer, "cluster", None) is None
+        alone = not os.environ.get("TF_CONFIG") and getattr(trainer, "cluster", None) is None
         return f"rerun {command}" + ("" if alone else " (the chief's line names the run directory)")
     if trainer is not None and getattr(getattr(trainer, "config", None), "run_dir", None) is not None:
         return f"rerun {command}"

@@ -67,7 +67,7 @@ class ProfilerWindow(keras.callbacks.Callback):
         if not self._checked and self.passed is None:  # the first epoch: fit's initial_epoch is known here
             self._checked = True
             steps, epochs = self.params.get("steps"), self.params.get("epochs")
-            planned = steps * (epochs - epoch) + self.profile.steps_done if steps and epochs else None
+            planned = (steps * epochs if self.resumes else steps * (epochs - epoch)) if steps and epochs else None
             check_window_fits(self.start, self.stop, planned)
 
     def on_train_batch_begin(self, batch, logs=None):

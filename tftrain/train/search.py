@@ -114,8 +114,10 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
 
     try:
         tuner = tuner_of()  # a resumed run reloads the finished trials
-    except (ValueError, OSError, KeyError, TypeError, RuntimeError, tf.errors.OpError) as e:  # keras-tuner's files
-        # cut by a kill or a full disk, or lost (RuntimeError: its oracle names a trial file that is not there)
+    except (ValueError, OSError, KeyError, TypeError, RuntimeError, tf.errors.NotFoundError) as e:  # keras-tuner's
+        # files cut by a kill or a full disk, or lost (its oracle naming a trial file that is not there)
+        if isinstance(e, RuntimeError) and "reloading `Oracle`" not in str(e):
+            raise
         if isinstance(e, ConfigError) or not Path(directory).exists():
             raise
         import shutil
