@@ -410,17 +410,16 @@ def unserializable(model) -> Optional[Tuple[str, str]]:
 def not_rebuilt(model) -> Optional[str]:
     """Why a class of `model` or of its layers, not Keras's own, is not made again by `from_config(get_config())`
     as `keras.models.load_model` makes it (an `__init__` argument `get_config` does not return), or a `Lambda`
-    layer is not (`_lambda_not_loaded`), with the fix; else None. Layers are made unbuilt: no weights."""
+    layer is not (`_lambdas_not_loaded`), with the fix; else None. Layers are made unbuilt: no weights."""
     import keras
 
-    seen, todo = set(), [model]
+    seen, todo, lambdas = set(), [model], []
     while todo:
         obj = todo.pop()
         todo += [layer for layer in getattr(obj, "layers", None) or () if id(layer) not in seen]
         seen.add(id(obj))
         if isinstance(obj, keras.layers.Lambda):  # Keras's own class, read back as its function allows
-            if _plain(model) and (why := _lambda_not_loaded(model, obj)) is not None:
-                return why
+            lambdas.append(obj)
             continue
         if type(obj).__module__.split(".")[0] == "keras":
             continue
@@ -433,24 +432,25 @@ def not_rebuilt(model) -> Optional[str]:
                     "keras.models.load_model will not load model.keras: build the model and model.load_weights it, "
                     f"or give {type(obj).__name__} a get_config() returning its __init__ arguments and pass **kwargs "
                     "on to super().__init__")
-    return None
+    return _lambdas_not_loaded(model, lambdas) if lambdas and _plain(model) else None
 
 
-def _lambda_not_loaded(model, layer) -> Optional[str]:
-    """Why `keras.models.load_model` does not load a model holding the `Lambda` `layer` (Keras refuses a Python
-    lambda unless `safe_mode=False`, and may fail to infer its output shape), with the fix; else None."""
+def _lambdas_not_loaded(model, lambdas) -> Optional[str]:
+    """Why `keras.models.load_model` does not load a model holding the `Lambda` layers `lambdas` (Keras refuses a
+    Python lambda unless `safe_mode=False`, and may fail to infer an output shape), with the fix; else None. The
+    model's config is read back once, in this process (a function it finds here may not be found elsewhere)."""
     import keras
 
-    serialized = keras.saving.serialize_keras_object(model)
-    unsafe = getattr(layer.function, "__name__", "") == "<lambda>"
+    unsafe = [layer for layer in lambdas if getattr(layer.function, "__name__", "") == "<lambda>"]
     try:
-        keras.saving.deserialize_keras_object(serialized, safe_mode=not unsafe)
+        keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model), safe_mode=not unsafe)
     except Exception as error:  # noqa: BLE001 (Keras raises many kinds on a config it cannot read back)
-        return (f"its Lambda layer {layer.name!r} is not made again from the config ({words_within(cause_line(error), 200)}"
-                "), so keras.models.load_model will not load model.keras: give the Lambda a function Keras can find "
-                "(decorated with keras.saving.register_keras_serializable) and output_shape=, or build the model and "
+        return (f"its Lambda layer {lambdas[0].name!r}{' (or another)' if len(lambdas) > 1 else ''} is not made again "
+                f"from the config ({words_within(cause_line(error), 200)}), so keras.models.load_model will not load "
+                "model.keras: give the Lambda a function Keras can find (decorated with "
+                "keras.saving.register_keras_serializable) and output_shape=, or build the model and "
                 "model.load_weights it")
     if unsafe:
-        return (f"its Lambda layer {layer.name!r} holds a Python lambda, which keras.models.load_model reads only with "
-                "safe_mode=False: load model.keras so, or give the Lambda a named function")
+        return (f"its Lambda layer {unsafe[0].name!r} holds a Python lambda, which keras.models.load_model reads only "
+                "with safe_mode=False: load model.keras so, or give the Lambda a named function")
     return None
