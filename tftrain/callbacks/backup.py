@@ -206,6 +206,9 @@ class StepBackup(keras.callbacks.Callback):
         if self.delete_checkpoint and ended and not (self.stop_requested and self.stop_requested()):  # not when
             # a stop is pending (raised once fit returns: its rerun resumes here) or no epoch ran (BatchSizeFinder)
             shutil.rmtree(self.backup_dir, ignore_errors=True)
+            watch = getattr(self.stop_requested, "__self__", None)  # a PreemptionWatch's `requested`: a signal
+            if hasattr(watch, "training_ended"):  # from now on has nothing left to save
+                watch.training_ended = True
 
     def _stop_if_requested(self, epoch: int, steps_in_epoch: int) -> None:
         """On a requested stop: saves this step (unless just saved) and raises `Preempted`."""

@@ -40,6 +40,8 @@ class PreemptionWatch:
         self._polled = self._held = 0
         self._previous: dict = {}
         self.phase = "start-up"
+        self.training_ended = False
+        """Set by a `StepBackup` that removed its checkpoint as `fit` ended: a signal after it stops nothing."""
 
     def requested(self) -> Optional[int]:
         """The signal number received while open, or None."""
@@ -82,13 +84,20 @@ class PreemptionWatch:
     @contextlib.contextmanager
     def polling(self, stop_after: bool = True):
         """While open, a signal is only recorded: the training loop reads `requested()` and stops. With
-        `stop_after`, one the loop did not act on (received after its last check) raises `Preempted` on leaving."""
+        `stop_after`, one the loop did not act on (received after its last check) raises `Preempted` on leaving,
+        unless a `StepBackup` had already ended training and removed its checkpoint (`training_ended`)."""
         self._polled += 1
         try:
             yield self
         finally:
             self._polled -= 1
         if stop_after and not (self._held or self._polled):
+            if self.training_ended and self._signum is not None and not self._raised:
+                # the run is done and nothing is left to save: stopping now would only lose the script's rest
+                print(f"{signal.Signals(self._signum).name} came after training ended and its checkpoint was "
+                      "removed: the script goes on; a second signal stops it", file=sys.stderr, flush=True)
+                self._signum = None  # on leaving, the handlers before come back
+                return
             self.phase = "training" if self.phase == "start-up" else self.phase
             self._raise()
 

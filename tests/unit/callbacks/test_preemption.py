@@ -78,11 +78,12 @@ def test_a_signal_after_the_loop_s_last_check_stops_on_leaving_and_a_plain_fit_k
         def on_train_end(self, logs=None):
             os.kill(os.getpid(), signal.SIGTERM)
 
-    def fit(*callbacks):
+    def fit(*callbacks, last=False):
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
         model.compile("sgd", "mse")
         backup = StepBackup(tmp_path / "backup", stop_requested=watch.requested)
-        return model, model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0, callbacks=[*callbacks, backup])
+        return model, model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0,
+                                callbacks=[backup, *callbacks] if last else [*callbacks, backup])
 
     x = np.random.default_rng(0).standard_normal((32, 4)).astype("float32")
     before = {s: signal.getsignal(s) for s in SIGNALS}
@@ -94,6 +95,9 @@ def test_a_signal_after_the_loop_s_last_check_stops_on_leaving_and_a_plain_fit_k
             model, history = fit()
         assert history.epoch == [] and int(model.optimizer.iterations) == 8
         assert not (tmp_path / "backup").exists()  # deleted once a fit ended without a stop
+        with PreemptionWatch() as watch, watch.polling():  # a notice after the backup was removed: nothing to save
+            model, history = fit(SignalAtTheEnd(), last=True)
+        assert history.epoch == [0, 1] and signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
