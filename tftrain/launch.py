@@ -156,6 +156,8 @@ class _Job:
     max_restarts: int = 0
     restarts: int = 0
     failed: Optional[str] = None  # the failure that stopped the job ("worker:1 exited with code 3")
+    failed_code: Optional[int] = None  # its exit code (2: bad input, refused before training)
+    stopped: bool = False  # the launcher itself was stopped by a signal
     tasks: List[_Task] = dataclasses.field(default_factory=list)
     retired: List[_Task] = dataclasses.field(default_factory=list)
 
@@ -255,6 +257,7 @@ def launch(
             return _wait(job, timeout, started, server_wait_s)
         except _Stop as stop:
             job.output.say(f"got {signal.Signals(stop.signum).name}; stopping {len(job.tasks)} task(s)")
+            job.stopped = True
             return 128 + stop.signum
         except KeyboardInterrupt:
             job.output.say(f"interrupted; stopping {len(job.tasks)} task(s)")
@@ -266,9 +269,13 @@ def launch(
             for task in job.tasks + job.retired:
                 for reader in task.readers:
                     reader.join(timeout=grace_s)
+            if job.stopped:  # each task's exit, as when the job ends by itself
+                for task in job.tasks:
+                    job.output.say(f"{task.name} {describe_exit(task.returncode)}")
             if job.failed:  # the last line, below the stopped tasks' own
-                job.output.say(f"the job stopped: {job.failed}. Its tasks' lines above say why; "
-                               + resume_advice(command, base_env[RUN_ID_ENV]))
+                job.output.say(f"the job stopped: {job.failed}. Its tasks' lines above say why; " + (
+                    "nothing trained: fix what they name, then run the command again" if job.failed_code == 2
+                    else resume_advice(command, base_env[RUN_ID_ENV])))
 
 
 def resume_advice(command: Sequence[str], run_id: str, root: Path = Path("runs")) -> str:
@@ -369,6 +376,7 @@ def _wait(job: _Job, timeout: Optional[float], started: float, server_wait_s: fl
 def _after_failure(job: _Job, task: _Task) -> Optional[int]:
     """Handles a task's failure: None if the job goes on (restarted, or a ps job's other worker runs), else its code."""
     what = f"{task.name} {describe_exit(task.returncode)}"
+    job.failed_code = task.returncode
     ps_worker = "ps" in job.cluster and task.info.task_type == "worker"
     if job.restarts < job.max_restarts:
         job.restarts += 1

@@ -131,6 +131,16 @@ def test_crashing_worker_stops_the_job_and_leaves_no_process(tmp_path):
     assert _alive_in_groups(set(pids.values())) == []
 
 
+def test_a_task_refusing_bad_input_ends_the_job_without_resume_advice(tmp_path):
+    script = _task_script(tmp_path, """
+        sys.exit(2)  # as a training command refuses bad input, before any work
+    """)
+    result = _launch(["--workers", "2", "--grace", "2", "--", PY, script])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[-1].endswith("Its tasks' lines above say why; nothing trained: fix what they "
+                                                   "name, then run the command again")
+
+
 def test_task_killed_by_a_signal_reports_it_as_128_plus_n(tmp_path):
     script = _task_script(tmp_path, """
         if name == "worker:0":
@@ -308,6 +318,8 @@ def test_ctrl_c_stops_every_task(tmp_path):
             proc.kill()
     assert proc.returncode == 130
     assert "got SIGINT; stopping 2 task(s)" in err
+    assert [line.split(": ", 1)[1].split(" ")[0] for line in err.splitlines()[-2:]] == ["worker:0", "worker:1"]  # each
+    # task's exit, as when the job ends by itself
     assert _alive_in_groups(set(_started_pids(err).values())) == []
 
 
