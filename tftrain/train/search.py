@@ -110,23 +110,7 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
         return make_tuner(hypermodel, directory=directory, algorithm=cfg.train.tuner, max_trials=cfg.train.tune,
                           strategy=rt.strategy, seed=cfg.seed, max_epochs=cfg.train.epochs, objective=objective)
 
-    import tensorflow as tf
-
-    try:
-        tuner = tuner_of()  # a resumed run reloads the finished trials
-    except (ValueError, OSError, KeyError, TypeError, RuntimeError, tf.errors.NotFoundError) as e:  # keras-tuner's
-        # files cut by a kill or a full disk, or lost (its oracle naming a trial file that is not there)
-        if isinstance(e, RuntimeError) and "reloading `Oracle`" not in str(e):
-            raise
-        if isinstance(e, ConfigError) or not Path(directory).exists():
-            raise
-        import shutil
-
-        from tftrain.errors import one_line
-
-        console.warn(f"{directory} could not be read back ({one_line(e)}); its trials are run again")
-        shutil.rmtree(directory)
-        tuner = tuner_of()
+    tuner = _reloaded(tuner_of, directory, console)
     console.section(f"tuning: {cfg.train.tune} {cfg.train.tuner} trial(s) over learning rate, batch size"
                             + "".join(f", {k}" for k in task.tune_space()) + f" (objective {getattr(objective, 'name', objective)})")
     weights = {"class_weight": task.class_weight} if task.class_weight is not None else {}  # trials as the run
@@ -145,6 +129,28 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
                 raise
             raise watch.stop() from None
     return _tuning_figures(tuner, directory, cfg, console, chief)
+
+
+def _reloaded(tuner_of, directory, console):
+    """`tuner_of()`, which reloads a resumed run's finished trials; when keras-tuner cannot read its files back (cut
+    by a kill or a full disk, or lost: its oracle naming a trial file that is not there), said in one line, the
+    folder removed and the tuner made anew."""
+    import tensorflow as tf
+
+    try:
+        return tuner_of()
+    except (ValueError, OSError, KeyError, TypeError, RuntimeError, tf.errors.NotFoundError) as e:
+        if isinstance(e, RuntimeError) and "reloading `Oracle`" not in str(e):
+            raise
+        if isinstance(e, ConfigError) or not Path(directory).exists():
+            raise
+        import shutil
+
+        from tftrain.errors import one_line
+
+        console.warn(f"{directory} could not be read back ({one_line(e)}); its trials are run again")
+        shutil.rmtree(directory)
+        return tuner_of()
 
 
 def _tuning_figures(tuner, directory, config, console, chief: bool) -> Tuple[dict, dict]:
