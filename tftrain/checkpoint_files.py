@@ -84,7 +84,7 @@ def _position(meta: Path, numbered: bool = True) -> Optional[BackupPosition]:
     numbered checkpoint's lacks the step count `commit` always writes."""
     try:
         data = json.loads(meta.read_text(encoding="utf-8"))
-        if data.get("metadata_crc32", _metadata_crc(data)) != _metadata_crc(data) or \
+        if ("metadata_crc32" in data and data["metadata_crc32"] != _metadata_crc(data)) or \
                 (numbered and "optimizer_iterations" not in data):
             return None
         precision, crc = data.get("precision"), data.get("crc32")
