@@ -91,7 +91,7 @@ def test_a_parameter_server_job_validates_stops_early_and_keeps_the_best_epoch_b
     (kept,) = metrics["keep_best"]["kept"]
     assert kept["value"] == min(val_mae) and kept["epoch"] == val_mae.index(min(val_mae)) + 1
     assert (tmp_path / "run" / "checkpoints" / "best" / f"epoch-{kept['epoch']}.index").is_file()
-    assert metrics["early_stopping"]["best"] == min(metrics["history"]["val_loss"])
+    assert metrics["early_stopping"]["monitor"] == "val_value_mae" and metrics["early_stopping"]["best"] == min(val_mae)
 
 
 _OWN_STEP = '''

@@ -170,10 +170,11 @@ class TrainConfig:
         tuner: one of `TUNERS`. Defaults to "random".
         gradient_accumulation_steps: micro-batches per optimizer step (`tftrain.train.accumulation`). Defaults to 1.
         backup_every_steps: also back up every N optimizer steps (`StepBackup`). Defaults to None (epoch ends only).
-        early_stopping: patience in epochs on `val_loss`, restoring the best weights. Defaults to None.
+        early_stopping: patience in epochs on `monitor` (else `val_loss`), restoring the best weights. Defaults to None.
         callbacks: `"WHERE:NAME[,...]"`, added after tftrain's own (`tftrain.train.user_callbacks`). Defaults to None.
         keep_best: keep the N best epochs by `monitor`, and the last, in `checkpoints/` (`KeepBest`). Defaults to 0.
-        monitor: the metric `keep_best` and `--tune` rank by. Defaults to None (`val_loss`, else `loss`).
+        monitor: the metric `keep_best`, `early_stopping` and `--tune` rank by. Defaults to None (`val_loss`, else
+            `loss`).
         monitor_mode: `"min"`, `"max"` or `"auto"` (from the metric's name). Defaults to `"auto"`.
         init_from: a `.keras` file, checkpoint or run directory to start from (`init_weights`). Defaults to None.
         mlflow: MLflow tracking URI (`default`: `$MLFLOW_TRACKING_URI`; `tftrain.train.mlflow_log`). Defaults to None.
@@ -195,14 +196,16 @@ class TrainConfig:
     backup_every_steps: Optional[int] = _field(
         None, "also back up every N optimizer steps: a killed run loses at most N (None: at epoch ends only)", minimum=1)
     early_stopping: Optional[int] = _field(
-        None, "stop when val_loss has not improved for PATIENCE epochs; keep the best weights (None: off)", minimum=0,
+        None, "stop when --monitor (default val_loss) has not improved for PATIENCE epochs; keep the best weights "
+              "(None: off)", minimum=0,
         metavar="PATIENCE")
     callbacks: Optional[str] = _field(
         None, "your own Keras callbacks: FILE.py:NAME or MODULE:NAME, comma-separated", metavar="WHERE:NAME[,...]")
     keep_best: int = _field(0, "keep the N best epochs' weights by --monitor, and the last, in checkpoints/ (0: off)",
                             minimum=0, metavar="N")
     monitor: Optional[str] = _field(None, "metric --keep-best ranks by (None: val_loss with validation data, else "
-                                          "loss), and --tune's trials (None: val_accuracy, else val_loss)",
+                                          "loss), --early-stopping watches (None: val_loss) and --tune's trials "
+                                          "(None: val_accuracy, else val_loss)",
                                     metavar="METRIC")
     monitor_mode: str = _field("auto", "whether --monitor improves as it falls (min) or rises (max); auto: from its "
                                        "name", ("auto", "min", "max"))

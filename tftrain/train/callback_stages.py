@@ -93,15 +93,17 @@ class CallbackStages:
         return backup
 
     def _early_stopping(self):
-        """`--early-stopping P`: EarlyStopping on val_loss keeping the best weights, its state in the backup and
-        replayed from the chief's `history.csv` (every worker of a job then stops at the same epoch)."""
+        """`--early-stopping P`: EarlyStopping on `--monitor` (default val_loss) keeping the best weights, its state
+        in the backup and replayed from the chief's `history.csv` (every worker of a job then stops at the same
+        epoch)."""
         from tftrain.callbacks import ResumableEarlyStopping
 
         patience = self.config.train.early_stopping
         if patience is None:
             return None
         return ResumableEarlyStopping(self.out_dir.backup_dir, self.run_dir.path / rundir_lib.HISTORY_FILE,
-                                      say=self.console.line, monitor="val_loss", patience=patience,
+                                      say=self.console.line, monitor=self.early_stopping_monitor(),
+                                      mode=self.config.train.monitor_mode, patience=patience,
                                       restore_best_weights=True, verbose=min(1, self.config.train.verbose))
 
     def _keep_best(self):

@@ -357,8 +357,9 @@ class ModelStages:
             compute_dtype="float32" if timed else info.compute_dtype, auto_precision=cfg.runtime.precision == "auto",
             loss_scaling=info.loss_scaling, class_weight=self.task.class_weight,
             monitor=(self.keep_best_monitor(), cfg.train.monitor_mode)
-            if cfg.train.keep_best or (cfg.train.tune and cfg.train.monitor) else None,  # the trials' objective
-            early_stopping=cfg.train.early_stopping is not None,
+            if cfg.train.keep_best or (cfg.train.monitor and (cfg.train.tune or cfg.train.early_stopping is not None))
+            else None,  # the trials' objective, the metric early stopping watches
+            early_stopping=cfg.train.early_stopping is not None and not cfg.train.monitor,
             init_from=init, export_formats=export, candidate_build=build if timed else None,
             candidate_dtype=info.compute_dtype, graph=cfg.runtime.execution != "eager")
 
@@ -380,6 +381,10 @@ class ModelStages:
         gb = self.batch.global_batch_size if self.batch else 32
         validates = self.task.validation_data(gb) is not None
         return "val_loss" if validates else "loss"
+
+    def early_stopping_monitor(self) -> str:
+        """The metric `--early-stopping` watches: `--monitor`, else `val_loss`."""
+        return self.config.train.monitor or "val_loss"
 
 
 @contextlib.contextmanager

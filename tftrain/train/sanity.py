@@ -31,7 +31,7 @@ class SanityPlan:
         auto_precision: whether `--precision auto` chose the policy (a rounding output then takes float32).
         loss_scaling: whether the policy scales the loss (`mixed_float16`).
         monitor: `(metric, mode)` that `--keep-best` ranks by, or None.
-        early_stopping: whether `--early-stopping` watches `val_loss`.
+        early_stopping: whether `--early-stopping` watches `val_loss` (no `--monitor`).
         init_from: `(kind, source)` from `init_weights.resolve`, or None.
         export_formats: the `--export` formats to try (the chief's; empty on other workers).
         candidate_build: builds the model under a mixed policy `--precision auto` has still to time, to check a

@@ -406,8 +406,9 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         if self.task.class_weight is not None and not self.loop.weighs_classes:
             raise ConfigError(f"class_weight is not supported by {self.loop.name}: weigh the examples in the task's "
                               "loss instead, or train with another strategy.")
-        if self.config.train.early_stopping is not None and not has_validation:
-            raise ConfigError("--early-stopping watches val_loss: pass --validation-split F (e.g. 0.1) or give the "
+        watched = self.early_stopping_monitor()
+        if self.config.train.early_stopping is not None and watched.startswith("val_") and not has_validation:
+            raise ConfigError(f"--early-stopping watches {watched}: pass --validation-split F (e.g. 0.1) or give the "
                               "task its own validation data.")
         self._check_backup_every()
 

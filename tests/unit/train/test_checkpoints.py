@@ -310,6 +310,29 @@ def test_early_stopping_needs_validation_data(tmp_path, capsys):
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.slow
+def test_early_stopping_watches_the_monitor_keep_best_ranks_by(tmp_path):
+    """`--monitor` is the one metric keep-best, early stopping and model.keras agree on; a training metric needs no
+    validation data."""
+    log = _weights_log()
+    x, y = _data()
+    task = _task(validation_data=(x[:64], -y[:64]), metrics=["mae"])  # val_* worsens; the training mae falls
+    record = _run(tmp_path, task, callbacks=[log], epochs=4, early_stopping=1, monitor="mae", keep_best=1)
+    stop = record.to_dict()["early_stopping"]
+    assert stop["monitor"] == "mae" and stop["stopped_epoch"] is None  # val_loss would have stopped it at epoch 3
+    assert stop["best"] == pytest.approx(min(record.history["mae"]))
+    assert record.epochs_trained == 4
+    best = int(np.argmin(record.history["mae"]))
+    for saved, weights in zip(_saved_weights(tmp_path / "run"), log.by_epoch[best]):
+        np.testing.assert_array_equal(saved, weights)
+
+
+def test_early_stopping_on_an_unknown_monitor_is_refused_before_training(tmp_path):
+    with pytest.raises(ConfigError, match="--monitor 'val_accuracy' is not among the epoch logs' keys"):
+        _run(tmp_path, _diverging_validation_task(), early_stopping=2, monitor="val_accuracy")
+    assert not (tmp_path / "run").exists()
+
+
 def test_describe_divergence_names_an_execution_s_range():
     import keras
 
