@@ -150,9 +150,33 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
     checked.append("a training step" + (" and a validation step" if validation is not None else ""))
     checked += _after_training(plan, model, keys, validation is not None, say)
     x, y, _ = _unpacked(train)
-    outputs = _outputs(model, x)
+    float32_needed, step_scaling = _precision_checks(plan, model, train, say)
+    del model  # before the compiled model the loss scaling check builds
+    scales = None
+    if step_scaling:
+        from tftrain.runtime.precision import step_scales_loss
+
+        scales = step_scales_loss(*_compiled(plan), train)
+        checked.append("the train_step's loss scaling")
+    if plan.export_formats:
+        _try_exports(plan, x)
+        checked.append("export " + ", ".join(plan.export_formats))
+    return SanityResult(train_keys, validation_keys, tuple(checked), scales, float32_needed,
+                        time.perf_counter() - started, class_weight)
+
+
+def _precision_checks(plan: SanityPlan, model, train, say: Callable[[str], None]) -> tuple:
+    """`(float32_needed, step_scaling)`: labels the outputs' compute dtype would round (refused unless `--precision
+    auto` can fall back to float32), and whether a `train_step` of its own must be checked for scaling its loss
+    under `mixed_float16`; warns of scalar outputs over several replicas and of held optimizers the loss scaling
+    cannot reach."""
     import tensorflow as tf
 
+    from tftrain.callbacks._steps import train_steps
+    from tftrain.runtime.precision import overridden_steps
+
+    x, y, _ = _unpacked(train)
+    outputs = _outputs(model, x)
     if plan.replicas > 1 and any(len(getattr(o, "shape", ())) == 1 for o in tf.nest.flatten(outputs)):
         say(f"an output is one scalar per example (shape (batch,)): over {plan.replicas} replicas Keras reports "
             f"its loss, and scales its gradients, {plan.replicas} times too large for a loss that averages over the "
@@ -163,26 +187,14 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
     if float32_needed and not plan.auto_precision:
         raise ConfigError(f"{float32_needed}. Give the model's last layer dtype='float32' (or cast its outputs to "
                           "float32), or pass --precision float32.")
-    from tftrain.runtime.precision import overridden_steps, step_scales_loss
-
-    from tftrain.callbacks._steps import train_steps
-
-    scales, overridden = None, overridden_steps(model)
+    overridden = overridden_steps(model)
     own_optimizers = "train_step" in overridden and getattr(model, "optimizer", None) is not None \
         and train_steps(model) == 0  # the step ran, the compiled optimizer did not
-    del model
     if plan.loss_scaling and own_optimizers:
         say("the model's train_step does not apply the compiled optimizer (its own optimizers?): the loss scaling "
             "mixed_float16 needs does not reach them. Wrap each in keras.optimizers.LossScaleOptimizer and scale "
             "its loss (scale_loss), or pass --precision float32 or mixed_bfloat16")
-    elif plan.loss_scaling and "train_step" in overridden:
-        scales = step_scales_loss(*_compiled(plan), train)
-        checked.append("the train_step's loss scaling")
-    if plan.export_formats:
-        _try_exports(plan, x)
-        checked.append("export " + ", ".join(plan.export_formats))
-    return SanityResult(train_keys, validation_keys, tuple(checked), scales, float32_needed,
-                        time.perf_counter() - started, class_weight)
+    return float32_needed, bool(plan.loss_scaling and "train_step" in overridden and not own_optimizers)
 
 
 def _after_training(plan: SanityPlan, model, keys: tuple, validates: bool, say: Callable[[str], None]) -> list:
