@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import Optional
 
-from tftrain.errors import ConfigError, cause_line
+from tftrain.errors import ConfigError, Preempted, cause_line
 from tftrain.files import replaced
 from tftrain.train.tasks.base import check_compile_args
 
@@ -81,6 +81,27 @@ class ModelStages:
                 return self.loop.evaluate(model, dataset)
             finally:
                 model.test_function = None
+
+    def evaluated(self, model) -> Optional[dict]:
+        """`evaluate`'s figures; None when it fails other than by a stop signal: the trained run is saved all the
+        same, `metrics.json` `evaluation` saying why, and `evaluation_failure()` is the run's last line."""
+        try:
+            return self.evaluate(model)
+        except Exception as e:  # noqa: BLE001 (a run that has trained is never lost to a later step)
+            if isinstance(e, Preempted) or self.preemption.requested() is not None:
+                raise
+            from tftrain.train.after_steps import failure_status
+
+            self.extras["evaluation"] = failure_status(e)
+            return None
+
+    def evaluation_failure(self) -> Optional[str]:
+        """The line of a failed test evaluation (`evaluated`), else None."""
+        status = self.extras.get("evaluation")
+        return None if status is None else (
+            f"the test evaluation failed after training ({status.removeprefix('failed: ')}); the trained model and "
+            f"metrics.json (without test figures) are kept in {self.run_dir.path}: evaluate model.keras on the test "
+            "data once it is fixed")
 
     def _built_or_float32(self, fall_back: bool = True):
         """The task's model, seeded and built; after a dtype clash under the mixed policy that

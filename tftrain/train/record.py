@@ -81,5 +81,5 @@ RUNTIME_KEYS = ("replicas", "workers", "ps_tasks", "cluster_source", "strategy",
 
 EXTRA_KEYS = ("throughput", "profile", "tuning", "batch_size_search", "execution_auto", "precision_auto",
               "optimizer_steps", "backup", "early_stopping", "custom_step", "keep_best", "init_from", "export",
-              "after_steps", "sanity")
+              "after_steps", "sanity", "evaluation")
 """Keys `RunRecord.extras` may hold."""

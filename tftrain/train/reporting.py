@@ -262,7 +262,8 @@ def print_result(record: RunRecord, console, unit: str = "examples", input_hint:
 
 
 def _result_line(record: RunRecord, unit: str = "examples") -> str:
-    test = ", ".join(f"test {k} {v:.4f}" for k, v in (record.test or {}).items()) or "no test data"
+    test = ", ".join(f"test {k} {v:.4f}" for k, v in (record.test or {}).items()) or (
+        "test evaluation failed" if record.extras.get("evaluation") else "no test data")
     speed = (f"{record.examples_per_sec:,.0f} {unit}/sec over {record.epochs_trained} epoch(s)"
              if record.examples_per_sec else f"{record.epochs_trained} epoch(s)" if record.epochs_trained
              else "nothing left to train (" + ("the checkpoint held every epoch)" if record.resumed_from_epoch >=

@@ -196,7 +196,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
                 history, fit_time = self.train(model, self.made)
                 self.console.warn(epoch_log.tidy_history(self.out_dir.path / rundir_lib.HISTORY_FILE, history))
                 self.preemption.phase = "evaluation (training's checkpoint is kept)"
-                test = self.evaluate(model)
+                test = self.evaluated(model)
                 with self.preemption.holding(stop_after=False):  # a signal waits for these writes
                     self.preemption.phase = "saving the run (training's checkpoint is kept)"
                     self.save(model)
@@ -222,7 +222,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
             self.task.release()
         with self.preemption.holding(stop_after=False):  # the run is complete: a stop signal waits for its lines
             self.report(record)
-        if failure:
+        if failure := " ".join(f for f in (self.evaluation_failure(), failure) if f):
             raise AfterStepFailed(failure)
         return record
 
