@@ -149,7 +149,10 @@ class KeepBest(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._offset, self._logs, self._valued = None, None, False
-        self._checkpoint = tf.train.Checkpoint(model=self.model)
+        from tftrain.runtime.precision import user_model
+
+        # the user's model, not the float32-output wrapper a mixed-policy run trains: read back into it as built
+        self._checkpoint = tf.train.Checkpoint(model=user_model(self.model))
         pointer = self.directory / "last" / "checkpoint"  # TensorFlow prints a damaged one's bytes to the terminal
         if pointer.is_file() and not _text(pointer):  # the checkpoint it names is unknown: the folder goes whole
             shutil.rmtree(pointer.parent, ignore_errors=True)

@@ -97,9 +97,11 @@ def _load_checkpoint(model, path: str) -> None:
     import tensorflow as tf
 
     try:
-        status = tf.train.Checkpoint(model=model).read(path)
+        from tftrain.runtime.precision import user_model
+
+        status = tf.train.Checkpoint(model=user_model(model)).read(path)  # as KeepBest saves it
+        status.expect_partial()  # no warnings for the rest (its save counter, an optimizer), nor for a mismatch
         status.assert_existing_objects_matched()  # every weight of this model is in it
-        status.expect_partial()  # no warnings for the rest (its save counter)
     except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as error:
         first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
         raise ConfigError(f"--init-from {path}: the checkpoint does not fit this model ({first[:300]}). Pass "
