@@ -73,3 +73,61 @@ def check_class_weight(dataset, class_weight) -> None:
             "class_weight weighs the classes of one output, and this task's labels are for "
             f"{len(list(_leaves(labels)))} outputs. Drop class_weight and give sample weights per output instead "
             "(a third element of each batch: {output: weights}), or weigh the classes in that output's loss.")
+
+
+SPARSE_LOSSES = ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy")
+"""Names of the loss whose labels are class indices (`keras.losses.SparseCategoricalCrossentropy`)."""
+
+
+def check_label_range(labelled, loss, outputs, output_names=()) -> None:
+    """Raises `ConfigError` when labels held in memory (`Task.label_arrays`) of an output trained with sparse
+    categorical crossentropy fall outside its classes, 0 to its last dimension less 1 (its `ignore_class` aside):
+    Keras fails on the batch that holds one, mid-training or after it, on a CPU, and gives NaN on a GPU.
+
+    Args:
+        labelled: `(what, labels)` pairs; labels an array, or a list or dict of them per output.
+        loss: the compiled loss: one for every output, or a list or dict per output.
+        outputs: the model's outputs on a batch (a tensor, or a list or dict of them).
+        output_names: the model's `output_names`, naming a list's outputs.
+    """
+    import numpy as np
+
+    out, losses = _per_output(outputs, output_names), _per_output(loss, output_names, every=True)
+    for what, labels in labelled:
+        by_output = _per_output(labels, output_names)
+        for name, output in out.items():
+            fn, y = losses.get(name, losses.get(None)), by_output.get(name)
+            shape = getattr(output, "shape", ())
+            if y is None or not _sparse(fn) or len(shape) < 2 or shape[-1] is None or shape[-1] < 2:
+                continue
+            values = np.asarray(y)
+            if values.dtype.kind not in "iuf" or values.size == 0:
+                continue
+            ignore = getattr(fn, "ignore_class", None)
+            values = values[values != ignore] if ignore is not None else values.ravel()
+            low, high, units = values.min(initial=0), values.max(initial=0), int(shape[-1])
+            if low < 0 or high >= units:
+                where = f" of output {name!r}" if name is not None and len(out) > 1 else ""
+                bad = low if low < 0 else high
+                raise ConfigError(
+                    f"The {what} labels{where} hold class {bad:g}, and the output has {units} classes (0 to "
+                    f"{units - 1}) under sparse categorical crossentropy, so Keras would fail on that batch: fix the "
+                    f"labels, or give the output {int(high) + 1} units.")
+
+
+def _per_output(structure, names, every: bool = False) -> dict:
+    """`{output name: part}` of a structure per output (a dict by name, a list by position); a single part is
+    keyed by the one output's name, or by None when `every` (it serves every output)."""
+    if isinstance(structure, dict):
+        return dict(structure)
+    if isinstance(structure, (list, tuple)):
+        return {names[i] if i < len(names) else i: part for i, part in enumerate(structure)}
+    if every:
+        return {None: structure}
+    return {names[0] if len(names) == 1 else None: structure}
+
+
+def _sparse(loss) -> bool:
+    """Whether `loss` (a name, a loss object or function) is sparse categorical crossentropy."""
+    name = loss if isinstance(loss, str) else getattr(loss, "__name__", type(loss).__name__)
+    return name in SPARSE_LOSSES

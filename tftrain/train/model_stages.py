@@ -382,7 +382,8 @@ class ModelStages:
             else None,  # the trials' objective, the metric early stopping watches
             early_stopping=cfg.train.early_stopping is not None and not cfg.train.monitor,
             init_from=init, export_formats=export, candidate_build=build if timed else None,
-            candidate_dtype=info.compute_dtype, graph=cfg.runtime.execution != "eager")
+            candidate_dtype=info.compute_dtype, graph=cfg.runtime.execution != "eager",
+            label_arrays=self.task.label_arrays())
 
     def _plain_outputs(self, model):
         """`model` with float32 outputs under a mixed policy, for a functional or Sequential model; silent."""

@@ -39,6 +39,7 @@ class SanityPlan:
         candidate_dtype: the compute dtype of `candidate_build`'s policy. Defaults to `"float32"`.
         graph: the run's steps run in a graph, so the training step is also traced (not run). Defaults to True.
         test_data: evaluated on one batch, as after training. Defaults to None.
+        label_arrays: `Task.label_arrays`, checked whole against the outputs' classes. Defaults to ().
     """
 
     build: Callable
@@ -60,6 +61,7 @@ class SanityPlan:
     candidate_build: Optional[Callable] = None
     candidate_dtype: str = "float32"
     graph: bool = True
+    label_arrays: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +152,14 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
     checked.append("a training step" + (" and a validation step" if validation is not None else ""))
     checked += _after_training(plan, model, keys, validation is not None, say)
     x, y, _ = _unpacked(train)
-    float32_needed, step_scaling = _precision_checks(plan, model, train, say)
+    outputs = _outputs(model, x)
+    if outputs is not None and plan.label_arrays:
+        from tftrain.train.data_checks import check_label_range
+
+        check_label_range(plan.label_arrays, plan.compile_args.get("loss"), outputs,
+                          getattr(model, "output_names", None) or ())
+        checked.append("every label against the outputs' classes")
+    float32_needed, step_scaling = _precision_checks(plan, model, train, outputs, say)
     del model  # before the compiled model the loss scaling check builds
     scales = None
     if step_scaling:
@@ -165,7 +174,7 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
                         time.perf_counter() - started, class_weight)
 
 
-def _precision_checks(plan: SanityPlan, model, train, say: Callable[[str], None]) -> tuple:
+def _precision_checks(plan: SanityPlan, model, train, outputs, say: Callable[[str], None]) -> tuple:
     """`(float32_needed, step_scaling)`: labels the outputs' compute dtype would round (refused unless `--precision
     auto` can fall back to float32), and whether a `train_step` of its own must be checked for scaling its loss
     under `mixed_float16`; warns of scalar outputs over several replicas and of held optimizers the loss scaling
@@ -176,7 +185,6 @@ def _precision_checks(plan: SanityPlan, model, train, say: Callable[[str], None]
     from tftrain.runtime.precision import overridden_steps
 
     x, y, _ = _unpacked(train)
-    outputs = _outputs(model, x)
     if plan.replicas > 1 and any(len(getattr(o, "shape", ())) == 1 for o in tf.nest.flatten(outputs)):
         say(f"an output is one scalar per example (shape (batch,)): over {plan.replicas} replicas Keras reports "
             f"its loss, and scales its gradients, {plan.replicas} times too large for a loss that averages over the "

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tftrain
+from tftrain.errors import ConfigError
 
 
 def _classifier():
@@ -49,3 +50,32 @@ def test_a_failing_test_evaluation_keeps_the_trained_model_and_metrics(tmp_path,
     with pytest.raises(RunDirError, match="holds a finished run"):
         tftrain.Trainer(task, epochs=2, verbose=0, seed=0, execution="graph", batch_size=32,
                         run_dir=str(run)).fit()
+
+
+@pytest.mark.parametrize("split", ["training", "test"])
+def test_a_label_outside_the_output_s_classes_anywhere_in_memory_is_refused_before_training(tmp_path, split):
+    x, y = _arrays()
+    bad = y.copy()
+    bad[-1] = 3  # not in the first batch the sanity pass steps
+    arrays = (x, bad, x, y) if split == "training" else (x, y, x, bad)
+    task = tftrain.ArrayTask(_classifier, *arrays, loss="sparse_categorical_crossentropy", name="bad_label")
+    with pytest.raises(ConfigError, match=f"The {split} labels hold class 3, and the output has 3 classes"):
+        tftrain.Trainer(task, epochs=1, verbose=0, seed=0, batch_size=32, run_dir=str(tmp_path / "run")).fit()
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_label_range_check_follows_each_output_s_loss_and_ignore_class():
+    import keras
+
+    from tftrain.train.data_checks import check_label_range
+
+    outputs = {"cls": np.zeros((2, 3), "float32"), "value": np.zeros((2, 1), "float32")}
+    labels = {"cls": np.array([0, 2, 255]), "value": np.array([[7.0], [9.0]])}  # regression labels are no classes
+    losses = {"cls": keras.losses.SparseCategoricalCrossentropy(ignore_class=255), "value": "mse"}
+    check_label_range([("training", labels)], losses, outputs, ["cls", "value"])
+    with pytest.raises(ConfigError, match="training labels of output 'cls' hold class -1"):
+        check_label_range([("training", {**labels, "cls": np.array([0, -1])})], losses, outputs, ["cls", "value"])
+    one = np.zeros((2, 3), "float32")
+    check_label_range([("test", np.array([0, 2]))], keras.losses.sparse_categorical_crossentropy, one, ["out"])
+    with pytest.raises(ConfigError, match="give the output 4 units"):
+        check_label_range([("test", np.array([0, 3]))], "sparse_categorical_crossentropy", one, ["out"])

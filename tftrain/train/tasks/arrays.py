@@ -170,6 +170,14 @@ class ArrayTask(FunctionTask):
     def test_data(self, global_batch_size):
         return None if self.test is None else self._dataset(self.test, global_batch_size, False)
 
+    def label_arrays(self) -> tuple:
+        """The training, validation and test labels; none under `preprocess`, which may change them."""
+        if self.preprocess is not None:
+            return ()
+        train, val = self._splits()
+        parts = (("training", train), ("validation", val), ("test", self.test))
+        return tuple((what, arrays[1]) for what, arrays in parts if arrays is not None and len(arrays) > 1)
+
     def describe_data(self) -> list:
         from tftrain.data.pipeline import num_examples_of
 

@@ -188,6 +188,11 @@ class Task:
         """What to try when training waits for input; "" (default) for nothing."""
         return ""
 
+    def label_arrays(self) -> tuple:
+        """`(what, labels)` pairs ("training", "validation", "test") of labels held in memory as they reach the
+        model, checked whole before training (`data_checks.check_label_range`). Defaults to () (none)."""
+        return ()
+
     def data_error_hint(self, error: BaseException) -> str:
         """What in the data caused `error` (a failed run's), e.g. the files that do not decode; "" (default):
         nothing known. Read only after a failure, so it may take as long as an epoch's input."""
