@@ -378,8 +378,8 @@ class ModelStages:
             compute_dtype="float32" if timed else info.compute_dtype, auto_precision=cfg.runtime.precision == "auto",
             loss_scaling=info.loss_scaling, class_weight=self.task.class_weight,
             monitor=(self.keep_best_monitor(), cfg.train.monitor_mode)
-            if cfg.train.keep_best or (cfg.train.monitor and (cfg.train.tune or cfg.train.early_stopping is not None))
-            else None,  # the trials' objective, the metric early stopping watches
+            if cfg.train.keep_best or cfg.train.monitor else None,  # a --monitor given is checked, used or not
+            monitor_by_default=not cfg.train.monitor,
             early_stopping=cfg.train.early_stopping is not None and not cfg.train.monitor,
             init_from=init, export_formats=export, candidate_build=build if timed else None,
             candidate_dtype=info.compute_dtype, graph=cfg.runtime.execution != "eager",

@@ -30,7 +30,7 @@ class SanityPlan:
         replicas: the strategy's replicas in sync. Defaults to 1.
         auto_precision: whether `--precision auto` chose the policy (a rounding output then takes float32).
         loss_scaling: whether the policy scales the loss (`mixed_float16`).
-        monitor: `(metric, mode)` that `--keep-best` ranks by, or None.
+        monitor: `(metric, mode)` that `--keep-best` ranks by, or None; `monitor_by_default`: no `--monitor` named it.
         early_stopping: whether `--early-stopping` watches `val_loss` (no `--monitor`).
         init_from: `(kind, source)` from `init_weights.resolve`, or None.
         export_formats: the `--export` formats to try (the chief's; empty on other workers).
@@ -55,6 +55,7 @@ class SanityPlan:
     loss_scaling: bool = False
     class_weight: Optional[dict] = None
     monitor: Optional[Tuple[str, str]] = None
+    monitor_by_default: bool = False
     early_stopping: bool = False
     init_from: Optional[Tuple[str, str]] = None
     export_formats: Sequence[str] = ()
@@ -221,6 +222,10 @@ def _after_training(plan: SanityPlan, model, keys: tuple, validates: bool, say: 
     if plan.monitor is not None:
         from tftrain.callbacks.keep_best import check_monitor
 
+        if plan.monitor_by_default and plan.monitor[0] not in keys:
+            raise ConfigError(f"--keep-best ranks by {plan.monitor[0]} when no --monitor is given, and the epoch logs "
+                              f"have no {plan.monitor[0]} ({', '.join(keys) or 'none'}). Pass --monitor KEY with "
+                              "one of them.")
         check_monitor(plan.monitor[0], plan.monitor[1], keys)
         checked.append(f"--monitor {plan.monitor[0]}")
     if plan.early_stopping and validates:

@@ -79,3 +79,42 @@ def test_the_label_range_check_follows_each_output_s_loss_and_ignore_class():
     check_label_range([("test", np.array([0, 2]))], keras.losses.sparse_categorical_crossentropy, one, ["out"])
     with pytest.raises(ConfigError, match="give the output 4 units"):
         check_label_range([("test", np.array([0, 3]))], "sparse_categorical_crossentropy", one, ["out"])
+
+
+def _two_outputs():
+    import keras
+
+    inputs = keras.Input((4,))
+    return keras.Model(inputs, {"out": keras.layers.Dense(3, activation="softmax", name="out")(inputs),
+                                "value": keras.layers.Dense(1, name="value")(inputs)})
+
+
+def test_a_monitor_given_is_checked_even_when_nothing_ranks_by_it(tmp_path):
+    x, y = _arrays()
+    task = tftrain.ArrayTask(_two_outputs, x, {"out": y, "value": x[:, :1]},
+                             loss={"out": "sparse_categorical_crossentropy", "value": "mse"},
+                             metrics={"out": ["accuracy"]}, name="two")
+    with pytest.raises(ConfigError, match="--monitor 'val_accuracy' is not among the epoch logs' keys .*"
+                                          "val_out_accuracy"):
+        tftrain.Trainer(task, epochs=1, verbose=0, seed=0, batch_size=32, validation_split=0.25,
+                        monitor="val_accuracy", run_dir=str(tmp_path / "run")).fit()
+    assert not (tmp_path / "run").exists()
+
+
+def test_keep_best_s_default_monitor_the_logs_lack_is_said_as_the_default(tmp_path):
+    import keras
+
+    class OwnTestStep(keras.Sequential):
+        def test_step(self, data):
+            x, y = data
+            return {"my_error": keras.ops.mean(keras.ops.abs(self(x) - y))}
+
+    def build():
+        return OwnTestStep([keras.Input((4,)), keras.layers.Dense(1)])
+
+    x, _ = _arrays()
+    task = tftrain.ArrayTask(build, x, x[:, :1], loss="mse", name="own_test_step")
+    with pytest.raises(ConfigError, match=r"^--keep-best ranks by val_loss when no --monitor is given, and the epoch "
+                                          r"logs have no val_loss \(.*val_my_error\)"):
+        tftrain.Trainer(task, epochs=1, verbose=0, seed=0, batch_size=32, validation_split=0.25, keep_best=1,
+                        run_dir=str(tmp_path / "run")).fit()
