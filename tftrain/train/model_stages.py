@@ -356,6 +356,9 @@ class ModelStages:
 
         cfg, rt, info = self.config, self.runtime, self.precision.info
         gb = self.batch.global_batch_size if self.batch else (self.task.default_batch_size or 32 * rt.num_replicas)
+        n = self.task.num_train_examples
+        if not self.batch and n:  # no plan yet (--tune, --batch-size auto): a batch the training data fills
+            gb = min(gb, max(rt.num_replicas, n // rt.num_replicas * rt.num_replicas))
         validation = self.task.validation_data(gb)
         init = None
         if cfg.train.init_from is not None and not self.run_dir.resumed:

@@ -118,3 +118,18 @@ def test_keep_best_s_default_monitor_the_logs_lack_is_said_as_the_default(tmp_pa
                                           r"logs have no val_loss \(.*val_my_error\)"):
         tftrain.Trainer(task, epochs=1, verbose=0, seed=0, batch_size=32, validation_split=0.25, keep_best=1,
                         run_dir=str(tmp_path / "run")).fit()
+
+
+@pytest.mark.parametrize("flags, said", [({"tune": 2}, "--tune needs at least 32 training examples per trial"),
+                                         ({"batch_size": "auto"}, None)])
+def test_fewer_examples_than_a_default_batch_reach_the_searches_own_checks(tmp_path, flags, said):
+    x, y = _arrays(40)
+    task = tftrain.ArrayTask(_classifier, x, y, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                             name="small")
+    trainer = tftrain.Trainer(task, epochs=1, verbose=0, seed=0, validation_split=0.25,
+                              run_dir=str(tmp_path / "run"), **flags)
+    if said is None:
+        assert trainer.fit().epochs_trained == 1
+        return
+    with pytest.raises(ConfigError, match=said):
+        trainer.fit()
