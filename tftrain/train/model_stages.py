@@ -312,6 +312,10 @@ class ModelStages:
         """
         from tftrain.train import sanity
 
+        if self.config.train.tune:
+            from tftrain.train.search import check_tune_space
+
+            check_tune_space(self.task, self.config)
         plan = self._sanity_plan()
         try:
             result = sanity.run(plan, say=self.console.warn)

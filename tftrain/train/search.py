@@ -88,10 +88,16 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
         values = {**trial, **more}
         return task.bind(cfg.override(values)) if values else task
 
+    build_errors = []
+
     def model_fn(values):
         trial.clear()
         trial.update(values or {})
-        model = trial_task().build_model()
+        try:
+            model = trial_task().build_model()
+        except Exception as error:
+            build_errors.append(error)
+            raise
         plain = type(model) is keras.Sequential or type(model).__name__ == "Functional"  # as the run casts them
         return ensure_float32_outputs(model) if compute_dtype != "float32" and plain else model
 
@@ -110,7 +116,7 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
         return make_tuner(hypermodel, directory=directory, algorithm=cfg.train.tuner, max_trials=cfg.train.tune,
                           strategy=rt.strategy, seed=cfg.seed, max_epochs=cfg.train.epochs, objective=objective)
 
-    tuner = _reloaded(tuner_of, directory, console)
+    tuner = _reloaded(tuner_of, directory, console, build_failed=lambda: bool(build_errors))
     console.section(f"tuning: {cfg.train.tune} {cfg.train.tuner} trial(s) over learning rate, batch size"
                             + "".join(f", {k}" for k in task.tune_space()) + f" (objective {getattr(objective, 'name', objective)})")
     weights = {"class_weight": task.class_weight} if task.class_weight is not None else {}  # trials as the run
@@ -131,10 +137,24 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
     return _tuning_figures(tuner, directory, cfg, console, chief)
 
 
-def _reloaded(tuner_of, directory, console):
+def check_tune_space(task, config) -> None:
+    """Raises `ConfigError` (before the run directory) on a `tune_space()` choice with no values, or naming a field
+    or holding a value the task's config refuses."""
+    for name, values in dict(task.tune_space()).items():
+        if not list(values):
+            raise ConfigError(f"The task's tune_space() gives {name!r} no values: give it at least one.")
+        for value in values:
+            try:
+                task.bind(config.override({name: value}))
+            except ConfigError as error:
+                raise ConfigError(f"The task's tune_space() {name}={value!r} does not fit its config: {error}") \
+                    from None
+
+
+def _reloaded(tuner_of, directory, console, build_failed=lambda: False):
     """`tuner_of()`, which reloads a resumed run's finished trials; when keras-tuner cannot read its files back (cut
     by a kill or a full disk, or lost: its oracle naming a trial file that is not there), said in one line, the
-    folder removed and the tuner made anew."""
+    folder removed and the tuner made anew; not when `build_failed()` (keras-tuner builds a model as it is made)."""
     import tensorflow as tf
 
     try:
@@ -142,7 +162,7 @@ def _reloaded(tuner_of, directory, console):
     except (ValueError, OSError, KeyError, TypeError, RuntimeError, tf.errors.NotFoundError) as e:
         if isinstance(e, RuntimeError) and "reloading `Oracle`" not in str(e):
             raise
-        if isinstance(e, ConfigError) or not Path(directory).exists():
+        if isinstance(e, ConfigError) or build_failed() or not Path(directory).exists():
             raise
         import shutil
 

@@ -51,3 +51,51 @@ def test_the_best_trial_trains_whatever_the_tuner_and_a_boolean_choice(tmp_path,
     best = record.extras["tuning"]["best"]
     assert not [k for k in best if k.startswith("tuner/")] and isinstance(best["wide"], bool), best
     assert record.epochs_trained == 2 and set(seen) <= {False, True} and all(isinstance(s, bool) for s in seen)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sized:
+    hidden: int = tftrain.hparam(4, "hidden units", minimum=1)
+
+
+class Spaced(tftrain.ArrayTask):
+    space = {}
+
+    def tune_space(self):
+        return self.space
+
+
+@pytest.mark.parametrize("space, said", [({"hiden": (4, 8)}, r"tune_space\(\) hiden=4 does not fit its config: "
+                                                             "Unknown config field 'hiden'"),
+                                         ({"hidden": (4, 0)}, r"tune_space\(\) hidden=0 does not fit its config"),
+                                         ({"hidden": ()}, "gives 'hidden' no values")])
+def test_a_tune_space_the_config_refuses_is_refused_before_the_run_directory(tmp_path, space, said):
+    import keras
+
+    def build(hp):
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(hp.hidden), keras.layers.Dense(1)])
+
+    task = Spaced(build, X, Y, loss="mse", hparams=Sized(), name="spaced")
+    task.space = space
+    with pytest.raises(tftrain.ConfigError, match=said):
+        tftrain.Trainer(task, tune=2, validation_split=0.25, epochs=1, verbose=0, run_dir=str(tmp_path / "run")).fit()
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_build_that_fails_as_the_tuner_is_made_keeps_the_finished_trials(tmp_path):
+    from tftrain.train.search import _reloaded
+
+    folder = tmp_path / "tuning"
+    folder.mkdir()
+    (folder / "oracle.json").write_text("{}")
+
+    def tuner_of():
+        raise ValueError("Could not interpret activation function identifier: nope")
+
+    class Console:
+        def warn(self, line):
+            raise AssertionError(f"warned: {line}")
+
+    with pytest.raises(ValueError, match="nope"):
+        _reloaded(tuner_of, folder, Console(), build_failed=lambda: True)
+    assert (folder / "oracle.json").is_file()
