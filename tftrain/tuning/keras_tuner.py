@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Callable, Mapping, Optional, Sequence, Tuple, Union
 
@@ -143,7 +144,8 @@ class TrainingHyperModel(kt.HyperModel):
         make_dataset: `global_batch_size -> tf.data.Dataset` of training batches.
         validation_data: dataset, arrays, or `global_batch_size -> tf.data.Dataset`; its first batch is cut to split
             evenly over the replicas. Defaults to None.
-        metrics: metric names (strings: fresh objects each trial). Defaults to ("accuracy",).
+        metrics: as `compile()`'s: metric names (strings: fresh objects each trial), or a dict or list of them per
+            output. Defaults to ("accuracy",).
         learning_rate: `(low, high)` searched on a log scale, or one float. Defaults to (1e-4, 1e-2).
         widths: widths to choose from. Defaults to None (not searched).
         batch_sizes: global batch sizes to choose from. Defaults to None (`default_batch_size`, 128).
@@ -162,7 +164,7 @@ class TrainingHyperModel(kt.HyperModel):
         validation_data=None,
         *,
         loss="sparse_categorical_crossentropy",
-        metrics: Sequence[str] = ("accuracy",),
+        metrics: Union[Sequence, Mapping] = ("accuracy",),
         learning_rate: Union[float, Tuple[float, float]] = (1e-4, 1e-2),
         widths: Optional[Sequence[int]] = None,
         batch_sizes: Optional[Sequence[int]] = None,
@@ -188,7 +190,7 @@ class TrainingHyperModel(kt.HyperModel):
         self.make_dataset = make_dataset
         self.validation_data = validation_data
         self.loss = loss
-        self.metrics = list(metrics)
+        self.metrics = dict(metrics) if isinstance(metrics, dict) else list(metrics)
         self.learning_rate = learning_rate
         self.widths = None if widths is None else [int(w) for w in widths]
         self.batch_sizes = None if batch_sizes is None else [int(b) for b in batch_sizes]
@@ -208,7 +210,7 @@ class TrainingHyperModel(kt.HyperModel):
         else:
             model = self.model_fn(hp.Choice("width", self.widths) if self.widths else None)
         args = (self.compile_args(lr) if self.compile_args is not None else
-                {"optimizer": keras.optimizers.Adam(lr), "loss": self.loss, "metrics": list(self.metrics)})
+                {"optimizer": keras.optimizers.Adam(lr), "loss": self.loss, "metrics": copy.deepcopy(self.metrics)})
         model.compile(**{**self.compile_options, **args})  # what compile_args sets itself wins
         return model
 

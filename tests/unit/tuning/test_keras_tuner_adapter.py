@@ -123,3 +123,17 @@ def test_the_tune_objective_is_checked_against_the_validation_logs_before_any_tr
         check_objective(cfg, {"loss": None}, ("val_my_loss",))  # a model's own test_step names its loss
     check_objective(cfg.override({"monitor": "val_my_loss", "monitor_mode": "min"}), {"loss": None}, ("val_my_loss",))
     check_objective(cfg, {"loss": "mse", "metrics": ["accuracy"]}, ("val_accuracy", "val_loss"))
+
+
+def test_metrics_per_output_reach_compile_as_given():
+    inputs = keras.Input((6,))
+    outputs = {"label": keras.layers.Dense(2, activation="softmax", name="label")(inputs),
+               "value": keras.layers.Dense(1, name="value")(inputs)}
+    metrics = {"label": ["accuracy"], "value": ["mae"]}
+    hm = TrainingHyperModel(lambda width: keras.Model(inputs, outputs), lambda b: None, None, widths=(4,),
+                            loss={"label": "sparse_categorical_crossentropy", "value": "mse"}, metrics=metrics)
+    model = hm.build(kt.HyperParameters())
+    x = np.zeros((4, 6), "float32")
+    logs = model.evaluate(x, {"label": np.zeros(4, "int32"), "value": np.zeros((4, 1), "float32")}, verbose=0,
+                          return_dict=True)
+    assert {"label_accuracy", "value_mae"} <= set(logs) and metrics == {"label": ["accuracy"], "value": ["mae"]}
