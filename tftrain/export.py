@@ -12,6 +12,7 @@ installed); 1 an export that failed.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -224,4 +225,5 @@ def _main() -> int:
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's info lines, as `python -m tftrain.run`
     sys.exit(_main())
