@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional
 
+from tftrain.errors import ConfigError
+
 
 @dataclasses.dataclass
 class RunRecord:
@@ -83,3 +85,12 @@ EXTRA_KEYS = ("throughput", "profile", "tuning", "batch_size_search", "execution
               "optimizer_steps", "backup", "early_stopping", "custom_step", "keep_best", "init_from", "export",
               "after_steps", "sanity", "evaluation")
 """Keys `RunRecord.extras` may hold."""
+
+
+def check_hparam_names(hparams) -> None:
+    """Refuses task hyperparameters named like a key of `metrics.json` (`RunRecord.reserved_keys`)."""
+    names = {f.name for f in dataclasses.fields(hparams)} if hparams is not None else set()
+    clash = sorted(n for n in names if n in RunRecord.reserved_keys() or n == "test_loss")
+    if clash:
+        raise ConfigError(f"Task hyperparameter {clash[0]!r} has the name of a metrics.json key. Rename it in the "
+                          "task's hparams dataclass.")

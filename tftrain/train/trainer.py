@@ -34,7 +34,7 @@ from tftrain.train.model_stages import ModelStages
 from tftrain.train.precision_plan import PrecisionPlanner, global_policy_kept
 from tftrain.train.execution_plan import ExecutionPlanner, RunFacts, probe_batches
 from tftrain.train import hparams_log, reporting
-from tftrain.train.record import RunRecord
+from tftrain.train.record import RunRecord, check_hparam_names
 from tftrain.train.tasks import Task
 
 TASK_FILE = "task.json"
@@ -46,15 +46,6 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, run_dir: str):
         super().__init__(run_dir)
         self.run_dir = run_dir
-
-
-def _check_hparam_names(hparams) -> None:
-    """Refuses task hyperparameters named like a key of `metrics.json` (`RunRecord.reserved_keys`)."""
-    names = {f.name for f in dataclasses.fields(hparams)} if hparams is not None else set()
-    clash = sorted(n for n in names if n in RunRecord.reserved_keys() or n == "test_loss")
-    if clash:
-        raise ConfigError(f"Task hyperparameter {clash[0]!r} has the name of a metrics.json key. Rename it in the "
-                          "task's hparams dataclass.")
 
 
 class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
@@ -90,7 +81,7 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
             config = dataclasses.replace(config, task=task.hparams)
         self.config = config_lib.deterministic_config(config.override(overrides) if overrides else config)
         self.resolved = None  # `config` with what the run decided, made once by `plan_batch`
-        _check_hparam_names(self.config.task)
+        check_hparam_names(self.config.task)
         self.task = task
         self.callbacks = list(callbacks)
         self.command = list(command) if command is not None else None
@@ -419,9 +410,12 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
         validation = self._evenly_first(self.task.validation_data(gb))
         micro_steps = self.steps_per_epoch * self.accumulation_steps if self.steps_per_epoch else None
         verbose, progress = keras_progress(self.config.train.verbose)
+        from tftrain.callbacks.keep_best import quiet_retracing  # --tune's trials traced the model's functions
+
         started = time.perf_counter()
         try:
-            with self.preemption.polling(stop_after=False) if self.preemption else contextlib.nullcontext():
+            with self.preemption.polling(stop_after=False) if self.preemption else contextlib.nullcontext(), \
+                    quiet_retracing() if self.config.train.tune else contextlib.nullcontext():
                 history = self.loop.fit(
                     model, self._train_data, epochs=self.config.train.epochs, steps_per_epoch=micro_steps,
                     callbacks=[*callbacks.all, *progress], verbose=verbose, validation_data=validation,

@@ -99,3 +99,24 @@ def test_a_build_that_fails_as_the_tuner_is_made_keeps_the_finished_trials(tmp_p
     with pytest.raises(ValueError, match="nope"):
         _reloaded(tuner_of, folder, Console(), build_failed=lambda: True)
     assert (folder / "oracle.json").is_file()
+
+
+@pytest.mark.slow
+def test_the_final_fit_after_tune_drops_the_retracing_warning_the_trials_traces_would_raise(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    from tftrain.callbacks.keep_best import _Retracing
+
+    class Filters(keras.callbacks.Callback):
+        seen = []
+
+        def on_train_begin(self, logs=None):
+            self.seen.append(any(isinstance(f, _Retracing) for f in tf.get_logger().filters))
+
+    seen = []
+    task = Toggled(_build(seen), X, Y, loss="mse", hparams=HP(), name="toggled")
+    probe = Filters()
+    tftrain.Trainer(task, tune=2, validation_split=0.25, epochs=1, verbose=0, execution="graph",
+                    callbacks=[probe], run_dir=str(tmp_path / "run")).fit()
+    assert probe.seen[-1] is True and not any(isinstance(f, _Retracing) for f in tf.get_logger().filters)
