@@ -255,11 +255,12 @@ def _match_outputs(fmt: str, got: Dict[str, "object"], expected: Dict[str, "obje
 
 
 def check_batch(dataset, max_examples: int = 8):
-    """The features of `dataset`'s first batch (at most `max_examples`) as NumPy arrays."""
+    """The features of `dataset`'s first batch (at most `max_examples`) as NumPy arrays: a tuple element is
+    `(x,)`, `(x, y)` or `(x, y, sample_weight)`, as `Model.fit` reads it."""
     import tensorflow as tf
 
     element = next(iter(dataset.take(1)))
-    features = element[0] if isinstance(element, tuple) and len(element) in (2, 3) else element
+    features = element[0] if isinstance(element, tuple) and len(element) in (1, 2, 3) else element
     return tf.nest.map_structure(lambda t: t.numpy()[:max_examples], features)
 
 

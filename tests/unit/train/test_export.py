@@ -376,3 +376,14 @@ def test_python_m_tftrain_export_refuses_to_replace_what_it_did_not_write(tmp_pa
         after_steps.export = export_all
     assert export.main([str(tmp_path / "run"), "--formats", "saved_model"]) == 0  # its own part: written again
     assert export.main([str(tmp_path / "run"), "--formats", "saved_model"]) == 0  # recorded: written again
+
+
+def test_the_check_batch_of_unlabelled_data_is_its_features():
+    import tensorflow as tf
+
+    from tftrain.train.export import check_batch
+
+    x = np.arange(24, dtype="float32").reshape(12, 2)
+    for element in ((x,), (x, x[:, :1]), (x, x[:, :1], np.ones(12, "float32"))):
+        got = check_batch(tf.data.Dataset.from_tensor_slices(element).batch(4), max_examples=3)
+        np.testing.assert_array_equal(got, x[:3])
