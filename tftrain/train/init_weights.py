@@ -88,8 +88,9 @@ def _load_weights_only(model, path: str) -> None:
     try:
         model.load_weights(path)
     except (ValueError, TypeError, KeyError, OSError) as error:  # OSError: h5py on a damaged file
-        first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
-        raise ConfigError(f"--init-from {path}: its weights do not fit this model ({first[:300]}). Pass weights of "
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+        said = " ".join(lines[:2] if lines[0].endswith(":") else lines[:1])  # Keras's "Example error ...:" and it
+        raise ConfigError(f"--init-from {path}: its weights do not fit this model ({said[:300]}). Pass weights of "
                           "this task's model.") from None
 
 

@@ -45,3 +45,25 @@ def test_a_mixed_policy_run_s_kept_checkpoint_reads_back_into_the_model_as_built
     _run(tmp_path / "b", "float32", keep_best=1)  # and the other way
     assert _run(tmp_path / "tuned_b", "mixed_bfloat16", init_from=str(tmp_path / "b")).epochs_trained == 2
     assert "could not be found" not in capsys.readouterr().err
+
+
+def test_weights_of_another_model_name_the_weight_that_does_not_fit(tmp_path):
+    import keras
+
+    from tftrain.errors import ConfigError
+    from tftrain.train import init_weights
+
+    class Sub(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = keras.layers.Dense(3), keras.layers.Dense(5)
+
+        def call(self, x):
+            return self.second(self.first(x))
+
+    keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)]).save_weights(
+        tmp_path / "other.weights.h5")
+    model = Sub()
+    model(np.zeros((1, 4), "float32"))
+    with pytest.raises(ConfigError, match=r"Example error message for object <Dense .*>: \w"):  # Keras's cause
+        init_weights.load(model, "keras", str(tmp_path / "other.weights.h5"))
