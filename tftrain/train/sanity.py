@@ -227,6 +227,13 @@ def _after_training(plan: SanityPlan, model, keys: tuple, validates: bool, say: 
                               f"have no {plan.monitor[0]} ({', '.join(keys) or 'none'}). Pass --monitor KEY with "
                               "one of them.")
         check_monitor(plan.monitor[0], plan.monitor[1], keys)
+        from tftrain.callbacks.keep_best import monitor_direction
+
+        named = monitor_direction(plan.monitor[0])
+        if plan.monitor[1] != "auto" and named not in (None, plan.monitor[1]):
+            say(f"--monitor-mode {plan.monitor[1]}: {plan.monitor[0]} is taken as improving as it "
+                f"{'falls' if plan.monitor[1] == 'min' else 'rises'}, where its name says it "
+                f"{'falls' if named == 'min' else 'rises'}; the worst epochs count as the best")
         checked.append(f"--monitor {plan.monitor[0]}")
     if plan.early_stopping and validates:
         if "val_loss" not in keys:

@@ -133,3 +133,13 @@ def test_fewer_examples_than_a_default_batch_reach_the_searches_own_checks(tmp_p
         return
     with pytest.raises(ConfigError, match=said):
         trainer.fit()
+
+
+def test_a_monitor_mode_against_the_metric_s_name_is_said(tmp_path, capsys):
+    x, y = _arrays()
+    task = tftrain.ArrayTask(_classifier, x, y, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                             name="mode")
+    tftrain.Trainer(task, epochs=1, verbose=2, seed=0, batch_size=32, validation_split=0.25, keep_best=1,
+                    monitor="val_accuracy", monitor_mode="min", run_dir=str(tmp_path / "run")).fit()
+    assert ("--monitor-mode min: val_accuracy is taken as improving as it falls, where its name says it rises"
+            in capsys.readouterr().err)
