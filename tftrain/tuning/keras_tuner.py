@@ -89,7 +89,8 @@ def make_tuner(
     Args:
         directory: keras-tuner's trials; a search there is resumed unless `overwrite=True`.
         algorithm: `"random"`, `"hyperband"` or `"bayesian"`. Defaults to "random".
-        objective: metric to optimise (keras-tuner infers the direction). Defaults to "val_accuracy".
+        objective: metric to optimise: a name (its direction as `--keep-best` reads it, so per output too:
+            `val_<output>_accuracy` rises), or a `kt.Objective`. Defaults to "val_accuracy".
         strategy: a single-worker `tf.distribute.Strategy`. Defaults to None.
         max_epochs: Hyperband's largest epoch budget per trial. Defaults to 10.
         **kwargs: passed to the keras-tuner class.
@@ -111,6 +112,11 @@ def make_tuner(
         )
     check_int(max_trials, "max_trials", error=TuningError)
     distribution = check_strategy(strategy)
+    if isinstance(objective, str):
+        from tftrain.callbacks.keep_best import monitor_direction
+
+        direction = monitor_direction(objective)
+        objective = kt.Objective(objective, direction) if direction else objective
     common = dict(
         objective=objective,
         seed=seed,

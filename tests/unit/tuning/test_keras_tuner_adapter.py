@@ -137,3 +137,8 @@ def test_metrics_per_output_reach_compile_as_given():
     logs = model.evaluate(x, {"label": np.zeros(4, "int32"), "value": np.zeros((4, 1), "float32")}, verbose=0,
                           return_dict=True)
     assert {"label_accuracy", "value_mae"} <= set(logs) and metrics == {"label": ["accuracy"], "value": ["mae"]}
+
+
+def test_an_objective_per_output_gets_its_direction_from_its_name(tmp_path):
+    tuner = make_tuner(hypermodel(), directory=tmp_path, max_trials=1, objective="val_label_accuracy")
+    assert tuner.oracle.objective.name == "val_label_accuracy" and tuner.oracle.objective.direction == "max"
