@@ -215,3 +215,21 @@ def test_model_state_finds_the_optimizers_a_model_holds_in_a_list_or_dict():
     model.g_opt.apply_gradients([(np.ones(v.shape, "float32"), v) for v in model.trainable_variables])
     state.restore()
     assert model.g_opt is model.pair[1] and not model.g_opt.built
+
+
+def test_an_array_task_of_a_model_with_its_own_loss_needs_no_loss_argument(tmp_path):
+    import keras
+
+    class Regularised(keras.Model):  # its loss from add_loss, as compile(loss=None) allows
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(4)
+
+        def call(self, x):
+            out = self.dense(x)
+            self.add_loss(keras.ops.mean(keras.ops.square(out - x)))
+            return out
+
+    task = tftrain.ArrayTask(Regularised, X, None, name="own_loss")
+    record = tftrain.Trainer(task, epochs=1, verbose=0, seed=0, batch_size=32, run_dir=str(tmp_path / "run")).fit()
+    assert record.epochs_trained == 1 and np.isfinite(record.history["loss"][-1])

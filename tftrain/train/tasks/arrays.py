@@ -50,7 +50,7 @@ class ArrayTask(FunctionTask):
             metrics go in `weighted_metrics`. Defaults to None.
         test_sample_weight: the test examples' weights, as `Model.evaluate(sample_weight=...)`. Defaults to None.
         preprocess: `(features, labels) -> (features, labels)` on whole batches. Defaults to None.
-        **task_args: `loss` (a Keras loss, name, object, or a dict per output; required), `metrics` (as
+        **task_args: `loss` (a Keras loss, name, object, or a dict per output; None, the default: the model's own), `metrics` (as
             `Model.compile`'s, plus metric classes and factories: `build_metrics`), `optimizer`, ...: see
             `FunctionTask`. `name` defaults to `"arrays"`.
 

@@ -305,10 +305,10 @@ def _build_metric(item):
 
 class FunctionTask(Task):
     """A task whose model comes from a function and whose compile arguments are given (the adapters' keyword
-    arguments `loss` (required), `optimizer`, `metrics`, `learning_rate`, `hparams`, `default_batch_size`, `defaults`,
+    arguments `loss` (None: the model's own, from `add_loss` or its `train_step`, as in `compile`), `optimizer`, `metrics`, `learning_rate`, `hparams`, `default_batch_size`, `defaults`,
     `class_weight`, `loss_weights`, `weighted_metrics`: see `Task`)."""
 
-    def __init__(self, build_model, *, loss, optimizer="adam", metrics=None, learning_rate=None, name="task",
+    def __init__(self, build_model, *, loss=None, optimizer="adam", metrics=None, learning_rate=None, name="task",
                  hparams=None, default_batch_size=None, defaults=None, class_weight=None, loss_weights=None,
                  weighted_metrics=None):
         self.class_weight = check_class_weight(class_weight)
