@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from tftrain.errors import ConfigError
 
 
@@ -79,7 +81,7 @@ SPARSE_LOSSES = ("sparse_categorical_crossentropy", "SparseCategoricalCrossentro
 """Names of the loss whose labels are class indices (`keras.losses.SparseCategoricalCrossentropy`)."""
 
 
-def check_label_range(labelled, loss, outputs, output_names=()) -> None:
+def check_label_range(labelled, loss, outputs, output_names=()) -> Optional[str]:
     """Raises `ConfigError` when labels held in memory (`Task.label_arrays`) of an output trained with sparse
     categorical crossentropy fall outside its classes, 0 to its last dimension less 1 (its `ignore_class` aside):
     Keras fails on the batch that holds one, mid-training or after it, on a CPU, and gives NaN on a GPU.
@@ -89,10 +91,14 @@ def check_label_range(labelled, loss, outputs, output_names=()) -> None:
         loss: the compiled loss: one for every output, or a list or dict per output.
         outputs: the model's outputs on a batch (a tensor, or a list or dict of them).
         output_names: the model's `output_names`, naming a list's outputs.
+
+    Returns:
+        A warning when such labels are not whole numbers (Keras casts them to class indices), else None.
     """
     import numpy as np
 
     out, losses = _per_output(outputs, output_names), _per_output(loss, output_names, every=True)
+    warning = None
     for what, labels in labelled:
         by_output = _per_output(labels, output_names)
         for name, output in out.items():
@@ -106,13 +112,19 @@ def check_label_range(labelled, loss, outputs, output_names=()) -> None:
             ignore = getattr(fn, "ignore_class", None)
             values = values[values != ignore] if ignore is not None else values.ravel()
             low, high, units = values.min(initial=0), values.max(initial=0), int(shape[-1])
+            where = f" of output {name!r}" if name is not None and len(out) > 1 else ""
+            fractional = values[values != np.floor(values)] if values.dtype.kind == "f" else values[:0]
+            if fractional.size and warning is None:
+                warning = (f"the {what} labels{where} are not whole numbers ({fractional[0]:g}, ...), and sparse "
+                           "categorical crossentropy reads them as class indices (Keras truncates them): give "
+                           "integer class labels")
             if low < 0 or high >= units:
-                where = f" of output {name!r}" if name is not None and len(out) > 1 else ""
                 bad = low if low < 0 else high
                 raise ConfigError(
                     f"The {what} labels{where} hold class {bad:g}, and the output has {units} classes (0 to "
                     f"{units - 1}) under sparse categorical crossentropy, so Keras would fail on that batch: fix the "
                     f"labels, or give the output {int(high) + 1} units.")
+    return warning
 
 
 def _per_output(structure, names, every: bool = False) -> dict:

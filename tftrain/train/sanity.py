@@ -157,8 +157,9 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
     if outputs is not None and plan.label_arrays:
         from tftrain.train.data_checks import check_label_range
 
-        check_label_range(plan.label_arrays, plan.compile_args.get("loss"), outputs,
-                          getattr(model, "output_names", None) or ())
+        if fractional := check_label_range(plan.label_arrays, plan.compile_args.get("loss"), outputs,
+                                           getattr(model, "output_names", None) or ()):
+            say(fractional)
         checked.append("every label against the outputs' classes")
     float32_needed, step_scaling = _precision_checks(plan, model, train, outputs, say)
     del model  # before the compiled model the loss scaling check builds

@@ -79,6 +79,9 @@ def test_the_label_range_check_follows_each_output_s_loss_and_ignore_class():
     check_label_range([("test", np.array([0, 2]))], keras.losses.sparse_categorical_crossentropy, one, ["out"])
     with pytest.raises(ConfigError, match="give the output 4 units"):
         check_label_range([("test", np.array([0, 3]))], "sparse_categorical_crossentropy", one, ["out"])
+    said = check_label_range([("test", np.array([0.5, 1.0]))], "sparse_categorical_crossentropy", one, ["out"])
+    assert said.startswith("the test labels are not whole numbers (0.5, ...)")
+    assert check_label_range([("test", np.array([0.0, 2.0]))], "sparse_categorical_crossentropy", one) is None
 
 
 def _two_outputs():
