@@ -76,7 +76,10 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
 
     cfg, rt = config, runtime
     n = task.num_train_examples
-    batch_sizes = [b for b in TUNE_BATCH_SIZES if b % rt.num_replicas == 0 and (n is None or b <= n)]
+    given = cfg.data.batch_size if isinstance(cfg.data.batch_size, int) else (
+        cfg.data.per_replica_batch_size * rt.num_replicas if cfg.data.per_replica_batch_size else None)
+    batch_sizes = [given] if given else [b for b in TUNE_BATCH_SIZES if b % rt.num_replicas == 0 and (n is None
+                                                                                                     or b <= n)]
     if not batch_sizes:
         raise ConfigError(f"--tune needs at least {TUNE_BATCH_SIZES[0]} training examples per trial; {n} remain. "
                           "Pass a larger --train-examples.")
@@ -117,8 +120,10 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
                           strategy=rt.strategy, seed=cfg.seed, max_epochs=cfg.train.epochs, objective=objective)
 
     tuner = _reloaded(tuner_of, directory, console, build_failed=lambda: bool(build_errors))
-    console.section(f"tuning: {cfg.train.tune} {cfg.train.tuner} trial(s) over learning rate, batch size"
-                            + "".join(f", {k}" for k in task.tune_space()) + f" (objective {getattr(objective, 'name', objective)})")
+    over = ["learning rate", *(() if given else ("batch size",)), *task.tune_space()]
+    console.section(f"tuning: {cfg.train.tune} {cfg.train.tuner} trial(s) over {', '.join(over)}"
+                    + (f" at the given batch size {given}" if given else "")
+                    + f" (objective {getattr(objective, 'name', objective)})")
     weights = {"class_weight": task.class_weight} if task.class_weight is not None else {}  # trials as the run
     from tftrain.callbacks.keep_best import quiet_retracing
     from tftrain.callbacks.scalar_logs import ScalarLogs

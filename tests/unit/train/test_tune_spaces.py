@@ -120,3 +120,12 @@ def test_the_final_fit_after_tune_drops_the_retracing_warning_the_trials_traces_
     tftrain.Trainer(task, tune=2, validation_split=0.25, epochs=1, verbose=0, execution="graph",
                     callbacks=[probe], run_dir=str(tmp_path / "run")).fit()
     assert probe.seen[-1] is True and not any(isinstance(f, _Retracing) for f in tf.get_logger().filters)
+
+
+@pytest.mark.slow
+def test_a_given_batch_size_is_kept_by_tune(tmp_path, capsys):
+    task = Toggled(_build([]), X, Y, loss="mse", hparams=HP(), name="toggled")
+    record = tftrain.Trainer(task, tune=2, batch_size=64, validation_split=0.25, epochs=1, verbose=1,
+                             execution="graph", run_dir=str(tmp_path / "run")).fit()
+    assert record.extras["tuning"]["best"]["batch_size"] == 64 and record.global_batch_size == 64
+    assert "trial(s) over learning rate, wide at the given batch size 64" in capsys.readouterr().out
