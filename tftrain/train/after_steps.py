@@ -80,6 +80,7 @@ class ExportStages:
         except Preempted:  # a stop signal: the export stays pending
             raise
         except Exception as e:  # noqa: BLE001 (recorded and raised once the record is written)
+            self._raise_if_stopped(e)
             status = failure_status(e)
         self.extras[rundir_lib.AFTER_STEPS_KEY] = {"export": status}
         with self.preemption.holding(stop_after=False):  # on disk now: a stop after it must not redo it
@@ -101,6 +102,12 @@ class ExportStages:
         if not self.is_chief:  # the chief exports; a parameter-server job's servers wait for it (loop.job)
             return None
         path = self.run_dir.path
+        if not self.config.train.export:  # the pending export is python -m tftrain.export's, cut short
+            from tftrain.errors import ConfigError
+
+            raise ConfigError(f"The run in {str(path)!r} finished before (metrics.json is written); an export of it "
+                              f"was cut short: rerun python -m tftrain.export {path} --formats FORMATS, or this "
+                              "command with --export FORMATS. tftrain never overwrites a finished run.")
         metrics = json.loads((path / rundir_lib.METRICS_FILE).read_text(encoding="utf-8"))
         hparams = self.config.task  # metrics.json holds the values trained (--tune's choice), at its top level
         tuned = {f.name: metrics[f.name] for f in dataclasses.fields(hparams)
@@ -134,6 +141,7 @@ class ExportStages:
                 except Preempted:  # a stop signal: the export stays pending, the same command does it
                     raise
                 except Exception as e:  # noqa: BLE001 (recorded, then one line)
+                    self._raise_if_stopped(e)
                     status = failure_status(e)
                     update_metrics(path, after_steps={"export": status})
                     failure = failed_message("export", path, status, self.config.train.export)
@@ -143,6 +151,12 @@ class ExportStages:
         if failure:
             raise AfterStepFailed(failure)
         self.console.line(f"after-steps done; metrics.json updated in {path}")
+
+    def _raise_if_stopped(self, error: Exception) -> None:
+        """Raises the stop signal's `Preempted` when one came: TensorFlow wraps what its handler raised inside a
+        traced function (`StagingError`), which is no failed export."""
+        if self.preemption is not None and self.preemption.requested() is not None:
+            raise self.preemption.stop(str(self.run_dir.path)) from error
 
     def _export_formats(self):
         from tftrain.train import export

@@ -315,6 +315,10 @@ def test_python_m_tftrain_export_on_a_full_disk_says_so_in_one_line(tmp_path, ca
     after = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert after.pop("after_steps") == {"export": "pending"} and after == {k: v for k, v in before.items()
                                                                             if k != "after_steps"}  # all else kept
+    with pytest.raises(tftrain.ConfigError, match=r"an export of it was cut short: rerun python -m tftrain.export "
+                                                  r".*/run --formats FORMATS, or this command with --export FORMATS"):
+        _fit(tmp_path)  # the training command, which asked for no export, does not inherit the pending one
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["after_steps"] == {"export": "pending"}
 
 
 def test_ctrl_c_during_the_export_command_is_one_line_and_exit_130(monkeypatch, capsys):
@@ -387,3 +391,20 @@ def test_the_check_batch_of_unlabelled_data_is_its_features():
     for element in ((x,), (x, x[:, :1]), (x, x[:, :1], np.ones(12, "float32"))):
         got = check_batch(tf.data.Dataset.from_tensor_slices(element).batch(4), max_examples=3)
         np.testing.assert_array_equal(got, x[:3])
+
+
+def test_a_stop_signal_that_comes_out_of_the_export_wrapped_by_tensorflow_is_a_stop(tmp_path, monkeypatch):
+    import signal
+
+    from tftrain.train import after_steps
+
+    def stopped_inside_a_trace(*args, **kwargs):  # as TensorFlow wraps what the handler raised while tracing
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except BaseException as error:
+            raise RuntimeError("in user code:") from error
+
+    monkeypatch.setattr(after_steps, "export", stopped_inside_a_trace)
+    with pytest.raises(tftrain.Preempted, match="stopped by SIGTERM during the export"):
+        _fit(tmp_path, export="saved_model")
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["after_steps"] == {"export": "pending"}
