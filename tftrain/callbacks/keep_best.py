@@ -335,9 +335,10 @@ def _delete(prefix: str) -> None:
 
 
 def _text(path: Path) -> bool:
-    """Whether `path` reads as UTF-8 text without NUL bytes."""
+    """Whether `path` reads as UTF-8 text, not empty, without NUL bytes."""
     try:
-        return "\0" not in path.read_bytes().decode("utf-8")
+        text = path.read_bytes().decode("utf-8")
+        return bool(text.strip()) and "\0" not in text
     except (OSError, UnicodeDecodeError):
         return False
 

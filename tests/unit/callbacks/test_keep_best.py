@@ -171,7 +171,8 @@ def test_a_damaged_kept_checkpoint_and_files_no_ranking_owns_are_removed_when_a_
     assert sorted(p.name.split(".")[0] for p in (tmp_path / "best").iterdir()) == ["epoch-1", "epoch-1"]
 
 
-def test_a_damaged_pointer_to_the_last_checkpoint_is_said_in_one_line_not_printed_raw(tmp_path, capfd):
+@pytest.mark.parametrize("damage", [b"\0" * 168, b""])  # NUL bytes, or emptied
+def test_a_damaged_pointer_to_the_last_checkpoint_is_said_in_one_line_not_printed_raw(tmp_path, capfd, damage):
     import keras
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
@@ -180,7 +181,7 @@ def test_a_damaged_pointer_to_the_last_checkpoint_is_said_in_one_line_not_printe
     best.on_train_begin()
     best.on_epoch_end(0, {"loss": 0.9})
     pointer = tmp_path / "last" / "checkpoint"
-    pointer.write_bytes(b"\0" * 168)
+    pointer.write_bytes(damage)
     said = []
     resumed = KeepBest(tmp_path, keep=1, monitor="loss", say=said.append)
     resumed.set_model(model)
