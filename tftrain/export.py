@@ -226,4 +226,7 @@ def _main() -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's info lines, as `python -m tftrain.run`
-    sys.exit(_main())
+    exit_code = _main()
+    if exit_code == 0:  # exported: a signal in the interpreter's slow teardown must not turn exit 0 into 143
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(exit_code)
