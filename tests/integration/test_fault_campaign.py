@@ -34,7 +34,7 @@ def test_quick_campaign_trials_lose_nothing_beyond_the_backup_interval(tmp_path)
         ("SIGKILL", "inside a save"), ("SIGKILL", "after model.keras"), ("SIGKILL", "after metrics.json"),
         ("SIGTERM x2", "in training"), ("SIGHUP", "in training")]
     for m in moments:
-        assert not m["missed"] and m["passed"], m
+        assert not m["missed"] and m["passed"], (m["moment"], m["checks"], m["exit_code"], m["reruns"], m["tail"])
         assert m["checks"]["exit_code_told"] and m["checks"]["no_checkpoint_left"], m
     assert result["summary"] == {"trials": 6, "passed": 6}
     assert "| single | SIGKILL | inside a save |" in (tmp_path / "fault_campaign.md").read_text()
