@@ -93,6 +93,10 @@ def monitor_direction(monitor: str, mode: str = "auto") -> Optional[str]:
 def check_monitor(monitor: str, mode: str, logs_keys: Iterable[str]) -> None:
     """Raises `ConfigError` when `monitor` is not in `logs_keys` or its direction is unknown under `mode`."""
     keys = list(dict.fromkeys(logs_keys))
+    if monitor.startswith("val_") and monitor not in keys and not any(k.startswith("val_") for k in keys):
+        raise ConfigError(f"--monitor {monitor!r} is a validation metric, and the run has no validation data: pass "
+                          f"--validation-split F (e.g. 0.1), give the task validation data, or pass --monitor "
+                          f"{monitor[4:]}.")
     if monitor not in keys:
         raise ConfigError(f"--monitor {monitor!r} is not among the epoch logs' keys ({', '.join(keys) or 'none'}). "
                           "Pass --monitor KEY with one of them.")

@@ -173,8 +173,7 @@ class TrainConfig:
         early_stopping: patience in epochs on `monitor` (else `val_loss`), restoring the best weights. Defaults to None.
         callbacks: `"WHERE:NAME[,...]"`, added after tftrain's own (`tftrain.train.user_callbacks`). Defaults to None.
         keep_best: keep the N best epochs by `monitor`, and the last, in `checkpoints/` (`KeepBest`). Defaults to 0.
-        monitor: the metric `keep_best`, `early_stopping` and `--tune` rank by. Defaults to None (`val_loss`, else
-            `loss`).
+        monitor: the metric `keep_best`, `early_stopping` and `--tune` rank by. Defaults to None (each one's own).
         monitor_mode: `"min"`, `"max"` or `"auto"` (from the metric's name). Defaults to `"auto"`.
         init_from: a `.keras` file, checkpoint or run directory to start from (`init_weights`). Defaults to None.
         mlflow: MLflow tracking URI (`default`: `$MLFLOW_TRACKING_URI`; `tftrain.train.mlflow_log`). Defaults to None.

@@ -106,8 +106,8 @@ class ExportStages:
             from tftrain.errors import ConfigError
 
             raise ConfigError(f"The run in {str(path)!r} finished before (metrics.json is written); an export of it "
-                              f"was cut short: rerun python -m tftrain.export {path} --formats FORMATS, or this "
-                              "command with --export FORMATS. tftrain never overwrites a finished run.")
+                              f"was cut short: finish it with python -m tftrain.export {path} --formats FORMATS. "
+                              "tftrain never overwrites a finished run.")
         metrics = json.loads((path / rundir_lib.METRICS_FILE).read_text(encoding="utf-8"))
         hparams = self.config.task  # metrics.json holds the values trained (--tune's choice), at its top level
         tuned = {f.name: metrics[f.name] for f in dataclasses.fields(hparams)

@@ -103,7 +103,8 @@ class CallbackStages:
             return None
         return ResumableEarlyStopping(self.out_dir.backup_dir, self.run_dir.path / rundir_lib.HISTORY_FILE,
                                       say=self.console.line, monitor=self.early_stopping_monitor(),
-                                      mode=self.config.train.monitor_mode, patience=patience,
+                                      mode=self.config.train.monitor_mode if self.config.train.monitor else "auto",
+                                      patience=patience,
                                       restore_best_weights=True, verbose=min(1, self.config.train.verbose))
 
     def _keep_best(self):

@@ -120,10 +120,12 @@ def check_label_range(labelled, loss, outputs, output_names=()) -> Optional[str]
                            "integer class labels")
             if low < 0 or high >= units:
                 bad = low if low < 0 else high
+                fix = (f"give the output {int(high) + 1} units" if high >= units else
+                       f"pass SparseCategoricalCrossentropy(ignore_class={bad:g}) to leave them out")
                 raise ConfigError(
                     f"The {what} labels{where} hold class {bad:g}, and the output has {units} classes (0 to "
                     f"{units - 1}) under sparse categorical crossentropy, so Keras would fail on that batch: fix the "
-                    f"labels, or give the output {int(high) + 1} units.")
+                    f"labels, or {fix}.")
     return warning
 
 

@@ -105,5 +105,6 @@ def _load_checkpoint(model, path: str) -> None:
         status.assert_existing_objects_matched()  # every weight of this model is in it
     except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as error:
         first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        first = first.split(" Showing ")[0]  # TensorFlow then lists the unmatched variables with their values
         raise ConfigError(f"--init-from {path}: the checkpoint does not fit this model ({first[:300]}). Pass "
                           "weights of this task's model.") from None

@@ -12,6 +12,8 @@ from tftrain.train.tasks.base import check_compile_args
 
 
 class ModelStages:
+    evaluation_error = None  # the test evaluation's error, once `evaluated` has caught one
+
     """`Trainer`'s stages that build and compile the model."""
 
     def build_model(self, compile_model: bool = True, fall_back: bool = True):
@@ -92,7 +94,7 @@ class ModelStages:
                 raise
             from tftrain.train.after_steps import failure_status
 
-            self.extras["evaluation"] = failure_status(e)
+            self.extras["evaluation"], self.evaluation_error = failure_status(e), e
             return None
 
     def evaluation_failure(self) -> Optional[str]:

@@ -213,8 +213,8 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
             self.task.release()
         with self.preemption.holding(stop_after=False):  # the run is complete: a stop signal waits for its lines
             self.report(record)
-        if failure := " ".join(f for f in (self.evaluation_failure(), failure) if f):
-            raise AfterStepFailed(failure)
+        if failure := "; also ".join(f for f in (self.evaluation_failure(), failure) if f):
+            raise AfterStepFailed(failure) from self.evaluation_error  # failure.log: where the evaluation failed
         return record
 
     def _end_mlflow(self, status: str) -> None:

@@ -196,7 +196,7 @@ class TrainingHyperModel(kt.HyperModel):
         self.make_dataset = make_dataset
         self.validation_data = validation_data
         self.loss = loss
-        self.metrics = dict(metrics) if isinstance(metrics, dict) else list(metrics)
+        self.metrics = dict(metrics) if isinstance(metrics, Mapping) else list(metrics)
         self.learning_rate = learning_rate
         self.widths = None if widths is None else [int(w) for w in widths]
         self.batch_sizes = None if batch_sizes is None else [int(b) for b in batch_sizes]

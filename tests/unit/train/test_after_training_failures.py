@@ -35,8 +35,9 @@ def test_a_failing_test_evaluation_keeps_the_trained_model_and_metrics(tmp_path,
     trainer = tftrain.Trainer(task, epochs=2, verbose=0, seed=0, execution="graph", batch_size=32, run_dir=str(run))
     from tftrain.train.after_steps import AfterStepFailed
 
-    with pytest.raises(AfterStepFailed, match=r"the test evaluation failed after training \(.*label value of 3"):
+    with pytest.raises(AfterStepFailed, match=r"the test evaluation failed after training \(.*label value of 3") as e:
         trainer.fit()
+    assert "label value of 3" in str(e.value.__cause__)  # its traceback is the evaluation's (failure.log)
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["epochs_trained"] == 2 and metrics["evaluation"].startswith("failed: ")
     assert "test_loss" not in metrics and "test_accuracy" not in metrics, metrics
@@ -73,7 +74,8 @@ def test_the_label_range_check_follows_each_output_s_loss_and_ignore_class():
     labels = {"cls": np.array([0, 2, 255]), "value": np.array([[7.0], [9.0]])}  # regression labels are no classes
     losses = {"cls": keras.losses.SparseCategoricalCrossentropy(ignore_class=255), "value": "mse"}
     check_label_range([("training", labels)], losses, outputs, ["cls", "value"])
-    with pytest.raises(ConfigError, match="training labels of output 'cls' hold class -1"):
+    with pytest.raises(ConfigError, match="training labels of output 'cls' hold class -1, .* or pass "
+                                          r"SparseCategoricalCrossentropy\(ignore_class=-1\)"):
         check_label_range([("training", {**labels, "cls": np.array([0, -1])})], losses, outputs, ["cls", "value"])
     one = np.zeros((2, 3), "float32")
     check_label_range([("test", np.array([0, 2]))], keras.losses.sparse_categorical_crossentropy, one, ["out"])
@@ -146,3 +148,21 @@ def test_a_monitor_mode_against_the_metric_s_name_is_said(tmp_path, capsys):
                     monitor="val_accuracy", monitor_mode="min", run_dir=str(tmp_path / "run")).fit()
     assert ("--monitor-mode min: val_accuracy is taken as improving as it falls, where its name says it rises"
             in capsys.readouterr().err)
+
+
+def test_a_validation_monitor_without_validation_data_names_the_fix(tmp_path):
+    x, y = _arrays()
+    task = tftrain.ArrayTask(_classifier, x, y, loss="sparse_categorical_crossentropy", name="no_validation")
+    with pytest.raises(ConfigError, match="--monitor 'val_loss' is a validation metric, and the run has no "
+                                          "validation data: pass --validation-split F"):
+        tftrain.Trainer(task, epochs=1, verbose=0, seed=0, batch_size=32, monitor="val_loss",
+                        run_dir=str(tmp_path / "run")).fit()
+
+
+def test_a_monitor_mode_without_a_monitor_leaves_early_stopping_on_val_loss_falling(tmp_path):
+    x, y = _arrays()
+    task = tftrain.ArrayTask(_classifier, x, y, loss="sparse_categorical_crossentropy", name="mode_alone")
+    record = tftrain.Trainer(task, epochs=2, verbose=0, seed=0, batch_size=32, validation_split=0.25,
+                             early_stopping=1, monitor_mode="max", run_dir=str(tmp_path / "run")).fit()
+    stop = record.to_dict()["early_stopping"]
+    assert stop["best"] == pytest.approx(min(record.history["val_loss"]))

@@ -315,8 +315,8 @@ def test_python_m_tftrain_export_on_a_full_disk_says_so_in_one_line(tmp_path, ca
     after = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert after.pop("after_steps") == {"export": "pending"} and after == {k: v for k, v in before.items()
                                                                             if k != "after_steps"}  # all else kept
-    with pytest.raises(tftrain.ConfigError, match=r"an export of it was cut short: rerun python -m tftrain.export "
-                                                  r".*/run --formats FORMATS, or this command with --export FORMATS"):
+    with pytest.raises(tftrain.ConfigError, match=r"an export of it was cut short: finish it with python -m "
+                                                  r"tftrain.export .*/run --formats FORMATS\."):
         _fit(tmp_path)  # the training command, which asked for no export, does not inherit the pending one
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["after_steps"] == {"export": "pending"}
 
