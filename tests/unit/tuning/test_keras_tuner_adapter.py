@@ -125,13 +125,15 @@ def test_the_tune_objective_is_checked_against_the_validation_logs_before_any_tr
     check_objective(cfg, {"loss": "mse", "metrics": ["accuracy"]}, ("val_accuracy", "val_loss"))
 
 
-def test_metrics_per_output_reach_compile_as_given():
+@pytest.mark.parametrize("mapping", [dict, __import__("types").MappingProxyType])
+def test_metrics_per_output_reach_compile_as_given(mapping):
     inputs = keras.Input((6,))
     outputs = {"label": keras.layers.Dense(2, activation="softmax", name="label")(inputs),
                "value": keras.layers.Dense(1, name="value")(inputs)}
     metrics = {"label": ["accuracy"], "value": ["mae"]}
     hm = TrainingHyperModel(lambda width: keras.Model(inputs, outputs), lambda b: None, None, widths=(4,),
-                            loss={"label": "sparse_categorical_crossentropy", "value": "mse"}, metrics=metrics)
+                            loss={"label": "sparse_categorical_crossentropy", "value": "mse"},
+                            metrics=mapping(metrics))
     model = hm.build(kt.HyperParameters())
     x = np.zeros((4, 6), "float32")
     logs = model.evaluate(x, {"label": np.zeros(4, "int32"), "value": np.zeros((4, 1), "float32")}, verbose=0,
