@@ -9,6 +9,7 @@ the rules (advice, why no GPU) on made-up reports, and small measurements.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 
 import pytest
@@ -378,3 +379,22 @@ def test_the_figures_of_a_subclassed_model_without_weights_say_why_they_are_miss
     figures = task_figures("sub", Sub(), 32)
     assert figures["input_bytes_per_example"] is None and figures["parameters"] == 0
     assert figures["note"].startswith("The model has no weights before it sees data (a subclassed model)")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_the_all_reduce_launcher_took_is_given_back_to_the_doctor(monkeypatch, signum):
+    from tftrain import launch
+    from tftrain.doctor import allreduce
+    from tftrain.errors import Terminated
+
+    monkeypatch.setattr(launch, "launch", lambda *args, **kwargs: 128 + signum)  # it stopped its workers
+
+    def stop(*args):
+        raise Terminated()
+
+    previous = signal.signal(signum, stop)
+    try:
+        with pytest.raises(Terminated):
+            allreduce.loopback_allreduce(sizes=(1024,))
+    finally:
+        signal.signal(signum, previous)

@@ -70,7 +70,8 @@ def loopback_allreduce(workers: int = 2, sizes: Sequence[int] = SIZES, iteration
 
     Raises:
         RuntimeError: when the job fails or times out (with the workers' last stderr lines).
-        KeyboardInterrupt: on Ctrl-C, after the workers are stopped.
+        KeyboardInterrupt: on Ctrl-C, after the workers are stopped; SIGTERM and SIGHUP are raised again in this
+            process once they are.
     """
     from tftrain.launch import launch
 
@@ -82,6 +83,8 @@ def loopback_allreduce(workers: int = 2, sizes: Sequence[int] = SIZES, iteration
     code = launch(command, workers, timeout=timeout_s, grace_s=2.0, env=env, out=out, err=err)
     if code == 128 + signal.SIGINT:  # Ctrl-C: the launcher stopped the workers; stop the caller too
         raise KeyboardInterrupt
+    if code in (128 + signal.SIGTERM, 128 + signal.SIGHUP):  # the launcher took the caller's stop signal: given back
+        signal.raise_signal(code - 128)
     rows = [json.loads(m) for m in _ROW.findall(out.getvalue())]
     if code != 0 or len(rows) != len(sizes):
         tail = " | ".join(err.getvalue().strip().splitlines()[-3:])
