@@ -197,10 +197,13 @@ class Trainer(BatchStages, ModelStages, CallbackStages, ExportStages):
                     self.write_record(record)  # metrics.json beside model.keras: the trained run is safe from here
                     self.finish_run_dir()
                 self._stop_before_after_steps()
-                self.preemption.phase = "the export (the trained run is written; the export is pending)"
-                failure = self.run_after_steps(model)
-                self.preemption.phase = "the report (the run is written)"
-                record = reporting.make_record(self, history, test, started, fit_time)
+                exports = self.config.train.export and self.is_chief  # else the run is complete: a signal waits
+                with contextlib.nullcontext() if exports else self.preemption.holding(stop_after=False):
+                    self.preemption.phase = "the export (the trained run is written; the export is pending)"
+                    failure = self.run_after_steps(model)
+                    with self.preemption.holding(stop_after=False):
+                        self.preemption.phase = "the report (the run is written)"
+                        record = reporting.make_record(self, history, test, started, fit_time)
         except KeyboardInterrupt:  # the checkpoint (and finished tuner trials) resume the same command
             self._end_mlflow("KILLED")
             raise Interrupted(str(self.run_dir.path)) from None

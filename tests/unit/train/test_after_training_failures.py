@@ -166,3 +166,28 @@ def test_a_monitor_mode_without_a_monitor_leaves_early_stopping_on_val_loss_fall
                              early_stopping=1, monitor_mode="max", run_dir=str(tmp_path / "run")).fit()
     stop = record.to_dict()["early_stopping"]
     assert stop["best"] == pytest.approx(min(record.history["val_loss"]))
+
+
+def test_a_stop_signal_once_the_run_is_written_ends_it_complete_not_stopped(tmp_path, monkeypatch):
+    import signal
+
+    from tftrain.train import reporting
+
+    x, y = _arrays()
+    task = tftrain.ArrayTask(_classifier, x, y, loss="sparse_categorical_crossentropy", name="written")
+    make_record, calls = reporting.make_record, []
+
+    def signalled_at_the_report(*args, **kwargs):  # the second record is the report's, after metrics.json
+        calls.append(1)
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGTERM)
+        return make_record(*args, **kwargs)
+
+    monkeypatch.setattr(reporting, "make_record", signalled_at_the_report)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        record = tftrain.Trainer(task, epochs=1, verbose=0, seed=0, batch_size=32,
+                                 run_dir=str(tmp_path / "run")).fit()
+    finally:
+        signal.signal(signal.SIGTERM, before)  # the watch ends a signalled run ignoring later ones
+    assert len(calls) == 2 and record.epochs_trained == 1 and (tmp_path / "run" / "metrics.json").is_file()
