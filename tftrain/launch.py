@@ -273,9 +273,11 @@ def launch(
                 for task in job.tasks:
                     job.output.say(f"{task.name} {describe_exit(task.returncode)}")
             if job.failed:  # the last line, below the stopped tasks' own
+                chief_done = any(t.info.task_type == "chief" and t.returncode == 0 for t in job.tasks)
                 job.output.say(f"the job stopped: {job.failed}. Its tasks' lines above say why; " + (
-                    "nothing trained: fix what they name, then run the command again" if job.failed_code == 2
-                    else resume_advice(command, base_env[RUN_ID_ENV])))
+                    "the chief had finished the job (exit code 0): its run is complete, nothing to rerun"
+                    if chief_done else "nothing trained: fix what they name, then run the command again"
+                    if job.failed_code == 2 else resume_advice(command, base_env[RUN_ID_ENV])))
 
 
 def resume_advice(command: Sequence[str], run_id: str, root: Path = Path("runs")) -> str:

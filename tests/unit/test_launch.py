@@ -202,6 +202,7 @@ def test_parameter_server_job_fails_when_a_server_fails_after_the_chief(tmp_path
     result = _launch(["--chief", "--workers", "1", "--ps", "1", "--grace", "2", "--", PY, script])
     assert result.returncode == 3, result.stderr
     assert "tftrain.launch: ps:0 exited with code 3" in result.stderr
+    assert "the chief had finished the job (exit code 0): its run is complete, nothing to rerun" in result.stderr
 
 
 @pytest.mark.slow
