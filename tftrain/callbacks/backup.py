@@ -52,7 +52,8 @@ class StepBackup(keras.callbacks.Callback):
         delete_checkpoint: delete `backup_dir` when training ends, as `BackupAndRestore` (the Trainer passes False
             and deletes it once its outputs are written). Defaults to True.
         stop_requested: `() -> signal number or None`, read after each execution and epoch
-            (`PreemptionWatch.requested`); a signal saves and raises `Preempted`. Defaults to None.
+            (`PreemptionWatch.requested`); a signal saves and raises `Preempted` (at an epoch's end, as `fit`
+            ends: the callbacks after this one have that epoch's end too). Defaults to None.
         say: prints a skipped checkpoint's line. Defaults to stderr.
 
     Raises:
@@ -87,7 +88,7 @@ class StepBackup(keras.callbacks.Callback):
         position = self.restore()
         self.restored = position
         self._resume = position if position is not None and position.steps_in_epoch > 0 else None
-        self._since_save, self._size, self._epochs_ended = 0, None, 0
+        self._since_save, self._size, self._epochs_ended, self._stop_at_end = 0, None, 0, None
         if self._resume is not None and not ((self.params or {}).get("steps") or self.steps_per_epoch):
             self.say(f"resuming inside epoch {position.epoch + 1} after its {position.steps_in_epoch} step(s) on data "
                      "of unknown length: that epoch reads its whole data again on top of them; pass steps_per_epoch "
@@ -195,12 +196,15 @@ class StepBackup(keras.callbacks.Callback):
             self.model.stop_training = False
         self._resume, self._epochs_ended = None, self._epochs_ended + 1
         self._save(epoch + 1, 0)
-        self._stop_if_requested(epoch + 1, 0)
+        if self.stop_requested and self.stop_requested() is not None:  # once every callback has had this epoch's
+            self._stop_at_end, self.model.stop_training = epoch + 1, True  # end (TensorBoard, your own): on_train_end
 
     def on_train_end(self, logs=None):
         from tftrain import _compat
 
         _compat.clear_initial_epoch(self.model)
+        if self._stop_at_end is not None:  # a stop requested at an epoch's end, saved there
+            self._stop_if_requested(self._stop_at_end, 0)
         epochs = (self.params or {}).get("epochs", 0)
         ended = self._epochs_ended or (self.restored is not None and self.restored.epoch >= epochs)
         if self.delete_checkpoint and ended and not (self.stop_requested and self.stop_requested()):  # not when

@@ -101,3 +101,32 @@ def test_a_signal_after_the_loop_s_last_check_stops_on_leaving_and_a_plain_fit_k
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
+
+
+def test_a_stop_at_an_epoch_s_end_lets_the_callbacks_after_the_backup_have_that_epoch(tmp_path):
+    import keras
+    import numpy as np
+
+    from tftrain.callbacks import StepBackup
+
+    class Logged(keras.callbacks.Callback):  # TensorBoard, MLflow or the user's, listed after the backup
+        epochs = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.epochs.append(epoch)
+
+    requested = []
+
+    class Notice(keras.callbacks.Callback):  # the notice comes during epoch 2's last batch
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations) == 8:
+                requested.append(signal.SIGTERM)
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x = np.random.default_rng(0).standard_normal((32, 4)).astype("float32")
+    backup = StepBackup(tmp_path / "backup", stop_requested=lambda: requested[0] if requested else None)
+    logged = Logged()
+    with pytest.raises(Preempted, match=r"checkpoint saved at the end of epoch 2 \(optimizer step 8\)"):
+        model.fit(x, x[:, :1], batch_size=8, epochs=4, verbose=0, callbacks=[Notice(), backup, logged])
+    assert logged.epochs == [0, 1]
