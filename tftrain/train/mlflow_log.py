@@ -84,8 +84,9 @@ class MlflowLog(keras.callbacks.Callback):
                 self.client.update_run(kept, status="RUNNING")
                 self.run_id = kept
                 return
-            except MlflowException:  # another server: a new run there
-                pass
+            except MlflowException:  # another server, or a damaged file: a new run there
+                self.warn(f"--mlflow {self.uri}: the run's MLflow run {kept[:40]!r} ({id_file}) is not on this "
+                          "server; this attempt logs to a new MLflow run")
         found = self.client.get_experiment_by_name(self.experiment)
         experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment)
         self.run_id = self.client.create_run(experiment_id, run_name=self.run_dir.name).info.run_id
