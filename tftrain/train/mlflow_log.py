@@ -25,11 +25,22 @@ DEFAULT = "default"
 
 
 def check(uri: str) -> None:
-    """Raises `ConfigError` (naming the pip extra) without MLflow."""
+    """Raises `ConfigError` (naming the pip extra) without MLflow, and on a file store MLflow will not open (MLflow 3
+    keeps one only with `MLFLOW_ALLOW_FILE_STORE=true`); a server is not reached here."""
     try:
         import mlflow  # noqa: F401
     except ImportError:
         raise ConfigError(f"--mlflow {uri} needs MLflow: pip install 'tftrain[mlflow]' (or drop --mlflow).") from None
+    if uri.startswith(("file:", "/", ".")):  # a file store: opened here, in a moment
+        from mlflow.exceptions import MlflowException
+
+        try:
+            _client(uri).search_experiments(max_results=1)
+        except MlflowException as e:
+            why = ("MLflow keeps a file store only with MLFLOW_ALLOW_FILE_STORE=true set" if
+                   "MLFLOW_ALLOW_FILE_STORE" in str(e) else (str(e).splitlines() or [""])[0][:200])
+            raise ConfigError(f"--mlflow {uri}: {why}. Pass a database URI (--mlflow sqlite:///mlflow.db) or a "
+                              "server's, or set MLFLOW_ALLOW_FILE_STORE=true.") from None
 
 
 def _client(uri: str):
