@@ -161,7 +161,7 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
                                            getattr(model, "output_names", None) or ()):
             say(fractional)
         checked.append("every label against the outputs' classes")
-    float32_needed, step_scaling = _precision_checks(plan, model, train, outputs, say)
+    float32_needed, step_scaling = _precision_checks(plan, model, x, y, outputs, say)
     del model  # before the compiled model the loss scaling check builds
     scales = None
     if step_scaling:
@@ -176,7 +176,7 @@ def run(plan: SanityPlan, say: Callable[[str], None] = print) -> SanityResult:
                         time.perf_counter() - started, class_weight)
 
 
-def _precision_checks(plan: SanityPlan, model, train, outputs, say: Callable[[str], None]) -> tuple:
+def _precision_checks(plan: SanityPlan, model, x, y, outputs, say: Callable[[str], None]) -> tuple:
     """`(float32_needed, step_scaling)`: labels the outputs' compute dtype would round (refused unless `--precision
     auto` can fall back to float32), and whether a `train_step` of its own must be checked for scaling its loss
     under `mixed_float16`; warns of scalar outputs over several replicas and of held optimizers the loss scaling
@@ -186,7 +186,6 @@ def _precision_checks(plan: SanityPlan, model, train, outputs, say: Callable[[st
     from tftrain.callbacks._steps import train_steps
     from tftrain.runtime.precision import overridden_steps
 
-    x, y, _ = _unpacked(train)
     if plan.replicas > 1 and any(len(getattr(o, "shape", ())) == 1 for o in tf.nest.flatten(outputs)):
         say(f"an output is one scalar per example (shape (batch,)): over {plan.replicas} replicas Keras reports "
             f"its loss, and scales its gradients, {plan.replicas} times too large for a loss that averages over the "

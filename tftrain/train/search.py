@@ -75,14 +75,7 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
     from tftrain.tuning.keras_tuner import TrainingHyperModel, make_tuner
 
     cfg, rt = config, runtime
-    n = task.num_train_examples
-    given = cfg.data.batch_size if isinstance(cfg.data.batch_size, int) else (
-        cfg.data.per_replica_batch_size * rt.num_replicas if cfg.data.per_replica_batch_size else None)
-    batch_sizes = [given] if given else [b for b in TUNE_BATCH_SIZES if b % rt.num_replicas == 0 and (n is None
-                                                                                                     or b <= n)]
-    if not batch_sizes:
-        raise ConfigError(f"--tune needs at least {TUNE_BATCH_SIZES[0]} training examples per trial; {n} remain. "
-                          "Pass a larger --train-examples.")
+    given, batch_sizes = _batch_sizes(cfg, rt.num_replicas, task.num_train_examples)
 
     trial = {}  # the trial being built and trained (keras-tuner builds, then fits, one trial at a time)
 
@@ -140,6 +133,20 @@ def tune(task, config, runtime, compute_dtype: str, directory: Path, console, ch
                 raise
             raise watch.stop() from None
     return _tuning_figures(tuner, directory, cfg, console, chief)
+
+
+def _batch_sizes(config, replicas: int, examples) -> tuple:
+    """`(the config's global batch size or None, the batch sizes the trials choose from)`: the given one alone, else
+    `TUNE_BATCH_SIZES` that split across `replicas` and fit `examples`; raises `ConfigError` when none fits."""
+    data = config.data
+    given = data.batch_size if isinstance(data.batch_size, int) else (
+        data.per_replica_batch_size * replicas if data.per_replica_batch_size else None)
+    sizes = [given] if given else [b for b in TUNE_BATCH_SIZES if b % replicas == 0 and (examples is None
+                                                                                          or b <= examples)]
+    if not sizes:
+        raise ConfigError(f"--tune needs at least {TUNE_BATCH_SIZES[0]} training examples per trial; {examples} "
+                          "remain. Pass a larger --train-examples.")
+    return given, sizes
 
 
 def check_tune_space(task, config) -> None:
